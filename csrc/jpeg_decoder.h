@@ -1,0 +1,91 @@
+// ROI JPEG decoding over libjpeg-turbo: header probe, crop decode, DCT-scaled resized crop.
+// Plain C++17: no Python, no torch. One Decoder per thread (see thread_decoder()).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace gpupipe {
+
+enum class ColorMode : int { kRGB = 0, kGray = 1 };
+
+inline int channels_of(ColorMode mode) { return mode == ColorMode::kRGB ? 3 : 1; }
+
+// Process-wide resource limits, checked from the header before any large allocation.
+struct Limits {
+  uint64_t max_pixels = 89478485;     // Pillow's Image.MAX_IMAGE_PIXELS
+  int max_scans = 100;                // progressive scans; a scan bomb is refused past this
+  uint64_t max_memory = 1ull << 30;   // libjpeg's own working memory per decode, bytes
+};
+Limits get_limits();
+void set_limits(const Limits& limits);
+
+struct JpegInfo {
+  int height = 0;
+  int width = 0;
+  int channels = 0;
+  std::string colorspace;   // "gray" | "ycbcr" | "rgb" | "cmyk" | "ycck" | "unknown"
+  std::string subsampling;  // "4:4:4" | "4:2:2" | "4:2:0" | "4:4:0" | "4:1:1" | "4:1:0" | "gray" | "other"
+  bool progressive = false;
+  bool arithmetic = false;
+  int orientation = 1;      // EXIF orientation 1..8, 1 when absent or unreadable
+  int restart_interval = 0; // MCUs between restart markers, 0 when none
+  int precision = 8;
+};
+
+// A crop window in the image's pixel coordinates.
+struct Box {
+  int64_t top = 0, left = 0, height = 0, width = 0;
+};
+
+struct DecodeRequest {
+  Box box;
+  // Output size. Without `resize` it must equal the box size.
+  int out_height = 0, out_width = 0;
+  bool resize = false;       // resize the box to the output size (antialiased bilinear, as Pillow)
+  bool dct_scaling = true;   // with resize: decode already downscaled by M/8 when the box is >= 2x
+  int force_scale_num = 0;   // 1..8: decode at exactly this M/8; 0: choose
+  bool scaled_box = false;   // with force_scale_num: the box is in the scaled frame, no resize
+                             // (the exact intermediate, for tests against a scaled full decode)
+  ColorMode mode = ColorMode::kRGB;
+  bool strict = false;       // libjpeg warnings (corrupt or truncated data) become errors
+};
+
+struct DecodeResult {
+  std::string warning;  // first libjpeg warning when not strict, else empty
+  int scale_num = 8;    // the DCT scale M/8 used
+};
+
+// Chooses the DCT scale M (of M/8) for resizing a box to an output size: the smallest M in
+// 1..4 whose scaled box still covers the output, used only when the box is >= 2x the output on
+// both sides; 8 (no scaling) otherwise.
+int choose_scale_num(int64_t box_h, int64_t box_w, int out_h, int out_w);
+
+class Decoder {
+ public:
+  Decoder();
+  ~Decoder();
+  Decoder(const Decoder&) = delete;
+  Decoder& operator=(const Decoder&) = delete;
+
+  // Parses the headers only (no entropy decoding). Throws DecodeError.
+  JpegInfo read_header(const uint8_t* data, size_t size);
+
+  // Decodes the request's box into `out` as out_height x out_width x channels_of(mode) uint8
+  // rows of `out_stride` bytes. Throws InvalidArgument (bad box), TooLarge (limits) or
+  // DecodeError (libjpeg's message). On throw, `out` may be partly written.
+  DecodeResult decode(const uint8_t* data, size_t size, const DecodeRequest& request, uint8_t* out,
+                      size_t out_stride);
+
+  struct State;
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+// The calling thread's decoder, created on first use and destroyed when the thread exits.
+Decoder& thread_decoder();
+
+}  // namespace gpupipe

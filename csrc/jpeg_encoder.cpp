@@ -1,0 +1,115 @@
+#include "jpeg_encoder.h"
+
+#include <csetjmp>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include <jpeglib.h>
+
+#include "errors.h"
+
+namespace gpupipe {
+namespace {
+
+struct EncodeErrorMgr {
+  jpeg_error_mgr pub;
+  jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+void on_encode_error(j_common_ptr cinfo) {
+  auto* e = reinterpret_cast<EncodeErrorMgr*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, e->message);
+  longjmp(e->jump, 1);
+}
+
+struct EncodeJob {
+  const uint8_t* pixels;
+  int height, width, channels;
+  J_COLOR_SPACE in_space, jpeg_space;
+  const EncodeOptions* options;
+  unsigned char* buffer;  // malloc'd by jpeg_mem_dest
+  unsigned long size;
+};
+
+// setjmp frame: owns no destructible objects.
+bool guarded_encode(jpeg_compress_struct* cinfo, EncodeErrorMgr* err, EncodeJob* job) {
+  if (setjmp(err->jump)) return false;
+  jpeg_create_compress(cinfo);
+  jpeg_mem_dest(cinfo, &job->buffer, &job->size);
+  cinfo->image_width = static_cast<JDIMENSION>(job->width);
+  cinfo->image_height = static_cast<JDIMENSION>(job->height);
+  cinfo->input_components = job->channels;
+  cinfo->in_color_space = job->in_space;
+  jpeg_set_defaults(cinfo);
+  jpeg_set_colorspace(cinfo, job->jpeg_space);
+  jpeg_set_quality(cinfo, job->options->quality, TRUE);
+  if (job->jpeg_space == JCS_YCbCr || job->jpeg_space == JCS_YCCK) {
+    cinfo->comp_info[0].h_samp_factor = job->options->h_samp;
+    cinfo->comp_info[0].v_samp_factor = job->options->v_samp;
+    if (job->jpeg_space == JCS_YCCK) {  // K at full resolution, like Y
+      cinfo->comp_info[3].h_samp_factor = job->options->h_samp;
+      cinfo->comp_info[3].v_samp_factor = job->options->v_samp;
+    }
+  }
+  cinfo->arith_code = job->options->arithmetic ? TRUE : FALSE;
+  cinfo->optimize_coding = job->options->optimize && !job->options->arithmetic ? TRUE : FALSE;
+  if (job->options->restart_blocks > 0)
+    cinfo->restart_interval = static_cast<unsigned int>(job->options->restart_blocks);
+  else
+    cinfo->restart_in_rows = job->options->restart_rows;
+  if (job->options->progressive) jpeg_simple_progression(cinfo);
+  jpeg_start_compress(cinfo, TRUE);
+  const size_t stride = static_cast<size_t>(job->width) * job->channels;
+  while (cinfo->next_scanline < cinfo->image_height) {
+    JSAMPROW row = const_cast<JSAMPROW>(job->pixels + cinfo->next_scanline * stride);
+    jpeg_write_scanlines(cinfo, &row, 1);
+  }
+  jpeg_finish_compress(cinfo);
+  return true;
+}
+
+}  // namespace
+
+std::vector<uint8_t> encode_jpeg(const uint8_t* pixels, int height, int width, int channels,
+                                 const EncodeOptions& options) {
+  if (height < 1 || width < 1 || height > 65500 || width > 65500)
+    throw InvalidArgument("image size must be within 1..65500");
+  EncodeJob job{};
+  job.pixels = pixels;
+  job.height = height;
+  job.width = width;
+  job.channels = channels;
+  job.options = &options;
+  const std::string& cs = options.colorspace;
+  if (channels == 3 && (cs == "ycbcr" || cs == "rgb" || cs == "gray")) {
+    job.in_space = JCS_RGB;
+    job.jpeg_space = cs == "ycbcr" ? JCS_YCbCr : cs == "rgb" ? JCS_RGB : JCS_GRAYSCALE;
+  } else if (channels == 1 && cs == "gray") {
+    job.in_space = JCS_GRAYSCALE;
+    job.jpeg_space = JCS_GRAYSCALE;
+  } else if (channels == 4 && (cs == "cmyk" || cs == "ycck")) {
+    job.in_space = JCS_CMYK;
+    job.jpeg_space = cs == "cmyk" ? JCS_CMYK : JCS_YCCK;
+  } else {
+    throw InvalidArgument("cannot encode " + std::to_string(channels) + " channels as '" + cs + "'");
+  }
+  if (options.h_samp < 1 || options.h_samp > 4 || options.v_samp < 1 || options.v_samp > 4)
+    throw InvalidArgument("sampling factors must be within 1..4");
+
+  jpeg_compress_struct cinfo;
+  std::memset(&cinfo, 0, sizeof(cinfo));
+  EncodeErrorMgr err;
+  cinfo.err = jpeg_std_error(&err.pub);
+  err.pub.error_exit = on_encode_error;
+  const bool ok = guarded_encode(&cinfo, &err, &job);
+  jpeg_destroy_compress(&cinfo);
+  std::vector<uint8_t> result;
+  if (ok) result.assign(job.buffer, job.buffer + job.size);
+  std::free(job.buffer);
+  if (!ok) throw DecodeError(std::string("JPEG encoding failed: ") + err.message);
+  return result;
+}
+
+}  // namespace gpupipe

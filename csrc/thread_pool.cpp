@@ -1,0 +1,126 @@
+#include "thread_pool.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+#include "errors.h"
+
+namespace gpupipe {
+
+struct ThreadPool::Loop {
+  size_t n = 0;
+  const std::function<void(size_t)>* fn = nullptr;
+  std::atomic<size_t> next{0};
+  int participants = 0;  // workers that will join this loop
+  int finished = 0;      // guarded by done_mutex
+  std::mutex done_mutex;
+  std::condition_variable done;
+};
+
+ThreadPool::ThreadPool(int num_threads) {
+  if (num_threads < 1) throw InvalidArgument("num_threads must be >= 1");
+  workers_.reserve(num_threads);
+  for (int i = 0; i < num_threads; ++i) workers_.emplace_back([this] { worker_main(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::parallel_for(size_t n, const std::function<void(size_t)>& fn) {
+  if (n == 0) return;
+  auto loop = std::make_shared<Loop>();
+  loop->n = n;
+  loop->fn = &fn;
+  loop->participants = static_cast<int>(std::min<size_t>(n, workers_.size()));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int i = 0; i < loop->participants; ++i) queue_.push_back(loop);
+  }
+  if (loop->participants == 1) wake_.notify_one();
+  else wake_.notify_all();
+  std::unique_lock<std::mutex> lock(loop->done_mutex);
+  loop->done.wait(lock, [&] { return loop->finished == loop->participants; });
+}
+
+void ThreadPool::worker_main() {
+  for (;;) {
+    std::shared_ptr<Loop> loop;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping and nothing left
+      loop = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    for (size_t i = loop->next.fetch_add(1); i < loop->n; i = loop->next.fetch_add(1)) (*loop->fn)(i);
+    std::lock_guard<std::mutex> lock(loop->done_mutex);
+    if (++loop->finished == loop->participants) loop->done.notify_all();
+  }
+}
+
+int default_num_threads() {
+  if (const char* env = std::getenv("GPUPIPE_NUM_THREADS")) {
+    char* end = nullptr;
+    long v = std::strtol(env, &end, 10);
+    if (end != env && *end == '\0' && v >= 1 && v <= 1024) return static_cast<int>(v);
+    throw InvalidArgument("GPUPIPE_NUM_THREADS must be an integer in 1..1024, got '" +
+                          std::string(env) + "'");
+  }
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    int count = CPU_COUNT(&set);
+    if (count > 0) return count;
+  }
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+namespace {
+std::mutex g_pool_mutex;
+std::shared_ptr<ThreadPool>* g_pool = nullptr;  // heap-held so a forked child can abandon it
+pid_t g_pool_pid = 0;
+}  // namespace
+
+std::shared_ptr<ThreadPool> get_pool(int num_threads) {
+  if (num_threads <= 0) num_threads = default_num_threads();
+  std::lock_guard<std::mutex> lock(g_pool_mutex);
+  if (g_pool && g_pool_pid != getpid()) {
+    // Forked child: the parent's workers do not exist here and its pool's mutexes may be held.
+    // Abandon the copy (never touch or destroy it) and start a new pool.
+    g_pool = nullptr;
+  }
+  if (!g_pool) {
+    g_pool = new std::shared_ptr<ThreadPool>();
+    g_pool_pid = getpid();
+  }
+  if (!*g_pool || (*g_pool)->size() != num_threads) *g_pool = std::make_shared<ThreadPool>(num_threads);
+  return *g_pool;
+}
+
+int pool_threads() {
+  std::lock_guard<std::mutex> lock(g_pool_mutex);
+  if (!g_pool || g_pool_pid != getpid() || !*g_pool) return 0;
+  return (*g_pool)->size();
+}
+
+void shutdown_pool() {
+  std::shared_ptr<ThreadPool> old;
+  {
+    std::lock_guard<std::mutex> lock(g_pool_mutex);
+    if (!g_pool || g_pool_pid != getpid()) return;
+    old = std::move(*g_pool);
+  }
+  // `old` joins here unless a caller still holds it, in which case that caller's release joins.
+}
+
+}  // namespace gpupipe

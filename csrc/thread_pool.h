@@ -1,0 +1,54 @@
+// A persistent pool of worker threads that runs parallel loops. Several callers may submit loops
+// at once; each loop's indices are shared out through an atomic counter.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace gpupipe {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();  // finishes queued loops, then joins
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return static_cast<int>(workers_.size()); }
+
+  // Runs fn(i) for every i in [0, n) on the pool's threads and returns when all are done.
+  // fn must not throw (catch inside and record per index).
+  void parallel_for(size_t n, const std::function<void(size_t)>& fn);
+
+ private:
+  struct Loop;
+  void worker_main();
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<Loop>> queue_;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+// Threads to use when the caller gives none: GPUPIPE_NUM_THREADS, else the CPU affinity count.
+int default_num_threads();
+
+// The process's pool of `num_threads` workers (0: default_num_threads()). Created lazily,
+// replaced when a different size is asked for (callers still using the old one keep it alive),
+// and re-created in a forked child, whose copy of the parent's pool has no threads.
+std::shared_ptr<ThreadPool> get_pool(int num_threads);
+
+// Worker threads alive in this process's current pool (0 when none was created).
+int pool_threads();
+
+// Drops the process's pool; its threads exit once in-flight loops finish.
+void shutdown_pool();
+
+}  // namespace gpupipe

@@ -1,0 +1,25 @@
+"""gpupipe: batched JPEG decode-and-crop (libjpeg-turbo ROI + DCT scaling) for PyTorch."""
+
+from gpupipe import crops
+from gpupipe._errors import DecompressionBombError, JpegError, JpegWarning
+from gpupipe.decode import DecodedBatch, decode_and_crop_jpeg, decode_crop_jpeg, decode_crop_jpegs
+from gpupipe.header import JpegInfo, read_header
+from gpupipe.limits import Limits, get_limits, set_limits
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DecodedBatch",
+    "DecompressionBombError",
+    "JpegError",
+    "JpegInfo",
+    "JpegWarning",
+    "Limits",
+    "crops",
+    "decode_and_crop_jpeg",
+    "decode_crop_jpeg",
+    "decode_crop_jpegs",
+    "get_limits",
+    "read_header",
+    "set_limits",
+]

@@ -1,0 +1,1 @@
+"""Decode backends, one module each, behind gpupipe.decode's public functions."""

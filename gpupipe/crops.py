@@ -1,0 +1,199 @@
+"""Crop samplers: boxes for a whole batch, computed from header dimensions before decoding.
+
+Every sampler maps ``(heights, widths, seed, epoch, indices)`` to int64 boxes ``[N, 4]`` =
+(top, left, height, width). A box depends only on (seed, epoch, sample index), never on the batch
+it falls in, the thread count or the order of decoding: the random draws come from a counter-based
+hash (SplitMix64) of those three numbers, vectorised over the batch (no per-sample Python).
+
+The parameter semantics and distributions follow torchvision's transforms (the same statistics,
+not the same random stream).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence, Union
+
+import numpy as np
+
+Size = Union[int, Sequence[int]]
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on uint64 arrays (wrapping arithmetic)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def uniforms(seed: int, epoch: int, indices: Any, count: int) -> np.ndarray:
+    """float64 ``[N, count]`` uniform draws in [0, 1), a pure function of (seed, epoch, index)."""
+    idx = np.asarray(indices, dtype=np.int64).astype(np.uint64).reshape(-1)
+    with np.errstate(over="ignore"):
+        stream = _mix(np.array([seed & (2**64 - 1)], dtype=np.uint64) + _GOLDEN)
+        stream = _mix(stream ^ (np.array([epoch & (2**64 - 1)], dtype=np.uint64) * _GOLDEN))
+        keys = _mix(stream ^ _mix(idx + _GOLDEN))
+        counters = keys[:, None] + (np.arange(1, count + 1, dtype=np.uint64) * _GOLDEN)[None, :]
+        bits = _mix(counters) >> np.uint64(11)
+    return bits.astype(np.float64) * (1.0 / 2**53)
+
+
+def _as_size(size: Size) -> tuple[int, int]:
+    if isinstance(size, int):
+        size = (size, size)
+    if len(size) != 2 or min(size) < 1:
+        raise ValueError(f"size must be a positive int or (height, width), got {size!r}")
+    return int(size[0]), int(size[1])
+
+
+def _dims(heights: Any, widths: Any) -> tuple[np.ndarray, np.ndarray]:
+    h = np.asarray(heights, dtype=np.int64).reshape(-1)
+    w = np.asarray(widths, dtype=np.int64).reshape(-1)
+    if h.shape != w.shape:
+        raise ValueError("heights and widths must have the same length")
+    if (h < 1).any() or (w < 1).any():
+        raise ValueError(f"image sizes must be positive; sample(s) {np.flatnonzero((h < 1) | (w < 1)).tolist()} are not")
+    return h, w
+
+
+def _randint(u: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Uniform integers in [0, high) from uniforms u."""
+    return np.minimum((u * high).astype(np.int64), high - 1)
+
+
+class CropSampler:
+    """Base class. ``size`` is the output (height, width); ``resize`` says whether boxes are
+    resized to it (pass ``size=sampler.size`` to the decoder) or already have that size."""
+
+    size: tuple[int, int]
+    resize: bool
+
+    def boxes(self, heights: Any, widths: Any, *, seed: int = 0, epoch: int = 0, indices: Any = None) -> np.ndarray:
+        raise NotImplementedError
+
+    def _indices(self, indices: Any, n: int) -> np.ndarray:
+        if indices is None:
+            return np.arange(n, dtype=np.int64)
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if idx.shape[0] != n:
+            raise ValueError(f"indices has {idx.shape[0]} entries for {n} images")
+        return idx
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({fields})"
+
+
+class RandomResizedCrop(CropSampler):
+    """torchvision's ``RandomResizedCrop.get_params``: up to 10 tries of an area fraction in
+    ``scale`` and a log-uniform aspect ratio in ``ratio``, else a center crop with the ratio
+    clamped. The box is then resized to ``size``."""
+
+    resize = True
+
+    def __init__(self, size: Size, scale: Sequence[float] = (0.08, 1.0), ratio: Sequence[float] = (3 / 4, 4 / 3)):
+        self.size = _as_size(size)
+        if scale[0] > scale[1] or ratio[0] > ratio[1]:
+            raise ValueError("scale and ratio must be (min, max)")
+        if scale[0] <= 0 or ratio[0] <= 0:
+            raise ValueError("scale and ratio must be positive")
+        self.scale = (float(scale[0]), float(scale[1]))
+        self.ratio = (float(ratio[0]), float(ratio[1]))
+
+    def boxes(self, heights, widths, *, seed=0, epoch=0, indices=None):
+        H, W = _dims(heights, widths)
+        n = H.shape[0]
+        tries = 10
+        u = uniforms(seed, epoch, self._indices(indices, n), 4 * tries).reshape(n, tries, 4)
+        area = (H * W).astype(np.float64)[:, None]
+        target = area * (self.scale[0] + u[..., 0] * (self.scale[1] - self.scale[0]))
+        lo, hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+        aspect = np.exp(lo + u[..., 1] * (hi - lo))
+        w = np.round(np.sqrt(target * aspect)).astype(np.int64)  # round half to even, as Python
+        h = np.round(np.sqrt(target / aspect)).astype(np.int64)
+        fits = (w > 0) & (w <= W[:, None]) & (h > 0) & (h <= H[:, None])
+        first = np.argmax(fits, axis=1)
+        found = fits[np.arange(n), first]
+        rows = np.arange(n)
+        h_sel, w_sel = h[rows, first], w[rows, first]
+        top = _randint(u[rows, first, 2], H - h_sel + 1)
+        left = _randint(u[rows, first, 3], W - w_sel + 1)
+
+        # Fallback: the whole image, cut to the nearest allowed aspect ratio, centered.
+        in_ratio = W / H
+        fw, fh = W.copy(), H.copy()
+        narrow = in_ratio < self.ratio[0]
+        wide = in_ratio > self.ratio[1]
+        fh[narrow] = np.round(W[narrow] / self.ratio[0]).astype(np.int64)
+        fw[wide] = np.round(H[wide] * self.ratio[1]).astype(np.int64)
+        out = np.stack([top, left, h_sel, w_sel], axis=1)
+        fallback = np.stack([(H - fh) // 2, (W - fw) // 2, fh, fw], axis=1)
+        return np.where(found[:, None], out, fallback).astype(np.int64)
+
+
+class RandomCrop(CropSampler):
+    """torchvision's ``RandomCrop(size)`` (no padding): a uniformly placed ``size`` window."""
+
+    resize = False
+
+    def __init__(self, size: Size):
+        self.size = _as_size(size)
+
+    def boxes(self, heights, widths, *, seed=0, epoch=0, indices=None):
+        H, W = _dims(heights, widths)
+        th, tw = self.size
+        _check_fits(H, W, th, tw, type(self).__name__)
+        u = uniforms(seed, epoch, self._indices(indices, H.shape[0]), 2)
+        top = _randint(u[:, 0], H - th + 1)
+        left = _randint(u[:, 1], W - tw + 1)
+        return np.stack([top, left, np.full_like(H, th), np.full_like(W, tw)], axis=1)
+
+
+class CenterCrop(CropSampler):
+    """torchvision's ``CenterCrop(size)`` (no padding): offsets ``round((H - h) / 2)``."""
+
+    resize = False
+
+    def __init__(self, size: Size):
+        self.size = _as_size(size)
+
+    def boxes(self, heights, widths, *, seed=0, epoch=0, indices=None):
+        H, W = _dims(heights, widths)
+        th, tw = self.size
+        _check_fits(H, W, th, tw, type(self).__name__)
+        top = np.round((H - th) / 2.0).astype(np.int64)
+        left = np.round((W - tw) / 2.0).astype(np.int64)
+        return np.stack([top, left, np.full_like(H, th), np.full_like(W, tw)], axis=1)
+
+
+class Resize(CropSampler):
+    """The whole image resized to ``size`` = (height, width); an int means a square.
+
+    Unlike torchvision's ``Resize(int)`` (shorter side, variable output), a batch needs one output
+    size, so an int is a square here; use ``CenterCrop`` after for the aspect-preserving recipe.
+    """
+
+    resize = True
+
+    def __init__(self, size: Size):
+        self.size = _as_size(size)
+
+    def boxes(self, heights, widths, *, seed=0, epoch=0, indices=None):
+        H, W = _dims(heights, widths)
+        zeros = np.zeros_like(H)
+        return np.stack([zeros, zeros, H, W], axis=1)
+
+
+def _check_fits(H: np.ndarray, W: np.ndarray, th: int, tw: int, name: str) -> None:
+    small = np.flatnonzero((H < th) | (W < tw))
+    if small.size:
+        i = int(small[0])
+        raise ValueError(
+            f"{name}({th}, {tw}) is larger than image {i} of the batch ({W[i]}x{H[i]} width x "
+            f"height); {small.size} image(s) too small. Resize first or use RandomResizedCrop."
+        )
+
+
+__all__ = ["CropSampler", "RandomResizedCrop", "RandomCrop", "CenterCrop", "Resize", "uniforms"]

@@ -1,0 +1,35 @@
+"""Process-wide resource limits applied to every decode, checked from the header before allocating."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+from gpupipe import _C
+
+
+class Limits(NamedTuple):
+    max_pixels: int  #: width * height above which an image is refused (DecompressionBombError)
+    max_scans: int  #: progressive scans above which an image is refused (scan bomb)
+    max_memory: int  #: bytes of libjpeg working memory one decode may use
+
+
+def get_limits() -> Limits:
+    """The limits in force."""
+    return Limits(*_C.get_limits())
+
+
+def set_limits(
+    max_pixels: Optional[int] = None, max_scans: Optional[int] = None, max_memory: Optional[int] = None
+) -> Limits:
+    """Sets the limits given (the others keep their value) and returns the previous ones.
+
+    Defaults: ``max_pixels`` = 89,478,485 (Pillow's ``Image.MAX_IMAGE_PIXELS``), ``max_scans`` =
+    100 (as libjpeg-turbo's fuzzers), ``max_memory`` = 1 GiB.
+    """
+    old = get_limits()
+    _C.set_limits(
+        int(old.max_pixels if max_pixels is None else max_pixels),
+        int(old.max_scans if max_scans is None else max_scans),
+        int(old.max_memory if max_memory is None else max_memory),
+    )
+    return old
