@@ -45,7 +45,7 @@ class BufferView {
 };
 
 uint8_t* writable_address(uintptr_t address, size_t needed, size_t given) {
-  if (address == 0) throw InvalidArgument("output address is null");
+  if (address == 0 && needed > 0) throw InvalidArgument("output address is null");
   if (given < needed)
     throw InvalidArgument("output buffer holds " + std::to_string(given) + " bytes, " +
                           std::to_string(needed) + " needed");

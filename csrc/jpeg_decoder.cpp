@@ -304,6 +304,18 @@ void check_pixel_limit(uint64_t height, uint64_t width) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// libjpeg's message, plus what the user can do about the cases this build cannot decode.
+[[noreturn]] void throw_decode_error(const char* message) {
+  std::string m = message;
+  if (m.find("data precision 12") != std::string::npos)
+    m += " (12-bit JPEG: this libjpeg-turbo build decodes 8-bit JPEGs only; convert the file, e.g. "
+         "with Pillow or ImageMagick)";
+  else if (m.find("SOF type 0xc3") != std::string::npos || m.find("SOF type 0xc7") != std::string::npos ||
+           m.find("SOF type 0xcb") != std::string::npos || m.find("SOF type 0xcf") != std::string::npos)
+    m += " (lossless JPEG is not supported by libjpeg-turbo 2.x)";
+  throw DecodeError(m);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -328,7 +340,7 @@ JpegInfo Decoder::read_header(const uint8_t* data, size_t size) {
   State* s = state_.get();
   AbortOnExit abort_on_exit{&s->cinfo};
   reset_errors(s, false);
-  if (!guarded_read_header(s, data, size, true)) throw DecodeError(s->err.message);
+  if (!guarded_read_header(s, data, size, true)) throw_decode_error(s->err.message);
   const jpeg_decompress_struct& c = s->cinfo;
   JpegInfo info;
   info.height = static_cast<int>(c.image_height);
@@ -355,7 +367,7 @@ DecodeResult Decoder::decode(const uint8_t* data, size_t size, const DecodeReque
   j_decompress_ptr cinfo = &s->cinfo;
   AbortOnExit abort_on_exit{cinfo};
   reset_errors(s, req.strict);
-  if (!guarded_read_header(s, data, size, false)) throw DecodeError(s->err.message);
+  if (!guarded_read_header(s, data, size, false)) throw_decode_error(s->err.message);
 
   const int64_t H = cinfo->image_height, W = cinfo->image_width;
   check_pixel_limit(static_cast<uint64_t>(H), static_cast<uint64_t>(W));
@@ -423,7 +435,7 @@ DecodeResult Decoder::decode(const uint8_t* data, size_t size, const DecodeReque
     plan.dst = s->region.data();
     plan.dst_stride = static_cast<size_t>(rw) * channels;
   }
-  if (!guarded_decode_rows(s, &plan)) throw DecodeError(s->err.message);
+  if (!guarded_decode_rows(s, &plan)) throw_decode_error(s->err.message);
 
   if (!direct)
     s->resampler.resize(s->region.data(), rh, rw, channels, plan.dst_stride, fx0 - plan.x0,

@@ -1,0 +1,167 @@
+"""Timing and reporting shared by the benchmarks: peers side by side in one process, warm-up,
+round-robin repeats (so drift on a shared machine hits every method alike), medians and spread."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+
+@dataclass
+class Row:
+    workload: str
+    method: str
+    unit_items: int  # items processed per call (images)
+    times: list = field(default_factory=list)  # seconds per call, one per repeat
+    skipped: Optional[str] = None  # reason, when the method is unavailable
+    note: str = ""
+
+    @property
+    def median_ms_per_item(self) -> float:
+        return 1e3 * statistics.median(self.times) / self.unit_items
+
+    @property
+    def spread_ms_per_item(self) -> tuple[float, float]:
+        return (1e3 * min(self.times) / self.unit_items, 1e3 * max(self.times) / self.unit_items)
+
+    @property
+    def items_per_s(self) -> float:
+        return self.unit_items / statistics.median(self.times)
+
+
+def run_side_by_side(
+    workload: str,
+    methods: dict[str, Optional[Callable[[], object]]],
+    unit_items: int,
+    repeats: int = 7,
+    warmup: int = 1,
+    skipped: Optional[dict[str, str]] = None,
+    notes: Optional[dict[str, str]] = None,
+) -> list[Row]:
+    """Times each callable (one call processes ``unit_items`` items) ``repeats`` times, round robin."""
+    rows = {name: Row(workload, name, unit_items, note=(notes or {}).get(name, "")) for name in methods}
+    for name, reason in (skipped or {}).items():
+        rows[name] = Row(workload, name, unit_items, skipped=reason)
+    live = {k: v for k, v in methods.items() if v is not None}
+    for fn in live.values():
+        for _ in range(warmup):
+            fn()
+    for _ in range(repeats):
+        for name, fn in live.items():
+            t0 = time.perf_counter()
+            fn()
+            rows[name].times.append(time.perf_counter() - t0)
+    return list(rows.values())
+
+
+def environment(threads: int) -> dict:
+    import numpy
+    import torch
+
+    env = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu": _cpu_name(),
+        "cores_affinity": len(os.sched_getaffinity(0)),
+        "threads": threads,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "numpy": numpy.__version__,
+        "cuda_available": torch.cuda.is_available(),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+    }
+    for mod in ("gpupipe", "torchvision", "PIL", "simplejpeg", "kornia", "nvidia.dali", "spdl"):
+        try:
+            m = __import__(mod, fromlist=["__version__"])
+            env[mod] = getattr(m, "__version__", "?")
+        except Exception:
+            env[mod] = None
+    import gpupipe
+
+    env["libjpeg_turbo"] = gpupipe._C.libjpeg_turbo_version
+    return env
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def table(rows: list[Row], reference: str, baseline_note: str = "") -> str:
+    """A markdown table per workload: ms/item (median, min-max), items/s and speedup of the
+    reference method over each peer (peer time / reference time)."""
+    out = []
+    by_workload: dict[str, list[Row]] = {}
+    for r in rows:
+        by_workload.setdefault(r.workload, []).append(r)
+    for workload, group in by_workload.items():
+        ref = next((r for r in group if r.method == reference and not r.skipped), None)
+        out.append(f"\n### {workload}\n")
+        out.append(f"| method | ms/img (median) | min - max | img/s | {reference} speedup |")
+        out.append("|---|---:|---:|---:|---:|")
+        for r in group:
+            if r.skipped:
+                out.append(f"| {r.method} | skipped: {r.skipped} | | | |")
+                continue
+            lo, hi = r.spread_ms_per_item
+            ratio = f"{r.median_ms_per_item / ref.median_ms_per_item:.2f}x" if ref else "-"
+            name = f"{r.method} ({r.note})" if r.note else r.method
+            out.append(f"| {name} | {r.median_ms_per_item:.3f} | {lo:.3f} - {hi:.3f} | {r.items_per_s:.0f} | {ratio} |")
+    return "\n".join(out)
+
+
+def save(rows: list[Row], env: dict, out_dir: Path, title: str, reference: str) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = {
+        "title": title,
+        "environment": env,
+        "results": [
+            {**asdict(r), "median_ms_per_item": None if r.skipped else r.median_ms_per_item,
+             "items_per_s": None if r.skipped else r.items_per_s}
+            for r in rows
+        ],
+    }
+    (out_dir / "results.json").write_text(json.dumps(data, indent=2))
+    (out_dir / "results.md").write_text(f"# {title}\n" + table(rows, reference) + "\n")
+    plot(rows, out_dir / "results.png", title)
+    return out_dir
+
+
+def plot(rows: list[Row], path: Path, title: str) -> None:
+    """Images/s per method per workload, with min-max spread as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(dict.fromkeys(r.workload for r in rows))
+    fig, axes = plt.subplots(len(workloads), 1, figsize=(9, 2.2 + 0.45 * max(len([r for r in rows if r.workload == w]) for w in workloads) * len(workloads)), squeeze=False)
+    for ax, workload in zip(axes[:, 0], workloads):
+        group = [r for r in rows if r.workload == workload and not r.skipped]
+        names = [r.method for r in group]
+        med = [r.items_per_s for r in group]
+        lo = [r.unit_items / max(r.times) for r in group]
+        hi = [r.unit_items / min(r.times) for r in group]
+        err = [[m - l for m, l in zip(med, lo)], [h - m for m, h in zip(med, hi)]]
+        colors = ["tab:green" if n.startswith("gpupipe") else "tab:gray" for n in names]
+        ax.barh(names, med, xerr=err, color=colors, capsize=3)
+        ax.invert_yaxis()
+        ax.set_title(workload, fontsize=10)
+        ax.set_xlabel("images / s (median, min-max)")
+        for i, m in enumerate(med):
+            ax.text(m, i, f" {m:.0f}", va="center", fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,43 @@
+"""The main job: makes the embedded datasets, runs every workload side by side, prints the table and
+writes bench-results/<timestamp>/{results.json, results.md, results.png}.
+
+    python -m benchmarks.main [--quick] [--workloads decode_crop ...] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from benchmarks import datasets, decode_crop
+from benchmarks.harness import environment, save, table
+
+WORKLOADS = ("decode_crop",)
+
+
+def main(argv=None) -> Path:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer repeats (< 2 minutes)")
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    ap.add_argument("--out", type=Path, default=None, help="output folder (default bench-results/<timestamp>)")
+    args = ap.parse_args(argv)
+    repeats = 3 if args.quick else 9
+
+    sets = {name: datasets.load_set(name) for name in datasets.SETS}
+    for name, datas in sets.items():
+        print(f"set {name}: {len(datas)} images, {datasets.bits_per_pixel(datas, datasets.SETS[name]):.2f} bpp")
+    rows = []
+    if "decode_crop" in args.workloads:
+        rows += decode_crop.run(sets, repeats=repeats)
+
+    title = "gpupipe vs peers (CPU)"
+    print(table(rows, "gpupipe"))
+    out = args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S")
+    save(rows, environment(threads=1), out, title, "gpupipe")
+    print(f"\nwrote {out}/results.json, results.md, results.png")
+    return out
+
+
+if __name__ == "__main__":
+    main()
