@@ -1,0 +1,240 @@
+"""decode_crop_jpegs: equal to per-sample decodes, in place, every error policy, any thread count."""
+
+import multiprocessing as mp
+import threading
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import gpupipe
+from gpupipe import _C
+from conftest import HEIGHT, WIDTH, encode, photo
+
+
+@pytest.fixture(scope="module")
+def batch():
+    """12 distinct photos of different sizes and variants."""
+    datas = []
+    for i, name in enumerate(["astronaut", "coffee", "chelsea", "rocket"] * 3):
+        h, w = 150 + 7 * i, 190 + 11 * i
+        opts = [{}, {"progressive": True}, {"h_samp": 1, "v_samp": 1}, {"colorspace": "gray"}][i % 4]
+        datas.append(encode(photo(h, w, name), **opts))
+    return datas
+
+
+def boxes_for(datas, h=64, w=80, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for d in datas:
+        H, W = gpupipe.read_header(d)[:2]
+        out.append((int(rng.integers(0, H - h + 1)), int(rng.integers(0, W - w + 1)), h, w))
+    return np.array(out, dtype=np.int64)
+
+
+@pytest.mark.parametrize("num_threads", [1, 2, 3])
+@pytest.mark.parametrize("mode", ["rgb", "gray"])
+def test_batch_equals_single_decodes(batch, num_threads, mode):
+    boxes = boxes_for(batch)
+    result = gpupipe.decode_crop_jpegs(batch, boxes, num_threads=num_threads, mode=mode)
+    assert result.images.shape == (len(batch), 3 if mode == "rgb" else 1, 64, 80)
+    assert result.images.is_contiguous(memory_format=torch.channels_last)
+    assert result.ok.all() and not result.errors and not result.warnings
+    for i, (d, b) in enumerate(zip(batch, boxes)):
+        torch.testing.assert_close(result.images[i], gpupipe.decode_crop_jpeg(d, *b, mode=mode), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("num_threads", [1, 2])
+def test_resized_batch_equals_single_decodes(batch, num_threads):
+    rng = np.random.default_rng(1)
+    boxes = []
+    for d in batch:
+        H, W = gpupipe.read_header(d)[:2]
+        h, w = int(rng.integers(20, H + 1)), int(rng.integers(20, W + 1))
+        boxes.append((int(rng.integers(0, H - h + 1)), int(rng.integers(0, W - w + 1)), h, w))
+    for dct in (True, False):
+        result = gpupipe.decode_crop_jpegs(batch, boxes, size=(48, 56), num_threads=num_threads, dct_scaling=dct)
+        for i, (d, b) in enumerate(zip(batch, boxes)):
+            ref = gpupipe.decode_crop_jpeg(d, *b, size=(48, 56), dct_scaling=dct)
+            torch.testing.assert_close(result.images[i], ref, rtol=0, atol=0)
+
+
+def test_out_buffer_is_written_in_place(batch):
+    boxes = boxes_for(batch)
+    n = len(batch)
+    nhwc = torch.full((n, 64, 80, 3), 7, dtype=torch.uint8)
+    r = gpupipe.decode_crop_jpegs(batch, boxes, out=nhwc)
+    assert r.images.data_ptr() == nhwc.data_ptr()
+    torch.testing.assert_close(nhwc.permute(0, 3, 1, 2), r.images, rtol=0, atol=0)
+    assert (nhwc != 7).any()
+    nchw = torch.empty((n, 3, 64, 80), dtype=torch.uint8).to(memory_format=torch.channels_last)
+    r2 = gpupipe.decode_crop_jpegs(batch, boxes, out=nchw)
+    assert r2.images.data_ptr() == nchw.data_ptr()
+    torch.testing.assert_close(nchw, r.images, rtol=0, atol=0)
+    for bad, match in [(torch.empty((n, 3, 64, 80), dtype=torch.uint8), "channels-last"),
+                       (torch.empty((n, 64, 80, 3), dtype=torch.float32), "uint8"),
+                       (torch.empty((n - 1, 64, 80, 3), dtype=torch.uint8), "contiguous")]:
+        with pytest.raises(ValueError, match=match):
+            gpupipe.decode_crop_jpegs(batch, boxes, out=bad)
+
+
+def _corrupt(data: bytes) -> bytes:
+    return b"\xff\xd8\xff\xdb" + data[200:260]  # a JPEG start, then nonsense
+
+
+@pytest.fixture(scope="module")
+def bad_batch(batch):
+    datas = list(batch)
+    datas[3] = _corrupt(datas[3])
+    datas[7] = b"not a jpeg at all"
+    return datas
+
+
+def test_on_error_raise_names_the_first_failure_after_the_whole_batch(bad_batch):
+    boxes = boxes_for([d if i not in (3, 7) else encode(photo(200, 300)) for i, d in enumerate(bad_batch)])
+    with pytest.raises(gpupipe.JpegError, match=r"sample 3: .*\(1 more failed") as info:
+        gpupipe.decode_crop_jpegs(bad_batch, boxes)
+    assert set(info.value.errors) == {3, 7} and "Not a JPEG" in info.value.errors[7]
+
+
+@pytest.mark.parametrize("policy", ["skip", "replace"])
+def test_on_error_skip_and_replace_report_every_failure(batch, bad_batch, policy):
+    boxes = boxes_for([d if i not in (3, 7) else encode(photo(200, 300)) for i, d in enumerate(bad_batch)])
+    r = gpupipe.decode_crop_jpegs(bad_batch, boxes, on_error=policy, num_threads=2)
+    assert r.ok.tolist() == [i not in (3, 7) for i in range(len(batch))]
+    assert set(r.errors) == {3, 7} and "Not a JPEG file" in r.errors[7]
+    assert (r.images[[3, 7]] == 0).all()  # nothing half-written: failed slots are zeros
+    good = gpupipe.decode_crop_jpegs(batch, boxes)
+    torch.testing.assert_close(r.images[r.ok], good.images[r.ok], rtol=0, atol=0)
+
+
+def test_box_outside_one_image_is_a_per_sample_value_error(batch):
+    boxes = boxes_for(batch)
+    boxes[5] = (0, 0, 64, 80)
+    boxes[5, 0] = 10_000
+    with pytest.raises(ValueError, match=r"sample 5: crop box .* not inside the image of"):
+        gpupipe.decode_crop_jpegs(batch, boxes)
+    r = gpupipe.decode_crop_jpegs(batch, boxes, on_error="skip")
+    assert r.ok.tolist().count(False) == 1 and not r.ok[5]
+
+
+def test_truncated_sample_warns_once_and_strict_fails(batch):
+    datas = list(batch)
+    datas[2] = datas[2][: len(datas[2]) // 2]
+    boxes = boxes_for(batch)
+    boxes[2] = (gpupipe.read_header(datas[2]).height - 64, 0, 64, 80)  # a box inside the lost half
+    with pytest.warns(gpupipe.JpegWarning, match="1 sample.*sample 2: Premature end"):
+        r = gpupipe.decode_crop_jpegs(datas, boxes)
+    assert r.ok.all() and list(r.warnings) == [2]
+    r = gpupipe.decode_crop_jpegs(datas, boxes, strict=True, on_error="skip")
+    assert r.ok.tolist().count(False) == 1 and "strict=True" in r.errors[2]
+
+
+def test_decompression_bomb_in_a_batch(batch):
+    from conftest import patch_sof
+
+    datas = list(batch)
+    datas[0] = patch_sof(datas[0], height=60000, width=60000)
+    with pytest.raises(gpupipe.DecompressionBombError, match="sample 0: .*max_pixels"):
+        gpupipe.decode_crop_jpegs(datas, boxes_for(batch))
+
+
+def test_mixed_input_types_and_box_containers(batch):
+    boxes = boxes_for(batch)
+    mixed = [d if i % 3 == 0 else np.frombuffer(d, np.uint8) if i % 3 == 1 else torch.frombuffer(bytearray(d), dtype=torch.uint8)
+             for i, d in enumerate(batch)]
+    ref = gpupipe.decode_crop_jpegs(batch, boxes).images
+    for b in (boxes, torch.from_numpy(boxes), boxes.tolist()):
+        torch.testing.assert_close(gpupipe.decode_crop_jpegs(mixed, b).images, ref, rtol=0, atol=0)
+
+
+def test_argument_errors(batch):
+    boxes = boxes_for(batch)
+    with pytest.raises(ValueError, match="boxes must have shape"):
+        gpupipe.decode_crop_jpegs(batch, boxes[:-1])
+    uneven = boxes.copy()
+    uneven[1, 2] = 10
+    with pytest.raises(ValueError, match="pass size="):
+        gpupipe.decode_crop_jpegs(batch, uneven)
+    with pytest.raises(ValueError, match="on_error"):
+        gpupipe.decode_crop_jpegs(batch, boxes, on_error="ignore")
+    with pytest.raises(TypeError, match="sequence of encoded images"):
+        gpupipe.decode_crop_jpegs(batch[0], boxes[:1])
+    with pytest.raises(ValueError, match="num_threads"):
+        gpupipe.decode_crop_jpegs(batch, boxes, num_threads=0)
+
+
+def test_empty_batch():
+    r = gpupipe.decode_crop_jpegs([], np.zeros((0, 4), np.int64), size=(8, 8))
+    assert r.images.shape == (0, 3, 8, 8) and r.ok.shape == (0,)
+
+
+def test_pool_size_follows_num_threads(batch):
+    boxes = boxes_for(batch)
+    gpupipe.decode_crop_jpegs(batch, boxes, num_threads=3)
+    assert _C.pool_threads() == 3
+    gpupipe.decode_crop_jpegs(batch, boxes, num_threads=2)
+    assert _C.pool_threads() == 2
+    _C.shutdown_pool()
+    assert _C.pool_threads() == 0
+
+
+def test_concurrent_batches_from_many_threads(batch, bad_batch):
+    boxes = boxes_for(batch)
+    ref_good = gpupipe.decode_crop_jpegs(batch, boxes, num_threads=2)
+    ref_bad = gpupipe.decode_crop_jpegs(bad_batch, boxes, num_threads=2, on_error="skip")
+    failures = []
+
+    def work(k):
+        try:
+            for _ in range(8):
+                good = k % 2 == 0
+                r = gpupipe.decode_crop_jpegs(batch if good else bad_batch, boxes, num_threads=2, on_error="skip")
+                ref = ref_good if good else ref_bad
+                if not (torch.equal(r.images, ref.images) and torch.equal(r.ok, ref.ok)):
+                    failures.append(k)
+        except Exception as e:  # pragma: no cover
+            failures.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "deadlock"
+    assert not failures
+
+
+def _decode_in_child(datas, boxes, queue):
+    r = gpupipe.decode_crop_jpegs(datas, boxes, num_threads=2)
+    # numpy, not torch: torch's OpenMP pool is not fork-safe (a torch issue, not gpupipe's)
+    queue.put(int(r.images.numpy().astype(np.int64).sum()))
+
+
+def test_forked_child_gets_its_own_pool(batch):
+    boxes = boxes_for(batch)
+    expected = int(gpupipe.decode_crop_jpegs(batch, boxes, num_threads=2).images.numpy().astype(np.int64).sum())
+    assert _C.pool_threads() == 2  # the parent has a live pool when it forks
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads (Python 3.12+)
+        child = ctx.Process(target=_decode_in_child, args=(batch, boxes, queue))
+        child.start()
+    child.join(timeout=60)
+    if child.is_alive():
+        child.kill()
+        child.join()
+    assert child.exitcode == 0, f"child hung or crashed (exit code {child.exitcode})"
+    assert queue.get(timeout=5) == expected
+
+
+def test_default_threads_from_environment(monkeypatch, batch):
+    monkeypatch.setenv("GPUPIPE_NUM_THREADS", "3")
+    assert _C.default_num_threads() == 3
+    gpupipe.decode_crop_jpegs(batch, boxes_for(batch))
+    assert _C.pool_threads() == 3
+    monkeypatch.setenv("GPUPIPE_NUM_THREADS", "many")
+    with pytest.raises(ValueError, match="GPUPIPE_NUM_THREADS"):
+        gpupipe.decode_crop_jpegs(batch, boxes_for(batch))

@@ -1,0 +1,132 @@
+"""Crop samplers: torchvision's semantics, and boxes that depend only on (seed, epoch, index)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from gpupipe import crops
+
+SAMPLERS = [crops.RandomResizedCrop(224), crops.RandomCrop((100, 120)), crops.CenterCrop(96), crops.Resize((64, 48))]
+
+
+def dims(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.integers(130, 900, n), rng.integers(130, 900, n)
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS, ids=lambda s: type(s).__name__)
+def test_boxes_are_inside_images_and_shaped(sampler):
+    H, W = dims(500)
+    b = sampler.boxes(H, W, seed=1, epoch=2)
+    assert b.dtype == np.int64 and b.shape == (500, 4)
+    top, left, h, w = b.T
+    assert (top >= 0).all() and (left >= 0).all() and (h >= 1).all() and (w >= 1).all()
+    assert (top + h <= H).all() and (left + w <= W).all()
+    if not sampler.resize:
+        assert (h == sampler.size[0]).all() and (w == sampler.size[1]).all()
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS[:2], ids=lambda s: type(s).__name__)
+def test_boxes_depend_only_on_seed_epoch_index(sampler):
+    H, W = dims(64)
+    idx = np.arange(1000, 1064)
+    full = sampler.boxes(H, W, seed=7, epoch=3, indices=idx)
+    # any batch split and order gives the same box per index
+    perm = np.random.default_rng(0).permutation(64)
+    parts = np.concatenate([sampler.boxes(H[perm[:20]], W[perm[:20]], seed=7, epoch=3, indices=idx[perm[:20]]),
+                            sampler.boxes(H[perm[20:]], W[perm[20:]], seed=7, epoch=3, indices=idx[perm[20:]])])
+    np.testing.assert_array_equal(parts, full[perm])
+    np.testing.assert_array_equal(sampler.boxes(H, W, seed=7, epoch=3, indices=idx), full)
+    assert (sampler.boxes(H, W, seed=7, epoch=4, indices=idx) != full).any(axis=1).mean() > 0.9
+    assert (sampler.boxes(H, W, seed=8, epoch=3, indices=idx) != full).any(axis=1).mean() > 0.9
+
+
+def test_uniforms_are_uniform_and_independent():
+    u = crops.uniforms(0, 0, np.arange(20000), 4)
+    assert u.min() >= 0 and u.max() < 1
+    assert abs(u.mean() - 0.5) < 0.01 and abs(u.var() - 1 / 12) < 0.003
+    c = np.corrcoef(u.T)
+    assert np.abs(c - np.eye(4)).max() < 0.03
+    # neighbouring indices and epochs are not correlated
+    v = crops.uniforms(0, 1, np.arange(20000), 4)
+    assert abs(np.corrcoef(u[:, 0], v[:, 0])[0, 1]) < 0.03
+    assert abs(np.corrcoef(u[:-1, 0], u[1:, 0])[0, 1]) < 0.03
+
+
+def _torchvision_rrc(h, w, n, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+    from torchvision.transforms import RandomResizedCrop
+
+    torch.manual_seed(0)
+    img = torch.empty(1, h, w)
+    return np.array([RandomResizedCrop.get_params(img, list(scale), list(ratio)) for _ in range(n)])
+
+
+def _stats(b, h, w):
+    top, left, bh, bw = b.T.astype(float)
+    return {
+        "area": (bh * bw / (h * w)).mean(),
+        "log_aspect": np.log(bw / bh).mean(),
+        "log_aspect_std": np.log(bw / bh).std(),
+        "cy": ((top + bh / 2) / h).mean(),
+        "cx": ((left + bw / 2) / w).mean(),
+        "full": ((bh == h) | (bw == w)).mean(),
+    }
+
+
+@pytest.mark.parametrize("h,w,scale,ratio", [(533, 800, (0.08, 1.0), (3 / 4, 4 / 3)), (300, 300, (0.5, 1.0), (3 / 4, 4 / 3)),
+                                             (120, 900, (0.08, 1.0), (3 / 4, 4 / 3)), (800, 533, (0.25, 0.9), (0.5, 2.0))])
+def test_random_resized_crop_matches_torchvision_distribution(h, w, scale, ratio):
+    n = 6000
+    ours = crops.RandomResizedCrop(224, scale=scale, ratio=ratio).boxes(np.full(n, h), np.full(n, w), seed=3)
+    ref = _torchvision_rrc(h, w, n, scale, ratio)
+    a, b = _stats(ours, h, w), _stats(ref, h, w)
+    for key in a:
+        assert abs(a[key] - b[key]) < 0.02 + 0.05 * abs(b[key]), (key, a[key], b[key])
+
+
+def test_random_resized_crop_fallback_is_torchvision_center_crop():
+    # A 1x50 strip: no try can fit the aspect ratio, so every box is the fallback.
+    b = crops.RandomResizedCrop(8).boxes([10], [500])
+    assert b.tolist() == [[0, (500 - round(10 * 4 / 3)) // 2, 10, round(10 * 4 / 3)]]
+    b = crops.RandomResizedCrop(8).boxes([500], [10])
+    assert b.tolist() == [[(500 - round(10 / (3 / 4))) // 2, 0, round(10 / (3 / 4)), 10]]
+
+
+def test_random_crop_is_uniform_and_exact_when_sizes_match():
+    b = crops.RandomCrop(10).boxes(np.full(20000, 30), np.full(20000, 40))
+    counts = np.bincount(b[:, 0], minlength=21)
+    assert counts.min() > 0.8 * 20000 / 21 and counts.max() < 1.2 * 20000 / 21
+    assert b[:, 1].max() == 30 and b[:, 0].max() == 20
+    assert crops.RandomCrop((30, 40)).boxes([30], [40]).tolist() == [[0, 0, 30, 40]]
+
+
+@pytest.mark.parametrize("H,W,size", [(533, 800, 224), (101, 99, (50, 51)), (224, 224, 224), (300, 201, (7, 200))])
+def test_center_crop_matches_torchvision(H, W, size):
+    from torchvision.transforms.v2 import functional as F
+
+    img = torch.arange(H * W, dtype=torch.int64).reshape(1, H, W)
+    tv = F.center_crop(img, list(size) if isinstance(size, tuple) else [size, size])
+    top, left = int(tv[0, 0, 0]) // W, int(tv[0, 0, 0]) % W
+    b = crops.CenterCrop(size).boxes([H], [W])[0]
+    assert (b[0], b[1]) == (top, left) and (b[2], b[3]) == tuple(tv.shape[1:])
+
+
+def test_too_small_images_name_the_sample():
+    with pytest.raises(ValueError, match=r"RandomCrop\(100, 100\) is larger than image 2 .*50x80"):
+        crops.RandomCrop(100).boxes([200, 300, 80, 90], [200, 300, 50, 10])
+    with pytest.raises(ValueError, match="CenterCrop"):
+        crops.CenterCrop(100).boxes([20], [200])
+
+
+def test_argument_validation():
+    with pytest.raises(ValueError):
+        crops.RandomResizedCrop(0)
+    with pytest.raises(ValueError):
+        crops.RandomResizedCrop(10, scale=(1.0, 0.5))
+    with pytest.raises(ValueError, match="same length"):
+        crops.Resize(8).boxes([1, 2], [3])
+    with pytest.raises(ValueError, match="indices"):
+        crops.RandomCrop(1).boxes([5, 5], [5, 5], indices=[1])
+    assert "RandomResizedCrop" in repr(crops.RandomResizedCrop(10))

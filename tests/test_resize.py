@@ -1,0 +1,133 @@
+"""Resized crops: the C++ resampler against Pillow, and the DCT-scaled path against libjpeg's own
+scaled full decode."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import gpupipe
+from gpupipe import _C
+from conftest import HEIGHT, WIDTH, encode, full_decode, photo
+
+
+def pil_resize(hwc: np.ndarray, out_hw, box=None) -> np.ndarray:
+    img = Image.fromarray(hwc[..., 0] if hwc.shape[2] == 1 else hwc)
+    out = np.asarray(img.resize((out_hw[1], out_hw[0]), Image.BILINEAR, box=box, reducing_gap=None))
+    return out[..., None] if out.ndim == 2 else out
+
+
+def scaled_full_decode(data: bytes, m: int, mode: int = 0) -> np.ndarray:
+    """libjpeg's whole image decoded at scale m/8 (our decoder with the whole scaled frame)."""
+    h, w = gpupipe.read_header(data)[:2]
+    sh, sw = math.ceil(h * m / 8), math.ceil(w * m / 8)
+    out = torch.empty((sh, sw, 3 if mode == 0 else 1), dtype=torch.uint8)
+    _C.decode_into(data, out.data_ptr(), out.numel(), 0, 0, sh, sw, sh, sw, mode=mode, scale_num=m, scaled_box=True)
+    return out.numpy()
+
+
+BOXES_AND_SIZES = [
+    ((0, 0, HEIGHT, WIDTH), (64, 80)),     # whole image, downscale
+    ((10, 13, 120, 150), (50, 61)),        # downscale, odd factors
+    ((5, 7, 30, 40), (64, 80)),            # upscale
+    ((0, 0, 40, 200), (80, 50)),           # up in y, down in x
+    ((3, 3, 50, 50), (50, 50)),            # same size: a copy
+    ((20, 30, 100, 100), (1, 1)),          # to one pixel
+    ((HEIGHT - 33, WIDTH - 47, 33, 47), (16, 16)),  # bottom-right corner
+]
+
+
+@pytest.mark.parametrize("box,size", BOXES_AND_SIZES)
+@pytest.mark.parametrize("mode", ["rgb", "gray"])
+def test_resize_without_dct_scaling_is_bit_exact_to_pillow(jpeg, box, size, mode):
+    t, l, h, w = box
+    ref = pil_resize(np.ascontiguousarray(full_decode(jpeg, mode)[t:t + h, l:l + w]), size)
+    got = gpupipe.decode_crop_jpeg(jpeg, *box, size=size, dct_scaling=False, mode=mode).permute(1, 2, 0).numpy()
+    np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("name", ["ycbcr-4:2:0", "ycbcr-4:4:4", "ycbcr-4:2:2", "ycbcr-4:4:0", "ycbcr-4:1:1",
+                                  "ycbcr-4:2:0-progressive", "gray", "cmyk", "rgb"])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7])
+def test_scaled_region_is_bit_exact_to_scaled_full_decode(variants, name, m):
+    data = variants[name]
+    ref = scaled_full_decode(data, m)
+    sh, sw = ref.shape[:2]
+    rng = np.random.default_rng(m)
+    for _ in range(12):
+        t, l = int(rng.integers(0, sh)), int(rng.integers(0, sw))
+        h, w = int(rng.integers(1, sh - t + 1)), int(rng.integers(1, sw - l + 1))
+        out = torch.empty((h, w, 3), dtype=torch.uint8)
+        _C.decode_into(data, out.data_ptr(), out.numel(), t, l, h, w, h, w, scale_num=m, scaled_box=True)
+        np.testing.assert_array_equal(out.numpy(), ref[t:t + h, l:l + w], err_msg=f"{name} m={m} {(t, l, h, w)}")
+
+
+def test_scaled_full_decode_matches_pillow_draft(jpeg):
+    """Independent check of the scaled frame: Pillow's draft() uses libjpeg's DCT scaling too."""
+    import io
+
+    for m, denom in ((4, 2), (2, 4), (1, 8)):
+        im = Image.open(io.BytesIO(jpeg))
+        im.draft("RGB", (WIDTH // denom, HEIGHT // denom))  # draft picks scale = size // request
+        pil = np.asarray(im.convert("RGB"))
+        ours = scaled_full_decode(jpeg, m)
+        assert pil.shape == ours.shape
+        assert np.abs(pil.astype(int) - ours.astype(int)).max() <= 1
+
+
+@pytest.mark.parametrize("box,size", [((0, 0, HEIGHT, WIDTH), (40, 50)), ((11, 9, 130, 170), (32, 40)),
+                                      ((1, 2, 100, 97), (12, 12)), ((HEIGHT - 80, WIDTH - 90, 80, 90), (33, 20))])
+def test_dct_scaled_resize_is_exact_to_its_definition(jpeg, box, size):
+    """Scaled path = libjpeg's scaled full decode, cut to the pixels covering the box, then resized
+    from the box's fractional position (Pillow's resize with box=), bit for bit."""
+    t, l, h, w = box
+    m = _C.choose_scale_num(h, w, *size)
+    assert m < 8
+    full = scaled_full_decode(jpeg, m)
+    k = m / 8
+    x0, y0 = math.floor(l * k), math.floor(t * k)
+    x1, y1 = min(full.shape[1], math.ceil((l + w) * k)), min(full.shape[0], math.ceil((t + h) * k))
+    region = np.ascontiguousarray(full[y0:y1, x0:x1])
+    ref = pil_resize(region, size, box=(l * k - x0, t * k - y0, (l + w) * k - x0, (t + h) * k - y0))
+    got = gpupipe.decode_crop_jpeg(jpeg, *box, size=size).permute(1, 2, 0).numpy()
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_dct_scaled_resize_is_close_to_full_resolution_pillow():
+    """Against the independent reference (full-resolution crop resized by Pillow): the DCT-domain
+    downscale is a different low-pass filter, so the tolerance is on the mean absolute difference
+    (< 2.5 levels of 255) and on 99% of pixels (<= 12 levels)."""
+    img = photo(600, 800, "coffee")
+    data = encode(img, quality=92)
+    full = full_decode(data)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        h, w = int(rng.integers(200, 600)), int(rng.integers(200, 800))
+        t, l = int(rng.integers(0, 600 - h + 1)), int(rng.integers(0, 800 - w + 1))
+        size = (int(rng.integers(32, h // 2 + 1)), int(rng.integers(32, w // 2 + 1)))
+        ref = pil_resize(np.ascontiguousarray(full[t:t + h, l:l + w]), size).astype(int)
+        got = gpupipe.decode_crop_jpeg(data, t, l, h, w, size=size).permute(1, 2, 0).numpy().astype(int)
+        diff = np.abs(got - ref)
+        assert diff.mean() < 2.5 and np.percentile(diff, 99) <= 12, ((t, l, h, w), size, diff.mean())
+
+
+@pytest.mark.parametrize("box_hw,out_hw,expected", [
+    ((100, 100), (60, 60), 8),    # < 2x: no scaling
+    ((200, 200), (100, 100), 4),  # exactly 2x: 1/2
+    ((300, 300), (100, 100), 3),  # 3/8 of 300 = 112.5 >= 100
+    ((800, 800), (100, 100), 1),  # 8x: 1/8
+    ((799, 800), (100, 100), 2),  # 1/8 of 799 < 100
+    ((1000, 250), (100, 100), 4),  # limited by the narrow side
+    ((1000, 199), (100, 100), 8),  # narrow side < 2x
+])
+def test_choose_scale_num(box_hw, out_hw, expected):
+    assert _C.choose_scale_num(*box_hw, *out_hw) == expected
+
+
+def test_resize_uses_scaled_decode_only_when_allowed(jpeg):
+    a = gpupipe.decode_crop_jpeg(jpeg, 0, 0, HEIGHT, WIDTH, size=(32, 32))
+    b = gpupipe.decode_crop_jpeg(jpeg, 0, 0, HEIGHT, WIDTH, size=(32, 32), dct_scaling=False)
+    assert not torch.equal(a, b)  # the scaled path really is a different computation
+    assert (a.int() - b.int()).abs().float().mean() < 3
