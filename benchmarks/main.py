@@ -10,10 +10,10 @@ import argparse
 import time
 from pathlib import Path
 
-from benchmarks import datasets, decode_crop
+from benchmarks import batch_decode, datasets, decode_crop
 from benchmarks.harness import environment, save, table
 
-WORKLOADS = ("decode_crop",)
+WORKLOADS = ("decode_crop", "batch_threads", "rrc")
 
 
 def main(argv=None) -> Path:
@@ -30,6 +30,11 @@ def main(argv=None) -> Path:
     rows = []
     if "decode_crop" in args.workloads:
         rows += decode_crop.run(sets, repeats=repeats)
+    if "batch_threads" in args.workloads:
+        rows += batch_decode.thread_scaling(sets["seed"], repeats=repeats)
+    if "rrc" in args.workloads:
+        rows += batch_decode.random_resized_crop(sets["hd"], threads=1, repeats=repeats)
+        rows += batch_decode.random_resized_crop(sets["hd"], threads=2, repeats=repeats)
 
     title = "gpupipe vs peers (CPU)"
     print(table(rows, "gpupipe"))

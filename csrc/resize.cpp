@@ -21,8 +21,16 @@ inline uint8_t clip8(int32_t v) {
   return static_cast<uint8_t>(v >> kPrecisionBits);
 }
 
+// The passes are compiled twice (AVX2 and baseline x86-64) and picked at load time, so one wheel
+// runs everywhere and still gets 8-lane integer math where the CPU has it.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define GPUPIPE_MULTIVERSION __attribute__((target_clones("avx2", "default")))
+#else
+#define GPUPIPE_MULTIVERSION
+#endif
+
 template <int C>
-void horizontal_pass(const uint8_t* src, size_t src_stride, int first_row, int rows, uint8_t* dst,
+inline void horizontal_pass_impl(const uint8_t* src, size_t src_stride, int first_row, int rows, uint8_t* dst,
                      size_t dst_stride, int out_w, int ksize, const int* bounds,
                      const int32_t* weights) {
   for (int y = 0; y < rows; ++y) {
@@ -41,8 +49,25 @@ void horizontal_pass(const uint8_t* src, size_t src_stride, int first_row, int r
   }
 }
 
+GPUPIPE_MULTIVERSION void horizontal_pass(int channels, const uint8_t* src, size_t src_stride,
+                                          int first_row, int rows, uint8_t* dst, size_t dst_stride,
+                                          int out_w, int ksize, const int* bounds,
+                                          const int32_t* weights) {
+  switch (channels) {
+    case 1:
+      horizontal_pass_impl<1>(src, src_stride, first_row, rows, dst, dst_stride, out_w, ksize, bounds, weights);
+      break;
+    case 3:
+      horizontal_pass_impl<3>(src, src_stride, first_row, rows, dst, dst_stride, out_w, ksize, bounds, weights);
+      break;
+    default:
+      horizontal_pass_impl<4>(src, src_stride, first_row, rows, dst, dst_stride, out_w, ksize, bounds, weights);
+      break;
+  }
+}
+
 // Vertical taps are applied a whole row at a time so the inner loop runs over contiguous bytes.
-void vertical_pass(const uint8_t* src, size_t src_stride, int row_offset, uint8_t* dst,
+GPUPIPE_MULTIVERSION void vertical_pass(const uint8_t* src, size_t src_stride, int row_offset, uint8_t* dst,
                    size_t dst_stride, int out_h, int row_bytes, int ksize, const int* bounds,
                    const int32_t* weights, std::vector<int32_t>* acc_buf) {
   acc_buf->resize(row_bytes);
@@ -123,20 +148,8 @@ void Resampler::resize(const uint8_t* src, int src_h, int src_w, int channels, s
       out = temp_.data();
     }
     const size_t ostride = need_v ? tstride : dst_stride;
-    switch (channels) {
-      case 1:
-        horizontal_pass<1>(src, src_stride, first, rows, out, ostride, dst_w, horizontal_.ksize,
-                           horizontal_.bounds.data(), horizontal_.weights.data());
-        break;
-      case 3:
-        horizontal_pass<3>(src, src_stride, first, rows, out, ostride, dst_w, horizontal_.ksize,
-                           horizontal_.bounds.data(), horizontal_.weights.data());
-        break;
-      default:
-        horizontal_pass<4>(src, src_stride, first, rows, out, ostride, dst_w, horizontal_.ksize,
-                           horizontal_.bounds.data(), horizontal_.weights.data());
-        break;
-    }
+    horizontal_pass(channels, src, src_stride, first, rows, out, ostride, dst_w, horizontal_.ksize,
+                    horizontal_.bounds.data(), horizontal_.weights.data());
     if (!need_v) return;
     vsrc = temp_.data();
     vstride = tstride;

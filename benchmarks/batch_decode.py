@@ -1,0 +1,95 @@
+"""Batched workloads: thread scaling of the batch engine, and RandomResizedCrop to 224 against the
+peers on identical boxes with the same number of threads for everyone."""
+
+from __future__ import annotations
+
+import io
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+import gpupipe
+from benchmarks import peers
+from benchmarks.decode_crop import random_boxes
+from benchmarks.harness import run_side_by_side
+
+
+def _cycle(datas: list[bytes], n: int) -> list[bytes]:
+    return [datas[i % len(datas)] for i in range(n)]
+
+
+def thread_scaling(datas: list[bytes], batch: int = 64, crop: int = 256, repeats: int = 7, label: str = "seed") -> list:
+    """Batch of `batch` crops: gpupipe on 1 and 2 threads (and DALI CPU likewise, for reference)."""
+    torch.set_num_threads(1)
+    datas = _cycle(datas, batch)
+    boxes = random_boxes(datas, crop, seed=1)
+    out = torch.empty((batch, crop, crop, 3), dtype=torch.uint8)
+    methods, skipped = {}, {}
+    for t in (1, 2):
+        methods[f"gpupipe {t} thread{'s' if t > 1 else ''}"] = (
+            lambda t=t: gpupipe.decode_crop_jpegs(datas, boxes, out=out, num_threads=t))
+    reason = peers.unavailable("nvidia.dali")
+    for t in (1, 2):
+        name = f"DALI CPU {t} thread{'s' if t > 1 else ''}"
+        if reason:
+            skipped[name] = reason
+        else:
+            methods[name] = peers.DaliCpu(batch, t).runner(datas, [tuple(b) for b in boxes])
+    w, h = gpupipe.read_header(datas[0])[1], gpupipe.read_header(datas[0])[0]
+    return run_side_by_side(f"batch {batch} x crop {crop}: {label} {w}x{h}", methods, batch, repeats=repeats, skipped=skipped)
+
+
+def random_resized_crop(datas: list[bytes], size: int = 224, batch: int = 32, threads: int = 2, repeats: int = 7, label: str = "hd") -> list:
+    """RandomResizedCrop(size) with antialiasing, identical boxes for every method."""
+    torch.set_num_threads(1)
+    datas = _cycle(datas, batch)
+    sizes = np.array([gpupipe.read_header(d)[:2] for d in datas])
+    boxes = gpupipe.crops.RandomResizedCrop(size).boxes(sizes[:, 0], sizes[:, 1], seed=0)
+    box_list = [tuple(int(v) for v in b) for b in boxes]
+    out = torch.empty((batch, size, size, 3), dtype=torch.uint8)
+    pool = ThreadPoolExecutor(threads)
+    methods, skipped, notes = {}, {}, {}
+
+    methods["gpupipe"] = lambda: gpupipe.decode_crop_jpegs(datas, boxes, size=size, out=out, num_threads=threads)
+    notes["gpupipe"] = "ROI + DCT scaling + AA bilinear"
+    methods["gpupipe exact"] = lambda: gpupipe.decode_crop_jpegs(datas, boxes, size=size, out=out, num_threads=threads, dct_scaling=False)
+    notes["gpupipe exact"] = "dct_scaling=False"
+
+    reason = peers.unavailable("nvidia.dali")
+    if reason:
+        skipped["DALI CPU"] = reason
+    else:
+        methods["DALI CPU"] = peers.DaliCpu(batch, threads, resize=(size, size)).runner(datas, box_list)
+        notes["DALI CPU"] = "image_slice + resize(antialias)"
+
+    reason = peers.unavailable("torchvision")
+    if reason:
+        skipped["torchvision"] = reason
+    else:
+        from torchvision.io import decode_jpeg
+        from torchvision.transforms.v2 import functional as F
+
+        tensors = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
+
+        def tv_one(i):
+            t, l, h, w = box_list[i]
+            return F.resized_crop(decode_jpeg(tensors[i]), t, l, h, w, [size, size], antialias=True)
+
+        methods["torchvision"] = lambda: list(pool.map(tv_one, range(batch)))
+        notes["torchvision"] = "decode_jpeg + v2 resized_crop(antialias)"
+
+    from PIL import Image
+
+    def pil_one(i):
+        t, l, h, w = box_list[i]
+        img = Image.open(io.BytesIO(datas[i])).convert("RGB")
+        return img.resize((size, size), Image.BILINEAR, box=(l, t, l + w, t + h), reducing_gap=None)
+
+    methods["PIL"] = lambda: list(pool.map(pil_one, range(batch)))
+    notes["PIL"] = "open + resize(box, BILINEAR)"
+    w, h = gpupipe.read_header(datas[0])[1], gpupipe.read_header(datas[0])[0]
+    rows = run_side_by_side(f"RandomResizedCrop {size}: {label} {w}x{h}, {threads} threads", methods, batch,
+                            repeats=repeats, skipped=skipped, notes=notes)
+    pool.shutdown()
+    return rows
