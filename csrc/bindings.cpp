@@ -13,6 +13,7 @@
 
 #include "batch_decode.h"
 #include "errors.h"
+#include "fused_augment_cpu.h"
 #include "jpeg_decoder.h"
 #include "jpeg_encoder.h"
 #include "thread_pool.h"
@@ -264,6 +265,35 @@ void register_encode(py::module_& m) {
       py::arg("restart_blocks") = 0);
 }
 
+void register_augment(py::module_& m) {
+  m.def(
+      "fused_color_affine",
+      [](uintptr_t input, bool input_is_uint8, int64_t n, int64_t h, int64_t w,
+         std::vector<int64_t> strides, uintptr_t matrices, uintptr_t hflip, uintptr_t vflip,
+         uintptr_t output, int out_dtype, int num_threads) {
+        if (strides.size() != 4) throw InvalidArgument("strides must have 4 entries (N, C, H, W)");
+        FusedArgs a;
+        a.input = reinterpret_cast<const void*>(input);
+        a.input_is_uint8 = input_is_uint8;
+        a.n = n;
+        a.h = h;
+        a.w = w;
+        for (int i = 0; i < 4; ++i) a.in_stride[i] = strides[i];
+        a.matrices = reinterpret_cast<const float*>(matrices);
+        a.hflip = reinterpret_cast<const uint8_t*>(hflip);
+        a.vflip = reinterpret_cast<const uint8_t*>(vflip);
+        a.output = reinterpret_cast<void*>(output);
+        a.out_dtype = out_dtype;
+        py::gil_scoped_release release;
+        fused_color_affine_cpu(a, num_threads);
+      },
+      py::arg("input"), py::arg("input_is_uint8"), py::arg("n"), py::arg("h"), py::arg("w"),
+      py::arg("strides"), py::arg("matrices"), py::arg("hflip"), py::arg("vflip"),
+      py::arg("output"), py::arg("out_dtype"), py::arg("num_threads"),
+      "Host kernel of the fused augmentation. Addresses are tensors' data_ptr(); the Python "
+      "wrapper (gpupipe.augment) validates shapes, dtypes and devices.");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -273,4 +303,5 @@ PYBIND11_MODULE(_C, m) {
   register_decode(m);
   register_runtime(m);
   register_encode(m);
+  register_augment(m);
 }

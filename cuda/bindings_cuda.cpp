@@ -1,0 +1,43 @@
+// pybind11 module gpupipe._C_cuda: the CUDA launcher, called with tensors' data_ptr()s and
+// torch.cuda.current_stream().cuda_stream. Every launch error becomes a RuntimeError.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "fused_augment_cuda.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_C_cuda, m) {
+  m.doc() = "gpupipe's CUDA kernels (private; use gpupipe.augment).";
+  m.def(
+      "fused_color_affine",
+      [](uintptr_t input, bool input_is_uint8, int64_t n, int64_t h, int64_t w,
+         std::vector<int64_t> strides, uintptr_t matrices, uintptr_t hflip, uintptr_t vflip,
+         uintptr_t output, int out_dtype, uintptr_t stream) {
+        if (strides.size() != 4) throw std::invalid_argument("strides must have 4 entries");
+        if (out_dtype < 0 || out_dtype > 2) throw std::invalid_argument("unknown output dtype");
+        gpupipe::FusedCudaArgs a;
+        a.input = reinterpret_cast<const void*>(input);
+        a.input_is_uint8 = input_is_uint8;
+        a.n = n;
+        a.h = h;
+        a.w = w;
+        for (int i = 0; i < 4; ++i) a.in_stride[i] = strides[i];
+        a.matrices = reinterpret_cast<const float*>(matrices);
+        a.hflip = reinterpret_cast<const uint8_t*>(hflip);
+        a.vflip = reinterpret_cast<const uint8_t*>(vflip);
+        a.output = reinterpret_cast<void*>(output);
+        a.out_dtype = out_dtype;
+        int err = gpupipe::fused_color_affine_cuda(a, reinterpret_cast<void*>(stream));
+        if (err != 0)
+          throw std::runtime_error(std::string("fused_color_affine CUDA launch failed: ") +
+                                   gpupipe::cuda_error_string(err));
+      },
+      py::arg("input"), py::arg("input_is_uint8"), py::arg("n"), py::arg("h"), py::arg("w"),
+      py::arg("strides"), py::arg("matrices"), py::arg("hflip"), py::arg("vflip"),
+      py::arg("output"), py::arg("out_dtype"), py::arg("stream"));
+}
