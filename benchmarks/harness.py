@@ -106,9 +106,10 @@ def table(rows: list[Row], reference: str, baseline_note: str = "") -> str:
     for r in rows:
         by_workload.setdefault(r.workload, []).append(r)
     for workload, group in by_workload.items():
-        ref = next((r for r in group if r.method == reference and not r.skipped), None)
+        ref = next((r for r in group if r.method == reference and not r.skipped), None) or next(
+            (r for r in group if r.method.startswith(reference) and not r.skipped), None)
         out.append(f"\n### {workload}\n")
-        out.append(f"| method | ms/img (median) | min - max | img/s | {reference} speedup |")
+        out.append(f"| method | ms/img (median) | min - max | img/s | speedup of {ref.method if ref else reference} |")
         out.append("|---|---:|---:|---:|---:|")
         for r in group:
             if r.skipped:

@@ -10,10 +10,10 @@ import argparse
 import time
 from pathlib import Path
 
-from benchmarks import batch_decode, datasets, decode_crop
+from benchmarks import augment, batch_decode, datasets, decode_crop
 from benchmarks.harness import environment, save, table
 
-WORKLOADS = ("decode_crop", "batch_threads", "rrc")
+WORKLOADS = ("decode_crop", "batch_threads", "rrc", "augment")
 
 
 def main(argv=None) -> Path:
@@ -35,6 +35,9 @@ def main(argv=None) -> Path:
     if "rrc" in args.workloads:
         rows += batch_decode.random_resized_crop(sets["hd"], threads=1, repeats=repeats)
         rows += batch_decode.random_resized_crop(sets["hd"], threads=2, repeats=repeats)
+    if "augment" in args.workloads:
+        rows += augment.run(threads=1, repeats=repeats)
+        rows += augment.run(threads=2, repeats=repeats)
 
     title = "gpupipe vs peers (CPU)"
     print(table(rows, "gpupipe"))

@@ -292,6 +292,24 @@ void register_augment(py::module_& m) {
       py::arg("output"), py::arg("out_dtype"), py::arg("num_threads"),
       "Host kernel of the fused augmentation. Addresses are tensors' data_ptr(); the Python "
       "wrapper (gpupipe.augment) validates shapes, dtypes and devices.");
+  m.def(
+      "channel_sums",
+      [](uintptr_t input, bool input_is_uint8, int64_t n, int64_t h, int64_t w,
+         std::vector<int64_t> strides, uintptr_t out, int num_threads) {
+        if (strides.size() != 4) throw InvalidArgument("strides must have 4 entries (N, C, H, W)");
+        FusedArgs a;
+        a.input = reinterpret_cast<const void*>(input);
+        a.input_is_uint8 = input_is_uint8;
+        a.n = n;
+        a.h = h;
+        a.w = w;
+        for (int i = 0; i < 4; ++i) a.in_stride[i] = strides[i];
+        py::gil_scoped_release release;
+        channel_sums_cpu(a, reinterpret_cast<double*>(out), num_threads);
+      },
+      py::arg("input"), py::arg("input_is_uint8"), py::arg("n"), py::arg("h"), py::arg("w"),
+      py::arg("strides"), py::arg("out"), py::arg("num_threads"),
+      "Per-sample channel sums (float64 [N, 3] at out) of a uint8/float32 [N, 3, H, W] tensor.");
 }
 
 }  // namespace

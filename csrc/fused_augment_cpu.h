@@ -22,4 +22,8 @@ struct FusedArgs {
 // Runs on the process's thread pool when num_threads > 1.
 void fused_color_affine_cpu(const FusedArgs& args, int num_threads);
 
+// Per-sample channel sums of the input (n x 3 doubles), for the contrast op's gray mean: one
+// read-only pass, exact for uint8 input. Uses the input fields of args only.
+void channel_sums_cpu(const FusedArgs& args, double* out, int num_threads);
+
 }  // namespace gpupipe

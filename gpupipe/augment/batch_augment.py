@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from gpupipe.augment.color_matrix import color_matrices
-from gpupipe.augment.fused import OUT_DTYPES, fused_color_affine, fused_color_affine_torch
+from gpupipe.augment.fused import OUT_DTYPES, channel_means, fused_color_affine, fused_color_affine_torch
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -201,7 +201,7 @@ class BatchAugment(nn.Module):
             x = x.float()
         means = None
         if bool((p["contrast"] != 1).any()):
-            means = x.sum(dim=(2, 3), dtype=torch.float64) / (x.shape[2] * x.shape[3])
+            means = channel_means(x)
         m = color_matrices(p, self.mean, self.std, input_scale=scale, channel_means=means).to(torch.float32)
         if x.device.type in ("cpu", "cuda"):
             self.last_path = f"{x.device.type}-kernel"

@@ -80,6 +80,34 @@ def _(x, matrices, hflip, vflip, out_dtype):
     return x.new_empty((x.shape[0], 3, x.shape[2], x.shape[3]), dtype=_DTYPE_CODES[out_dtype])
 
 
+@torch.library.custom_op("gpupipe::channel_means", mutates_args=())
+def _channel_means_op(x: torch.Tensor) -> torch.Tensor:
+    """float64 [N, 3]: per-image channel means of a uint8/float32 [N, 3, H, W] tensor."""
+    return x.sum(dim=(2, 3), dtype=torch.float64) / (x.shape[2] * x.shape[3])  # devices without a kernel
+
+
+@_channel_means_op.register_kernel("cpu")
+def _(x):
+    # torch's strided uint8 -> float64 reduction over (H, W) of a channels-last tensor is ~10x slower
+    # than the pixel pass itself; the C++ pass sums exactly in integers.
+    if x.dtype not in (torch.uint8, torch.float32):
+        x = x.float()
+    out = torch.empty((x.shape[0], 3), dtype=torch.float64)
+    _C.channel_sums(x.data_ptr(), x.dtype == torch.uint8, x.shape[0], x.shape[2], x.shape[3], list(x.stride()),
+                    out.data_ptr(), torch.get_num_threads())
+    return out / (x.shape[2] * x.shape[3])
+
+
+@_channel_means_op.register_fake
+def _(x):
+    return x.new_empty((x.shape[0], 3), dtype=torch.float64)
+
+
+def channel_means(x: torch.Tensor) -> torch.Tensor:
+    """float64 ``[N, 3]`` per-image channel means (on x's own value scale)."""
+    return torch.ops.gpupipe.channel_means(x)
+
+
 def fused_color_affine(x: torch.Tensor, matrices: torch.Tensor, hflip: torch.Tensor, vflip: torch.Tensor,
                        out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``out[n, :, y, x] = matrices[n, :, :3] @ in[n, :, sy, sx] + matrices[n, :, 3]`` in one pass.
