@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <map>
 #include <cstdlib>
 #include <string>
 
@@ -87,40 +88,46 @@ int default_num_threads() {
 
 namespace {
 std::mutex g_pool_mutex;
-std::shared_ptr<ThreadPool>* g_pool = nullptr;  // heap-held so a forked child can abandon it
-pid_t g_pool_pid = 0;
+// One pool per requested size: the decoder and the augmentation kernel may ask for different
+// sizes in alternation, which must not tear pools down and rebuild them every batch. Heap-held so
+// that a forked child can abandon the parent's (never touch or destroy it: its threads are gone
+// and its mutexes may be held).
+std::map<int, std::shared_ptr<ThreadPool>>* g_pools = nullptr;
+pid_t g_pools_pid = 0;
+
+std::map<int, std::shared_ptr<ThreadPool>>& pools_locked() {
+  if (!g_pools || g_pools_pid != getpid()) {
+    g_pools = new std::map<int, std::shared_ptr<ThreadPool>>();
+    g_pools_pid = getpid();
+  }
+  return *g_pools;
+}
 }  // namespace
 
 std::shared_ptr<ThreadPool> get_pool(int num_threads) {
   if (num_threads <= 0) num_threads = default_num_threads();
   std::lock_guard<std::mutex> lock(g_pool_mutex);
-  if (g_pool && g_pool_pid != getpid()) {
-    // Forked child: the parent's workers do not exist here and its pool's mutexes may be held.
-    // Abandon the copy (never touch or destroy it) and start a new pool.
-    g_pool = nullptr;
-  }
-  if (!g_pool) {
-    g_pool = new std::shared_ptr<ThreadPool>();
-    g_pool_pid = getpid();
-  }
-  if (!*g_pool || (*g_pool)->size() != num_threads) *g_pool = std::make_shared<ThreadPool>(num_threads);
-  return *g_pool;
+  std::shared_ptr<ThreadPool>& pool = pools_locked()[num_threads];
+  if (!pool) pool = std::make_shared<ThreadPool>(num_threads);
+  return pool;
 }
 
 int pool_threads() {
   std::lock_guard<std::mutex> lock(g_pool_mutex);
-  if (!g_pool || g_pool_pid != getpid() || !*g_pool) return 0;
-  return (*g_pool)->size();
+  if (!g_pools || g_pools_pid != getpid()) return 0;
+  int total = 0;
+  for (const auto& kv : *g_pools) total += kv.second ? kv.second->size() : 0;
+  return total;
 }
 
 void shutdown_pool() {
-  std::shared_ptr<ThreadPool> old;
+  std::map<int, std::shared_ptr<ThreadPool>> old;
   {
     std::lock_guard<std::mutex> lock(g_pool_mutex);
-    if (!g_pool || g_pool_pid != getpid()) return;
-    old = std::move(*g_pool);
+    if (!g_pools || g_pools_pid != getpid()) return;
+    old.swap(*g_pools);
   }
-  // `old` joins here unless a caller still holds it, in which case that caller's release joins.
+  // The pools join here unless a caller still holds one, whose release then joins it.
 }
 
 }  // namespace gpupipe

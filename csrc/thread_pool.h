@@ -40,15 +40,14 @@ class ThreadPool {
 // Threads to use when the caller gives none: GPUPIPE_NUM_THREADS, else the CPU affinity count.
 int default_num_threads();
 
-// The process's pool of `num_threads` workers (0: default_num_threads()). Created lazily,
-// replaced when a different size is asked for (callers still using the old one keep it alive),
-// and re-created in a forked child, whose copy of the parent's pool has no threads.
+// The process's pool of `num_threads` workers (0: default_num_threads()), created lazily, one per
+// size asked for, and created anew in a forked child, whose copy of the parent's has no threads.
 std::shared_ptr<ThreadPool> get_pool(int num_threads);
 
-// Worker threads alive in this process's current pool (0 when none was created).
+// Worker threads alive in this process's pools (0 when none was created).
 int pool_threads();
 
-// Drops the process's pool; its threads exit once in-flight loops finish.
+// Drops the process's pools; their threads exit once in-flight loops finish.
 void shutdown_pool();
 
 }  // namespace gpupipe

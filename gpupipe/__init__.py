@@ -1,10 +1,11 @@
 """gpupipe: batched JPEG decode-and-crop (libjpeg-turbo ROI + DCT scaling) for PyTorch."""
 
-from gpupipe import crops
+from gpupipe import augment, crops, data, sources
 from gpupipe._errors import DecompressionBombError, JpegError, JpegWarning
 from gpupipe.decode import DecodedBatch, decode_and_crop_jpeg, decode_crop_jpeg, decode_crop_jpegs
 from gpupipe.header import JpegInfo, read_header
 from gpupipe.limits import Limits, get_limits, set_limits
+from gpupipe.loader import Loader
 
 __version__ = "0.1.0"
 
@@ -15,6 +16,10 @@ __all__ = [
     "JpegInfo",
     "JpegWarning",
     "Limits",
+    "Loader",
+    "augment",
+    "data",
+    "sources",
     "crops",
     "decode_and_crop_jpeg",
     "decode_crop_jpeg",

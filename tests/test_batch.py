@@ -170,12 +170,14 @@ def test_empty_batch():
     assert r.images.shape == (0, 3, 8, 8) and r.ok.shape == (0,)
 
 
-def test_pool_size_follows_num_threads(batch):
+def test_pools_are_kept_per_size_and_shut_down(batch):
     boxes = boxes_for(batch)
+    _C.shutdown_pool()
     gpupipe.decode_crop_jpegs(batch, boxes, num_threads=3)
     assert _C.pool_threads() == 3
     gpupipe.decode_crop_jpegs(batch, boxes, num_threads=2)
-    assert _C.pool_threads() == 2
+    gpupipe.decode_crop_jpegs(batch, boxes, num_threads=3)  # reused, not rebuilt
+    assert _C.pool_threads() == 5
     _C.shutdown_pool()
     assert _C.pool_threads() == 0
 
@@ -233,6 +235,7 @@ def test_forked_child_gets_its_own_pool(batch):
 def test_default_threads_from_environment(monkeypatch, batch):
     monkeypatch.setenv("GPUPIPE_NUM_THREADS", "3")
     assert _C.default_num_threads() == 3
+    _C.shutdown_pool()
     gpupipe.decode_crop_jpegs(batch, boxes_for(batch))
     assert _C.pool_threads() == 3
     monkeypatch.setenv("GPUPIPE_NUM_THREADS", "many")

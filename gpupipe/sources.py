@@ -1,0 +1,170 @@
+"""Where samples come from: keys, labels and encoded bytes.
+
+Map-style sources (:class:`ImageFolder`, :class:`FileList`) give random access: ``len(src)``,
+``src.keys[i]``, ``src.labels[i]`` and ``src.read(i) -> bytes``. :class:`TarShards` streams
+WebDataset-convention shards (``key.jpg`` + ``key.cls``) and is iterated per epoch.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import tarfile
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+import numpy as np
+
+# torchvision.datasets.folder.IMG_EXTENSIONS
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+class MapSource:
+    keys: list
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def read(self, i: int) -> bytes:
+        with open(self.keys[i], "rb") as f:
+            return f.read()
+
+
+class ImageFolder(MapSource):
+    """torchvision's ``ImageFolder`` layout (``root/<class>/<image>``): the same ``classes``,
+    ``class_to_idx`` and sample order (sorted classes, sorted files, followed symlinks)."""
+
+    def __init__(self, root: str | os.PathLike, extensions: Sequence[str] = IMG_EXTENSIONS):
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"ImageFolder root {str(self.root)!r} is not a directory")
+        self.classes = sorted(e.name for e in os.scandir(self.root) if e.is_dir())
+        if not self.classes:
+            raise FileNotFoundError(f"no class folders in {str(self.root)!r}")
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+        exts = tuple(e.lower() for e in extensions)
+        keys, labels = [], []
+        for c in self.classes:
+            for dirpath, _, files in sorted(os.walk(self.root / c, followlinks=True)):
+                for name in sorted(files):
+                    if name.lower().endswith(exts):
+                        keys.append(os.path.join(dirpath, name))
+                        labels.append(self.class_to_idx[c])
+        if not keys:
+            raise FileNotFoundError(f"no images with extensions {exts} under {str(self.root)!r}")
+        self.keys = keys
+        self.labels = np.asarray(labels, dtype=np.int64)
+
+
+class FileList(MapSource):
+    """An explicit list of files and integer labels."""
+
+    def __init__(self, paths: Sequence[str | os.PathLike], labels: Sequence[int]):
+        if len(paths) != len(labels):
+            raise ValueError(f"{len(paths)} paths but {len(labels)} labels")
+        self.keys = [os.fspath(p) for p in paths]
+        self.labels = np.asarray(labels, dtype=np.int64)
+
+    @classmethod
+    def from_csv(cls, path: str | os.PathLike, *, path_column: str = "path", label_column: str = "label",
+                 root: Optional[str | os.PathLike] = None) -> "FileList":
+        """Reads ``path,label`` rows (a header row naming the columns); relative paths are taken
+        from ``root`` (default: the CSV's folder)."""
+        base = Path(root) if root is not None else Path(path).parent
+        paths, labels = [], []
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                p = Path(row[path_column])
+                paths.append(p if p.is_absolute() else base / p)
+                labels.append(int(row[label_column]))
+        return cls(paths, labels)
+
+
+class TarShards:
+    """WebDataset-convention tar shards, streamed: members ``<key>.<ext>`` grouped by key; the
+    image is the first member with an image extension, the label the integer in ``<key>.cls``.
+
+    Each epoch, shards are shuffled (by seed and epoch), split across ranks by shard, read in
+    order, and samples are shuffled within a bounded buffer (``shuffle_buffer``).
+    """
+
+    def __init__(self, paths: Sequence[str | os.PathLike], shuffle_buffer: int = 1000):
+        self.paths = [os.fspath(p) for p in paths]
+        if not self.paths:
+            raise ValueError("no shards given")
+        self.shuffle_buffer = int(shuffle_buffer)
+
+    def shards_for(self, *, epoch: int, seed: int, rank: int, world_size: int, shuffle: bool) -> list:
+        order = list(range(len(self.paths)))
+        if shuffle:
+            order = list(np.random.default_rng([seed, epoch, 0x5A4D]).permutation(len(self.paths)))
+        return [self.paths[i] for i in order[rank::world_size]]
+
+    @staticmethod
+    def read_shard(path: str) -> Iterator[tuple[str, int, bytes]]:
+        """(key, label, image bytes) per sample, in the shard's order."""
+        current, parts = None, {}
+        with tarfile.open(path, "r|*") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                base = os.path.basename(member.name)
+                key = os.path.join(os.path.dirname(member.name), base.split(".", 1)[0])
+                ext = base.split(".", 1)[1].lower() if "." in base else ""
+                if current is not None and key != current:
+                    yield from TarShards._sample(current, parts, path)
+                    parts = {}
+                current = key
+                parts[ext] = tar.extractfile(member).read()
+            if current is not None:
+                yield from TarShards._sample(current, parts, path)
+
+    @staticmethod
+    def _sample(key: str, parts: dict, shard: str):
+        image = next((parts[e] for e in parts if e in ("jpg", "jpeg", "png", "webp", "ppm", "bmp")), None)
+        if image is None:
+            return  # a key without an image (e.g. metadata only) is not a sample
+        label = int(parts["cls"].decode().strip()) if "cls" in parts else -1
+        yield f"{shard}:{key}", label, image
+
+    def iter_samples(self, *, epoch: int, seed: int, rank: int, world_size: int, shuffle: bool) -> Iterator[tuple[str, int, bytes]]:
+        rng = np.random.default_rng([seed, epoch, rank, 0xB0F])
+        buffer = []
+        for shard in self.shards_for(epoch=epoch, seed=seed, rank=rank, world_size=world_size, shuffle=shuffle):
+            for sample in self.read_shard(shard):
+                if not shuffle:
+                    yield sample
+                    continue
+                buffer.append(sample)
+                if len(buffer) >= self.shuffle_buffer:
+                    j = int(rng.integers(len(buffer)))
+                    buffer[j], buffer[-1] = buffer[-1], buffer[j]
+                    yield buffer.pop()
+        rng.shuffle(buffer)
+        yield from buffer
+
+
+def write_tar_shards(samples, folder: str | os.PathLike, samples_per_shard: int = 100) -> list[str]:
+    """Writes (key, label, bytes, ext) samples as WebDataset-style shards; returns their paths."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths, tar, count = [], None, 0
+    for key, label, data, ext in samples:
+        if tar is None or count == samples_per_shard:
+            if tar is not None:
+                tar.close()
+            paths.append(str(folder / f"shard-{len(paths):05d}.tar"))
+            tar, count = tarfile.open(paths[-1], "w"), 0
+        for suffix, payload in ((ext, data), ("cls", str(label).encode())):
+            info = tarfile.TarInfo(f"{key}.{suffix}")
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+        count += 1
+    if tar is not None:
+        tar.close()
+    return paths
+
+
+__all__ = ["ImageFolder", "FileList", "TarShards", "write_tar_shards", "IMG_EXTENSIONS"]

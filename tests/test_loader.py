@@ -1,0 +1,279 @@
+"""The Loader: order, determinism, error policies, shutdown, sharding (with a real torchrun)."""
+
+import csv
+import gc
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import gpupipe
+from gpupipe import _C, crops, sources
+from loader_data import color_of, index_of, jpeg_bytes, make_image_folder
+
+N = 60
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("imagefolder")
+    samples = make_image_folder(str(root))
+    return str(root), samples
+
+
+def all_indices(loader):
+    out, labels = [], []
+    for images, y in loader:
+        assert images.dtype == torch.uint8 and images.shape[1:] == (3, 32, 32)
+        out += [index_of(img) for img in images]
+        labels += y.tolist()
+    return out, labels
+
+
+def gpupipe_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("gpupipe")]
+
+
+def test_image_folder_matches_torchvision(folder):
+    from torchvision.datasets import ImageFolder
+
+    root, _ = folder
+    ours, tv = sources.ImageFolder(root), ImageFolder(root)
+    assert ours.classes == tv.classes and ours.class_to_idx == tv.class_to_idx
+    assert ours.keys == [p for p, _ in tv.samples] and ours.labels.tolist() == tv.targets
+
+
+def test_every_sample_once_in_sampler_order(folder):
+    root, samples = folder
+    loader = gpupipe.Loader(sources.ImageFolder(root), batch_size=8, crop=crops.RandomCrop(32), seed=1)
+    got, labels = all_indices(loader)
+    expected = loader.indices().tolist()
+    assert got == expected and sorted(got) == list(range(N))
+    assert labels == [samples[i][1] for i in expected]
+    assert len(loader) == 8 and loader.stats()["images"] == N
+
+
+def test_identical_for_any_thread_count_and_epoch_dependent(folder):
+    root, _ = folder
+
+    def run(threads, epoch):
+        loader = gpupipe.Loader(sources.ImageFolder(root), batch_size=16, crop=crops.RandomResizedCrop(24),
+                                num_threads=threads, seed=3)
+        loader.set_epoch(epoch)
+        return [(x.clone(), y) for x, y in loader]
+
+    a, b, c = run(1, 0), run(2, 0), run(2, 1)
+    for (xa, ya), (xb, yb) in zip(a, b):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert not all(torch.equal(ya, yc) for (_, ya), (_, yc) in zip(a, c))
+
+
+def test_batches_stay_valid_after_later_batches(folder):
+    root, _ = folder
+    loader = gpupipe.Loader(sources.ImageFolder(root), batch_size=4, crop=crops.CenterCrop(32), prefetch=1, shuffle=False)
+    kept = list(loader)  # the ring has 3 slots; 15 batches reuse them
+    assert [index_of(img) for x, _ in kept for img in x] == list(range(N))
+
+
+def test_drop_last_and_len(folder):
+    root, _ = folder
+    loader = gpupipe.Loader(sources.ImageFolder(root), batch_size=7, crop=crops.CenterCrop(32), drop_last=True)
+    assert len(loader) == 8 and sum(x.shape[0] for x, _ in loader) == 56
+
+
+@pytest.mark.parametrize("world_size,drop_last", [(2, False), (3, False), (7, False), (7, True)])
+def test_ranks_split_like_distributed_sampler(folder, world_size, drop_last):
+    from torch.utils.data import DistributedSampler
+
+    root, _ = folder
+    per_rank = []
+    for rank in range(world_size):
+        loader = gpupipe.Loader(sources.ImageFolder(root), batch_size=5, crop=crops.CenterCrop(32), rank=rank,
+                                world_size=world_size, drop_last=drop_last, seed=2)
+        loader.set_epoch(4)
+        got, _ = all_indices(loader)
+        mine = loader.indices().tolist()
+        ref = DistributedSampler(range(N), num_replicas=world_size, rank=rank, drop_last=drop_last)
+        assert len(mine) == len(ref)
+        if drop_last:  # the last partial batch goes too, as DataLoader(drop_last=True)
+            mine = mine[: len(mine) // 5 * 5]
+        assert got == mine
+        per_rank.append(loader.indices().tolist())
+    flat = [i for r in per_rank for i in r]
+    if drop_last:
+        assert len(set(flat)) == len(flat) == N - N % world_size
+    else:
+        assert set(flat) == set(range(N)) and len(flat) == -(-N // world_size) * world_size
+
+
+def test_torchrun_two_ranks_cover_each_epoch_once(folder, tmp_path):
+    root, _ = folder
+    out = tmp_path / "seen.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29531",
+           os.path.join(os.path.dirname(__file__), "dist_loader_worker.py"), root, str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    seen = json.loads(out.read_text())["seen"]
+    for epoch in ("0", "1"):
+        r0, r1 = seen[epoch]
+        assert not set(r0) & set(r1) and sorted(r0 + r1) == list(range(N))
+    assert seen["0"][0] != seen["1"][0]  # shards change with the epoch
+
+
+@pytest.fixture(scope="module")
+def messy(tmp_path_factory):
+    """Good JPEGs, a corrupt one, a truncated one, a PNG and a non-image, in one class folder."""
+    root = tmp_path_factory.mktemp("messy")
+    d = root / "things"
+    d.mkdir()
+    for i in range(10):
+        (d / f"a{i:02d}.jpg").write_bytes(jpeg_bytes(i, 0, 40, 50))
+    (d / "b_corrupt.jpg").write_bytes(b"\xff\xd8\xff\xdb" + os.urandom(300))
+    (d / "c_truncated.jpg").write_bytes(jpeg_bytes(11, 0, 300, 300)[:200])
+    buf = io.BytesIO()
+    Image.new("RGB", (45, 44), color_of(12, 0)).save(buf, "PNG")
+    (d / "d_image.png").write_bytes(buf.getvalue())
+    (d / "e_notes.jpg").write_bytes(b"these are not pixels")
+    return str(root)
+
+
+def test_on_error_skip_reports_and_continues(messy):
+    loader = gpupipe.Loader(sources.ImageFolder(messy), batch_size=5, crop=crops.CenterCrop(32), shuffle=False, on_error="skip")
+    got, _ = all_indices(loader)
+    assert got == list(range(10)) + [12]  # the PNG decoded through the fallback
+    st = loader.stats()
+    skipped = {os.path.basename(k): m for k, m in st["skipped"]}
+    assert set(skipped) == {"b_corrupt.jpg", "c_truncated.jpg", "e_notes.jpg"}
+    assert "not a decodable image" in skipped["e_notes.jpg"]
+    assert st["fallback"] == 1 and st["fallback_keys"][0].endswith("d_image.png")
+
+
+def test_on_error_replace_keeps_zero_images(messy):
+    loader = gpupipe.Loader(sources.ImageFolder(messy), batch_size=5, crop=crops.CenterCrop(32), shuffle=False, on_error="replace")
+    images = torch.cat([x for x, _ in loader])
+    assert images.shape[0] == 14 and loader.stats()["replaced"] == 3
+    assert (images[10] == 0).all() and (images[11] == 0).all() and (images[13] == 0).all()
+
+
+def test_on_error_raise_names_the_key(messy):
+    loader = gpupipe.Loader(sources.ImageFolder(messy), batch_size=5, crop=crops.CenterCrop(32), shuffle=False, on_error="raise")
+    with pytest.raises(gpupipe.JpegError, match="b_corrupt.jpg"):
+        list(loader)
+    time.sleep(0.2)
+    assert not gpupipe_threads()
+
+
+def _exits_quickly(check):
+    deadline = time.time() + 1.0
+    while time.time() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_early_break_and_garbage_collection_stop_every_thread(folder):
+    root, _ = folder
+    threads_before = _C.pool_threads()
+    loader = gpupipe.Loader(sources.ImageFolder(root), batch_size=4, crop=crops.CenterCrop(32), num_threads=2)
+    for _ in loader:
+        break  # the iterator is dropped here
+    gc.collect()
+    assert _exits_quickly(lambda: not gpupipe_threads()), gpupipe_threads()
+    it = iter(loader)
+    next(it)
+    del it
+    gc.collect()
+    assert _exits_quickly(lambda: not gpupipe_threads())
+    assert _C.pool_threads() <= max(threads_before, 0) + 2  # the C++ pool is shared and bounded
+
+
+def test_exception_in_the_training_loop_stops_threads(folder):
+    root, _ = folder
+    loader = gpupipe.Loader(sources.ImageFolder(root), batch_size=4, crop=crops.CenterCrop(32))
+
+    def train():
+        for i, _ in enumerate(loader):
+            if i == 2:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train()
+    gc.collect()
+    assert _exits_quickly(lambda: not gpupipe_threads())
+
+
+def test_tar_shards(folder, tmp_path):
+    root, samples = folder
+    paths = sources.write_tar_shards(((f"s{i:04d}", label, Path(p).read_bytes(), "jpg") for p, label, i in samples),
+                                     tmp_path, samples_per_shard=9)
+    assert len(paths) == 7
+    src = sources.TarShards(paths, shuffle_buffer=10)
+    loader = gpupipe.Loader(src, batch_size=8, crop=crops.CenterCrop(32), seed=1)
+    got, labels = all_indices(loader)
+    assert sorted(got) == list(range(N)) and got != sorted(got)
+    assert labels == [samples[i][1] for i in got]
+    with pytest.raises(TypeError, match="not known"):
+        len(loader)
+    ranks = [all_indices(gpupipe.Loader(src, batch_size=8, crop=crops.CenterCrop(32), rank=r, world_size=2))[0] for r in (0, 1)]
+    assert not set(ranks[0]) & set(ranks[1]) and sorted(ranks[0] + ranks[1]) == list(range(N))
+
+
+def test_file_list_from_csv(folder, tmp_path):
+    root, samples = folder
+    csv_path = tmp_path / "list.csv"
+    with open(csv_path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["path", "label"])
+        for p, label, _ in samples[::3]:
+            w.writerow([os.path.relpath(p, tmp_path), label])
+    src = sources.FileList.from_csv(csv_path)
+    assert len(src) == 20 and src.labels.tolist() == [s[1] for s in samples[::3]]
+    got, _ = all_indices(gpupipe.Loader(src, batch_size=6, crop=crops.CenterCrop(32), shuffle=False))
+    assert got == [s[2] for s in samples[::3]]
+
+
+def test_dataloader_dataset_gives_the_loaders_pixels(folder):
+    root, _ = folder
+    src = sources.ImageFolder(root)
+    crop = crops.RandomResizedCrop(28)
+    loader = gpupipe.Loader(src, batch_size=10, crop=crop, shuffle=False, seed=9)
+    loader.set_epoch(2)
+    ds = gpupipe.data.DecodeCropDataset(src, crop, seed=9)
+    ds.set_epoch(2)
+    dl = torch.utils.data.DataLoader(ds, batch_size=10, collate_fn=gpupipe.data.collate)
+    for (a, ya), (b, yb) in zip(loader, dl):
+        assert torch.equal(a, b) and torch.equal(ya, yb)
+        assert b.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_augment_stage_and_stats(folder):
+    root, _ = folder
+    aug = gpupipe.augment.BatchAugment(hflip=0.5, brightness=0.2, generator=0)
+    loader = gpupipe.Loader(sources.ImageFolder(root), batch_size=16, crop=crops.CenterCrop(32), augment=aug)
+    batches = list(loader)
+    assert all(x.dtype == torch.float32 and x.shape[1:] == (3, 32, 32) for x, _ in batches)
+    st = loader.stats()
+    assert st["images"] == N and st["batches"] == 4 and st["images_per_s"] > 0
+    assert set(st["busy_s"]) == {"read", "decode", "transfer", "augment"} and st["busy_s"]["augment"] > 0
+
+
+def test_argument_validation(folder):
+    root, _ = folder
+    src = sources.ImageFolder(root)
+    with pytest.raises(TypeError, match="crops"):
+        gpupipe.Loader(src, batch_size=4, crop=(32, 32))
+    with pytest.raises(ValueError, match="on_error"):
+        gpupipe.Loader(src, batch_size=4, crop=crops.CenterCrop(8), on_error="ignore")
+    with pytest.raises(ValueError, match="rank"):
+        gpupipe.Loader(src, batch_size=4, crop=crops.CenterCrop(8), rank=3, world_size=2)
