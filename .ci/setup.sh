@@ -35,6 +35,17 @@ if ! "$VPY" -c "import nvidia.dali" 2>/dev/null; then
   pip_q nvidia-dali-cuda120 || log "DALI could not be installed: its tests and benchmark rows will be skipped"
 fi
 
+# SPDL (an optional benchmark peer) decodes through FFmpeg's shared libraries.
+if "$VPY" -c "import spdl" 2>/dev/null || pip_q spdl 2>/dev/null; then
+  if ! ldconfig -p | grep -q libavcodec; then
+    log "installing FFmpeg runtime libraries for SPDL (optional peer)"
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    ($SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends libavutil57 libavcodec59 \
+      libavformat59 libavfilter8 libavdevice59 libswscale6 libswresample4) >/dev/null 2>&1 \
+      || log "FFmpeg libraries unavailable: SPDL rows will be skipped"
+  fi
+fi
+
 log "building gpupipe (editable)"
 pip_q --no-build-isolation -e .
 "$VPY" -c "import gpupipe; print('[setup] gpupipe', gpupipe.__version__, 'with libjpeg-turbo', gpupipe._C.libjpeg_turbo_version)" >&2

@@ -10,10 +10,10 @@ import argparse
 import time
 from pathlib import Path
 
-from benchmarks import augment, batch_decode, datasets, decode_crop
+from benchmarks import augment, batch_decode, datasets, decode_crop, loader
 from benchmarks.harness import environment, save, table
 
-WORKLOADS = ("decode_crop", "batch_threads", "rrc", "augment")
+WORKLOADS = ("decode_crop", "batch_threads", "rrc", "augment", "loader")
 
 
 def main(argv=None) -> Path:
@@ -38,6 +38,8 @@ def main(argv=None) -> Path:
     if "augment" in args.workloads:
         rows += augment.run(threads=1, repeats=repeats)
         rows += augment.run(threads=2, repeats=repeats)
+    if "loader" in args.workloads:
+        rows += loader.run(repeats=1 if args.quick else 3, n=256 if args.quick else 512)
 
     title = "gpupipe vs peers (CPU)"
     print(table(rows, "gpupipe"))

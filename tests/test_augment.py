@@ -241,3 +241,27 @@ def test_cuda_kernel_was_built_for_sm80_and_sm90():
         assert b".nv_fatbin" in blob
         listing = " ".join(a for a in ("sm_80", "sm_90") if a.encode() in blob)
     assert "sm_80" in listing and "sm_90" in listing, listing
+
+
+def test_output_buffers_are_reused_only_when_unreferenced():
+    import torch.utils.dlpack
+
+    x = images(4)
+    aug = BatchAugment(**FULL, generator=13)
+    p = aug.sample_params(4)
+    a = aug(x, params=p)
+    expected = a.clone()
+    b = aug(x, params=p)  # `a` is held: not reused
+    assert b.data_ptr() != a.data_ptr()
+    ptr_a, ptr_b = a.data_ptr(), b.data_ptr()
+    view = a[1:]  # only a view of `a` survives
+    capsule = torch.utils.dlpack.to_dlpack(b)  # only a DLPack export of `b` survives
+    del a, b
+    c = aug(x, params=p)
+    assert c.data_ptr() not in (ptr_a, ptr_b)
+    assert torch.equal(view, expected[1:])
+    ptr_c = c.data_ptr()
+    del view, capsule, c
+    d = aug(x, params=p)  # everything dropped: a cached buffer comes back, correctly refilled
+    assert d.data_ptr() in (ptr_a, ptr_b, ptr_c) and torch.equal(d, expected)
+    assert BatchAugment(reuse_outputs=False)(x, params=p).data_ptr() != d.data_ptr()
