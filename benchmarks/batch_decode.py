@@ -93,3 +93,26 @@ def random_resized_crop(datas: list[bytes], size: int = 224, batch: int = 32, th
                             repeats=repeats, skipped=skipped, notes=notes)
     pool.shutdown()
     return rows
+
+
+def backends(seed: list[bytes], hd: list[bytes], threads: int = 2, batch: int = 64, repeats: int = 7) -> list:
+    """The same decode_crop_jpegs calls through backend="cpu" and backend="dali" (DALI's CPU
+    operators), same thread count: crop 256 on the seed set and RandomResizedCrop 224 on hd."""
+    torch.set_num_threads(1)
+    rows = []
+    reason = peers.unavailable("nvidia.dali")
+    for label, datas, size in ((f"seed 800x533 crop 256", _cycle(seed, batch), None), ("hd 1920x1280 RandomResizedCrop 224", _cycle(hd, batch), 224)):
+        if size is None:
+            boxes = random_boxes(datas, 256, seed=2)
+        else:
+            sizes = np.array([gpupipe.read_header(d)[:2] for d in datas])
+            boxes = gpupipe.crops.RandomResizedCrop(size).boxes(sizes[:, 0], sizes[:, 1], seed=1)
+        methods = {"gpupipe backend=cpu": lambda d=datas, b=boxes, s=size: gpupipe.decode_crop_jpegs(d, b, size=s, backend="cpu", num_threads=threads)}
+        skipped = {}
+        if reason:
+            skipped["gpupipe backend=dali (CPU operators)"] = reason
+        else:
+            methods["gpupipe backend=dali (CPU operators)"] = lambda d=datas, b=boxes, s=size: gpupipe.decode_crop_jpegs(
+                d, b, size=s, backend="dali", num_threads=threads)
+        rows += run_side_by_side(f"backends, {label}, batch {batch}, {threads} threads", methods, batch, repeats=repeats, skipped=skipped)
+    return rows

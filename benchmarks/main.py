@@ -13,7 +13,7 @@ from pathlib import Path
 from benchmarks import augment, batch_decode, datasets, decode_crop, loader
 from benchmarks.harness import environment, save, table
 
-WORKLOADS = ("decode_crop", "batch_threads", "rrc", "augment", "loader")
+WORKLOADS = ("decode_crop", "batch_threads", "rrc", "backends", "augment", "loader")
 
 
 def main(argv=None) -> Path:
@@ -35,6 +35,8 @@ def main(argv=None) -> Path:
     if "rrc" in args.workloads:
         rows += batch_decode.random_resized_crop(sets["hd"], threads=1, repeats=repeats)
         rows += batch_decode.random_resized_crop(sets["hd"], threads=2, repeats=repeats)
+    if "backends" in args.workloads:
+        rows += batch_decode.backends(sets["seed"], sets["hd"], repeats=repeats)
     if "augment" in args.workloads:
         rows += augment.run(threads=1, repeats=repeats)
         rows += augment.run(threads=2, repeats=repeats)

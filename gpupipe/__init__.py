@@ -1,6 +1,7 @@
 """gpupipe: batched JPEG decode-and-crop (libjpeg-turbo ROI + DCT scaling) for PyTorch."""
 
 from gpupipe import augment, crops, data, sources
+from gpupipe.backends import backends_available
 from gpupipe._errors import DecompressionBombError, JpegError, JpegWarning
 from gpupipe.decode import DecodedBatch, decode_and_crop_jpeg, decode_crop_jpeg, decode_crop_jpegs
 from gpupipe.header import JpegInfo, read_header
@@ -18,6 +19,7 @@ __all__ = [
     "Limits",
     "Loader",
     "augment",
+    "backends_available",
     "data",
     "sources",
     "crops",

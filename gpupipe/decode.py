@@ -9,7 +9,9 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from gpupipe import backends
 from gpupipe._backends import cpu
+from gpupipe._buffers import as_buffer
 from gpupipe._errors import JpegWarning
 
 Size = Union[int, Sequence[int]]
@@ -42,6 +44,8 @@ def decode_crop_jpeg(
     strict: bool = False,
     size: Optional[Size] = None,
     dct_scaling: bool = True,
+    backend: str = "auto",
+    device: Any = "cpu",
 ) -> torch.Tensor:
     """Decodes only the window ``[top, top + height) x [left, left + width)`` of a JPEG.
 
@@ -62,10 +66,13 @@ def decode_crop_jpeg(
         dct_scaling: with ``size``, decode a window >= 2x the size already downscaled in the DCT
             domain (much faster; a close but not identical result). ``False`` is bit-exact with
             Pillow's crop-then-resize.
+        backend: ``"auto"`` (CPU core for CPU outputs; DALI, else nvJPEG, for CUDA outputs),
+            ``"cpu"``, ``"dali"`` or ``"nvjpeg"``; see :func:`decode_crop_jpegs`.
+        device: where the result lives (``"cpu"`` or a CUDA device).
 
     Returns:
-        torch.Tensor: uint8 ``[C, height, width]`` (or ``[C, *size]``) on the CPU, values 0-255,
-        a channels-last view (``.contiguous()`` gives CHW memory).
+        torch.Tensor: uint8 ``[C, height, width]`` (or ``[C, *size]``) on ``device``, values
+        0-255, a channels-last view (``.contiguous()`` gives CHW memory).
 
     Raises:
         ValueError: the window is not inside the image (the message gives its size), bad args.
@@ -82,6 +89,13 @@ def decode_crop_jpeg(
     _check_mode(mode)
     box = (int(top), int(left), int(height), int(width))
     out_hw = _as_size(size) if size is not None else (box[2], box[3])
+    device = torch.device(device)
+    if backend != "cpu" or device.type != "cpu":
+        name = backends.resolve(backend, device)
+        if name != "cpu" or device.type != "cpu":
+            batch = decode_crop_jpegs([data], [box], size=size, mode=mode, strict=strict, dct_scaling=dct_scaling,
+                                      backend=name, device=device)
+            return batch.images[0]
     if torch.compiler.is_compiling():
         if not isinstance(data, torch.Tensor):
             data = torch.frombuffer(bytearray(data), dtype=torch.uint8)
@@ -137,12 +151,17 @@ class DecodedBatch:
         ok: bool ``[N]``: True where the sample decoded.
         errors: ``{index: message}`` for every sample that failed.
         warnings: ``{index: message}`` for samples that decoded with recoverable corruption.
+        fallback: ``{index: reason}`` for samples a GPU backend handed to the CPU core (non-JPEG,
+            CMYK, a limit, or the GPU decoder failing the batch); empty for the CPU backend.
+        backend: the backend that ran (``"cpu"``, ``"dali"``, ``"nvjpeg"``).
     """
 
     images: torch.Tensor
     ok: torch.Tensor
     errors: dict
     warnings: dict
+    fallback: dict = dataclasses.field(default_factory=dict)
+    backend: str = "cpu"
 
     def __len__(self) -> int:
         return self.images.shape[0]
@@ -157,13 +176,16 @@ def _boxes_array(boxes: Any, n: int) -> np.ndarray:
     return arr
 
 
-def _output_buffer(out: Optional[torch.Tensor], n: int, h: int, w: int, c: int) -> torch.Tensor:
+def _output_buffer(out: Optional[torch.Tensor], n: int, h: int, w: int, c: int,
+                   device: torch.device = torch.device("cpu"), pin: Optional[bool] = None) -> torch.Tensor:
     """The NHWC uint8 tensor to decode into: ``out`` (NHWC or channels-last NCHW), or a new one."""
     if out is None:
-        pin = torch.cuda.is_available()
+        if device.type == "cuda":
+            return torch.empty((n, h, w, c), dtype=torch.uint8, device=device)
+        pin = torch.cuda.is_available() if pin is None else pin
         return torch.empty((n, h, w, c), dtype=torch.uint8, pin_memory=pin)
-    if out.dtype != torch.uint8 or out.device.type != "cpu":
-        raise ValueError(f"out must be a uint8 CPU tensor, got {out.dtype} on {out.device}")
+    if out.dtype != torch.uint8 or out.device.type != device.type:
+        raise ValueError(f"out must be a uint8 tensor on {device.type}, got {out.dtype} on {out.device}")
     if tuple(out.shape) == (n, c, h, w) and out.is_contiguous(memory_format=torch.channels_last):
         return out.permute(0, 2, 3, 1)
     if tuple(out.shape) == (n, h, w, c) and out.is_contiguous():
@@ -185,6 +207,8 @@ def decode_crop_jpegs(
     mode: str = "rgb",
     strict: bool = False,
     dct_scaling: bool = True,
+    backend: str = "auto",
+    device: Any = None,
 ) -> DecodedBatch:
     """Decodes one crop per JPEG on the C++ thread pool, straight into one NHWC buffer.
 
@@ -206,10 +230,18 @@ def decode_crop_jpegs(
         mode: ``"rgb"`` (C=3) or ``"gray"`` (C=1).
         strict: recoverable corruption is a failure instead of a warning.
         dct_scaling: with ``size``, decode boxes >= 2x the size already downscaled by libjpeg.
+        backend: ``"cpu"``: the C++ core (the reference). ``"dali"``: DALI's
+            ``decoders.image_slice`` with absolute anchors (nvJPEG on CUDA outputs, DALI's CPU
+            operators for CPU outputs) and antialiased ``fn.resize``. ``"nvjpeg"``:
+            ``torchvision.io.decode_jpeg(device="cuda")``, crop and antialiased resize on the GPU.
+            ``"auto"``: the CPU core for CPU outputs; DALI, else nvjpeg, for CUDA outputs. GPU
+            backends hand what they cannot decode (non-JPEG, CMYK, over a limit, a failing batch)
+            to the CPU core inside the same batch, reported in ``fallback``.
+        device: where ``images`` live (default: ``out``'s device, else the CPU).
 
     Returns:
-        DecodedBatch: ``images`` uint8 ``[N, C, H, W]`` (channels-last, CPU), ``ok``, ``errors``,
-        ``warnings``.
+        DecodedBatch: ``images`` uint8 ``[N, C, H, W]`` (channels-last, on ``device``), ``ok``,
+        ``errors``, ``warnings``, ``fallback``, ``backend``.
     """
     _check_mode(mode)
     if on_error not in ON_ERROR:
@@ -228,14 +260,30 @@ def decode_crop_jpegs(
     if num_threads is not None and num_threads < 1:
         raise ValueError(f"num_threads must be >= 1, got {num_threads}")
     channels = cpu.CHANNELS[mode]
-    nhwc = _output_buffer(out, n, out_hw[0], out_hw[1], channels)
-    failures, warns = cpu.decode_batch_nhwc(
-        datas, box_arr, nhwc, resize=size is not None, mode=mode, strict=strict,
-        dct_scaling=dct_scaling, num_threads=num_threads or 0,
-    )
+    device = torch.device(device) if device is not None else (out.device if out is not None else torch.device("cpu"))
+    name = backends.resolve(backend, device)
+    fallback: dict = {}
+    opts = dict(resize=size is not None, mode=mode, strict=strict, dct_scaling=dct_scaling)
+    if name == "cpu":
+        host_out = out if device.type == "cpu" else None
+        nhwc = _output_buffer(host_out, n, out_hw[0], out_hw[1], channels, pin=device.type == "cuda" or None)
+        failures, warns = cpu.decode_batch_nhwc(datas, box_arr, nhwc, num_threads=num_threads or 0, **opts)
+        if device.type == "cuda":
+            dev = _output_buffer(out, n, out_hw[0], out_hw[1], channels, device=device)
+            dev.copy_(nhwc, non_blocking=True)
+            nhwc = dev
+    else:
+        from gpupipe._backends import dali, nvjpeg
+
+        module = dali if name == "dali" else nvjpeg
+        nhwc = _output_buffer(out, n, out_hw[0], out_hw[1], channels, device=device, pin=False)
+        buffers = [as_buffer(d, f"datas[{i}]") for i, d in enumerate(datas)]
+        failures, warns, fallback = module.decode_batch_nhwc(buffers, box_arr, nhwc, num_threads=num_threads or 0,
+                                                             device=device, **opts)
     ok = torch.ones(n, dtype=torch.bool)
     if failures:
         ok[list(failures)] = False
+        nhwc[torch.tensor(sorted(failures), device=nhwc.device)] = 0  # every backend: failed slots are zeros
     if failures and on_error == "raise":
         first = min(failures)
         cls, msg = failures[first]
@@ -254,4 +302,6 @@ def decode_crop_jpegs(
         ok=ok,
         errors={i: m for i, (_, m) in failures.items()},
         warnings=warns,
+        fallback=fallback,
+        backend=name,
     )

@@ -1,0 +1,122 @@
+"""The DALI backend: fn.decoders.image_slice with absolute anchors (nvJPEG on ``device="mixed"``,
+with the hardware JPEG decoder where present; libjpeg-turbo in DALI's CPU operators), then
+fn.resize with antialiasing for resized crops. Pipelines are built once per (batch size bucket,
+output size, mode, device) and reused. DALI is imported lazily: gpupipe works without it."""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+import numpy as np
+import torch
+
+from gpupipe import _C
+from gpupipe._backends import hybrid
+
+PACKAGE = "nvidia-dali-cuda120"
+_pipelines: dict = {}
+_lock = threading.Lock()
+
+
+def unavailable_reason() -> Optional[str]:
+    try:
+        import nvidia.dali  # noqa: F401
+    except Exception as e:
+        return f"NVIDIA DALI is not installed ({type(e).__name__}): pip install gpupipe[dali] (package {PACKAGE})"
+    return None
+
+
+def _bucket(n: int) -> int:
+    b = 8
+    while b < n:
+        b *= 2
+    return b
+
+
+def _pipeline(max_batch: int, out_hw, resize: bool, mode: str, device: torch.device, num_threads: int):
+    key = (max_batch, tuple(out_hw), resize, mode, device.type, device.index, num_threads)
+    with _lock:
+        pipe = _pipelines.get(key)
+        if pipe is not None:
+            return pipe
+        import nvidia.dali.fn as fn
+        import nvidia.dali.types as types
+        from nvidia.dali import pipeline_def
+
+        gpu = device.type == "cuda"
+        device_id = (device.index if device.index is not None else torch.cuda.current_device()) if gpu else None
+
+        @pipeline_def(batch_size=max_batch, num_threads=num_threads, device_id=device_id, exec_dynamic=True,
+                      prefetch_queue_depth=1)
+        def build():
+            data = fn.external_source(name="data", dtype=types.UINT8)
+            anchor = fn.external_source(name="anchor", dtype=types.INT64)
+            shape = fn.external_source(name="shape", dtype=types.INT64)
+            img = fn.decoders.image_slice(data, anchor, shape, normalized_anchor=False, normalized_shape=False,
+                                          output_type=types.RGB if mode == "rgb" else types.GRAY,
+                                          device="mixed" if gpu else "cpu")
+            if resize:
+                img = fn.resize(img, resize_x=out_hw[1], resize_y=out_hw[0], antialias=True,
+                                interp_type=types.INTERP_LINEAR)
+            return img
+
+        pipe = build()
+        pipe.build()
+        _pipelines[key] = pipe
+        return pipe
+
+
+def _forget(pipe) -> None:
+    with _lock:
+        for k, v in list(_pipelines.items()):
+            if v is pipe:
+                del _pipelines[k]
+
+
+def decode_batch_nhwc(datas, boxes: np.ndarray, out_nhwc: torch.Tensor, *, resize, mode, strict, dct_scaling,
+                      num_threads, device: torch.device):
+    """Decodes into out_nhwc (on ``device``). Returns (failures, warnings, fallback) dicts by index;
+    ``fallback`` names the samples the CPU core decoded and why."""
+    reason = unavailable_reason()
+    if reason:
+        raise RuntimeError(reason)
+    n = len(datas)
+    infos = hybrid.header_infos(datas)
+    eligible = hybrid.gpu_eligible(infos, boxes)
+    fallback = {int(i): "not decodable by DALI with gpupipe's semantics (header, color space, limit or box)"
+                for i in np.flatnonzero(~eligible)}
+    gpu_idx = np.flatnonzero(eligible)
+    if len(gpu_idx):
+        threads = num_threads or _C.default_num_threads()
+        pipe = _pipeline(_bucket(len(gpu_idx)), out_nhwc.shape[1:3], resize, mode, device, threads)
+        try:
+            pipe.feed_input("data", [np.frombuffer(datas[i], dtype=np.uint8) for i in gpu_idx])
+            pipe.feed_input("anchor", [np.array([boxes[i, 1], boxes[i, 0]], dtype=np.int64) for i in gpu_idx])  # (x, y)
+            pipe.feed_input("shape", [np.array([boxes[i, 3], boxes[i, 2]], dtype=np.int64) for i in gpu_idx])  # (w, h)
+            (images,) = pipe.run()
+            _copy_out(images, out_nhwc, gpu_idx)
+        except Exception as e:  # DALI fails a whole batch for one bad sample: the CPU core takes it
+            _forget(pipe)
+            msg = f"DALI failed on the batch ({type(e).__name__}: {' '.join(str(e).split())[:240]}); decoded by the CPU core"
+            fallback.update({int(i): msg for i in gpu_idx})
+            gpu_idx = gpu_idx[:0]
+    cpu_idx = sorted(fallback)
+    failures, warns = hybrid.cpu_subset(datas, boxes, cpu_idx, out_nhwc, resize=resize, mode=mode, strict=strict,
+                                        dct_scaling=dct_scaling, num_threads=num_threads or 0)
+    return failures, warns, {i: m for i, m in fallback.items() if i not in failures}
+
+
+def _copy_out(images, out_nhwc: torch.Tensor, idx: np.ndarray) -> None:
+    dense = images.as_tensor()
+    if out_nhwc.is_cuda:
+        from nvidia.dali.plugin.pytorch import feed_ndarray
+
+        tmp = torch.empty(tuple(dense.shape()), dtype=torch.uint8, device=out_nhwc.device)
+        feed_ndarray(dense, tmp, cuda_stream=torch.cuda.current_stream(out_nhwc.device))
+    else:
+        tmp = torch.from_numpy(np.asarray(dense))
+    if len(idx) == out_nhwc.shape[0]:
+        out_nhwc.copy_(tmp.reshape(out_nhwc.shape))
+    else:
+        out_nhwc[torch.from_numpy(idx).to(out_nhwc.device)] = tmp.reshape((len(idx), *out_nhwc.shape[1:]))

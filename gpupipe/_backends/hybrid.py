@@ -1,0 +1,46 @@
+"""What GPU backends share: routing samples they cannot take to the CPU core inside the same batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from gpupipe import _C
+from gpupipe._backends import cpu
+from gpupipe.limits import get_limits
+
+# read_header_infos color space codes
+GRAY, YCBCR, RGB, CMYK, YCCK, OTHER = range(6)
+
+
+def header_infos(datas) -> np.ndarray:
+    """int64 [N, 4]: height, width, color space code, components; -1 rows where unreadable."""
+    out = np.empty((len(datas), 4), dtype=np.int64)
+    if len(datas):
+        _C.read_header_infos(datas, out.ctypes.data, out.nbytes)
+    return out
+
+
+def gpu_eligible(infos: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """bool [N]: samples a GPU decoder can take with our semantics. The rest (unreadable headers,
+    CMYK/YCCK, images over max_pixels, boxes outside the image) go to the CPU core, which gives
+    each its exact result or its exact error message."""
+    h, w, cs = infos[:, 0], infos[:, 1], infos[:, 2]
+    t, l, bh, bw = boxes.T
+    inside = (t >= 0) & (l >= 0) & (bh >= 1) & (bw >= 1) & (t + bh <= h) & (l + bw <= w)
+    return (h > 0) & np.isin(cs, (GRAY, YCBCR, RGB)) & (h * w <= get_limits().max_pixels) & inside
+
+
+def cpu_subset(datas, boxes, indices, out_nhwc: torch.Tensor, *, resize, mode, strict, dct_scaling, num_threads):
+    """Decodes datas[indices] with the CPU core and copies them into out_nhwc[indices] (any device).
+
+    Returns ({original index: (class, message)}, {original index: warning})."""
+    if len(indices) == 0:
+        return {}, {}
+    idx = np.asarray(indices, dtype=np.int64)
+    tmp = torch.empty((len(idx), *out_nhwc.shape[1:]), dtype=torch.uint8, pin_memory=out_nhwc.is_cuda)
+    failures, warns = cpu.decode_batch_nhwc([datas[i] for i in idx], np.ascontiguousarray(boxes[idx]), tmp,
+                                            resize=resize, mode=mode, strict=strict, dct_scaling=dct_scaling,
+                                            num_threads=num_threads)
+    out_nhwc[torch.from_numpy(idx).to(out_nhwc.device)] = tmp.to(out_nhwc.device, non_blocking=True)
+    return ({int(idx[i]): f for i, f in failures.items()}, {int(idx[i]): m for i, m in warns.items()})

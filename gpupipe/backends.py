@@ -1,0 +1,62 @@
+"""Which decode backends work here, and picking one for ``backend=`` / ``device=``."""
+
+from __future__ import annotations
+
+import torch
+
+from gpupipe._backends import dali, nvjpeg
+
+BACKENDS = ("auto", "cpu", "dali", "nvjpeg")
+
+
+def backends_available() -> dict:
+    """``{name: {"available": bool, "devices": [...], "reason": str}}`` for cpu, dali, nvjpeg and
+    the fused augmentation's CUDA kernel. ``reason`` says why something is missing and what to do.
+
+    Example:
+        >>> import gpupipe
+        >>> gpupipe.backends_available()["cpu"]["available"]
+        True
+    """
+    from gpupipe.augment.fused import cuda_kernel_available
+
+    cuda = torch.cuda.is_available()
+    no_cuda = "no CUDA device (torch.cuda.is_available() is False)"
+    dali_reason = dali.unavailable_reason()
+    nv_reason = nvjpeg.unavailable_reason()
+    return {
+        "cpu": {"available": True, "devices": ["cpu"] + (["cuda"] if cuda else []),
+                "reason": "" if cuda else "CPU decode; CUDA outputs need a CUDA device"},
+        "dali": {"available": dali_reason is None,
+                 "devices": [] if dali_reason else ["cpu"] + (["cuda"] if cuda else []),
+                 "reason": dali_reason or ("" if cuda else f"CPU operators only: {no_cuda}")},
+        "nvjpeg": {"available": nv_reason is None, "devices": [] if nv_reason else ["cuda"], "reason": nv_reason or ""},
+        "cuda_kernels": {"available": cuda_kernel_available() and cuda,
+                         "devices": ["cuda"] if cuda_kernel_available() and cuda else [],
+                         "reason": "" if cuda_kernel_available() and cuda else
+                         ("built without a CUDA compiler" if not cuda_kernel_available() else no_cuda)},
+    }
+
+
+def resolve(backend: str, device: torch.device) -> str:
+    """The backend that runs for (backend, device); raises a clear error when it cannot."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or a CUDA device, got {device}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {device} requested but no CUDA device is available")
+    if backend == "auto":
+        if device.type == "cpu":
+            return "cpu"  # the reference; DALI's CPU operators only when asked for
+        if dali.unavailable_reason() is None:
+            return "dali"
+        return "nvjpeg" if nvjpeg.unavailable_reason() is None else "cpu"
+    if backend == "dali" and (reason := dali.unavailable_reason()):
+        raise RuntimeError(reason)
+    if backend == "nvjpeg":
+        if device.type != "cuda":
+            raise ValueError("the nvjpeg backend decodes on the GPU: pass device='cuda'")
+        if reason := nvjpeg.unavailable_reason():
+            raise RuntimeError(reason)
+    return backend

@@ -1,0 +1,165 @@
+"""GPU decode backends behind the same API, checked against the CPU core. In CI the DALI backend
+runs with DALI's CPU operators; CUDA rows run where a GPU is present (benchmarks/gpu_check.py)."""
+
+import numpy as np
+import pytest
+import torch
+
+import gpupipe
+from gpupipe._backends import dali as dali_backend
+from conftest import encode, patch_sof, photo
+
+AVAILABLE = gpupipe.backends_available()
+
+
+def case(backend, device):
+    marks = []
+    info = AVAILABLE[backend]
+    if not info["available"]:
+        marks.append(pytest.mark.skip(reason=f"{backend}: {info['reason']}"))
+    elif device not in info["devices"]:
+        marks.append(pytest.mark.skip(reason=f"{backend} on {device}: {info['reason'] or 'unavailable'}"))
+    return pytest.param(backend, device, marks=marks, id=f"{backend}-{device}")
+
+
+CASES = [case("dali", "cpu"), case("cpu", "cuda"), case("dali", "cuda"), case("nvjpeg", "cuda")]
+# Pixel tolerance against the CPU core, per backend and device: libjpeg-turbo based paths are exact;
+# nvJPEG's IDCT and chroma upsampling differ slightly (mean < 1 level, max <= 12).
+EXACT = {("dali", "cpu"), ("cpu", "cuda")}
+
+
+@pytest.fixture(scope="module")
+def photos():
+    datas = []
+    for i, name in enumerate(["astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "astronaut"]):
+        h, w = 160 + 9 * i, 210 + 13 * i
+        opts = [{}, {"h_samp": 1, "v_samp": 1}, {"progressive": True}, {"h_samp": 2, "v_samp": 1}, {"colorspace": "gray"}, {}][i]
+        datas.append(encode(photo(h, w, name), **opts))
+    return datas
+
+
+def edge_boxes(datas, h, w, seed=0):
+    rng = np.random.default_rng(seed)
+    boxes = []
+    for k, d in enumerate(datas):
+        H, W = gpupipe.read_header(d)[:2]
+        corner = k % 3
+        if corner == 0:  # touching the right and bottom edges
+            boxes.append((H - h, W - w, h, w))
+        elif corner == 1:
+            boxes.append((0, 0, h, w))
+        else:
+            boxes.append((int(rng.integers(0, H - h + 1)), int(rng.integers(0, W - w + 1)), h, w))
+    return np.array(boxes)
+
+
+def assert_close_to_core(got, ref, backend, device):
+    diff = (got.cpu().int() - ref.int()).abs()
+    if (backend, device) in EXACT:
+        assert diff.max() == 0
+    else:
+        assert diff.float().mean() < 1.0 and diff.max() <= 12
+
+
+@pytest.mark.parametrize("backend,device", CASES)
+@pytest.mark.parametrize("mode", ["rgb", "gray"])
+def test_crops_match_the_cpu_core(photos, backend, device, mode):
+    boxes = edge_boxes(photos, 96, 120)
+    ref = gpupipe.decode_crop_jpegs(photos, boxes, backend="cpu", mode=mode)
+    got = gpupipe.decode_crop_jpegs(photos, boxes, backend=backend, device=device, mode=mode)
+    assert got.backend == backend and got.images.device.type == device
+    assert got.images.shape == ref.images.shape and got.ok.all() and not got.fallback
+    assert_close_to_core(got.images, ref.images, backend, device)
+
+
+@pytest.mark.parametrize("backend,device", CASES)
+def test_resized_crops_are_close_to_the_cpu_core(photos, backend, device):
+    rng = np.random.default_rng(1)
+    boxes = []
+    for d in photos:
+        H, W = gpupipe.read_header(d)[:2]
+        h, w = int(rng.integers(60, H + 1)), int(rng.integers(60, W + 1))
+        boxes.append((H - h, W - w, h, w))
+    boxes = np.array(boxes)
+    ref = gpupipe.decode_crop_jpegs(photos, boxes, size=(56, 64), backend="cpu", dct_scaling=False)
+    got = gpupipe.decode_crop_jpegs(photos, boxes, size=(56, 64), backend=backend, device=device, dct_scaling=False)
+    diff = (got.images.cpu().float() - ref.images.float()).abs()
+    if backend == "cpu":
+        assert diff.max() == 0
+    else:  # DALI's / torchvision's antialiased linear resize vs Pillow's BILINEAR: a close filter
+        assert diff.mean() < 1.5, diff.mean()
+
+
+@pytest.mark.parametrize("backend,device", CASES)
+def test_a_bad_file_never_kills_the_batch(photos, backend, device):
+    datas = list(photos)
+    datas[1] = b"GIF89a not a jpeg"
+    datas[3] = datas[3][: len(datas[3]) // 3]  # truncated: the GPU decoder may fail the batch
+    H, W = gpupipe.read_header(photos[5])[:2]
+    cmyk = np.concatenate([255 - photo(H, W), np.full((H, W, 1), 40, np.uint8)], axis=2)
+    datas[5] = encode(cmyk, colorspace="cmyk")  # routed to the CPU core
+    boxes = edge_boxes(photos, 64, 64)
+    with pytest.warns(gpupipe.JpegWarning, match="sample 3: Premature end"):
+        ref = gpupipe.decode_crop_jpegs(datas, boxes, backend="cpu", on_error="skip")
+    with pytest.warns(gpupipe.JpegWarning, match="sample 3"):
+        got = gpupipe.decode_crop_jpegs(datas, boxes, backend=backend, device=device, on_error="skip")
+    assert 3 in got.warnings
+    assert got.ok.tolist() == ref.ok.tolist() == [True, False, True, True, True, True]
+    assert got.errors.keys() == {1} and "Not a JPEG" in got.errors[1]
+    if backend != "cpu":
+        assert 5 in got.fallback  # CMYK went to the CPU core, and the batch says so
+    assert (got.images[1] == 0).all()
+    np.testing.assert_array_equal(got.images[5].cpu().numpy(), ref.images[5].numpy())
+    with pytest.raises(gpupipe.JpegError, match="sample 1: Not a JPEG"):
+        gpupipe.decode_crop_jpegs(datas, boxes, backend=backend, device=device)
+
+
+@pytest.mark.parametrize("backend,device", CASES)
+def test_limits_apply_in_every_backend(photos, backend, device):
+    datas = list(photos)
+    datas[2] = patch_sof(datas[2], height=60000, width=60000)
+    boxes = edge_boxes(photos, 32, 32)
+    with pytest.raises(gpupipe.DecompressionBombError, match="sample 2: .*max_pixels"):
+        gpupipe.decode_crop_jpegs(datas, boxes, backend=backend, device=device)
+
+
+@pytest.mark.parametrize("backend,device", CASES)
+def test_outputs_survive_the_next_batch_and_single_op(photos, backend, device):
+    boxes = edge_boxes(photos, 48, 48)
+    first = gpupipe.decode_crop_jpegs(photos, boxes, backend=backend, device=device)
+    kept = first.images.clone()
+    gpupipe.decode_crop_jpegs(photos[::-1], boxes[::-1], backend=backend, device=device)
+    assert torch.equal(first.images, kept)
+    one = gpupipe.decode_crop_jpeg(photos[0], *boxes[0], backend=backend, device=device)
+    assert one.device.type == device
+    assert_close_to_core(one, gpupipe.decode_crop_jpeg(photos[0], *boxes[0]), backend, device)
+
+
+@pytest.mark.skipif(not AVAILABLE["dali"]["available"], reason=AVAILABLE["dali"]["reason"])
+def test_dali_pipelines_are_built_once_per_shape(photos):
+    boxes = edge_boxes(photos, 40, 40)
+    dali_backend._pipelines.clear()
+    for _ in range(3):
+        gpupipe.decode_crop_jpegs(photos, boxes, backend="dali")
+    gpupipe.decode_crop_jpegs(photos[:3], boxes[:3], backend="dali")  # same size bucket
+    assert len(dali_backend._pipelines) == 1
+    gpupipe.decode_crop_jpegs(photos, boxes, backend="dali", size=20)
+    assert len(dali_backend._pipelines) == 2
+
+
+def test_backend_selection_and_clear_errors(monkeypatch, photos):
+    info = gpupipe.backends_available()
+    assert set(info) == {"cpu", "dali", "nvjpeg", "cuda_kernels"}
+    assert info["cpu"]["available"] and all(isinstance(v["reason"], str) for v in info.values())
+    boxes = edge_boxes(photos, 16, 16)
+    assert gpupipe.decode_crop_jpegs(photos, boxes).backend == "cpu"  # auto on the CPU: the reference
+    with pytest.raises(ValueError, match="backend must be one of"):
+        gpupipe.decode_crop_jpegs(photos, boxes, backend="opencv")
+    with pytest.raises(ValueError, match="device='cuda'"):
+        gpupipe.decode_crop_jpegs(photos, boxes, backend="nvjpeg", device="cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="no CUDA device"):
+            gpupipe.decode_crop_jpegs(photos, boxes, device="cuda")
+    monkeypatch.setattr(dali_backend, "unavailable_reason", lambda: "NVIDIA DALI is not installed: pip install gpupipe[dali]")
+    with pytest.raises(RuntimeError, match=r"pip install gpupipe\[dali\]"):
+        gpupipe.decode_crop_jpegs(photos, boxes, backend="dali")
