@@ -52,3 +52,27 @@ def run(sets: dict[str, list[bytes]], crop: int = 256, repeats: int = 7) -> list
         w, h = gpupipe.read_header(datas[0])[1], gpupipe.read_header(datas[0])[0]
         rows += run_side_by_side(f"decode+crop {crop}: {name} {w}x{h}, 1 thread", methods, len(datas), repeats=repeats, skipped=skipped)
     return rows
+
+
+def restart_markers(datas: list[bytes], crop: int = 256, repeats: int = 7, label: str = "hd 1920x1280") -> list:
+    """256 crops on files prepared with restart markers (gpupipe.prepare) vs the same files
+    unprepared (our normal ROI path) vs DALI CPU on the unprepared files; 1 thread, same boxes."""
+    from gpupipe.prepare import prepare_bytes
+
+    torch.set_num_threads(1)
+    prepared = [prepare_bytes(d) for d in datas]
+    overhead = sum(map(len, prepared)) / sum(map(len, datas)) - 1
+    boxes = [tuple(int(v) for v in b) for b in random_boxes(datas, crop, seed=4)]
+    methods = {
+        "gpupipe, prepared files": lambda: [gpupipe.decode_crop_jpeg(d, *b) for d, b in zip(prepared, boxes)],
+        "gpupipe, original files": lambda: [gpupipe.decode_crop_jpeg(d, *b) for d, b in zip(datas, boxes)],
+    }
+    skipped = {}
+    reason = peers.unavailable("nvidia.dali")
+    if reason:
+        skipped["DALI CPU, original files"] = reason
+    else:
+        methods["DALI CPU, original files"] = peers.DaliCpu(len(datas), 1).runner(datas, boxes)
+    notes = {"gpupipe, prepared files": f"restart markers, size {100 * overhead:+.2f}%"}
+    return run_side_by_side(f"restart-marker crops {crop}: {label}, 1 thread", methods, len(datas), repeats=repeats,
+                            skipped=skipped, notes=notes)

@@ -13,7 +13,7 @@ from pathlib import Path
 from benchmarks import augment, batch_decode, datasets, decode_crop, loader
 from benchmarks.harness import environment, save, table
 
-WORKLOADS = ("decode_crop", "batch_threads", "rrc", "backends", "augment", "loader")
+WORKLOADS = ("decode_crop", "restart", "batch_threads", "rrc", "backends", "augment", "loader")
 
 
 def main(argv=None) -> Path:
@@ -30,6 +30,9 @@ def main(argv=None) -> Path:
     rows = []
     if "decode_crop" in args.workloads:
         rows += decode_crop.run(sets, repeats=repeats)
+    if "restart" in args.workloads:
+        rows += decode_crop.restart_markers(sets["hd"], repeats=repeats)
+        rows += decode_crop.restart_markers(sets["seed"], repeats=repeats, label="seed 800x533")
     if "batch_threads" in args.workloads:
         rows += batch_decode.thread_scaling(sets["seed"], repeats=repeats)
     if "rrc" in args.workloads:

@@ -16,6 +16,7 @@
 #include "fused_augment_cpu.h"
 #include "jpeg_decoder.h"
 #include "jpeg_encoder.h"
+#include "restart.h"
 #include "thread_pool.h"
 
 namespace py = pybind11;
@@ -154,7 +155,7 @@ void register_decode(py::module_& m) {
       "decode_into",
       [](py::object data, uintptr_t out_address, size_t out_nbytes, int64_t top, int64_t left,
          int64_t height, int64_t width, int out_height, int out_width, bool resize, int mode,
-         bool strict, bool dct_scaling, int scale_num, bool scaled_box) {
+         bool strict, bool dct_scaling, int scale_num, bool scaled_box, bool use_restarts) {
         BufferView buf(data.ptr());
         DecodeRequest req;
         req.box = Box{top, left, height, width};
@@ -166,6 +167,7 @@ void register_decode(py::module_& m) {
         req.dct_scaling = dct_scaling;
         req.force_scale_num = scale_num;
         req.scaled_box = scaled_box;
+        req.use_restarts = use_restarts;
         const size_t row = static_cast<size_t>(out_width) * channels_of(req.mode);
         uint8_t* out = writable_address(out_address, row * out_height, out_nbytes);
         DecodeResult r;
@@ -174,15 +176,15 @@ void register_decode(py::module_& m) {
           r = thread_decoder().decode(buf.data(), buf.size(), req, out, row);
         }
         return py::make_tuple(r.warning.empty() ? py::object(py::none()) : py::str(r.warning),
-                              r.scale_num);
+                              r.scale_num, r.restart_path);
       },
       py::arg("data"), py::arg("out_address"), py::arg("out_nbytes"), py::arg("top"),
       py::arg("left"), py::arg("height"), py::arg("width"), py::arg("out_height"),
       py::arg("out_width"), py::arg("resize") = false, py::arg("mode") = 0,
       py::arg("strict") = false, py::arg("dct_scaling") = true, py::arg("scale_num") = 0,
-      py::arg("scaled_box") = false,
+      py::arg("scaled_box") = false, py::arg("use_restarts") = true,
       "Decodes one crop (optionally resized) into out_height x out_width x C uint8 at "
-      "out_address. Returns (warning or None, scale_num used).");
+      "out_address. Returns (warning or None, scale_num used, restart fast path used).");
 
   m.def(
       "decode_batch_into",
@@ -240,6 +242,46 @@ void register_decode(py::module_& m) {
 
   m.def("choose_scale_num", &choose_scale_num, py::arg("box_height"), py::arg("box_width"),
         py::arg("out_height"), py::arg("out_width"));
+}
+
+void register_restarts(py::module_& m) {
+  m.def(
+      "transcode_with_restarts",
+      [](py::object data, int restart_rows, int restart_mcus) {
+        BufferView buf(data.ptr());
+        std::vector<uint8_t> out;
+        {
+          py::gil_scoped_release release;
+          out = transcode_with_restarts(buf.data(), buf.size(), restart_rows, restart_mcus);
+        }
+        return py::bytes(reinterpret_cast<const char*>(out.data()), out.size());
+      },
+      py::arg("data"), py::arg("restart_rows") = 1, py::arg("restart_mcus") = 0,
+      "Lossless transcode with restart markers (identical coefficients, optimised Huffman tables).");
+  m.def(
+      "restart_layout",
+      [](py::object data) -> py::object {
+        // (mcus_per_row, mcu_rows, interval, groups_per_row) when the fast path can use the
+        // file's restart markers, else None.
+        BufferView buf(data.ptr());
+        JpegInfo info = thread_decoder().read_header(buf.data(), buf.size());
+        if (info.restart_interval <= 0 || info.progressive || info.arithmetic) return py::none();
+        int hmax = 1, vmax = 1;
+        if (info.channels > 1) {
+          if (info.subsampling == "4:2:0") { hmax = 2; vmax = 2; }
+          else if (info.subsampling == "4:2:2") { hmax = 2; }
+          else if (info.subsampling == "4:4:0") { vmax = 2; }
+          else if (info.subsampling == "4:1:1") { hmax = 4; }
+          else if (info.subsampling == "4:1:0") { hmax = 4; vmax = 2; }
+          else if (info.subsampling != "4:4:4") return py::none();
+        }
+        RestartLayout L;
+        if (!index_restarts(buf.data(), buf.size(), info.width, info.height, 8 * hmax, 8 * vmax,
+                            info.restart_interval, &L))
+          return py::none();
+        return py::make_tuple(L.mcus_per_row, L.mcu_rows, L.interval, L.groups_per_row);
+      },
+      py::arg("data"));
 }
 
 void register_runtime(py::module_& m) {
@@ -353,4 +395,5 @@ PYBIND11_MODULE(_C, m) {
   register_runtime(m);
   register_encode(m);
   register_augment(m);
+  register_restarts(m);
 }

@@ -12,6 +12,7 @@
 
 #include "errors.h"
 #include "resize.h"
+#include "restart.h"
 
 namespace gpupipe {
 
@@ -159,6 +160,8 @@ struct Decoder::State {
   ErrorMgr err;
   Resampler resampler;
   std::vector<uint8_t> region;  // the decoded window, before resizing
+  RestartLayout restarts;       // restart-marker index of the current file
+  std::vector<uint8_t> sub;     // the synthetic JPEG of the crop's restart intervals
 };
 
 namespace {
@@ -424,6 +427,41 @@ DecodeResult Decoder::decode(const uint8_t* data, size_t size, const DecodeReque
   plan.x1 = static_cast<int>(std::min<int64_t>(sw, static_cast<int64_t>(std::ceil(fx1))));
   plan.y1 = static_cast<int>(std::min<int64_t>(sh, static_cast<int64_t>(std::ceil(fy1))));
   const int rw = plan.x1 - plan.x0, rh = plan.y1 - plan.y0;
+  // The box relative to the decoded region (before any shift into a sub-JPEG's frame).
+  const double bx0 = fx0 - plan.x0, by0 = fy0 - plan.y0, bx1 = fx1 - plan.x0, by1 = fy1 - plan.y0;
+
+  // Restart-marker fast path: cut the crop's intervals (plus a margin of two chroma samples, so
+  // fancy upsampling sees the same neighbours) into a small JPEG and decode that instead.
+  bool restart_path = false;
+  if (req.use_restarts && cinfo->restart_interval > 0 && !cinfo->progressive_mode && !cinfo->arith_code &&
+      cinfo->comps_in_scan == cinfo->num_components) {
+    const bool single = cinfo->num_components == 1;
+    const int mcu_w = single ? 8 : 8 * cinfo->max_h_samp_factor;
+    const int mcu_h = single ? 8 : 8 * cinfo->max_v_samp_factor;
+    if (index_restarts(data, size, static_cast<int>(W), static_cast<int>(H), mcu_w, mcu_h,
+                       static_cast<int>(cinfo->restart_interval), &s->restarts)) {
+      const RestartLayout& L = s->restarts;
+      const int64_t mx = (2 * cinfo->max_h_samp_factor * 8 + m - 1) / m;  // margin, full-res px
+      const int64_t my = (2 * cinfo->max_v_samp_factor * 8 + m - 1) / m;
+      const int64_t fx0 = std::max<int64_t>(0, plan.x0 * 8 / m - mx);
+      const int64_t fx1 = std::min<int64_t>(W - 1, ceil_div(static_cast<int64_t>(plan.x1) * 8, m) - 1 + mx);
+      const int64_t fy0 = std::max<int64_t>(0, plan.y0 * 8 / m - my);
+      const int64_t fy1 = std::min<int64_t>(H - 1, ceil_div(static_cast<int64_t>(plan.y1) * 8, m) - 1 + my);
+      const int group_px = L.interval * L.mcu_width;
+      const int row0 = static_cast<int>(fy0 / L.mcu_height), row1 = static_cast<int>(fy1 / L.mcu_height);
+      const int g0 = static_cast<int>(fx0 / group_px), g1 = static_cast<int>(fx1 / group_px);
+      build_sub_jpeg(data, L, row0, row1, g0, g1, &s->sub);
+      jpeg_abort_decompress(cinfo);
+      if (!guarded_read_header(s, s->sub.data(), s->sub.size(), false)) throw_decode_error(s->err.message);
+      const int shift_x = static_cast<int>(static_cast<int64_t>(g0) * group_px * m / 8);
+      const int shift_y = static_cast<int>(static_cast<int64_t>(row0) * L.mcu_height * m / 8);
+      plan.x0 -= shift_x;
+      plan.x1 -= shift_x;
+      plan.y0 -= shift_y;
+      plan.y1 -= shift_y;
+      restart_path = true;
+    }
+  }
 
   const bool direct = !req.resize || req.scaled_box ||
                       (m == 8 && rw == req.out_width && rh == req.out_height);
@@ -438,11 +476,11 @@ DecodeResult Decoder::decode(const uint8_t* data, size_t size, const DecodeReque
   if (!guarded_decode_rows(s, &plan)) throw_decode_error(s->err.message);
 
   if (!direct)
-    s->resampler.resize(s->region.data(), rh, rw, channels, plan.dst_stride, fx0 - plan.x0,
-                        fy0 - plan.y0, fx1 - plan.x0, fy1 - plan.y0, out, req.out_height,
-                        req.out_width, out_stride);
+    s->resampler.resize(s->region.data(), rh, rw, channels, plan.dst_stride, bx0, by0, bx1, by1, out,
+                        req.out_height, req.out_width, out_stride);
   DecodeResult result;
   result.scale_num = m;
+  result.restart_path = restart_path;
   if (s->err.pub.num_warnings > 0) result.warning = s->err.warning;
   return result;
 }

@@ -51,11 +51,13 @@ struct DecodeRequest {
                              // (the exact intermediate, for tests against a scaled full decode)
   ColorMode mode = ColorMode::kRGB;
   bool strict = false;       // libjpeg warnings (corrupt or truncated data) become errors
+  bool use_restarts = true;  // decode only the crop's restart intervals when the file allows it
 };
 
 struct DecodeResult {
   std::string warning;  // first libjpeg warning when not strict, else empty
   int scale_num = 8;    // the DCT scale M/8 used
+  bool restart_path = false;  // decoded from the crop's restart intervals only (see restart.h)
 };
 
 // Chooses the DCT scale M (of M/8) for resizing a box to an output size: the smallest M in

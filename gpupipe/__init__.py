@@ -7,6 +7,7 @@ from gpupipe.decode import DecodedBatch, decode_and_crop_jpeg, decode_crop_jpeg,
 from gpupipe.header import JpegInfo, read_header
 from gpupipe.limits import Limits, get_limits, set_limits
 from gpupipe.loader import Loader
+from gpupipe.prepare import PrepareReport, prepare
 
 __version__ = "0.1.0"
 
@@ -18,6 +19,8 @@ __all__ = [
     "JpegWarning",
     "Limits",
     "Loader",
+    "PrepareReport",
+    "prepare",
     "augment",
     "backends_available",
     "data",

@@ -34,7 +34,7 @@ def decode_one_hwc(
     """Decodes one box into a new uint8 [H, W, C] tensor."""
     out = torch.empty((out_hw[0], out_hw[1], CHANNELS[mode]), dtype=torch.uint8)
     top, left, height, width = box
-    warning, _ = _C.decode_into(
+    warning, _, _ = _C.decode_into(
         as_buffer(data, what), out.data_ptr(), out.numel(), top, left, height, width,
         out_hw[0], out_hw[1], resize, MODES[mode], strict, dct_scaling,
     )

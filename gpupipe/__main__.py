@@ -1,0 +1,48 @@
+"""``python -m gpupipe prepare SRC DST`` and ``python -m gpupipe bench [...]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m gpupipe")
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prepare", help="transcode a dataset (folder or tar shards) with restart markers, losslessly")
+    p.add_argument("src", help="folder, .tar shard, or several shards")
+    p.add_argument("dst")
+    p.add_argument("more", nargs="*", help=argparse.SUPPRESS)
+    p.add_argument("--restart-rows", type=int, default=1)
+    p.add_argument("--restart-mcus", type=int, default=8, help="target MCUs per interval inside rows (0: rows only)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--no-verify", action="store_true")
+    b = sub.add_parser("bench", help="the side-by-side benchmark (needs the repository's benchmarks/ folder)", add_help=False)
+    b.add_argument("args", nargs=argparse.REMAINDER)
+    args = ap.parse_args(argv)
+
+    if args.command == "prepare":
+        from gpupipe.prepare import prepare
+
+        src = [args.src, args.dst, *args.more][:-1] if args.more else args.src
+        dst = args.more[-1] if args.more else args.dst
+        report = prepare(src, dst, restart_rows=args.restart_rows, restart_mcus=args.restart_mcus,
+                         num_threads=args.threads, verify=not args.no_verify)
+        print(report)
+        for path, reason in report.copied:
+            print(f"  copied unchanged: {path} ({reason})")
+        return 0
+    repo = Path(__file__).resolve().parent.parent
+    if not (repo / "benchmarks" / "main.py").exists():
+        print("python -m gpupipe bench runs from a source checkout (benchmarks/ is not installed)", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(repo))
+    from benchmarks.main import main as bench_main
+
+    bench_main(args.args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
