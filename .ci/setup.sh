@@ -46,6 +46,14 @@ if "$VPY" -c "import spdl" 2>/dev/null || pip_q spdl 2>/dev/null; then
   fi
 fi
 
+# clang with libFuzzer + sanitizer runtimes, for the fuzz smoke in the test suite (best effort).
+if ! command -v clang++ >/dev/null && ! command -v clang++-14 >/dev/null; then
+  log "installing clang-14 (libFuzzer, ASan, UBSan) for the fuzz smoke"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  ($SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends clang-14 libclang-rt-14-dev) \
+    >/dev/null 2>&1 || log "clang unavailable: the fuzz smoke will be skipped"
+fi
+
 log "building gpupipe (editable)"
 pip_q --no-build-isolation -e .
 "$VPY" -c "import gpupipe; print('[setup] gpupipe', gpupipe.__version__, 'with libjpeg-turbo', gpupipe._C.libjpeg_turbo_version)" >&2

@@ -10,10 +10,10 @@ import argparse
 import time
 from pathlib import Path
 
-from benchmarks import augment, batch_decode, datasets, decode_crop, loader
+from benchmarks import augment, batch_decode, datasets, decode_crop, loader, seed_experiment
 from benchmarks.harness import environment, save, table
 
-WORKLOADS = ("decode_crop", "restart", "batch_threads", "rrc", "backends", "augment", "loader")
+WORKLOADS = ("decode_crop", "restart", "batch_threads", "rrc", "backends", "augment", "loader", "seed")
 
 
 def main(argv=None) -> Path:
@@ -45,11 +45,17 @@ def main(argv=None) -> Path:
         rows += augment.run(threads=2, repeats=repeats)
     if "loader" in args.workloads:
         rows += loader.run(repeats=1 if args.quick else 3, n=256 if args.quick else 512)
+    extra = ""
+    if "seed" in args.workloads:
+        _, extra = seed_experiment.run(steps=6 if args.quick else 12, n=256 if args.quick else 512)
 
     title = "gpupipe vs peers (CPU)"
-    print(table(rows, "gpupipe"))
+    print(table(rows, "gpupipe") + extra)
     out = args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S")
     save(rows, environment(threads=1), out, title, "gpupipe")
+    if extra:
+        with open(out / "results.md", "a") as f:
+            f.write(extra + "\n")
     print(f"\nwrote {out}/results.json, results.md, results.png")
     return out
 

@@ -96,29 +96,6 @@ void register_header(py::module_& m) {
       "restart_interval, precision) of a JPEG, from its headers only.");
 
   m.def(
-      "read_header_sizes",
-      [](py::sequence datas, uintptr_t out_address, size_t out_nbytes) {
-        // Heights and widths of many JPEGs into an int64 [N, 2] buffer; -1 where unreadable.
-        const size_t n = py::len(datas);
-        std::vector<BufferView> views;
-        views.reserve(n);
-        for (size_t i = 0; i < n; ++i) views.emplace_back(datas[i].ptr());
-        int64_t* out = reinterpret_cast<int64_t*>(writable_address(out_address, n * 16, out_nbytes));
-        py::gil_scoped_release release;
-        Decoder& d = thread_decoder();
-        for (size_t i = 0; i < n; ++i) {
-          try {
-            JpegInfo info = d.read_header(views[i].data(), views[i].size());
-            out[2 * i] = info.height;
-            out[2 * i + 1] = info.width;
-          } catch (const DecodeError&) {
-            out[2 * i] = out[2 * i + 1] = -1;
-          }
-        }
-      },
-      py::arg("datas"), py::arg("out_address"), py::arg("out_nbytes"));
-
-  m.def(
       "read_header_infos",
       [](py::sequence datas, uintptr_t out_address, size_t out_nbytes) {
         // int64 [N, 4]: height, width, color space (0 gray, 1 ycbcr, 2 rgb, 3 cmyk, 4 ycck,
@@ -345,18 +322,8 @@ void register_augment(py::module_& m) {
          std::vector<int64_t> strides, uintptr_t matrices, uintptr_t hflip, uintptr_t vflip,
          uintptr_t output, int out_dtype, int num_threads) {
         if (strides.size() != 4) throw InvalidArgument("strides must have 4 entries (N, C, H, W)");
-        FusedArgs a;
-        a.input = reinterpret_cast<const void*>(input);
-        a.input_is_uint8 = input_is_uint8;
-        a.n = n;
-        a.h = h;
-        a.w = w;
-        for (int i = 0; i < 4; ++i) a.in_stride[i] = strides[i];
-        a.matrices = reinterpret_cast<const float*>(matrices);
-        a.hflip = reinterpret_cast<const uint8_t*>(hflip);
-        a.vflip = reinterpret_cast<const uint8_t*>(vflip);
-        a.output = reinterpret_cast<void*>(output);
-        a.out_dtype = out_dtype;
+        const FusedArgs a = fused::make_args(input, input_is_uint8, n, h, w, strides.data(), matrices,
+                                             hflip, vflip, output, out_dtype);
         py::gil_scoped_release release;
         fused_color_affine_cpu(a, num_threads);
       },
@@ -370,13 +337,7 @@ void register_augment(py::module_& m) {
       [](uintptr_t input, bool input_is_uint8, int64_t n, int64_t h, int64_t w,
          std::vector<int64_t> strides, uintptr_t out, int num_threads) {
         if (strides.size() != 4) throw InvalidArgument("strides must have 4 entries (N, C, H, W)");
-        FusedArgs a;
-        a.input = reinterpret_cast<const void*>(input);
-        a.input_is_uint8 = input_is_uint8;
-        a.n = n;
-        a.h = h;
-        a.w = w;
-        for (int i = 0; i < 4; ++i) a.in_stride[i] = strides[i];
+        const FusedArgs a = fused::make_args(input, input_is_uint8, n, h, w, strides.data(), 0, 0, 0, 0, 0);
         py::gil_scoped_release release;
         channel_sums_cpu(a, reinterpret_cast<double*>(out), num_threads);
       },

@@ -5,19 +5,11 @@
 
 #include <cstdint>
 
+#include "../cuda/fused_color.cuh"
+
 namespace gpupipe {
 
-struct FusedArgs {
-  const void* input = nullptr;
-  bool input_is_uint8 = true;          // else float32
-  int64_t n = 0, h = 0, w = 0;
-  int64_t in_stride[4] = {0, 0, 0, 0};  // elements, in N, C, H, W order
-  const float* matrices = nullptr;     // n x 12
-  const uint8_t* hflip = nullptr;      // n (0/1)
-  const uint8_t* vflip = nullptr;      // n (0/1)
-  void* output = nullptr;              // n x 3 x h x w, contiguous
-  int out_dtype = 0;                   // fused::OutDType
-};
+using fused::FusedArgs;
 
 // Runs on the process's thread pool when num_threads > 1.
 void fused_color_affine_cpu(const FusedArgs& args, int num_threads);

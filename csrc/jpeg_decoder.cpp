@@ -316,6 +316,9 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
   else if (m.find("SOF type 0xc3") != std::string::npos || m.find("SOF type 0xc7") != std::string::npos ||
            m.find("SOF type 0xcb") != std::string::npos || m.find("SOF type 0xcf") != std::string::npos)
     m += " (lossless JPEG is not supported by libjpeg-turbo 2.x)";
+  else if (m.find("Backing store not supported") != std::string::npos)
+    m += " (the decode needs more working memory than max_memory; gpupipe.set_limits(max_memory=...) "
+         "raises the limit)";
   throw DecodeError(m);
 }
 

@@ -20,18 +20,8 @@ PYBIND11_MODULE(_C_cuda, m) {
          uintptr_t output, int out_dtype, uintptr_t stream) {
         if (strides.size() != 4) throw std::invalid_argument("strides must have 4 entries");
         if (out_dtype < 0 || out_dtype > 2) throw std::invalid_argument("unknown output dtype");
-        gpupipe::FusedCudaArgs a;
-        a.input = reinterpret_cast<const void*>(input);
-        a.input_is_uint8 = input_is_uint8;
-        a.n = n;
-        a.h = h;
-        a.w = w;
-        for (int i = 0; i < 4; ++i) a.in_stride[i] = strides[i];
-        a.matrices = reinterpret_cast<const float*>(matrices);
-        a.hflip = reinterpret_cast<const uint8_t*>(hflip);
-        a.vflip = reinterpret_cast<const uint8_t*>(vflip);
-        a.output = reinterpret_cast<void*>(output);
-        a.out_dtype = out_dtype;
+        const gpupipe::fused::FusedArgs a = gpupipe::fused::make_args(
+            input, input_is_uint8, n, h, w, strides.data(), matrices, hflip, vflip, output, out_dtype);
         int err = gpupipe::fused_color_affine_cuda(a, reinterpret_cast<void*>(stream));
         if (err != 0)
           throw std::runtime_error(std::string("fused_color_affine CUDA launch failed: ") +

@@ -45,7 +45,7 @@ __global__ void fused_color_affine_kernel(const In* __restrict__ in, int64_t n, 
 }
 
 template <typename In>
-cudaError_t launch(const FusedCudaArgs& a, cudaStream_t stream) {
+cudaError_t launch(const fused::FusedArgs& a, cudaStream_t stream) {
   const int64_t total = a.n * a.h * a.w;
   if (total == 0) return cudaSuccess;
   const int threads = 256;
@@ -75,7 +75,7 @@ cudaError_t launch(const FusedCudaArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
-int fused_color_affine_cuda(const FusedCudaArgs& a, void* stream) {
+int fused_color_affine_cuda(const fused::FusedArgs& a, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   cudaError_t err = a.input_is_uint8 ? launch<uint8_t>(a, s) : launch<float>(a, s);
   return static_cast<int>(err);

@@ -17,6 +17,38 @@ namespace fused {
 
 enum OutDType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
+// One launch of the fused op, for the host kernel and the CUDA kernel alike.
+struct FusedArgs {
+  const void* input = nullptr;
+  bool input_is_uint8 = true;          // else float32
+  int64_t n = 0, h = 0, w = 0;
+  int64_t in_stride[4] = {0, 0, 0, 0};  // elements, in N, C, H, W order
+  const float* matrices = nullptr;     // n x 12 (row-major 3x4 per sample)
+  const uint8_t* hflip = nullptr;      // n (0/1)
+  const uint8_t* vflip = nullptr;      // n (0/1)
+  void* output = nullptr;              // n x 3 x h x w, contiguous
+  int out_dtype = 0;                   // OutDType
+};
+
+// Fills FusedArgs from the integers the Python bindings receive (tensors' data_ptr()s).
+inline FusedArgs make_args(uintptr_t input, bool input_is_uint8, int64_t n, int64_t h, int64_t w,
+                           const int64_t* strides, uintptr_t matrices, uintptr_t hflip, uintptr_t vflip,
+                           uintptr_t output, int out_dtype) {
+  FusedArgs a;
+  a.input = reinterpret_cast<const void*>(input);
+  a.input_is_uint8 = input_is_uint8;
+  a.n = n;
+  a.h = h;
+  a.w = w;
+  for (int i = 0; i < 4; ++i) a.in_stride[i] = strides[i];
+  a.matrices = reinterpret_cast<const float*>(matrices);
+  a.hflip = reinterpret_cast<const uint8_t*>(hflip);
+  a.vflip = reinterpret_cast<const uint8_t*>(vflip);
+  a.output = reinterpret_cast<void*>(output);
+  a.out_dtype = out_dtype;
+  return a;
+}
+
 // out = m[:, :3] @ (r, g, b) + m[:, 3]; m is row-major 3x4.
 GPUPIPE_HD void apply_matrix(const float* m, float r, float g, float b, float out[3]) {
   out[0] = m[0] * r + m[1] * g + m[2] * b + m[3];

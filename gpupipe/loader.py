@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from gpupipe import _C
-from gpupipe._backends import cpu
+from gpupipe._backends import cpu, hybrid
 from gpupipe._errors import DecompressionBombError, JpegError
 from gpupipe.crops import CropSampler
 from gpupipe.sources import MapSource, TarShards
@@ -71,7 +71,9 @@ class Loader:
         augment: optional module applied to each uint8 ``[N, 3, H, W]`` batch on ``device``
             (e.g. :class:`gpupipe.augment.BatchAugment`).
         device: where batches are delivered (``"cpu"``, ``"cuda"``, ``"cuda:1"``).
-        backend: decode backend (``"auto"`` = ``"cpu"``, the C++ core, today).
+        backend: ``"auto"`` (the CPU core for CPU outputs; DALI, else nvJPEG, for CUDA outputs),
+            ``"cpu"``, ``"dali"`` or ``"nvjpeg"``. GPU backends decode each batch on ``device``
+            (no host ring), handing what they cannot decode to the CPU core inside the batch.
         shuffle, seed: sample order per epoch (``set_epoch``), as ``DistributedSampler``.
         drop_last: drop the tail that does not split evenly across ranks and the last partial batch.
         num_threads: decode threads (default: ``GPUPIPE_NUM_THREADS`` or the CPU affinity count).
@@ -97,8 +99,6 @@ class Loader:
             raise TypeError("crop must be a gpupipe.crops sampler (RandomResizedCrop, RandomCrop, ...)")
         if on_error not in ("skip", "replace", "raise"):
             raise ValueError(f"on_error must be 'skip', 'replace' or 'raise', got {on_error!r}")
-        if backend not in ("auto", "cpu"):
-            raise ValueError(f"backend {backend!r} is not available to the loader here; use 'auto' or 'cpu'")
         if prefetch < 1:
             raise ValueError("prefetch must be >= 1")
         if not isinstance(source, (MapSource, TarShards)):
@@ -108,7 +108,9 @@ class Loader:
         self.crop = crop
         self.augment = augment
         self.device = torch.device(device)
-        self.backend = backend
+        from gpupipe import backends
+
+        self.backend = backends.resolve(backend, self.device)  # clear error when it cannot run here
         self.shuffle = shuffle
         self.seed = int(seed)
         self.drop_last = drop_last
@@ -183,7 +185,7 @@ class _Pipeline:
         self.stop = threading.Event()
         self.ready: queue.Queue = queue.Queue(maxsize=loader.prefetch)
         h, w = loader.crop.size
-        slots = loader.prefetch + 2
+        slots = loader.prefetch + 2 if loader.backend == "cpu" else 0  # GPU backends decode on the device
         pin = loader.device.type == "cuda"
         self.ring = [torch.empty((loader.batch_size, h, w, 3), dtype=torch.uint8, pin_memory=pin) for _ in range(slots)]
         self.free: queue.Queue = queue.Queue()
@@ -263,8 +265,8 @@ class _Pipeline:
                 t0 = time.perf_counter()
                 datas = [d.result() if hasattr(d, "result") else d for d in datas]
                 l._stats.add("read", time.perf_counter() - t0)
-                slot = self._get_free_slot()
-                if slot is None:
+                slot = self._get_free_slot() if l.backend == "cpu" else None
+                if slot is None and l.backend == "cpu":
                     return
                 t0 = time.perf_counter()
                 item = self._decode(slot, idx, keys, labels, datas)
@@ -284,9 +286,7 @@ class _Pipeline:
             if isinstance(d, BaseException):
                 errors[i] = f"read error: {d}"
                 datas[i] = b""
-        sizes = np.empty((n, 2), dtype=np.int64)
-        if n:
-            _C.read_header_sizes(datas, sizes.ctypes.data, sizes.nbytes)
+        sizes = np.ascontiguousarray(hybrid.header_infos(datas)[:, :2])
         fallback = {}
         for i in np.flatnonzero(sizes[:, 0] < 0):
             d = datas[i]
@@ -308,17 +308,24 @@ class _Pipeline:
             usable &= ~small
         safe = np.where(usable[:, None], sizes, np.array([[max(th, 1), max(tw, 1)]]))
         boxes = np.ascontiguousarray(l.crop.boxes(safe[:, 0], safe[:, 1], seed=l.seed, epoch=l.epoch, indices=idx))
-        out = self.ring[slot][:n]
         jpeg_datas = [b"" if (i in errors or i in fallback) else d for i, d in enumerate(datas)]
-        failures, warns = cpu.decode_batch_nhwc(
-            jpeg_datas, boxes, out, resize=l.crop.resize, mode="rgb", strict=False, dct_scaling=True,
-            num_threads=l.num_threads or 0)
+        opts = dict(resize=l.crop.resize, mode="rgb", strict=False, dct_scaling=True, num_threads=l.num_threads or 0)
+        if slot is not None:
+            out = self.ring[slot][:n]
+            failures, warns = cpu.decode_batch_nhwc(jpeg_datas, boxes, out, **opts)
+        else:  # a GPU backend: decoded on the device, with its own CPU fallback inside the batch
+            from gpupipe._backends import dali, nvjpeg
+
+            module = dali if l.backend == "dali" else nvjpeg
+            out = torch.empty((n, th, tw, 3), dtype=torch.uint8, device=l.device)
+            failures, warns, gpu_fallback = module.decode_batch_nhwc(jpeg_datas, boxes, out, device=l.device, **opts)
+            slot = out  # the batch itself travels instead of a ring slot
         for i, (_, msg) in failures.items():
             if i not in errors and i not in fallback:
                 errors[i] = msg
         for i, img in fallback.items():
             try:
-                out[i].copy_(torch.from_numpy(_pil_crop(img, boxes[i], (th, tw), l.crop.resize)))
+                out[i].copy_(torch.from_numpy(_pil_crop(img, boxes[i], (th, tw), l.crop.resize)).to(out.device))
             except Exception as e:
                 errors[i] = f"fallback decode failed ({type(e).__name__}: {e})"
         ok = np.ones(n, dtype=bool)
@@ -420,9 +427,11 @@ class _LoaderIterator:
             self.close()
             raise item
         slot, n, keys, labels, ok, errors = item
+        on_device = isinstance(slot, torch.Tensor)  # a GPU backend's batch, already on the device
         if errors:
             if l.on_error == "raise":
-                self.p.free.put(slot)
+                if not on_device:
+                    self.p.free.put(slot)
                 self.close()
                 i, msg = next(iter(errors.items()))
                 cls = DecompressionBombError if "max_pixels" in msg else ValueError if "smaller than" in msg else JpegError
@@ -434,16 +443,21 @@ class _LoaderIterator:
                     st.skipped += [(keys[i], m) for i, m in errors.items()]
                 else:
                     st.replaced += len(errors)
-        images = self.p.ring[slot][:n].permute(0, 3, 1, 2)
+        images = (slot if on_device else self.p.ring[slot][:n]).permute(0, 3, 1, 2)
         labels_t = torch.from_numpy(np.asarray(labels, dtype=np.int64))
+        if on_device:
+            slot = None
         if l.on_error == "skip" and errors:
             keep = torch.from_numpy(ok)
-            images, labels_t = images[keep], labels_t[keep]  # a copy: the slot is free again
-            self.p.free.put(slot)
+            images, labels_t = images[keep.to(images.device)], labels_t[keep]  # a copy: the slot is free again
+            if slot is not None:
+                self.p.free.put(slot)
             slot = None
 
         t1 = time.perf_counter()
-        if l.device.type == "cuda":
+        if on_device:
+            labels_t = labels_t.to(l.device)
+        elif l.device.type == "cuda":
             with torch.cuda.stream(self._cuda_stream):
                 images = images.to(l.device, non_blocking=True)
                 labels_t = labels_t.to(l.device, non_blocking=True)

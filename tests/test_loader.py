@@ -277,3 +277,24 @@ def test_argument_validation(folder):
         gpupipe.Loader(src, batch_size=4, crop=crops.CenterCrop(8), on_error="ignore")
     with pytest.raises(ValueError, match="rank"):
         gpupipe.Loader(src, batch_size=4, crop=crops.CenterCrop(8), rank=3, world_size=2)
+
+
+@pytest.mark.skipif(not gpupipe.backends_available()["dali"]["available"], reason="DALI not installed")
+def test_loader_with_the_dali_backend_matches_the_cpu_core(folder, messy):
+    root, _ = folder
+    kw = dict(batch_size=16, crop=crops.RandomCrop(32), seed=4)
+    a = [(x.clone(), y) for x, y in gpupipe.Loader(sources.ImageFolder(root), **kw)]
+    b = [(x.clone(), y) for x, y in gpupipe.Loader(sources.ImageFolder(root), backend="dali", **kw)]
+    for (xa, ya), (xb, yb) in zip(a, b):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    loader = gpupipe.Loader(sources.ImageFolder(messy), batch_size=5, crop=crops.CenterCrop(32), shuffle=False, backend="dali")
+    got, _ = all_indices(loader)
+    assert got == list(range(10)) + [12] and len(loader.stats()["skipped"]) == 3
+
+
+def test_loader_backend_errors_are_clear(folder):
+    root, _ = folder
+    with pytest.raises(ValueError, match="device='cuda'"):
+        gpupipe.Loader(sources.ImageFolder(root), batch_size=4, crop=crops.CenterCrop(8), backend="nvjpeg")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        gpupipe.Loader(sources.ImageFolder(root), batch_size=4, crop=crops.CenterCrop(8), backend="pil")

@@ -21,14 +21,25 @@ def header_infos(datas) -> np.ndarray:
     return out
 
 
-def gpu_eligible(infos: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+def gpu_eligible(infos: np.ndarray, boxes: np.ndarray, datas=None) -> np.ndarray:
     """bool [N]: samples a GPU decoder can take with our semantics. The rest (unreadable headers,
-    CMYK/YCCK, images over max_pixels, boxes outside the image) go to the CPU core, which gives
-    each its exact result or its exact error message."""
+    CMYK/YCCK, images over max_pixels or with more scans than max_scans, boxes outside the image)
+    go to the CPU core, which gives each its exact result or its exact error message: gpupipe's
+    limits hold whatever the backend."""
     h, w, cs = infos[:, 0], infos[:, 1], infos[:, 2]
     t, l, bh, bw = boxes.T
     inside = (t >= 0) & (l >= 0) & (bh >= 1) & (bw >= 1) & (t + bh <= h) & (l + bw <= w)
-    return (h > 0) & np.isin(cs, (GRAY, YCBCR, RGB)) & (h * w <= get_limits().max_pixels) & inside
+    limits = get_limits()
+    ok = (h > 0) & np.isin(cs, (GRAY, YCBCR, RGB)) & (h * w <= limits.max_pixels) & inside
+    if datas is not None:  # SOS markers bound the scan count (a scan bomb has thousands)
+        scans = np.array([_sos_count(d) for d in datas], dtype=np.int64)
+        ok &= scans <= limits.max_scans
+    return ok
+
+
+def _sos_count(data) -> int:
+    b = data if isinstance(data, (bytes, bytearray)) else memoryview(data).tobytes()
+    return b.count(b"\xff\xda")
 
 
 def cpu_subset(datas, boxes, indices, out_nhwc: torch.Tensor, *, resize, mode, strict, dct_scaling, num_threads):

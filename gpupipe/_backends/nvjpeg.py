@@ -32,8 +32,8 @@ def decode_batch_nhwc(datas, boxes: np.ndarray, out_nhwc: torch.Tensor, *, resiz
     from torchvision.transforms.v2 import functional as F
 
     infos = hybrid.header_infos(datas)
-    eligible = hybrid.gpu_eligible(infos, boxes)
-    fallback = {int(i): "not decodable by nvJPEG with gpupipe's semantics (header, color space, limit or box)"
+    eligible = hybrid.gpu_eligible(infos, boxes, datas)
+    fallback = {int(i): "not decodable by nvJPEG with gpupipe's semantics (header, color space, a limit or the box)"
                 for i in np.flatnonzero(~eligible)}
     gpu_idx = np.flatnonzero(eligible)
     if len(gpu_idx):

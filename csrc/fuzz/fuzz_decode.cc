@@ -1,0 +1,98 @@
+// libFuzzer harness over the C++ core, no Python: header probe, crop decode (boxes, modes, DCT
+// scales and resizes derived from the input), the batch engine, the restart-marker index and the
+// sub-JPEG it builds. Built with ASan + UBSan by csrc/fuzz/run.sh. Input layout: 8 parameter
+// bytes, then the file.
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "batch_decode.h"
+#include "errors.h"
+#include "jpeg_decoder.h"
+#include "restart.h"
+
+using namespace gpupipe;
+
+namespace {
+uint32_t pick(uint8_t byte, uint32_t n) { return n ? byte % n : 0; }
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  Limits limits;
+  limits.max_pixels = 4u << 20;  // keep single inputs fast; the limit path itself is exercised
+  limits.max_scans = 100;
+  limits.max_memory = 256u << 20;
+  set_limits(limits);
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* input, size_t size) {
+  if (size < 8) return 0;
+  const uint8_t* p = input;
+  const uint8_t* data = input + 8;
+  const size_t n = size - 8;
+  Decoder& decoder = thread_decoder();
+  JpegInfo info;
+  try {
+    info = decoder.read_header(data, n);
+  } catch (const DecodeError&) {
+    return 0;
+  }
+  if (info.height < 1 || info.width < 1) __builtin_trap();  // libjpeg must reject empty images
+
+  DecodeRequest req;
+  req.box.top = pick(p[0], info.height);
+  req.box.left = pick(p[1], info.width);
+  req.box.height = 1 + pick(p[2], info.height - req.box.top);
+  req.box.width = 1 + pick(p[3], info.width - req.box.left);
+  req.mode = (p[4] & 1) ? ColorMode::kGray : ColorMode::kRGB;
+  req.strict = (p[4] & 2) != 0;
+  req.use_restarts = (p[4] & 4) == 0;
+  req.resize = (p[4] & 8) != 0;
+  req.dct_scaling = (p[4] & 16) != 0;
+  req.out_height = req.resize ? 1 + pick(p[5], 48) : static_cast<int>(req.box.height);
+  req.out_width = req.resize ? 1 + pick(p[6], 48) : static_cast<int>(req.box.width);
+  const int channels = channels_of(req.mode);
+  try {
+    std::vector<uint8_t> out(static_cast<size_t>(req.out_height) * req.out_width * channels);
+    decoder.decode(data, n, req, out.data(), static_cast<size_t>(req.out_width) * channels);
+  } catch (const InvalidArgument&) {
+  } catch (const DecodeError&) {
+  } catch (const std::bad_alloc&) {
+  }
+
+  // The batch engine on the calling thread: the same file twice, a second box from p[7].
+  std::vector<BatchSample> samples(2);
+  for (auto& s : samples) {
+    s.data = data;
+    s.size = n;
+    s.box = req.box;
+  }
+  samples[1].box.top = pick(p[7], info.height);
+  samples[1].box.height = 1 + pick(p[7] >> 1, info.height - samples[1].box.top);
+  samples[1].box.width = 1;
+  BatchOptions opt;
+  opt.out_height = 8;
+  opt.out_width = 8;
+  opt.resize = true;
+  opt.mode = req.mode;
+  std::vector<uint8_t> batch(2 * 8 * 8 * channels);
+  decode_batch(nullptr, samples, opt, batch.data());
+
+  if (info.restart_interval > 0) {
+    RestartLayout layout;
+    const int hmax = p[5] % 2 + 1, vmax = p[6] % 2 + 1;  // any layout guess must be safe
+    if (index_restarts(data, n, info.width, info.height, 8 * hmax, 8 * vmax, info.restart_interval, &layout)) {
+      std::vector<uint8_t> sub;
+      const int r0 = pick(p[0], layout.mcu_rows), g0 = pick(p[1], layout.groups_per_row);
+      build_sub_jpeg(data, layout, r0, r0 + pick(p[2], layout.mcu_rows - r0), g0,
+                     g0 + pick(p[3], layout.groups_per_row - g0), &sub);
+      try {
+        decoder.read_header(sub.data(), sub.size());
+      } catch (const DecodeError&) {
+      }
+    }
+  }
+  return 0;
+}
