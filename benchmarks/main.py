@@ -47,7 +47,7 @@ def main(argv=None) -> Path:
         rows += loader.run(repeats=1 if args.quick else 3, n=256 if args.quick else 512)
     extra = ""
     if "seed" in args.workloads:
-        _, extra = seed_experiment.run(steps=6 if args.quick else 12, n=256 if args.quick else 512)
+        _, extra = seed_experiment.run(steps=6 if args.quick else 12, n=512 if args.quick else 1024)
 
     title = "gpupipe vs peers (CPU)"
     print(table(rows, "gpupipe") + extra)

@@ -27,6 +27,15 @@ from gpupipe.crops import CropSampler
 from gpupipe.sources import MapSource, TarShards
 
 _END = object()
+
+
+class _Done:
+    """A finished batch (augmented by the CPU augment stage), ready to yield."""
+
+    __slots__ = ("images", "labels")
+
+    def __init__(self, images, labels):
+        self.images, self.labels = images, labels
 _JPEG_MAGIC = b"\xff\xd8"
 
 
@@ -192,8 +201,36 @@ class _Pipeline:
         for i in range(slots):
             self.free.put(i)
         self.reader = ThreadPoolExecutor(loader.io_threads, thread_name_prefix="gpupipe-read")
+        # On the CPU, augmentation is real work: a stage of its own overlaps it with the decode of
+        # the next batch and with the consumer's step. On CUDA it is asynchronous GPU work and runs
+        # on the consumer's thread and stream.
+        self.augment_stage = None
+        decoded = self.ready
+        if loader.augment is not None and loader.device.type == "cpu":
+            decoded = queue.Queue(maxsize=loader.prefetch)
+            self.augment_stage = threading.Thread(target=self._augment_loop, args=(decoded,), name="gpupipe-augment",
+                                                  daemon=True)
+        self.decoded = decoded
         self.producer = threading.Thread(target=self._produce, name="gpupipe-decode", daemon=True)
         self.producer.start()
+        if self.augment_stage is not None:
+            self.augment_stage.start()
+
+    def _augment_loop(self, decoded: queue.Queue):
+        try:
+            while not self.stop.is_set():
+                try:
+                    item = decoded.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                if item is _END or isinstance(item, BaseException):
+                    self._put(self.ready, item)
+                    return
+                images, labels = self.finish(item)
+                if not self._put(self.ready, _Done(images, labels)):
+                    return
+        except BaseException as e:  # delivered to the consumer, never lost in this thread
+            self._put(self.ready, e)
 
     # --- producer side ----------------------------------------------------------------------------
 
@@ -271,11 +308,11 @@ class _Pipeline:
                 t0 = time.perf_counter()
                 item = self._decode(slot, idx, keys, labels, datas)
                 l._stats.add("decode", time.perf_counter() - t0)
-                if not self._put(self.ready, item):
+                if not self._put(self.decoded, item):
                     return
-            self._put(self.ready, _END)
+            self._put(self.decoded, _END)
         except BaseException as e:  # delivered to the consumer, never lost in this thread
-            self._put(self.ready, e)
+            self._put(self.decoded, e)
 
     def _decode(self, slot, idx, keys, labels, datas):
         l = self.l
@@ -340,16 +377,83 @@ class _Pipeline:
             l._stats.fallback_keys += [keys[i] for i in done]
         return slot, n, keys, labels, ok, {i: errors[i] for i in sorted(errors)}
 
+    # --- finishing a batch: policy, transfer, augment (consumer, or the augment stage) ----------
+
+    def finish(self, item, it=None):
+        """(images, labels) of a decoded batch: applies the error policy, moves it to the device
+        and augments it; releases its ring slot. ``it`` is the iterator (CUDA stream and pending
+        copies), None in the CPU augment stage."""
+        l, st = self.l, self.l._stats
+        slot, n, keys, labels, ok, errors = item
+        on_device = isinstance(slot, torch.Tensor)  # a GPU backend's batch, already on the device
+        if errors:
+            if l.on_error == "raise":
+                if not on_device:
+                    self.free.put(slot)
+                i, msg = next(iter(errors.items()))
+                cls = DecompressionBombError if "max_pixels" in msg else ValueError if "smaller than" in msg else JpegError
+                exc = cls(f"sample {keys[i]!r}: {msg}")
+                exc.errors = {keys[j]: m for j, m in errors.items()}
+                raise exc
+            with st.lock:
+                if l.on_error == "skip":
+                    st.skipped += [(keys[i], m) for i, m in errors.items()]
+                else:
+                    st.replaced += len(errors)
+        images = (slot if on_device else self.ring[slot][:n]).permute(0, 3, 1, 2)
+        labels_t = torch.from_numpy(np.asarray(labels, dtype=np.int64))
+        if on_device:
+            slot = None
+        if l.on_error == "skip" and errors:
+            keep = torch.from_numpy(ok)
+            images, labels_t = images[keep.to(images.device)], labels_t[keep]  # a copy: the slot is free again
+            if slot is not None:
+                self.free.put(slot)
+            slot = None
+
+        t1 = time.perf_counter()
+        if on_device:
+            labels_t = labels_t.to(l.device)
+        elif l.device.type == "cuda":
+            with torch.cuda.stream(it._cuda_stream):
+                images = images.to(l.device, non_blocking=True)
+                labels_t = labels_t.to(l.device, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(it._cuda_stream)
+            torch.cuda.current_stream(l.device).wait_event(event)
+            if slot is not None:
+                it._pending.append((event, slot))
+                slot = None
+            it._release_finished()
+        elif l.augment is None and slot is not None:
+            images = images.clone(memory_format=torch.channels_last)  # the slot is reused
+        st.add("transfer", time.perf_counter() - t1)
+
+        if l.augment is not None:
+            t2 = time.perf_counter()
+            images = l.augment(images)
+            st.add("augment", time.perf_counter() - t2)
+        if slot is not None:
+            self.free.put(slot)
+        with st.lock:
+            st.batches += 1
+            st.images += images.shape[0]
+            st.last = time.perf_counter()
+        return images, labels_t
+
     # --- consumer side ----------------------------------------------------------------------------
 
     def close(self):
         self.stop.set()
-        try:
-            while True:
-                self.ready.get_nowait()
-        except queue.Empty:
-            pass
+        for q in (self.ready, self.decoded):
+            try:
+                while True:
+                    q.get_nowait()
+            except queue.Empty:
+                pass
         self.producer.join(timeout=2.0)
+        if self.augment_stage is not None:
+            self.augment_stage.join(timeout=2.0)
         self.reader.shutdown(wait=False, cancel_futures=True)
         self.ring = []
 
@@ -415,7 +519,9 @@ class _LoaderIterator:
                 item = self.p.ready.get(timeout=0.1)
                 break
             except queue.Empty:
-                if not self.p.producer.is_alive() and self.p.ready.empty():
+                stage = self.p.augment_stage
+                threads_done = not self.p.producer.is_alive() and (stage is None or not stage.is_alive())
+                if threads_done and self.p.ready.empty():
                     self.close()
                     raise RuntimeError("gpupipe loader: the decode thread ended without a result")
         with st.lock:
@@ -426,61 +532,15 @@ class _LoaderIterator:
         if isinstance(item, BaseException):
             self.close()
             raise item
-        slot, n, keys, labels, ok, errors = item
-        on_device = isinstance(slot, torch.Tensor)  # a GPU backend's batch, already on the device
-        if errors:
-            if l.on_error == "raise":
-                if not on_device:
-                    self.p.free.put(slot)
+        if isinstance(item, _Done):
+            images, labels_t = item.images, item.labels
+        else:
+            try:
+                images, labels_t = self.p.finish(item, self)
+            except BaseException:
                 self.close()
-                i, msg = next(iter(errors.items()))
-                cls = DecompressionBombError if "max_pixels" in msg else ValueError if "smaller than" in msg else JpegError
-                exc = cls(f"sample {keys[i]!r}: {msg}")
-                exc.errors = {keys[j]: m for j, m in errors.items()}
-                raise exc
-            with st.lock:
-                if l.on_error == "skip":
-                    st.skipped += [(keys[i], m) for i, m in errors.items()]
-                else:
-                    st.replaced += len(errors)
-        images = (slot if on_device else self.p.ring[slot][:n]).permute(0, 3, 1, 2)
-        labels_t = torch.from_numpy(np.asarray(labels, dtype=np.int64))
-        if on_device:
-            slot = None
-        if l.on_error == "skip" and errors:
-            keep = torch.from_numpy(ok)
-            images, labels_t = images[keep.to(images.device)], labels_t[keep]  # a copy: the slot is free again
-            if slot is not None:
-                self.p.free.put(slot)
-            slot = None
-
-        t1 = time.perf_counter()
-        if on_device:
-            labels_t = labels_t.to(l.device)
-        elif l.device.type == "cuda":
-            with torch.cuda.stream(self._cuda_stream):
-                images = images.to(l.device, non_blocking=True)
-                labels_t = labels_t.to(l.device, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record(self._cuda_stream)
-            torch.cuda.current_stream(l.device).wait_event(event)
-            if slot is not None:
-                self._pending.append((event, slot))
-                slot = None
-            self._release_finished()
-        elif l.augment is None and slot is not None:
-            images = images.clone(memory_format=torch.channels_last)  # the slot is reused
-        st.add("transfer", time.perf_counter() - t1)
-
-        if l.augment is not None:
-            t2 = time.perf_counter()
-            images = l.augment(images)
-            st.add("augment", time.perf_counter() - t2)
-        if slot is not None:
-            self.p.free.put(slot)
+                raise
         with st.lock:
-            st.batches += 1
-            st.images += images.shape[0]
             st.last = time.perf_counter()
         if self._bar is not None:
             self._bar.update(1)

@@ -133,7 +133,7 @@ class OutputCache:
     (tensor use count) beyond the cache's own remains, so a batch the user keeps is never touched.
     """
 
-    def __init__(self, capacity: int = 4):
+    def __init__(self, capacity: int = 8):
         self.capacity = capacity
         self.buffers: list = []
 
