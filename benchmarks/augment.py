@@ -18,7 +18,7 @@ def _batch(n: int, size: int) -> torch.Tensor:
     photo = Image.fromarray(skimage.data.astronaut())
     rng = np.random.default_rng(0)
     imgs = []
-    for i in range(n):
+    for _ in range(n):
         s = int(rng.integers(300, 512))
         t, l = (int(v) for v in rng.integers(0, 512 - s + 1, 2))
         imgs.append(np.asarray(photo.crop((l, t, l + s, t + s)).resize((size, size))))

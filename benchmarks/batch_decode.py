@@ -101,7 +101,7 @@ def backends(seed: list[bytes], hd: list[bytes], threads: int = 2, batch: int = 
     torch.set_num_threads(1)
     rows = []
     reason = peers.unavailable("nvidia.dali")
-    for label, datas, size in ((f"seed 800x533 crop 256", _cycle(seed, batch), None), ("hd 1920x1280 RandomResizedCrop 224", _cycle(hd, batch), 224)):
+    for label, datas, size in (("seed 800x533 crop 256", _cycle(seed, batch), None), ("hd 1920x1280 RandomResizedCrop 224", _cycle(hd, batch), 224)):
         if size is None:
             boxes = random_boxes(datas, 256, seed=2)
         else:

@@ -20,7 +20,6 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from gpupipe import _C
 from gpupipe._backends import cpu, hybrid
 from gpupipe._errors import DecompressionBombError, JpegError
 from gpupipe.crops import CropSampler
@@ -507,7 +506,7 @@ class _LoaderIterator:
         self._pending = keep
 
     def __next__(self):
-        l, st = self.l, self.l._stats
+        st = self.l._stats
         if not self._finalizer.alive:
             raise StopIteration
         t0 = time.perf_counter()

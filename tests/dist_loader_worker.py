@@ -4,7 +4,6 @@ Loader over an identity-encoded ImageFolder and rank 0 writes what every rank sa
 import json
 import sys
 
-import torch
 import torch.distributed as dist
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])

@@ -4,7 +4,6 @@ reordering or mixing of samples shows in the pixels (as ffcv's DummyDataset does
 import io
 import os
 
-import numpy as np
 from PIL import Image
 
 STEP, BASE, SIDE = 18, 20, 12

@@ -4,7 +4,6 @@ the Kornia engine where the semantics coincide; the Kornia engine against kornia
 import math
 import shutil
 
-import numpy as np
 import pytest
 import torch
 

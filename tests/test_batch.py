@@ -10,7 +10,7 @@ import torch
 
 import gpupipe
 from gpupipe import _C
-from conftest import HEIGHT, WIDTH, encode, photo
+from conftest import encode, photo
 
 
 @pytest.fixture(scope="module")

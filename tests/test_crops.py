@@ -1,6 +1,5 @@
 """Crop samplers: torchvision's semantics, and boxes that depend only on (seed, epoch, index)."""
 
-import math
 
 import numpy as np
 import pytest

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import gpupipe
-from conftest import HEIGHT, WIDTH, encode, full_decode, patch_sof, photo
+from conftest import HEIGHT, WIDTH, encode, patch_sof, photo
 
 ERRORS = (gpupipe.JpegError, ValueError)
 

@@ -2,7 +2,6 @@
 really taken, damaged markers fall back to the normal path."""
 
 import io
-import os
 import subprocess
 import sys
 import tarfile
@@ -131,7 +130,7 @@ def test_size_overhead_is_small():
 
 def test_prepare_folder_tree(tmp_path, variants):
     src = tmp_path / "src"
-    for i, (name, data) in enumerate(list(variants.items())[:6]):
+    for i, data in enumerate(list(variants.values())[:6]):
         d = src / f"class{i % 2}"
         d.mkdir(parents=True, exist_ok=True)
         (d / f"{i}.jpg").write_bytes(data)

@@ -81,7 +81,6 @@ def decode_batch_nhwc(datas, boxes: np.ndarray, out_nhwc: torch.Tensor, *, resiz
     reason = unavailable_reason()
     if reason:
         raise RuntimeError(reason)
-    n = len(datas)
     infos = hybrid.header_infos(datas)
     eligible = hybrid.gpu_eligible(infos, boxes, datas)
     fallback = {int(i): "not decodable by DALI with gpupipe's semantics (header, color space, a limit or the box)"
