@@ -140,29 +140,50 @@ def save(rows: list[Row], env: dict, out_dir: Path, title: str, reference: str) 
 
 
 def plot(rows: list[Row], path: Path, title: str) -> None:
-    """Images/s per method per workload, with min-max spread as error bars."""
+    """Images/s per method per workload (median, min-max error bars), gpupipe in green, two columns."""
+    import math
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     workloads = list(dict.fromkeys(r.workload for r in rows))
-    fig, axes = plt.subplots(len(workloads), 1, figsize=(9, 2.2 + 0.45 * max(len([r for r in rows if r.workload == w]) for w in workloads) * len(workloads)), squeeze=False)
-    for ax, workload in zip(axes[:, 0], workloads):
+    ncols = 2 if len(workloads) > 1 else 1
+    nrows = math.ceil(len(workloads) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(7.5 * ncols, 2.9 * nrows), squeeze=False)
+    for ax in axes.flat[len(workloads):]:
+        ax.axis("off")
+    for ax, workload in zip(axes.flat, workloads):
         group = [r for r in rows if r.workload == workload and not r.skipped]
         names = [r.method for r in group]
         med = [r.items_per_s for r in group]
         lo = [r.unit_items / max(r.times) for r in group]
         hi = [r.unit_items / min(r.times) for r in group]
-        err = [[m - l for m, l in zip(med, lo)], [h - m for m, h in zip(med, hi)]]
+        err = [[max(0.0, m - l) for m, l in zip(med, lo)], [max(0.0, h - m) for m, h in zip(med, hi)]]
         colors = ["tab:green" if n.startswith("gpupipe") else "tab:gray" for n in names]
         ax.barh(names, med, xerr=err, color=colors, capsize=3)
         ax.invert_yaxis()
-        ax.set_title(workload, fontsize=10)
-        ax.set_xlabel("images / s (median, min-max)")
+        ax.set_title(workload, fontsize=9)
+        ax.tick_params(axis="y", labelsize=8)
+        ax.set_xlabel("images / s (median, min-max)", fontsize=8)
         for i, m in enumerate(med):
-            ax.text(m, i, f" {m:.0f}", va="center", fontsize=8)
+            ax.text(m, i, f" {m:.0f}", va="center", fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def plot_json(json_path: Path, png_path: Path) -> None:
+    """Redraws the plot of a saved results.json (plotting is a separate step from measuring)."""
+    data = json.loads(Path(json_path).read_text())
+    fields = ("workload", "method", "unit_items", "times", "skipped", "note")
+    rows = [Row(**{k: r[k] for k in fields}) for r in data["results"]]
+    plot(rows, Path(png_path), data["title"])
+
+
+if __name__ == "__main__":
+    import sys
+
+    plot_json(Path(sys.argv[1]), Path(sys.argv[2]))
