@@ -98,17 +98,17 @@ void register_header(py::module_& m) {
   m.def(
       "read_header_infos",
       [](py::sequence datas, uintptr_t out_address, size_t out_nbytes) {
-        // int64 [N, 4]: height, width, color space (0 gray, 1 ycbcr, 2 rgb, 3 cmyk, 4 ycck,
-        // 5 other), components; all -1 where the header cannot be read.
+        // int64 [N, 5]: height, width, color space (0 gray, 1 ycbcr, 2 rgb, 3 cmyk, 4 ycck,
+        // 5 other), components, EXIF orientation; all -1 where the header cannot be read.
         const size_t n = py::len(datas);
         std::vector<BufferView> views;
         views.reserve(n);
         for (size_t i = 0; i < n; ++i) views.emplace_back(datas[i].ptr());
-        int64_t* out = reinterpret_cast<int64_t*>(writable_address(out_address, n * 32, out_nbytes));
+        int64_t* out = reinterpret_cast<int64_t*>(writable_address(out_address, n * 40, out_nbytes));
         py::gil_scoped_release release;
         Decoder& d = thread_decoder();
         for (size_t i = 0; i < n; ++i) {
-          int64_t* row = out + 4 * i;
+          int64_t* row = out + 5 * i;
           try {
             JpegInfo info = d.read_header(views[i].data(), views[i].size());
             static const char* names[] = {"gray", "ycbcr", "rgb", "cmyk", "ycck"};
@@ -119,8 +119,9 @@ void register_header(py::module_& m) {
             row[1] = info.width;
             row[2] = cs;
             row[3] = info.channels;
+            row[4] = info.orientation;
           } catch (const DecodeError&) {
-            row[0] = row[1] = row[2] = row[3] = -1;
+            row[0] = row[1] = row[2] = row[3] = row[4] = -1;
           }
         }
       },

@@ -46,6 +46,7 @@ def decode_crop_jpeg(
     dct_scaling: bool = True,
     backend: str = "auto",
     device: Any = "cpu",
+    apply_exif_orientation: bool = False,
 ) -> torch.Tensor:
     """Decodes only the window ``[top, top + height) x [left, left + width)`` of a JPEG.
 
@@ -69,6 +70,8 @@ def decode_crop_jpeg(
         backend: ``"auto"`` (CPU core for CPU outputs; DALI, else nvJPEG, for CUDA outputs),
             ``"cpu"``, ``"dali"`` or ``"nvjpeg"``; see :func:`decode_crop_jpegs`.
         device: where the result lives (``"cpu"`` or a CUDA device).
+        apply_exif_orientation: the box is in the displayed frame (EXIF orientation applied, as
+            ``PIL.ImageOps.exif_transpose``) and so is the result.
 
     Returns:
         torch.Tensor: uint8 ``[C, height, width]`` (or ``[C, *size]``) on ``device``, values
@@ -90,6 +93,10 @@ def decode_crop_jpeg(
     box = (int(top), int(left), int(height), int(width))
     out_hw = _as_size(size) if size is not None else (box[2], box[3])
     device = torch.device(device)
+    if apply_exif_orientation:
+        batch = decode_crop_jpegs([data], [box], size=size, mode=mode, strict=strict, dct_scaling=dct_scaling,
+                                  backend=backend, device=device, apply_exif_orientation=True)
+        return batch.images[0]
     if backend != "cpu" or device.type != "cpu":
         name = backends.resolve(backend, device)
         if name != "cpu" or device.type != "cpu":
@@ -209,6 +216,7 @@ def decode_crop_jpegs(
     dct_scaling: bool = True,
     backend: str = "auto",
     device: Any = None,
+    apply_exif_orientation: bool = False,
 ) -> DecodedBatch:
     """Decodes one crop per JPEG on the C++ thread pool, straight into one NHWC buffer.
 
@@ -238,6 +246,8 @@ def decode_crop_jpegs(
             backends hand what they cannot decode (non-JPEG, CMYK, over a limit, a failing batch)
             to the CPU core inside the same batch, reported in ``fallback``.
         device: where ``images`` live (default: ``out``'s device, else the CPU).
+        apply_exif_orientation: boxes are in the displayed frame (as ``PIL.ImageOps.exif_transpose``
+            shows the image; see :mod:`gpupipe.orientation`) and the crops come out in that frame.
 
     Returns:
         DecodedBatch: ``images`` uint8 ``[N, C, H, W]`` (channels-last, on ``device``), ``ok``,
@@ -262,24 +272,13 @@ def decode_crop_jpegs(
     channels = cpu.CHANNELS[mode]
     device = torch.device(device) if device is not None else (out.device if out is not None else torch.device("cpu"))
     name = backends.resolve(backend, device)
-    fallback: dict = {}
-    opts = dict(resize=size is not None, mode=mode, strict=strict, dct_scaling=dct_scaling)
-    if name == "cpu":
-        host_out = out if device.type == "cpu" else None
-        nhwc = _output_buffer(host_out, n, out_hw[0], out_hw[1], channels, pin=device.type == "cuda" or None)
-        failures, warns = cpu.decode_batch_nhwc(datas, box_arr, nhwc, num_threads=num_threads or 0, **opts)
-        if device.type == "cuda":
-            dev = _output_buffer(out, n, out_hw[0], out_hw[1], channels, device=device)
-            dev.copy_(nhwc, non_blocking=True)
-            nhwc = dev
+    opts = dict(resize=size is not None, mode=mode, strict=strict, dct_scaling=dct_scaling,
+                num_threads=num_threads or 0)
+    if apply_exif_orientation:
+        nhwc = _output_buffer(out, n, out_hw[0], out_hw[1], channels, device=device)
+        failures, warns, fallback = _run_oriented(datas, box_arr, nhwc, name, device, opts)
     else:
-        from gpupipe._backends import dali, nvjpeg
-
-        module = dali if name == "dali" else nvjpeg
-        nhwc = _output_buffer(out, n, out_hw[0], out_hw[1], channels, device=device, pin=False)
-        buffers = [as_buffer(d, f"datas[{i}]") for i, d in enumerate(datas)]
-        failures, warns, fallback = module.decode_batch_nhwc(buffers, box_arr, nhwc, num_threads=num_threads or 0,
-                                                             device=device, **opts)
+        nhwc, failures, warns, fallback = _run_backend(datas, box_arr, out_hw, channels, out, name, device, opts)
     ok = torch.ones(n, dtype=torch.bool)
     if failures:
         ok[list(failures)] = False
@@ -305,3 +304,58 @@ def decode_crop_jpegs(
         fallback=fallback,
         backend=name,
     )
+
+
+def _run_backend(datas, box_arr, out_hw, channels, out, name, device, opts):
+    """Decodes with one backend into ``out`` (or a new buffer) on ``device``.
+    Returns (nhwc, failures {i: (class, message)}, warnings {i: message}, fallback {i: reason})."""
+    n = len(datas)
+    num_threads = opts.pop("num_threads", 0)
+    if name == "cpu":
+        host_out = out if device.type == "cpu" else None
+        nhwc = _output_buffer(host_out, n, out_hw[0], out_hw[1], channels, pin=device.type == "cuda" or None)
+        failures, warns = cpu.decode_batch_nhwc(datas, box_arr, nhwc, num_threads=num_threads, **opts)
+        if device.type == "cuda":
+            dev = _output_buffer(out, n, out_hw[0], out_hw[1], channels, device=device)
+            dev.copy_(nhwc, non_blocking=True)
+            nhwc = dev
+        return nhwc, failures, warns, {}
+    from gpupipe._backends import dali, nvjpeg
+
+    module = dali if name == "dali" else nvjpeg
+    nhwc = _output_buffer(out, n, out_hw[0], out_hw[1], channels, device=device, pin=False)
+    buffers = [as_buffer(d, f"datas[{i}]") for i, d in enumerate(datas)]
+    failures, warns, fallback = module.decode_batch_nhwc(buffers, box_arr, nhwc, num_threads=num_threads,
+                                                         device=device, **opts)
+    return nhwc, failures, warns, fallback
+
+
+def _run_oriented(datas, box_arr, nhwc, name, device, opts):
+    """Displayed-frame boxes: each EXIF orientation group is decoded in the stored frame (height and
+    width swapped for the transposing ones) and turned into the displayed frame into its slots.
+    Returns (failures, warnings, fallback) by original index."""
+    from gpupipe import orientation
+    from gpupipe._backends import hybrid
+
+    buffers = [as_buffer(d, f"datas[{i}]") for i, d in enumerate(datas)]
+    infos = hybrid.header_infos(buffers)
+    orient = np.where(infos[:, 4] >= 1, infos[:, 4], 1)
+    stored = orientation.stored_boxes(box_arr, orient, infos[:, 0], infos[:, 1])
+    out_hw = tuple(nhwc.shape[1:3])
+    failures, warns, fallback = {}, {}, {}
+    transposed = np.isin(orient, orientation.TRANSPOSED)
+    for swapped in (False, True):
+        idx = np.flatnonzero(transposed == swapped)
+        if len(idx) == 0:
+            continue
+        sub_hw = (out_hw[1], out_hw[0]) if swapped else out_hw
+        sub, f, w, fb = _run_backend([buffers[i] for i in idx], np.ascontiguousarray(stored[idx]), sub_hw,
+                                     nhwc.shape[3], None, name, device, dict(opts))
+        for o in np.unique(orient[idx]):
+            sel = np.flatnonzero(orient[idx] == o)
+            rows = torch.from_numpy(idx[sel]).to(nhwc.device)
+            nhwc[rows] = orientation.to_display(sub[torch.from_numpy(sel).to(sub.device)], int(o)).to(nhwc.device)
+        failures.update({int(idx[k]): v for k, v in f.items()})
+        warns.update({int(idx[k]): v for k, v in w.items()})
+        fallback.update({int(idx[k]): v for k, v in fb.items()})
+    return failures, warns, fallback

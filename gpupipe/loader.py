@@ -90,6 +90,8 @@ class Loader:
             images, ``"raise"`` raises naming the sample's key. Every failure is in ``stats()``.
         rank, world_size: default to the ``torch.distributed`` process group's.
         progress: show a tqdm bar.
+        apply_exif_orientation: crop in the displayed frame (``PIL.ImageOps.exif_transpose``):
+            boxes are drawn from displayed sizes and crops come out upright.
 
     Yields:
         ``(images, labels)``: images uint8 ``[N, 3, H, W]`` (channels-last) on ``device`` without
@@ -100,7 +102,7 @@ class Loader:
                  device: Any = "cpu", backend: str = "auto", shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, num_threads: Optional[int] = None, prefetch: int = 2,
                  on_error: str = "skip", rank: Optional[int] = None, world_size: Optional[int] = None,
-                 progress: bool = False, io_threads: int = 4):
+                 progress: bool = False, io_threads: int = 4, apply_exif_orientation: bool = False):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if not isinstance(crop, CropSampler):
@@ -129,6 +131,7 @@ class Loader:
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is not in [0, {self.world_size})")
         self.progress = progress
+        self.apply_exif_orientation = apply_exif_orientation
         self.io_threads = max(1, int(io_threads))
         self.epoch = 0
         self._stats = _Stats()
@@ -322,7 +325,13 @@ class _Pipeline:
             if isinstance(d, BaseException):
                 errors[i] = f"read error: {d}"
                 datas[i] = b""
-        sizes = np.ascontiguousarray(hybrid.header_infos(datas)[:, :2])
+        infos = hybrid.header_infos(datas)
+        sizes = np.ascontiguousarray(infos[:, :2])
+        if l.apply_exif_orientation:
+            from gpupipe.orientation import display_sizes
+
+            dh, dw = display_sizes(sizes[:, 0], sizes[:, 1], np.where(infos[:, 4] > 0, infos[:, 4], 1))
+            sizes = np.ascontiguousarray(np.where(sizes >= 0, np.stack([dh, dw], axis=1), sizes))
         fallback = {}
         for i in np.flatnonzero(sizes[:, 0] < 0):
             d = datas[i]
@@ -332,6 +341,10 @@ class _Pipeline:
                 from PIL import Image
 
                 img = Image.open(io.BytesIO(d))
+                if l.apply_exif_orientation:
+                    from PIL import ImageOps
+
+                    img = ImageOps.exif_transpose(img)
                 fallback[int(i)] = img
                 sizes[i] = (img.height, img.width)
             except Exception as e:  # not an image Pillow knows either
@@ -346,7 +359,13 @@ class _Pipeline:
         boxes = np.ascontiguousarray(l.crop.boxes(safe[:, 0], safe[:, 1], seed=l.seed, epoch=l.epoch, indices=idx))
         jpeg_datas = [b"" if (i in errors or i in fallback) else d for i, d in enumerate(datas)]
         opts = dict(resize=l.crop.resize, mode="rgb", strict=False, dct_scaling=True, num_threads=l.num_threads or 0)
-        if slot is not None:
+        if l.apply_exif_orientation:
+            from gpupipe.decode import _run_oriented
+
+            out = self.ring[slot][:n] if slot is not None else torch.empty((n, th, tw, 3), dtype=torch.uint8, device=l.device)
+            failures, warns, _ = _run_oriented(jpeg_datas, boxes, out, l.backend, l.device, dict(opts))
+            slot = slot if slot is not None else out
+        elif slot is not None:
             out = self.ring[slot][:n]
             failures, warns = cpu.decode_batch_nhwc(jpeg_datas, boxes, out, **opts)
         else:  # a GPU backend: decoded on the device, with its own CPU fallback inside the batch

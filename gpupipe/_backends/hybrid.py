@@ -14,8 +14,9 @@ GRAY, YCBCR, RGB, CMYK, YCCK, OTHER = range(6)
 
 
 def header_infos(datas) -> np.ndarray:
-    """int64 [N, 4]: height, width, color space code, components; -1 rows where unreadable."""
-    out = np.empty((len(datas), 4), dtype=np.int64)
+    """int64 [N, 5]: height, width, color space code, components, EXIF orientation; -1 rows
+    where unreadable."""
+    out = np.empty((len(datas), 5), dtype=np.int64)
     if len(datas):
         _C.read_header_infos(datas, out.ctypes.data, out.nbytes)
     return out
