@@ -7,7 +7,23 @@ import sys
 from pathlib import Path
 
 
+def bench(args: list) -> int:
+    """Forwards to benchmarks/main.py of the source checkout (benchmarks are not installed)."""
+    repo = Path(__file__).resolve().parent.parent
+    if not (repo / "benchmarks" / "main.py").exists():
+        print("python -m gpupipe bench runs from a source checkout (benchmarks/ is not installed)", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(repo))
+    from benchmarks.main import main as bench_main
+
+    bench_main(args)
+    return 0
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # its options belong to benchmarks/main.py
+        return bench(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m gpupipe")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="transcode a dataset (folder or tar shards) with restart markers, losslessly")
@@ -18,8 +34,7 @@ def main(argv=None) -> int:
     p.add_argument("--restart-mcus", type=int, default=8, help="target MCUs per interval inside rows (0: rows only)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--no-verify", action="store_true")
-    b = sub.add_parser("bench", help="the side-by-side benchmark (needs the repository's benchmarks/ folder)", add_help=False)
-    b.add_argument("args", nargs=argparse.REMAINDER)
+    sub.add_parser("bench", help="the side-by-side benchmark, options as benchmarks/main.py (source checkout)")
     args = ap.parse_args(argv)
 
     if args.command == "prepare":
@@ -33,15 +48,7 @@ def main(argv=None) -> int:
         for path, reason in report.copied:
             print(f"  copied unchanged: {path} ({reason})")
         return 0
-    repo = Path(__file__).resolve().parent.parent
-    if not (repo / "benchmarks" / "main.py").exists():
-        print("python -m gpupipe bench runs from a source checkout (benchmarks/ is not installed)", file=sys.stderr)
-        return 2
-    sys.path.insert(0, str(repo))
-    from benchmarks.main import main as bench_main
-
-    bench_main(args.args)
-    return 0
+    return bench([])
 
 
 if __name__ == "__main__":
