@@ -81,29 +81,22 @@ def decode_batch_nhwc(datas, boxes: np.ndarray, out_nhwc: torch.Tensor, *, resiz
     reason = unavailable_reason()
     if reason:
         raise RuntimeError(reason)
-    infos = hybrid.header_infos(datas)
-    eligible = hybrid.gpu_eligible(infos, boxes, datas)
-    fallback = {int(i): "not decodable by DALI with gpupipe's semantics (header, color space, a limit or the box)"
-                for i in np.flatnonzero(~eligible)}
-    gpu_idx = np.flatnonzero(eligible)
-    if len(gpu_idx):
-        threads = num_threads or _C.default_num_threads()
-        pipe = _pipeline(_bucket(len(gpu_idx)), out_nhwc.shape[1:3], resize, mode, device, threads)
+    threads = num_threads or _C.default_num_threads()
+
+    def decode(idx):
+        pipe = _pipeline(_bucket(len(idx)), out_nhwc.shape[1:3], resize, mode, device, threads)
         try:
-            pipe.feed_input("data", [np.frombuffer(datas[i], dtype=np.uint8) for i in gpu_idx])
-            pipe.feed_input("anchor", [np.array([boxes[i, 1], boxes[i, 0]], dtype=np.int64) for i in gpu_idx])  # (x, y)
-            pipe.feed_input("shape", [np.array([boxes[i, 3], boxes[i, 2]], dtype=np.int64) for i in gpu_idx])  # (w, h)
+            pipe.feed_input("data", [np.frombuffer(datas[i], dtype=np.uint8) for i in idx])
+            pipe.feed_input("anchor", [np.array([boxes[i, 1], boxes[i, 0]], dtype=np.int64) for i in idx])  # (x, y)
+            pipe.feed_input("shape", [np.array([boxes[i, 3], boxes[i, 2]], dtype=np.int64) for i in idx])  # (w, h)
             (images,) = pipe.run()
-            _copy_out(images, out_nhwc, gpu_idx)
-        except Exception as e:  # DALI fails a whole batch for one bad sample: the CPU core takes it
-            _forget(pipe)
-            msg = f"DALI failed on the batch ({type(e).__name__}: {' '.join(str(e).split())[:240]}); decoded by the CPU core"
-            fallback.update({int(i): msg for i in gpu_idx})
-            gpu_idx = gpu_idx[:0]
-    cpu_idx = sorted(fallback)
-    failures, warns = hybrid.cpu_subset(datas, boxes, cpu_idx, out_nhwc, resize=resize, mode=mode, strict=strict,
-                                        dct_scaling=dct_scaling, num_threads=num_threads or 0)
-    return failures, warns, {i: m for i, m in fallback.items() if i not in failures}
+        except Exception:
+            _forget(pipe)  # a pipeline that failed is not reused
+            raise
+        _copy_out(images, out_nhwc, idx)
+
+    return hybrid.decode_with_fallback("DALI", decode, datas, boxes, out_nhwc, resize=resize, mode=mode, strict=strict,
+                                       dct_scaling=dct_scaling, num_threads=num_threads)
 
 
 def _copy_out(images, out_nhwc: torch.Tensor, idx: np.ndarray) -> None:

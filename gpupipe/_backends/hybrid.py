@@ -56,3 +56,25 @@ def cpu_subset(datas, boxes, indices, out_nhwc: torch.Tensor, *, resize, mode, s
                                             num_threads=num_threads)
     out_nhwc[torch.from_numpy(idx).to(out_nhwc.device)] = tmp.to(out_nhwc.device, non_blocking=True)
     return ({int(idx[i]): f for i, f in failures.items()}, {int(idx[i]): m for i, m in warns.items()})
+
+
+def decode_with_fallback(name: str, gpu_decode, datas, boxes: np.ndarray, out_nhwc: torch.Tensor, *, resize, mode,
+                         strict, dct_scaling, num_threads):
+    """The frame every GPU backend shares: samples it cannot take (see gpu_eligible) and, when
+    ``gpu_decode(indices)`` raises, the whole batch go to the CPU core inside the same batch.
+
+    Returns (failures, warnings, fallback) dicts by index; ``fallback`` names what the CPU core
+    decoded and why."""
+    eligible = gpu_eligible(header_infos(datas), boxes, datas)
+    fallback = {int(i): f"not decodable by {name} with gpupipe's semantics (header, color space, a limit or the box)"
+                for i in np.flatnonzero(~eligible)}
+    gpu_idx = np.flatnonzero(eligible)
+    if len(gpu_idx):
+        try:
+            gpu_decode(gpu_idx)
+        except Exception as e:  # GPU decoders fail a whole batch for one bad sample
+            msg = f"{name} failed on the batch ({type(e).__name__}: {' '.join(str(e).split())[:240]}); decoded by the CPU core"
+            fallback.update({int(i): msg for i in gpu_idx})
+    failures, warns = cpu_subset(datas, boxes, sorted(fallback), out_nhwc, resize=resize, mode=mode, strict=strict,
+                                 dct_scaling=dct_scaling, num_threads=num_threads or 0)
+    return failures, warns, {i: m for i, m in fallback.items() if i not in failures}

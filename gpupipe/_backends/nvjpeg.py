@@ -31,27 +31,19 @@ def decode_batch_nhwc(datas, boxes: np.ndarray, out_nhwc: torch.Tensor, *, resiz
     from torchvision.io import ImageReadMode, decode_jpeg
     from torchvision.transforms.v2 import functional as F
 
-    infos = hybrid.header_infos(datas)
-    eligible = hybrid.gpu_eligible(infos, boxes, datas)
-    fallback = {int(i): "not decodable by nvJPEG with gpupipe's semantics (header, color space, a limit or the box)"
-                for i in np.flatnonzero(~eligible)}
-    gpu_idx = np.flatnonzero(eligible)
-    if len(gpu_idx):
-        read_mode = ImageReadMode.RGB if mode == "rgb" else ImageReadMode.GRAY
-        tensors = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in gpu_idx]
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)
-                decoded = decode_jpeg(tensors, mode=read_mode, device=device)
-            for k, i in enumerate(gpu_idx):
-                t, l, h, w = (int(v) for v in boxes[i])
-                crop = decoded[k][:, t:t + h, l:l + w]
-                if resize:
-                    crop = F.resize(crop, list(out_nhwc.shape[1:3]), antialias=True)
-                out_nhwc[i] = crop.permute(1, 2, 0)
-        except Exception as e:
-            msg = f"nvJPEG failed on the batch ({type(e).__name__}: {' '.join(str(e).split())[:240]}); decoded by the CPU core"
-            fallback.update({int(i): msg for i in gpu_idx})
-    failures, warns = hybrid.cpu_subset(datas, boxes, sorted(fallback), out_nhwc, resize=resize, mode=mode,
-                                        strict=strict, dct_scaling=dct_scaling, num_threads=num_threads or 0)
-    return failures, warns, {i: m for i, m in fallback.items() if i not in failures}
+    read_mode = ImageReadMode.RGB if mode == "rgb" else ImageReadMode.GRAY
+
+    def decode(idx):
+        tensors = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in idx]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            decoded = decode_jpeg(tensors, mode=read_mode, device=device)
+        for k, i in enumerate(idx):
+            t, l, h, w = (int(v) for v in boxes[i])
+            crop = decoded[k][:, t:t + h, l:l + w]
+            if resize:
+                crop = F.resize(crop, list(out_nhwc.shape[1:3]), antialias=True)
+            out_nhwc[i] = crop.permute(1, 2, 0)
+
+    return hybrid.decode_with_fallback("nvJPEG", decode, datas, boxes, out_nhwc, resize=resize, mode=mode,
+                                       strict=strict, dct_scaling=dct_scaling, num_threads=num_threads)
