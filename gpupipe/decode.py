@@ -310,6 +310,7 @@ def _run_backend(datas, box_arr, out_hw, channels, out, name, device, opts):
     """Decodes with one backend into ``out`` (or a new buffer) on ``device``.
     Returns (nhwc, failures {i: (class, message)}, warnings {i: message}, fallback {i: reason})."""
     n = len(datas)
+    opts = dict(opts)
     num_threads = opts.pop("num_threads", 0)
     if name == "cpu":
         host_out = out if device.type == "cpu" else None
@@ -350,7 +351,7 @@ def _run_oriented(datas, box_arr, nhwc, name, device, opts):
             continue
         sub_hw = (out_hw[1], out_hw[0]) if swapped else out_hw
         sub, f, w, fb = _run_backend([buffers[i] for i in idx], np.ascontiguousarray(stored[idx]), sub_hw,
-                                     nhwc.shape[3], None, name, device, dict(opts))
+                                     nhwc.shape[3], None, name, device, opts)
         for o in np.unique(orient[idx]):
             sel = np.flatnonzero(orient[idx] == o)
             rows = torch.from_numpy(idx[sel]).to(nhwc.device)

@@ -20,7 +20,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from gpupipe._backends import cpu, hybrid
+from gpupipe._backends import hybrid
 from gpupipe._errors import DecompressionBombError, JpegError
 from gpupipe.crops import CropSampler
 from gpupipe.sources import MapSource, TarShards
@@ -359,22 +359,18 @@ class _Pipeline:
         boxes = np.ascontiguousarray(l.crop.boxes(safe[:, 0], safe[:, 1], seed=l.seed, epoch=l.epoch, indices=idx))
         jpeg_datas = [b"" if (i in errors or i in fallback) else d for i, d in enumerate(datas)]
         opts = dict(resize=l.crop.resize, mode="rgb", strict=False, dct_scaling=True, num_threads=l.num_threads or 0)
+        # The CPU core decodes into the host ring (the consumer moves it); GPU backends decode on the
+        # device into a batch of their own, which then travels instead of a ring slot.
+        from gpupipe.decode import _run_backend, _run_oriented
+
+        decode_device = torch.device("cpu") if l.backend == "cpu" else l.device
+        out = self.ring[slot][:n] if slot is not None else torch.empty((n, th, tw, 3), dtype=torch.uint8, device=decode_device)
         if l.apply_exif_orientation:
-            from gpupipe.decode import _run_oriented
-
-            out = self.ring[slot][:n] if slot is not None else torch.empty((n, th, tw, 3), dtype=torch.uint8, device=l.device)
-            failures, warns, _ = _run_oriented(jpeg_datas, boxes, out, l.backend, l.device, dict(opts))
-            slot = slot if slot is not None else out
-        elif slot is not None:
-            out = self.ring[slot][:n]
-            failures, warns = cpu.decode_batch_nhwc(jpeg_datas, boxes, out, **opts)
-        else:  # a GPU backend: decoded on the device, with its own CPU fallback inside the batch
-            from gpupipe._backends import dali, nvjpeg
-
-            module = dali if l.backend == "dali" else nvjpeg
-            out = torch.empty((n, th, tw, 3), dtype=torch.uint8, device=l.device)
-            failures, warns, gpu_fallback = module.decode_batch_nhwc(jpeg_datas, boxes, out, device=l.device, **opts)
-            slot = out  # the batch itself travels instead of a ring slot
+            failures, warns, _ = _run_oriented(jpeg_datas, boxes, out, l.backend, decode_device, opts)
+        else:
+            _, failures, warns, _ = _run_backend(jpeg_datas, boxes, (th, tw), 3, out, l.backend, decode_device, opts)
+        if slot is None:
+            slot = out
         for i, (_, msg) in failures.items():
             if i not in errors and i not in fallback:
                 errors[i] = msg
