@@ -8,21 +8,10 @@
 #include <jpeglib.h>
 
 #include "errors.h"
+#include "jpeg_error.h"
 
 namespace gpupipe {
 namespace {
-
-struct EncodeErrorMgr {
-  jpeg_error_mgr pub;
-  jmp_buf jump;
-  char message[JMSG_LENGTH_MAX];
-};
-
-void on_encode_error(j_common_ptr cinfo) {
-  auto* e = reinterpret_cast<EncodeErrorMgr*>(cinfo->err);
-  (*cinfo->err->format_message)(cinfo, e->message);
-  longjmp(e->jump, 1);
-}
 
 struct EncodeJob {
   const uint8_t* pixels;
@@ -34,7 +23,7 @@ struct EncodeJob {
 };
 
 // setjmp frame: owns no destructible objects.
-bool guarded_encode(jpeg_compress_struct* cinfo, EncodeErrorMgr* err, EncodeJob* job) {
+bool guarded_encode(jpeg_compress_struct* cinfo, JpegErrorMgr* err, EncodeJob* job) {
   if (setjmp(err->jump)) return false;
   jpeg_create_compress(cinfo);
   jpeg_mem_dest(cinfo, &job->buffer, &job->size);
@@ -100,9 +89,8 @@ std::vector<uint8_t> encode_jpeg(const uint8_t* pixels, int height, int width, i
 
   jpeg_compress_struct cinfo;
   std::memset(&cinfo, 0, sizeof(cinfo));
-  EncodeErrorMgr err;
-  cinfo.err = jpeg_std_error(&err.pub);
-  err.pub.error_exit = on_encode_error;
+  JpegErrorMgr err;
+  install_error_mgr(&cinfo, &err);
   const bool ok = guarded_encode(&cinfo, &err, &job);
   jpeg_destroy_compress(&cinfo);
   std::vector<uint8_t> result;

@@ -9,6 +9,7 @@
 #include <jpeglib.h>
 
 #include "errors.h"
+#include "jpeg_error.h"
 
 namespace gpupipe {
 
@@ -111,18 +112,6 @@ void build_sub_jpeg(const uint8_t* d, const RestartLayout& L, int row0, int row1
 
 namespace {
 
-struct TranscodeErrorMgr {
-  jpeg_error_mgr pub;
-  jmp_buf jump;
-  char message[JMSG_LENGTH_MAX];
-};
-
-void on_transcode_error(j_common_ptr cinfo) {
-  auto* e = reinterpret_cast<TranscodeErrorMgr*>(cinfo->err);
-  (*cinfo->err->format_message)(cinfo, e->message);
-  longjmp(e->jump, 1);
-}
-
 struct TranscodeJob {
   const uint8_t* data;
   size_t size;
@@ -132,7 +121,7 @@ struct TranscodeJob {
 };
 
 // setjmp frame: owns no destructible objects.
-bool guarded_transcode(jpeg_decompress_struct* src, jpeg_compress_struct* dst, TranscodeErrorMgr* err,
+bool guarded_transcode(jpeg_decompress_struct* src, jpeg_compress_struct* dst, JpegErrorMgr* err,
                        TranscodeJob* job) {
   if (setjmp(err->jump)) return false;
   jpeg_create_decompress(src);
@@ -189,10 +178,9 @@ std::vector<uint8_t> transcode_with_restarts(const uint8_t* data, size_t size, i
   jpeg_compress_struct dst;
   std::memset(&src, 0, sizeof(src));
   std::memset(&dst, 0, sizeof(dst));
-  TranscodeErrorMgr err;
-  src.err = jpeg_std_error(&err.pub);
+  JpegErrorMgr err;  // one manager for both objects: an error in either lands in the same frame
+  install_error_mgr(&src, &err);
   dst.err = src.err;
-  err.pub.error_exit = on_transcode_error;
   TranscodeJob job{data, size, restart_rows, restart_mcus, nullptr, 0};
   const bool ok = guarded_transcode(&src, &dst, &err, &job);
   jpeg_destroy_compress(&dst);
