@@ -236,30 +236,6 @@ void register_restarts(py::module_& m) {
       },
       py::arg("data"), py::arg("restart_rows") = 1, py::arg("restart_mcus") = 0,
       "Lossless transcode with restart markers (identical coefficients, optimised Huffman tables).");
-  m.def(
-      "restart_layout",
-      [](py::object data) -> py::object {
-        // (mcus_per_row, mcu_rows, interval, groups_per_row) when the fast path can use the
-        // file's restart markers, else None.
-        BufferView buf(data.ptr());
-        JpegInfo info = thread_decoder().read_header(buf.data(), buf.size());
-        if (info.restart_interval <= 0 || info.progressive || info.arithmetic) return py::none();
-        int hmax = 1, vmax = 1;
-        if (info.channels > 1) {
-          if (info.subsampling == "4:2:0") { hmax = 2; vmax = 2; }
-          else if (info.subsampling == "4:2:2") { hmax = 2; }
-          else if (info.subsampling == "4:4:0") { vmax = 2; }
-          else if (info.subsampling == "4:1:1") { hmax = 4; }
-          else if (info.subsampling == "4:1:0") { hmax = 4; vmax = 2; }
-          else if (info.subsampling != "4:4:4") return py::none();
-        }
-        RestartLayout L;
-        if (!index_restarts(buf.data(), buf.size(), info.width, info.height, 8 * hmax, 8 * vmax,
-                            info.restart_interval, &L))
-          return py::none();
-        return py::make_tuple(L.mcus_per_row, L.mcu_rows, L.interval, L.groups_per_row);
-      },
-      py::arg("data"));
 }
 
 void register_runtime(py::module_& m) {
