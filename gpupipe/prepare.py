@@ -103,12 +103,12 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
     if shards is None:
         root = Path(src)
         files = sorted(p for p in root.rglob("*") if p.is_file())
+        report.files = len(files)
         if bar is not None:
             bar.reset(total=len(files))
 
         def one(path: Path):
             target = dst / path.relative_to(root)
-            report.files += 1
             if target.exists() and target.stat().st_mtime >= path.stat().st_mtime and target.stat().st_size > 0:
                 with lock:
                     report.skipped_existing += 1
