@@ -97,12 +97,11 @@ def decode_crop_jpeg(
         batch = decode_crop_jpegs([data], [box], size=size, mode=mode, strict=strict, dct_scaling=dct_scaling,
                                   backend=backend, device=device, apply_exif_orientation=True)
         return batch.images[0]
-    if backend != "cpu" or device.type != "cpu":
-        name = backends.resolve(backend, device)
-        if name != "cpu" or device.type != "cpu":
-            batch = decode_crop_jpegs([data], [box], size=size, mode=mode, strict=strict, dct_scaling=dct_scaling,
-                                      backend=name, device=device)
-            return batch.images[0]
+    name = backends.resolve(backend, device)
+    if name != "cpu" or device.type != "cpu":  # GPU backends and CUDA outputs go through the batch path
+        batch = decode_crop_jpegs([data], [box], size=size, mode=mode, strict=strict, dct_scaling=dct_scaling,
+                                  backend=name, device=device)
+        return batch.images[0]
     if torch.compiler.is_compiling():
         if not isinstance(data, torch.Tensor):
             data = torch.frombuffer(bytearray(data), dtype=torch.uint8)
