@@ -6,16 +6,12 @@
 
 #include "../cuda/fused_color.cuh"
 #include "errors.h"
+#include "multiversion.h"
 #include "thread_pool.h"
 
 namespace gpupipe {
 namespace {
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define GPUPIPE_MULTIVERSION __attribute__((target_clones("avx2", "default")))
-#else
-#define GPUPIPE_MULTIVERSION
-#endif
 
 // One output row in three simple loops the compiler vectorises: (1) gather the (mirrored) input
 // row into planar float rows, (2) apply the matrix on contiguous floats, (3) convert to the output

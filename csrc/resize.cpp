@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "multiversion.h"
+
 namespace gpupipe {
 namespace {
 
@@ -21,13 +23,7 @@ inline uint8_t clip8(int32_t v) {
   return static_cast<uint8_t>(v >> kPrecisionBits);
 }
 
-// The passes are compiled twice (AVX2 and baseline x86-64) and picked at load time, so one wheel
-// runs everywhere and still gets 8-lane integer math where the CPU has it.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define GPUPIPE_MULTIVERSION __attribute__((target_clones("avx2", "default")))
-#else
-#define GPUPIPE_MULTIVERSION
-#endif
+// The passes below are GPUPIPE_MULTIVERSION (multiversion.h): AVX2 where the CPU has it.
 
 template <int C>
 inline void horizontal_pass_impl(const uint8_t* src, size_t src_stride, int first_row, int rows, uint8_t* dst,

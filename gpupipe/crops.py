@@ -3,7 +3,8 @@
 Every sampler maps ``(heights, widths, seed, epoch, indices)`` to int64 boxes ``[N, 4]`` =
 (top, left, height, width). A box depends only on (seed, epoch, sample index), never on the batch
 it falls in, the thread count or the order of decoding: the random draws come from a counter-based
-hash (SplitMix64) of those three numbers, vectorised over the batch (no per-sample Python).
+hash of those three numbers (:func:`gpupipe.keyed.uniforms`, stream 0), vectorised over the batch
+(no per-sample Python).
 
 The parameter semantics and distributions follow torchvision's transforms (the same statistics,
 not the same random stream).
@@ -16,28 +17,9 @@ from typing import Any, Sequence, Union
 
 import numpy as np
 
+from gpupipe.keyed import uniforms
+
 Size = Union[int, Sequence[int]]
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser on uint64 arrays (wrapping arithmetic)."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-def uniforms(seed: int, epoch: int, indices: Any, count: int) -> np.ndarray:
-    """float64 ``[N, count]`` uniform draws in [0, 1), a pure function of (seed, epoch, index)."""
-    idx = np.asarray(indices, dtype=np.int64).astype(np.uint64).reshape(-1)
-    with np.errstate(over="ignore"):
-        stream = _mix(np.array([seed & (2**64 - 1)], dtype=np.uint64) + _GOLDEN)
-        stream = _mix(stream ^ (np.array([epoch & (2**64 - 1)], dtype=np.uint64) * _GOLDEN))
-        keys = _mix(stream ^ _mix(idx + _GOLDEN))
-        counters = keys[:, None] + (np.arange(1, count + 1, dtype=np.uint64) * _GOLDEN)[None, :]
-        bits = _mix(counters) >> np.uint64(11)
-    return bits.astype(np.float64) * (1.0 / 2**53)
 
 
 def _as_size(size: Size) -> tuple[int, int]:

@@ -129,3 +129,17 @@ def test_argument_validation():
     with pytest.raises(ValueError, match="indices"):
         crops.RandomCrop(1).boxes([5, 5], [5, 5], indices=[1])
     assert "RandomResizedCrop" in repr(crops.RandomResizedCrop(10))
+
+
+def test_keyed_streams_are_independent_and_stream_0_is_the_crops():
+    from gpupipe import keyed
+
+    idx = np.arange(5000)
+    base = keyed.uniforms(3, 1, idx, 2)
+    np.testing.assert_array_equal(crops.uniforms(3, 1, idx, 2), base)
+    other = keyed.uniforms(3, 1, idx, 2, stream=keyed.stream_of("BatchAugment"))
+    assert abs(np.corrcoef(base[:, 0], other[:, 0])[0, 1]) < 0.05
+    # draw k does not depend on how many draws were asked for
+    np.testing.assert_array_equal(keyed.uniforms(3, 1, idx, 5)[:, :2], base)
+    assert keyed.stream_of("x") == keyed.stream_of("x") != keyed.stream_of("y")
+    assert keyed.derive_seed(1, 0) != keyed.derive_seed(1, 1) != keyed.derive_seed(2, 0)

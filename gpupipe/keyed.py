@@ -1,0 +1,66 @@
+"""Random draws keyed by (seed, epoch, sample index): the one source of randomness for crops and
+augmentations.
+
+A draw is a counter-based hash (SplitMix64) of ``(seed, epoch, index, stream, counter)``, computed
+vectorised over a batch, so a sample's parameters never depend on the batch it falls in, the
+thread count, the backend or what ran before: ``Loader.set_epoch(e)`` reproduces epoch ``e`` in a
+fresh process, and a resumed run continues with the same draws.
+
+``stream`` separates independent consumers (the crop sampler is stream 0; each augmentation module
+uses :func:`stream_of` its own name), so adding an augmentation does not change the crops.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import numpy as np
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MASK = 2**64 - 1
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on uint64 arrays (wrapping arithmetic)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def uniforms(seed: int, epoch: int, indices: Any, count: int, *, stream: int = 0) -> np.ndarray:
+    """float64 ``[N, count]`` uniform draws in [0, 1), a pure function of (seed, epoch, index, stream).
+
+    Args:
+        seed, epoch: integers (any sign; taken modulo 2**64).
+        indices: ``N`` sample indices (the dataset index of each sample).
+        count: draws per sample; draw ``k`` of a sample does not depend on ``count``.
+        stream: an independent sequence per consumer (0: the crop samplers).
+    """
+    idx = np.asarray(indices, dtype=np.int64).astype(np.uint64).reshape(-1)
+    with np.errstate(over="ignore"):
+        key = _mix(np.array([int(seed) & _MASK], dtype=np.uint64) + _GOLDEN)
+        key = _mix(key ^ (np.array([int(epoch) & _MASK], dtype=np.uint64) * _GOLDEN))
+        if stream:
+            key = _mix(key ^ _mix(np.array([int(stream) & _MASK], dtype=np.uint64) + _GOLDEN))
+        keys = _mix(key ^ _mix(idx + _GOLDEN))
+        counters = keys[:, None] + (np.arange(1, count + 1, dtype=np.uint64) * _GOLDEN)[None, :]
+        bits = _mix(counters) >> np.uint64(11)
+    return bits.astype(np.float64) * (1.0 / 2**53)
+
+
+def stream_of(name: str) -> int:
+    """A stable stream number for a consumer's name (the same in every process and version)."""
+    return zlib.crc32(name.encode()) + 1  # never 0, the crop samplers' stream
+
+
+def derive_seed(seed: int, *keys: int) -> int:
+    """A seed for a sub-consumer (e.g. the k-th module of a chain), a pure function of its inputs."""
+    with np.errstate(over="ignore"):
+        h = _mix(np.array([int(seed) & _MASK], dtype=np.uint64) + _GOLDEN)
+        for k in keys:
+            h = _mix(h ^ (np.array([int(k) & _MASK], dtype=np.uint64) + _GOLDEN))
+    return int(h[0])
+
+
+__all__ = ["uniforms", "stream_of", "derive_seed"]
