@@ -1,51 +1,56 @@
 #include "batch_decode.h"
 
 #include <cstring>
+#include <limits>
 #include <new>
-
-#include "errors.h"
 
 namespace gpupipe {
 
+size_t slot_bytes(const DecodeRequest& r) {
+  if (r.out_height < 1 || r.out_width < 1) throw InvalidArgument("output size must be >= 1");
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(static_cast<size_t>(r.out_height), static_cast<size_t>(r.out_width), &bytes) ||
+      __builtin_mul_overflow(bytes, static_cast<size_t>(channels_of(r.mode)), &bytes))
+    throw InvalidArgument("output size " + std::to_string(r.out_height) + "x" + std::to_string(r.out_width) +
+                          " is too large");
+  return bytes;
+}
+
 std::vector<SampleStatus> decode_batch(ThreadPool* pool, const std::vector<BatchSample>& samples,
                                        const BatchOptions& options, uint8_t* out) {
-  const size_t row_bytes = static_cast<size_t>(options.out_width) * channels_of(options.mode);
-  const size_t slot_bytes = row_bytes * options.out_height;
+  const size_t slot = slot_bytes(options.request);
+  size_t total = 0;
+  if (__builtin_mul_overflow(slot, samples.size(), &total)) throw InvalidArgument("batch output is too large");
+  const size_t row_bytes = static_cast<size_t>(options.request.out_width) * channels_of(options.request.mode);
   std::vector<SampleStatus> status(samples.size());
 
   auto decode_one = [&](size_t i) {
     const BatchSample& sample = samples[i];
-    uint8_t* slot = out + i * slot_bytes;
-    DecodeRequest req;
+    uint8_t* dst = out + i * slot;
+    DecodeRequest req = options.request;
     req.box = sample.box;
-    req.out_height = options.out_height;
-    req.out_width = options.out_width;
-    req.resize = options.resize;
-    req.dct_scaling = options.dct_scaling;
-    req.mode = options.mode;
-    req.strict = options.strict;
     SampleStatus& st = status[i];
     try {
-      DecodeResult r = thread_decoder().decode(sample.data, sample.size, req, slot, row_bytes);
+      DecodeResult r = thread_decoder().decode(sample.data, sample.size, req, dst, row_bytes);
       st.message = std::move(r.warning);
       return;
     } catch (const InvalidArgument& e) {
-      st.error = SampleError::kInvalidArgument;
-      st.message = e.what();
-    } catch (const TooLarge& e) {
-      st.error = SampleError::kTooLarge;
+      st.error = ErrorKind::kInvalidArgument;
       st.message = e.what();
     } catch (const DecodeError& e) {
-      st.error = SampleError::kDecode;
+      st.error = e.kind;
       st.message = e.what();
     } catch (const std::bad_alloc&) {
-      st.error = SampleError::kInternal;
-      st.message = "out of memory";
+      st.error = ErrorKind::kMemoryLimit;
+      st.message = "out of memory while decoding";
     } catch (const std::exception& e) {
-      st.error = SampleError::kInternal;
+      st.error = ErrorKind::kInternal;
       st.message = std::string("internal error: ") + e.what();
+    } catch (...) {
+      st.error = ErrorKind::kInternal;
+      st.message = "internal error: unknown exception";
     }
-    std::memset(slot, 0, slot_bytes);
+    std::memset(dst, 0, slot);
   };
 
   if (pool == nullptr || pool->size() <= 1 || samples.size() <= 1) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "errors.h"
 #include "jpeg_decoder.h"
 #include "thread_pool.h"
 
@@ -18,21 +19,19 @@ struct BatchSample {
 };
 
 struct BatchOptions {
-  int out_height = 0, out_width = 0;
-  bool resize = false;
-  bool dct_scaling = true;
-  bool strict = false;
-  ColorMode mode = ColorMode::kRGB;
+  DecodeRequest request;  // what every sample shares (output size, resize, mode, ...); box ignored
 };
 
-enum class SampleError : int { kNone = 0, kInvalidArgument = 1, kDecode = 2, kTooLarge = 3, kInternal = 4 };
-
 struct SampleStatus {
-  SampleError error = SampleError::kNone;
+  ErrorKind error = ErrorKind::kNone;
   std::string message;  // the error, or the first libjpeg warning of a sample that decoded
 };
 
-// Decodes sample i into out + i * out_height * out_width * channels. A failed sample's slot is
+// Bytes of one output slot (out_height x out_width x channels), or InvalidArgument when the
+// output size is not positive or the product does not fit in size_t.
+size_t slot_bytes(const DecodeRequest& request);
+
+// Decodes sample i into out + i * slot_bytes(options.request). A failed sample's slot is
 // zero-filled, never left half-written. pool == nullptr decodes on the calling thread.
 std::vector<SampleStatus> decode_batch(ThreadPool* pool, const std::vector<BatchSample>& samples,
                                        const BatchOptions& options, uint8_t* out);

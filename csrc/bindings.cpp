@@ -2,13 +2,18 @@
 // the buffer protocol without a copy; outputs are written to caller-allocated memory given as a
 // raw address (a torch tensor's data_ptr) so this module needs no torch ABI. The GIL is released
 // once per call.
+#include <pybind11/native_enum.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <jpeglib.h>
 
+#include <atomic>
 #include <cstring>
+#include <iterator>
 #include <memory>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "batch_decode.h"
@@ -27,8 +32,8 @@ namespace {
 // A contiguous read-only view of any object exporting the buffer protocol, released on scope exit.
 class BufferView {
  public:
-  explicit BufferView(PyObject* obj) {
-    if (PyObject_GetBuffer(obj, &view_, PyBUF_SIMPLE) != 0) throw py::error_already_set();
+  explicit BufferView(PyObject* obj, int flags = PyBUF_SIMPLE) {
+    if (PyObject_GetBuffer(obj, &view_, flags) != 0) throw py::error_already_set();
     held_ = true;
   }
   BufferView(BufferView&& other) noexcept : view_(other.view_), held_(other.held_) {
@@ -40,18 +45,35 @@ class BufferView {
   }
   const uint8_t* data() const { return static_cast<const uint8_t*>(view_.buf); }
   size_t size() const { return static_cast<size_t>(view_.len); }
+  const Py_buffer& view() const { return view_; }
 
  private:
   Py_buffer view_{};
   bool held_ = false;
 };
 
-uint8_t* writable_address(uintptr_t address, size_t needed, size_t given) {
+size_t checked_mul(size_t a, size_t b, const char* what) {
+  size_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) throw InvalidArgument(std::string(what) + " is too large");
+  return r;
+}
+
+bool overlaps(const uint8_t* a, size_t an, const uint8_t* b, size_t bn) {
+  return an && bn && a < b + bn && b < a + an;
+}
+
+// The caller's output at `address` (a tensor's data_ptr()) of `given` bytes, checked to hold
+// `needed` bytes and to share no byte with any input.
+uint8_t* writable_address(uintptr_t address, size_t needed, size_t given, const std::vector<BufferView>& inputs = {}) {
   if (address == 0 && needed > 0) throw InvalidArgument("output address is null");
   if (given < needed)
-    throw InvalidArgument("output buffer holds " + std::to_string(given) + " bytes, " +
-                          std::to_string(needed) + " needed");
-  return reinterpret_cast<uint8_t*>(address);
+    throw InvalidArgument("output buffer holds " + std::to_string(given) + " bytes, " + std::to_string(needed) +
+                          " needed");
+  uint8_t* out = reinterpret_cast<uint8_t*>(address);
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (overlaps(out, needed, inputs[i].data(), inputs[i].size()))
+      throw InvalidArgument("the output buffer overlaps input " + std::to_string(i) + ": decode into separate memory");
+  return out;
 }
 
 ColorMode to_mode(int mode) {
@@ -59,27 +81,115 @@ ColorMode to_mode(int mode) {
   return static_cast<ColorMode>(mode);
 }
 
+// Names of the header enums, index = the enum's value (exported as _C.COLORSPACES / SUBSAMPLINGS).
+const char* const kColorSpaces[] = {"gray", "ycbcr", "rgb", "cmyk", "ycck", "unknown"};
+const char* const kSubsamplings[] = {"4:4:4", "4:2:2", "4:2:0", "4:4:0", "4:1:1", "4:1:0", "gray", "other"};
+
 py::tuple header_tuple(const JpegInfo& i) {
-  return py::make_tuple(i.height, i.width, i.channels, i.colorspace, i.subsampling, i.progressive,
-                        i.orientation, i.arithmetic, i.restart_interval, i.precision);
+  return py::make_tuple(i.height, i.width, i.channels, kColorSpaces[static_cast<int>(i.colorspace)],
+                        kSubsamplings[static_cast<int>(i.subsampling)], i.progressive, i.orientation, i.arithmetic,
+                        i.restart_interval, i.precision);
+}
+
+// Python exception classes, one per ErrorKind that is a data error (defined here, once).
+struct ErrorClasses {
+  py::object jpeg, not_jpeg, corrupt, unsupported, bomb, pixels, scans, memory;
+  py::object of(ErrorKind k) const {
+    switch (k) {
+      case ErrorKind::kNotJpeg: return not_jpeg;
+      case ErrorKind::kCorrupt: return corrupt;
+      case ErrorKind::kUnsupported: return unsupported;
+      case ErrorKind::kPixelLimit: return pixels;
+      case ErrorKind::kScanLimit: return scans;
+      case ErrorKind::kMemoryLimit: return memory;
+      case ErrorKind::kInvalidArgument: return py::reinterpret_borrow<py::object>(PyExc_ValueError);
+      case ErrorKind::kRead: return py::reinterpret_borrow<py::object>(PyExc_OSError);
+      default: return py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
+    }
+  }
+};
+ErrorClasses* g_errors = nullptr;  // set once at import; the module holds the references
+
+py::object new_error(py::module_& m, const char* name, py::handle base, const char* doc) {
+  const std::string qualified = std::string("gpupipe.") + name;
+  PyObject* cls = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, base.ptr(), nullptr);
+  if (!cls) throw py::error_already_set();
+  py::object obj = py::reinterpret_steal<py::object>(cls);
+  m.attr(name) = obj;
+  return obj;
 }
 
 void register_errors(py::module_& m) {
-  static py::exception<DecodeError> jpeg_error(m, "JpegError", PyExc_RuntimeError);
-  static py::exception<TooLarge> bomb_error(m, "DecompressionBombError", jpeg_error.ptr());
-  // Translators run newest first: the derived TooLarge must be registered after DecodeError.
+  py::native_enum<ErrorKind>(m, "ErrorKind", "enum.IntEnum",
+                             "Why a sample failed; the one list of error kinds (csrc/errors.h).")
+      .value("NONE", ErrorKind::kNone)
+      .value("INVALID_ARGUMENT", ErrorKind::kInvalidArgument)
+      .value("NOT_JPEG", ErrorKind::kNotJpeg)
+      .value("CORRUPT", ErrorKind::kCorrupt)
+      .value("UNSUPPORTED", ErrorKind::kUnsupported)
+      .value("PIXEL_LIMIT", ErrorKind::kPixelLimit)
+      .value("SCAN_LIMIT", ErrorKind::kScanLimit)
+      .value("MEMORY_LIMIT", ErrorKind::kMemoryLimit)
+      .value("INTERNAL", ErrorKind::kInternal)
+      .value("READ", ErrorKind::kRead)
+      .finalize();
+  auto* e = new ErrorClasses();  // lives as long as the process (the module is never unloaded)
+  e->jpeg = new_error(m, "JpegError", PyExc_RuntimeError,
+                      "The data is not a decodable JPEG (or is refused by a limit); the message is libjpeg's.");
+  e->not_jpeg = new_error(m, "NotAJpegError", e->jpeg, "Not a JPEG: no JPEG signature, or empty input.");
+  e->corrupt = new_error(m, "CorruptJpegError", e->jpeg,
+                         "Corrupt or truncated JPEG data (with strict=True, also recoverable corruption).");
+  e->unsupported = new_error(m, "UnsupportedJpegError", e->jpeg,
+                             "A valid JPEG of a kind libjpeg-turbo 2.x does not decode (12-bit, lossless, ...).");
+  e->bomb = new_error(m, "DecompressionBombError", e->jpeg,
+                      "Refused by a limit of gpupipe.set_limits (a possible decompression bomb).");
+  e->pixels = new_error(m, "PixelLimitError", e->bomb, "More pixels than max_pixels.");
+  e->scans = new_error(m, "ScanLimitError", e->bomb, "A progressive JPEG with more scans than max_scans.");
+  e->memory = new_error(m, "MemoryLimitError", e->bomb, "The decode needs more working memory than max_memory.");
+  g_errors = e;
+  py::dict classes;
+  for (int k = static_cast<int>(ErrorKind::kInvalidArgument); k <= static_cast<int>(ErrorKind::kRead); ++k)
+    classes[py::cast(static_cast<ErrorKind>(k))] = e->of(static_cast<ErrorKind>(k));
+  m.attr("ERROR_CLASSES") = classes;
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
-    } catch (const TooLarge& e) {
-      py::set_error(bomb_error, e.what());
-    } catch (const DecodeError& e) {
-      py::set_error(jpeg_error, e.what());
+    } catch (const DecodeError& err) {
+      py::set_error(g_errors->of(err.kind), err.what());
+    } catch (const InternalError& err) {
+      py::set_error(PyExc_RuntimeError, (std::string("gpupipe internal error: ") + err.what()).c_str());
     }
   });
 }
 
+// Columns of read_header_infos (exported as _C.INFO_COLUMNS).
+const char* const kInfoColumns[] = {"height", "width", "colorspace", "channels", "orientation", "progressive",
+                                    "scans", "error"};
+constexpr size_t kInfoWidth = sizeof(kInfoColumns) / sizeof(kInfoColumns[0]);
+
+// SOS markers in a progressive file (a scan bomb has thousands); FF DA cannot occur inside
+// entropy-coded data (FF is stuffed), so counting marker pairs counts scans.
+int64_t count_scans(const uint8_t* d, size_t n) {
+  int64_t scans = 0;
+  for (size_t p = 0; p + 1 < n;) {
+    const void* hit = std::memchr(d + p, 0xFF, n - p - 1);
+    if (!hit) break;
+    p = static_cast<const uint8_t*>(hit) - d;
+    scans += d[p + 1] == 0xDA;
+    ++p;
+  }
+  return scans;
+}
+
 void register_header(py::module_& m) {
+  py::tuple colorspaces(std::size(kColorSpaces)), subsamplings(std::size(kSubsamplings)), columns(kInfoWidth);
+  for (size_t i = 0; i < std::size(kColorSpaces); ++i) colorspaces[i] = kColorSpaces[i];
+  for (size_t i = 0; i < std::size(kSubsamplings); ++i) subsamplings[i] = kSubsamplings[i];
+  for (size_t i = 0; i < kInfoWidth; ++i) columns[i] = kInfoColumns[i];
+  m.attr("COLORSPACES") = colorspaces;
+  m.attr("SUBSAMPLINGS") = subsamplings;
+  m.attr("INFO_COLUMNS") = columns;
+
   m.def(
       "read_header",
       [](py::object data) {
@@ -98,83 +208,125 @@ void register_header(py::module_& m) {
   m.def(
       "read_header_infos",
       [](py::sequence datas, uintptr_t out_address, size_t out_nbytes) {
-        // int64 [N, 5]: height, width, color space (0 gray, 1 ycbcr, 2 rgb, 3 cmyk, 4 ycck,
-        // 5 other), components, EXIF orientation; all -1 where the header cannot be read.
+        // int64 [N, len(INFO_COLUMNS)] rows; where a header cannot be read, height..scans are -1,
+        // `error` its ErrorKind, and the message is in the returned [(index, kind, message)].
         const size_t n = py::len(datas);
         std::vector<BufferView> views;
         views.reserve(n);
         for (size_t i = 0; i < n; ++i) views.emplace_back(datas[i].ptr());
-        int64_t* out = reinterpret_cast<int64_t*>(writable_address(out_address, n * 40, out_nbytes));
-        py::gil_scoped_release release;
-        Decoder& d = thread_decoder();
-        for (size_t i = 0; i < n; ++i) {
-          int64_t* row = out + 5 * i;
-          try {
-            JpegInfo info = d.read_header(views[i].data(), views[i].size());
-            static const char* names[] = {"gray", "ycbcr", "rgb", "cmyk", "ycck"};
-            int64_t cs = 5;
-            for (int k = 0; k < 5; ++k)
-              if (info.colorspace == names[k]) cs = k;
-            row[0] = info.height;
-            row[1] = info.width;
-            row[2] = cs;
-            row[3] = info.channels;
-            row[4] = info.orientation;
-          } catch (const DecodeError&) {
-            row[0] = row[1] = row[2] = row[3] = row[4] = -1;
+        const size_t needed = checked_mul(n, kInfoWidth * sizeof(int64_t), "the header table");
+        if (out_address % alignof(int64_t)) throw InvalidArgument("the header table must be 8-byte aligned");
+        int64_t* out = reinterpret_cast<int64_t*>(writable_address(out_address, needed, out_nbytes, views));
+        std::vector<std::tuple<size_t, ErrorKind, std::string>> failures;
+        {
+          py::gil_scoped_release release;
+          Decoder& d = thread_decoder();
+          for (size_t i = 0; i < n; ++i) {
+            int64_t* row = out + kInfoWidth * i;
+            try {
+              const JpegInfo info = d.read_header(views[i].data(), views[i].size());
+              row[0] = info.height;
+              row[1] = info.width;
+              row[2] = static_cast<int64_t>(info.colorspace);
+              row[3] = info.channels;
+              row[4] = info.orientation;
+              row[5] = info.progressive;
+              row[6] = info.progressive ? count_scans(views[i].data(), views[i].size()) : 1;
+              row[7] = static_cast<int64_t>(ErrorKind::kNone);
+            } catch (const DecodeError& e) {
+              for (size_t c = 0; c + 1 < kInfoWidth; ++c) row[c] = -1;
+              row[7] = static_cast<int64_t>(e.kind);
+              failures.emplace_back(i, e.kind, e.what());
+            }
           }
         }
+        py::list result;
+        for (auto& [i, kind, message] : failures) result.append(py::make_tuple(i, kind, message));
+        return result;
       },
-      py::arg("datas"), py::arg("out_address"), py::arg("out_nbytes"));
+      py::arg("datas"), py::arg("out_address"), py::arg("out_nbytes"),
+      "Reads every header of a batch into an int64 [N, len(INFO_COLUMNS)] table at out_address "
+      "(GIL released once); returns [(index, ErrorKind, message)] for unreadable headers.");
+}
+
+// Boxes of a batch from an int64 or float64 [N, 4] C-contiguous buffer (read without assuming
+// alignment).
+std::vector<Box> read_boxes(py::handle boxes, size_t n) {
+  BufferView view(boxes.ptr(), PyBUF_FORMAT | PyBUF_C_CONTIGUOUS);
+  const Py_buffer& v = view.view();
+  const std::string format = v.format ? v.format : "B";
+  const bool is_int = v.itemsize == 8 && (format == "q" || format == "l" || format == "<q" || format == "<l" ||
+                                          format == "=q" || format == "=l");
+  const bool is_float = v.itemsize == 8 && (format == "d" || format == "<d" || format == "=d");
+  if ((!is_int && !is_float) || view.size() != checked_mul(n, 32, "boxes"))
+    throw InvalidArgument("boxes must be a C-contiguous int64 or float64 array of shape [" + std::to_string(n) +
+                          ", 4]");
+  std::vector<Box> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    double b[4];
+    for (int k = 0; k < 4; ++k) {
+      if (is_int) {
+        int64_t x;
+        std::memcpy(&x, view.data() + 8 * (4 * i + k), 8);
+        b[k] = static_cast<double>(x);
+      } else {
+        std::memcpy(&b[k], view.data() + 8 * (4 * i + k), 8);
+      }
+    }
+    out[i] = Box{b[0], b[1], b[2], b[3]};
+  }
+  return out;
+}
+
+DecodeRequest make_request(int out_height, int out_width, bool resize, int mode, bool strict, bool dct_scaling) {
+  DecodeRequest req;
+  req.out_height = out_height;
+  req.out_width = out_width;
+  req.resize = resize;
+  req.mode = to_mode(mode);
+  req.strict = strict;
+  req.dct_scaling = dct_scaling;
+  return req;
 }
 
 void register_decode(py::module_& m) {
   m.def(
       "decode_into",
-      [](py::object data, uintptr_t out_address, size_t out_nbytes, int64_t top, int64_t left,
-         int64_t height, int64_t width, int out_height, int out_width, bool resize, int mode,
-         bool strict, bool dct_scaling, int scale_num, bool scaled_box, bool use_restarts) {
-        BufferView buf(data.ptr());
-        DecodeRequest req;
+      [](py::object data, uintptr_t out_address, size_t out_nbytes, double top, double left, double height,
+         double width, int out_height, int out_width, bool resize, int mode, bool strict, bool dct_scaling,
+         int scale_num, bool scaled_box, bool use_restarts) {
+        std::vector<BufferView> input;
+        input.emplace_back(data.ptr());
+        DecodeRequest req = make_request(out_height, out_width, resize, mode, strict, dct_scaling);
         req.box = Box{top, left, height, width};
-        req.out_height = out_height;
-        req.out_width = out_width;
-        req.resize = resize;
-        req.mode = to_mode(mode);
-        req.strict = strict;
-        req.dct_scaling = dct_scaling;
         req.force_scale_num = scale_num;
         req.scaled_box = scaled_box;
         req.use_restarts = use_restarts;
+        // An empty output size is reported by the decoder, after the box (the more useful message).
+        const size_t needed = out_height > 0 && out_width > 0 ? slot_bytes(req) : 0;
+        uint8_t* out = writable_address(out_address, needed, out_nbytes, input);
         const size_t row = static_cast<size_t>(out_width) * channels_of(req.mode);
-        uint8_t* out = writable_address(out_address, row * out_height, out_nbytes);
         DecodeResult r;
         {
           py::gil_scoped_release release;
-          r = thread_decoder().decode(buf.data(), buf.size(), req, out, row);
+          r = thread_decoder().decode(input[0].data(), input[0].size(), req, out, row);
         }
-        return py::make_tuple(r.warning.empty() ? py::object(py::none()) : py::str(r.warning),
-                              r.scale_num, r.restart_path);
+        return py::make_tuple(r.warning.empty() ? py::object(py::none()) : py::str(r.warning), r.scale_num,
+                              r.restart_path);
       },
-      py::arg("data"), py::arg("out_address"), py::arg("out_nbytes"), py::arg("top"),
-      py::arg("left"), py::arg("height"), py::arg("width"), py::arg("out_height"),
-      py::arg("out_width"), py::arg("resize") = false, py::arg("mode") = 0,
-      py::arg("strict") = false, py::arg("dct_scaling") = true, py::arg("scale_num") = 0,
+      py::arg("data"), py::arg("out_address"), py::arg("out_nbytes"), py::arg("top"), py::arg("left"),
+      py::arg("height"), py::arg("width"), py::arg("out_height"), py::arg("out_width"), py::arg("resize") = false,
+      py::arg("mode") = 0, py::arg("strict") = false, py::arg("dct_scaling") = true, py::arg("scale_num") = 0,
       py::arg("scaled_box") = false, py::arg("use_restarts") = true,
       "Decodes one crop (optionally resized) into out_height x out_width x C uint8 at "
       "out_address. Returns (warning or None, scale_num used, restart fast path used).");
 
   m.def(
       "decode_batch_into",
-      [](py::sequence datas, py::object boxes, uintptr_t out_address, size_t out_nbytes,
-         int out_height, int out_width, bool resize, int mode, bool strict, bool dct_scaling,
-         int num_threads) {
+      [](py::sequence datas, py::object boxes, uintptr_t out_address, size_t out_nbytes, int out_height,
+         int out_width, bool resize, int mode, bool strict, bool dct_scaling, int num_threads) {
         const size_t n = py::len(datas);
-        BufferView box_view(boxes.ptr());
-        if (box_view.size() != n * 4 * sizeof(int64_t))
-          throw InvalidArgument("boxes must be a contiguous int64 array of shape [" +
-                                std::to_string(n) + ", 4]");
-        const int64_t* b = reinterpret_cast<const int64_t*>(box_view.data());
+        const std::vector<Box> box = read_boxes(boxes, n);
         std::vector<BufferView> views;
         views.reserve(n);
         std::vector<BatchSample> samples(n);
@@ -182,18 +334,15 @@ void register_decode(py::module_& m) {
           views.emplace_back(datas[i].ptr());
           samples[i].data = views.back().data();
           samples[i].size = views.back().size();
-          samples[i].box = Box{b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]};
+          samples[i].box = box[i];
         }
         BatchOptions opt;
-        opt.out_height = out_height;
-        opt.out_width = out_width;
-        opt.resize = resize;
-        opt.mode = to_mode(mode);
-        opt.strict = strict;
-        opt.dct_scaling = dct_scaling;
-        if (out_height < 1 || out_width < 1) throw InvalidArgument("output size must be >= 1");
-        const size_t slot = static_cast<size_t>(out_height) * out_width * channels_of(opt.mode);
-        uint8_t* out = writable_address(out_address, slot * n, out_nbytes);
+        opt.request = make_request(out_height, out_width, resize, mode, strict, dct_scaling);
+        if (num_threads < 0 || num_threads > kMaxThreads)
+          throw InvalidArgument("num_threads must be within 1.." + std::to_string(kMaxThreads) + " (0: default), got " +
+                                std::to_string(num_threads));
+        uint8_t* out =
+            writable_address(out_address, checked_mul(slot_bytes(opt.request), n, "the batch output"), out_nbytes, views);
         std::vector<SampleStatus> status;
         {
           py::gil_scoped_release release;
@@ -204,22 +353,21 @@ void register_decode(py::module_& m) {
         py::list errors, warnings;
         for (size_t i = 0; i < n; ++i) {
           const SampleStatus& s = status[i];
-          if (s.error != SampleError::kNone)
-            errors.append(py::make_tuple(i, static_cast<int>(s.error), s.message));
+          if (s.error != ErrorKind::kNone)
+            errors.append(py::make_tuple(i, s.error, s.message));
           else if (!s.message.empty())
             warnings.append(py::make_tuple(i, s.message));
         }
         return py::make_tuple(errors, warnings);
       },
-      py::arg("datas"), py::arg("boxes"), py::arg("out_address"), py::arg("out_nbytes"),
-      py::arg("out_height"), py::arg("out_width"), py::arg("resize"), py::arg("mode"),
-      py::arg("strict"), py::arg("dct_scaling"), py::arg("num_threads"),
+      py::arg("datas"), py::arg("boxes"), py::arg("out_address"), py::arg("out_nbytes"), py::arg("out_height"),
+      py::arg("out_width"), py::arg("resize"), py::arg("mode"), py::arg("strict"), py::arg("dct_scaling"),
+      py::arg("num_threads"),
       "Decodes N crops into N x out_height x out_width x C uint8 at out_address on the thread "
-      "pool. Returns ([(index, kind, message)] errors, [(index, message)] warnings); kind: "
-      "1 invalid argument, 2 decode error, 3 over a limit, 4 internal.");
+      "pool. Returns ([(index, ErrorKind, message)] errors, [(index, message)] warnings).");
 
-  m.def("choose_scale_num", &choose_scale_num, py::arg("box_height"), py::arg("box_width"),
-        py::arg("out_height"), py::arg("out_width"));
+  m.def("choose_scale_num", &choose_scale_num, py::arg("box_height"), py::arg("box_width"), py::arg("out_height"),
+        py::arg("out_width"));
 }
 
 void register_restarts(py::module_& m) {
@@ -240,7 +388,25 @@ void register_restarts(py::module_& m) {
 
 void register_runtime(py::module_& m) {
   m.def("default_num_threads", &default_num_threads);
+  m.attr("MAX_THREADS") = kMaxThreads;
   m.def("pool_threads", &pool_threads, "Worker threads alive in this process's decode pool.");
+  m.def(
+      "_pool_selftest",
+      [](int num_threads, size_t n, int64_t throw_at) {
+        std::atomic<size_t> ran{0};
+        {
+          py::gil_scoped_release release;
+          get_pool(num_threads)->parallel_for(n, [&](size_t i) {
+            if (static_cast<int64_t>(i) == throw_at)
+              throw std::runtime_error("selftest failure at index " + std::to_string(i));
+            ran.fetch_add(1);
+          });
+        }
+        return ran.load();
+      },
+      py::arg("num_threads"), py::arg("n"), py::arg("throw_at"),
+      "Test hook: a parallel_for over n indices whose body throws at throw_at (-1: never); returns "
+      "how many indices ran. The exception must come back here, never reach std::terminate.");
   m.def("shutdown_pool", [] {
     py::gil_scoped_release release;
     shutdown_pool();
@@ -256,6 +422,15 @@ void register_runtime(py::module_& m) {
       },
       py::arg("max_pixels"), py::arg("max_scans"), py::arg("max_memory"));
   m.attr("libjpeg_turbo_version") = LIBJPEG_TURBO_VERSION_NUMBER;
+  {  // libjpeg's message formats, so that libjpeg text printed by another library (DALI's bundled
+     // libjpeg-turbo) can be recognised and kept off stderr
+    jpeg_error_mgr std_err;
+    jpeg_std_error(&std_err);
+    py::list formats;
+    for (int i = 1; i <= std_err.last_jpeg_message; ++i)
+      if (std_err.jpeg_message_table[i]) formats.append(std_err.jpeg_message_table[i]);
+    m.attr("LIBJPEG_MESSAGES") = py::tuple(formats);
+  }
   m.attr("jpeg_lib_version") = JPEG_LIB_VERSION;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cmath>
 #include <csetjmp>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <jpeglib.h>
 
 #include "errors.h"
+#include "jpeg_error.h"
 #include "resize.h"
 #include "restart.h"
 
@@ -41,11 +43,62 @@ void set_limits(const Limits& l) {
   g_max_memory = l.max_memory;
 }
 
+void check_pixel_limit(uint64_t height, uint64_t width) {
+  const uint64_t limit = g_max_pixels.load(std::memory_order_relaxed);
+  if (height * width > limit)  // both < 2^16 in a JPEG: no overflow
+    throw DecodeError(ErrorKind::kPixelLimit,
+                      "image is " + std::to_string(width) + "x" + std::to_string(height) + " = " +
+                          std::to_string(height * width) + " pixels, over the max_pixels limit of " +
+                          std::to_string(limit) +
+                          " (a possible decompression bomb; gpupipe.set_limits(max_pixels=...) raises it)");
+}
+
 int choose_scale_num(int64_t box_h, int64_t box_w, int out_h, int out_w) {
-  if (box_h < 2 * static_cast<int64_t>(out_h) || box_w < 2 * static_cast<int64_t>(out_w)) return 8;
+  if (out_h < 1 || out_w < 1) return 8;
+  const int64_t oh = out_h, ow = out_w;
+  if (box_h < 2 * oh || box_w < 2 * ow) return 8;
+  // The smallest M with box * M / 8 >= out, compared without multiplying the (unbounded) box.
   for (int m = 1; m <= 4; ++m)
-    if (box_h * m >= 8LL * out_h && box_w * m >= 8LL * out_w) return m;
+    if (box_h >= (8 * oh + m - 1) / m && box_w >= (8 * ow + m - 1) / m) return m;
   return 8;  // unreachable: m = 4 always covers a 2x box
+}
+
+// ---------------------------------------------------------------------------------------------
+// EXIF
+
+namespace {
+
+uint32_t read_u16(const uint8_t* p, bool le) { return le ? p[0] | p[1] << 8 : p[0] << 8 | p[1]; }
+uint32_t read_u32(const uint8_t* p, bool le) {
+  return le ? p[0] | p[1] << 8 | p[2] << 16 | static_cast<uint32_t>(p[3]) << 24
+            : static_cast<uint32_t>(p[0]) << 24 | p[1] << 16 | p[2] << 8 | p[3];
+}
+
+}  // namespace
+
+int exif_orientation(const uint8_t* p, size_t n) {
+  if (n < 6 || std::memcmp(p, "Exif\0\0", 6) != 0) return 0;
+  if (n < 14) return 1;
+  const uint8_t* t = p + 6;  // the TIFF header
+  const size_t tn = n - 6;
+  bool le;
+  if (t[0] == 'I' && t[1] == 'I') le = true;
+  else if (t[0] == 'M' && t[1] == 'M') le = false;
+  else return 1;
+  if (read_u16(t + 2, le) != 42) return 1;
+  const uint64_t ifd = read_u32(t + 4, le);
+  if (ifd > tn || tn - ifd < 2) return 1;
+  const uint32_t count = read_u16(t + ifd, le);
+  for (uint32_t i = 0; i < count; ++i) {
+    const uint64_t e = ifd + 2 + 12ull * i;
+    if (e > tn || tn - e < 12) break;
+    if (read_u16(t + e, le) == 0x0112) {
+      if (read_u16(t + e + 2, le) != 3) return 1;  // must be SHORT
+      const uint32_t v = read_u16(t + e + 8, le);
+      return v >= 1 && v <= 8 ? static_cast<int>(v) : 1;
+    }
+  }
+  return 1;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -54,63 +107,21 @@ int choose_scale_num(int64_t box_h, int64_t box_w, int out_h, int out_w) {
 
 namespace {
 
-struct ErrorMgr {
-  jpeg_error_mgr pub;
-  jmp_buf jump;
-  jpeg_progress_mgr progress;
-  char message[JMSG_LENGTH_MAX + 96];
-  char warning[JMSG_LENGTH_MAX];
-  bool strict;
-  int max_scans;
-};
-
-ErrorMgr* error_mgr(j_common_ptr cinfo) { return reinterpret_cast<ErrorMgr*>(cinfo->err); }
-
-void on_error_exit(j_common_ptr cinfo) {
-  ErrorMgr* e = error_mgr(cinfo);
-  (*cinfo->err->format_message)(cinfo, e->message);
-  longjmp(e->jump, 1);
-}
-
-void on_emit_message(j_common_ptr cinfo, int level) {
-  if (level >= 0) return;  // trace output
-  ErrorMgr* e = error_mgr(cinfo);
-  if (e->pub.num_warnings++ == 0) (*cinfo->err->format_message)(cinfo, e->warning);
-  if (e->strict) {
-    char text[JMSG_LENGTH_MAX];
-    (*cinfo->err->format_message)(cinfo, text);
-    std::snprintf(e->message, sizeof(e->message), "%s (strict=True turns this warning into an error)",
-                  text);
-    longjmp(e->jump, 1);
-  }
-}
-
-// Called by libjpeg between scans: refuses progressive "scan bombs" (thousands of tiny scans that
-// each cost a pass over the whole coefficient buffer), like libjpeg-turbo's own fuzz targets.
-void on_progress(j_common_ptr cinfo) {
-  if (!cinfo->is_decompressor) return;
-  ErrorMgr* e = error_mgr(cinfo);
-  const int scans = reinterpret_cast<j_decompress_ptr>(cinfo)->input_scan_number;
-  if (scans > e->max_scans) {
-    std::snprintf(e->message, sizeof(e->message),
-                  "progressive JPEG has more than max_scans=%d scans: refused as a possible scan "
-                  "bomb (gpupipe.set_limits(max_scans=...) raises the limit)",
-                  e->max_scans);
-    longjmp(e->jump, 1);
-  }
-}
-
 // How decoded rows become output rows.
 enum class Convert : int { kCopy, kCmykToRgb, kCmykToGray };
 
-struct RowPlan {
-  int scale_num;
-  J_COLOR_SPACE out_space;
-  Convert convert;
-  int x0, x1, y0, y1;  // window in the (scaled) output frame
-  uint8_t* dst;
-  size_t dst_stride;
-  uint64_t max_memory;
+// What one decode does, decided from the header and the request before any pixel is decoded.
+struct Plan {
+  int scale_num = 8;          // libjpeg decodes at M/8
+  J_COLOR_SPACE out_space = JCS_RGB;
+  Convert convert = Convert::kCopy;
+  int channels = 3;
+  int x0 = 0, x1 = 0, y0 = 0, y1 = 0;  // whole pixels of the (scaled) frame covering the box
+  double bx0 = 0, by0 = 0, bx1 = 0, by1 = 0;  // the exact box relative to (x0, y0), for resizing
+  bool direct = true;         // decoded rows go straight to the output (no resize)
+  uint8_t* dst = nullptr;     // where decoded rows go: the output, or the region to resize
+  size_t dst_stride = 0;
+  uint64_t max_memory = 0;
 };
 
 constexpr int kRowsPerRead = 16;
@@ -157,7 +168,8 @@ void emit_row(const JSAMPLE* in, uint8_t* out, int width, int comps, Convert con
 
 struct Decoder::State {
   jpeg_decompress_struct cinfo;
-  ErrorMgr err;
+  JpegErrorMgr err;
+  bool created = false;
   Resampler resampler;
   std::vector<uint8_t> region;  // the decoded window, before resizing
   RestartLayout restarts;       // restart-marker index of the current file
@@ -166,24 +178,22 @@ struct Decoder::State {
 
 namespace {
 
-void reset_errors(Decoder::State* s, bool strict) {
-  s->err.pub.num_warnings = 0;
-  s->err.message[0] = '\0';
-  s->err.warning[0] = '\0';
-  s->err.strict = strict;
-  s->err.max_scans = g_max_scans.load(std::memory_order_relaxed);
+bool guarded_create(Decoder::State* s) {
+  if (setjmp(s->err.jump)) return false;
+  jpeg_create_decompress(&s->cinfo);
+  return true;
 }
 
-bool guarded_read_header(Decoder::State* s, const uint8_t* data, size_t size, bool save_exif) {
+bool guarded_read_header(Decoder::State* s, const uint8_t* data, size_t size, bool save_app1) {
   if (setjmp(s->err.jump)) return false;
-  jpeg_save_markers(&s->cinfo, JPEG_APP0 + 1, save_exif ? 0xFFFF : 0);
+  jpeg_save_markers(&s->cinfo, JPEG_APP0 + 1, save_app1 ? 0xFFFF : 0);
   jpeg_mem_src(&s->cinfo, data, static_cast<unsigned long>(size));
   jpeg_read_header(&s->cinfo, TRUE);
   return true;
 }
 
 // Decodes rows [y0, y1) x columns [x0, x1) of the scaled output frame into plan->dst.
-bool guarded_decode_rows(Decoder::State* s, const RowPlan* plan) {
+bool guarded_decode_rows(Decoder::State* s, const Plan* plan) {
   j_decompress_ptr cinfo = &s->cinfo;
   if (setjmp(s->err.jump)) return false;
   cinfo->scale_num = static_cast<unsigned int>(plan->scale_num);
@@ -191,7 +201,7 @@ bool guarded_decode_rows(Decoder::State* s, const RowPlan* plan) {
   cinfo->out_color_space = plan->out_space;
   cinfo->dct_method = JDCT_ISLOW;
   cinfo->do_fancy_upsampling = TRUE;
-  cinfo->mem->max_memory_to_use = static_cast<long>(plan->max_memory);
+  cinfo->mem->max_memory_to_use = static_cast<long>(std::min<uint64_t>(plan->max_memory, LONG_MAX));
   jpeg_start_decompress(cinfo);
 
   // Fancy (triangle) chroma upsampling replicates the window's outermost chroma samples, so the
@@ -207,6 +217,7 @@ bool guarded_decode_rows(Decoder::State* s, const RowPlan* plan) {
     JDIMENSION skipped = jpeg_skip_scanlines(cinfo, static_cast<JDIMENSION>(plan->y0));
     if (skipped != static_cast<JDIMENSION>(plan->y0)) {
       std::snprintf(s->err.message, sizeof(s->err.message), "JPEG data ends before row %d", plan->y0);
+      s->err.kind = ErrorKind::kCorrupt;
       return false;
     }
   }
@@ -221,6 +232,7 @@ bool guarded_decode_rows(Decoder::State* s, const RowPlan* plan) {
     JDIMENSION got = jpeg_read_scanlines(cinfo, rows, want);
     if (got == 0) {
       std::snprintf(s->err.message, sizeof(s->err.message), "JPEG decoder produced no row %d", y);
+      s->err.kind = ErrorKind::kCorrupt;
       return false;
     }
     for (JDIMENSION r = 0; r < got; ++r)
@@ -237,91 +249,131 @@ struct AbortOnExit {  // returns the decompressor to its idle state whatever hap
   ~AbortOnExit() { jpeg_abort_decompress(cinfo); }
 };
 
-uint32_t read_u16(const uint8_t* p, bool le) { return le ? p[0] | p[1] << 8 : p[0] << 8 | p[1]; }
-uint32_t read_u32(const uint8_t* p, bool le) {
-  return le ? p[0] | p[1] << 8 | p[2] << 16 | static_cast<uint32_t>(p[3]) << 24
-            : static_cast<uint32_t>(p[0]) << 24 | p[1] << 16 | p[2] << 8 | p[3];
-}
-
-// The Orientation tag (0x0112) of IFD0 in an APP1 "Exif" payload; 1 when absent or malformed.
-int exif_orientation(const uint8_t* p, size_t n) {
-  if (n < 14 || std::memcmp(p, "Exif\0\0", 6) != 0) return 1;
-  const uint8_t* t = p + 6;
-  const size_t tn = n - 6;
-  bool le;
-  if (t[0] == 'I' && t[1] == 'I') le = true;
-  else if (t[0] == 'M' && t[1] == 'M') le = false;
-  else return 1;
-  if (read_u16(t + 2, le) != 42) return 1;
-  const uint64_t ifd = read_u32(t + 4, le);
-  if (ifd + 2 > tn) return 1;
-  const uint32_t count = read_u16(t + ifd, le);
-  for (uint32_t i = 0; i < count; ++i) {
-    const uint64_t e = ifd + 2 + 12ull * i;
-    if (e + 12 > tn) break;
-    if (read_u16(t + e, le) == 0x0112) {
-      if (read_u16(t + e + 2, le) != 3) return 1;  // must be SHORT
-      const uint32_t v = read_u16(t + e + 8, le);
-      return v >= 1 && v <= 8 ? static_cast<int>(v) : 1;
-    }
-  }
-  return 1;
-}
-
-const char* colorspace_name(J_COLOR_SPACE cs) {
+ColorSpace colorspace_of(J_COLOR_SPACE cs) {
   switch (cs) {
-    case JCS_GRAYSCALE: return "gray";
-    case JCS_YCbCr: return "ycbcr";
-    case JCS_RGB: return "rgb";
-    case JCS_CMYK: return "cmyk";
-    case JCS_YCCK: return "ycck";
-    default: return "unknown";
+    case JCS_GRAYSCALE: return ColorSpace::kGray;
+    case JCS_YCbCr: return ColorSpace::kYCbCr;
+    case JCS_RGB: return ColorSpace::kRGB;
+    case JCS_CMYK: return ColorSpace::kCMYK;
+    case JCS_YCCK: return ColorSpace::kYCCK;
+    default: return ColorSpace::kUnknown;
   }
 }
 
-std::string subsampling_name(const jpeg_decompress_struct& c) {
-  if (c.num_components == 1) return "gray";
+Subsampling subsampling_of(const jpeg_decompress_struct& c) {
+  if (c.num_components == 1) return Subsampling::kGray;
   const int h0 = c.comp_info[0].h_samp_factor, v0 = c.comp_info[0].v_samp_factor;
   const int h1 = c.comp_info[1].h_samp_factor, v1 = c.comp_info[1].v_samp_factor;
   for (int i = 2; i < c.num_components; ++i)
-    if (c.comp_info[i].h_samp_factor != h1 || c.comp_info[i].v_samp_factor != v1) return "other";
-  if (h0 % h1 || v0 % v1) return "other";
+    if (c.comp_info[i].h_samp_factor != h1 || c.comp_info[i].v_samp_factor != v1) return Subsampling::kOther;
+  if (h0 % h1 || v0 % v1) return Subsampling::kOther;
   const int h = h0 / h1, v = v0 / v1;
-  if (h == 1 && v == 1) return "4:4:4";
-  if (h == 2 && v == 1) return "4:2:2";
-  if (h == 2 && v == 2) return "4:2:0";
-  if (h == 1 && v == 2) return "4:4:0";
-  if (h == 4 && v == 1) return "4:1:1";
-  if (h == 4 && v == 2) return "4:1:0";
-  return "other";
-}
-
-void check_pixel_limit(uint64_t height, uint64_t width) {
-  const uint64_t limit = g_max_pixels.load(std::memory_order_relaxed);
-  if (height * width > limit)
-    throw TooLarge("image is " + std::to_string(width) + "x" + std::to_string(height) + " = " +
-                   std::to_string(height * width) + " pixels, over the max_pixels limit of " +
-                   std::to_string(limit) +
-                   " (a possible decompression bomb; gpupipe.set_limits(max_pixels=...) raises it)");
+  if (h == 1 && v == 1) return Subsampling::k444;
+  if (h == 2 && v == 1) return Subsampling::k422;
+  if (h == 2 && v == 2) return Subsampling::k420;
+  if (h == 1 && v == 2) return Subsampling::k440;
+  if (h == 4 && v == 1) return Subsampling::k411;
+  if (h == 4 && v == 2) return Subsampling::k410;
+  return Subsampling::kOther;
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// libjpeg's message, plus what the user can do about the cases this build cannot decode.
-[[noreturn]] void throw_decode_error(const char* message) {
-  std::string m = message;
-  if (m.find("data precision 12") != std::string::npos)
-    m += " (12-bit JPEG: this libjpeg-turbo build decodes 8-bit JPEGs only; convert the file, e.g. "
-         "with Pillow or ImageMagick)";
-  else if (m.find("SOF type 0xc3") != std::string::npos || m.find("SOF type 0xc7") != std::string::npos ||
-           m.find("SOF type 0xcb") != std::string::npos || m.find("SOF type 0xcf") != std::string::npos)
-    m += " (lossless JPEG is not supported by libjpeg-turbo 2.x)";
-  else if (m.find("Backing store not supported") != std::string::npos)
-    m += " (the decode needs more working memory than max_memory; gpupipe.set_limits(max_memory=...) "
-         "raises the limit)";
-  throw DecodeError(m);
+std::string describe(const Box& b) {
+  char text[160];
+  std::snprintf(text, sizeof(text), "(top=%.10g, left=%.10g, height=%.10g, width=%.10g)", b.top, b.left, b.height,
+                b.width);
+  return text;
 }
 
+bool whole(double v) { return v == std::floor(v); }
+
+// The box is finite, non-empty and inside a frame_h x frame_w frame (no sum that could overflow).
+bool inside(const Box& b, int64_t frame_h, int64_t frame_w) {
+  const bool finite = std::isfinite(b.top) && std::isfinite(b.left) && std::isfinite(b.height) && std::isfinite(b.width);
+  return finite && b.height > 0 && b.width > 0 && b.top >= 0 && b.left >= 0 && b.top < frame_h && b.left < frame_w &&
+         b.height <= static_cast<double>(frame_h) - b.top && b.width <= static_cast<double>(frame_w) - b.left;
+}
+
+// Everything about a decode that the header and the request decide: validation, the DCT scale, the
+// color conversion, the window of whole pixels to decode and the box within it.
+Plan plan_decode(const jpeg_decompress_struct& c, const DecodeRequest& req) {
+  const int64_t H = c.image_height, W = c.image_width;
+  check_pixel_limit(static_cast<uint64_t>(H), static_cast<uint64_t>(W));
+  const Box& b = req.box;
+  if (req.force_scale_num && (req.force_scale_num < 1 || req.force_scale_num > 8))
+    throw InvalidArgument("scale must be M/8 with M in 1..8");
+  if (req.scaled_box && !req.force_scale_num) throw InvalidArgument("a box in the scaled frame needs a scale");
+  Plan plan;
+  if (req.force_scale_num) plan.scale_num = req.force_scale_num;
+  // libjpeg scales the frame to ceil(W * M / 8) x ceil(H * M / 8).
+  const int64_t sw = ceil_div(W * plan.scale_num, 8), sh = ceil_div(H * plan.scale_num, 8);
+  const int64_t frame_w = req.scaled_box ? sw : W, frame_h = req.scaled_box ? sh : H;
+  if (!inside(b, frame_h, frame_w))
+    throw InvalidArgument("crop box " + describe(b) + " is not inside the image of " + std::to_string(frame_w) +
+                          "x" + std::to_string(frame_h) + " (width x height)");
+  if (req.out_height < 1 || req.out_width < 1) throw InvalidArgument("output size must be >= 1");
+  const bool resample = req.resize && !req.scaled_box;
+  if (!resample) {
+    if (!(whole(b.top) && whole(b.left) && whole(b.height) && whole(b.width)))
+      throw InvalidArgument("crop box " + describe(b) + " is fractional: only a resized box (size=...) may be");
+    if (req.out_height != b.height || req.out_width != b.width)
+      throw InvalidArgument("output size differs from the box size but resize is off");
+    if (plan.scale_num != 8 && !req.scaled_box)
+      throw InvalidArgument("a DCT-scaled decode needs resize or a box in the scaled frame");
+  }
+  if (resample && !req.force_scale_num && req.dct_scaling)
+    plan.scale_num = choose_scale_num(static_cast<int64_t>(b.height), static_cast<int64_t>(b.width), req.out_height,
+                                      req.out_width);
+  const int64_t fw = ceil_div(W * plan.scale_num, 8), fh = ceil_div(H * plan.scale_num, 8);
+
+  const bool rgb = req.mode == ColorMode::kRGB;
+  if (c.jpeg_color_space == JCS_CMYK || c.jpeg_color_space == JCS_YCCK) {
+    plan.out_space = JCS_CMYK;
+    plan.convert = rgb ? Convert::kCmykToRgb : Convert::kCmykToGray;
+  } else if (c.jpeg_color_space == JCS_GRAYSCALE || c.jpeg_color_space == JCS_YCbCr ||
+             c.jpeg_color_space == JCS_RGB) {
+    plan.out_space = rgb ? JCS_RGB : JCS_GRAYSCALE;
+    plan.convert = Convert::kCopy;
+  } else {
+    throw DecodeError(ErrorKind::kUnsupported,
+                      "unsupported JPEG color space with " + std::to_string(c.num_components) + " components");
+  }
+  plan.channels = channels_of(req.mode);
+  plan.max_memory = g_max_memory.load(std::memory_order_relaxed);
+
+  // The box in the scaled frame and the whole pixels that cover it. Scaled pixel j covers
+  // full-resolution pixels [8j/M, 8(j+1)/M).
+  const double k = req.scaled_box ? 1.0 : plan.scale_num / 8.0;
+  const double fx0 = b.left * k, fx1 = (b.left + b.width) * k;
+  const double fy0 = b.top * k, fy1 = (b.top + b.height) * k;
+  plan.x0 = static_cast<int>(std::floor(fx0));
+  plan.y0 = static_cast<int>(std::floor(fy0));
+  plan.x1 = static_cast<int>(std::min<int64_t>(fw, static_cast<int64_t>(std::ceil(fx1))));
+  plan.y1 = static_cast<int>(std::min<int64_t>(fh, static_cast<int64_t>(std::ceil(fy1))));
+  plan.bx0 = fx0 - plan.x0;
+  plan.by0 = fy0 - plan.y0;
+  plan.bx1 = fx1 - plan.x0;
+  plan.by1 = fy1 - plan.y0;
+  plan.direct = !resample || (plan.scale_num == 8 && plan.x1 - plan.x0 == req.out_width &&
+                              plan.y1 - plan.y0 == req.out_height && plan.bx0 == 0 && plan.by0 == 0);
+  return plan;
+}
+
+}  // namespace
+
+// A decompressor keeps the quantization and Huffman tables of the last file it read (libjpeg's
+// "abbreviated datastream" feature), and a file that omits a table would be decoded with the last
+// file's: its pixels would depend on what this thread decoded before. Every file therefore gets a
+// fresh decompressor (create + destroy cost ~0.3 us).
+namespace {
+void renew(Decoder::State* s) {
+  if (s->created) jpeg_destroy_decompress(&s->cinfo);
+  s->created = false;
+  if (!guarded_create(s)) throw InternalError(std::string("cannot create a JPEG decompressor: ") + s->err.message);
+  s->created = true;
+  watch_scans(&s->cinfo, &s->err);
+}
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -330,159 +382,112 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 Decoder::Decoder() : state_(new State()) {
   State* s = state_.get();
   std::memset(&s->cinfo, 0, sizeof(s->cinfo));
-  s->cinfo.err = jpeg_std_error(&s->err.pub);
-  s->err.pub.error_exit = on_error_exit;
-  s->err.pub.emit_message = on_emit_message;
-  s->err.progress.progress_monitor = on_progress;
-  s->err.strict = false;
-  s->err.max_scans = Limits{}.max_scans;
-  jpeg_create_decompress(&s->cinfo);  // cannot fail except on out-of-memory before any jmp_buf
-  s->cinfo.progress = &s->err.progress;
+  install_error_mgr(reinterpret_cast<j_common_ptr>(&s->cinfo), &s->err);
+  renew(s);
 }
 
-Decoder::~Decoder() { jpeg_destroy_decompress(&state_->cinfo); }
+Decoder::~Decoder() {
+  if (state_->created) jpeg_destroy_decompress(&state_->cinfo);
+}
 
 JpegInfo Decoder::read_header(const uint8_t* data, size_t size) {
   State* s = state_.get();
+  renew(s);
   AbortOnExit abort_on_exit{&s->cinfo};
-  reset_errors(s, false);
-  if (!guarded_read_header(s, data, size, true)) throw_decode_error(s->err.message);
+  reset_error_mgr(&s->err, false, g_max_scans.load(std::memory_order_relaxed));
+  if (!guarded_read_header(s, data, size, true)) throw_recorded(s->err);
   const jpeg_decompress_struct& c = s->cinfo;
   JpegInfo info;
   info.height = static_cast<int>(c.image_height);
   info.width = static_cast<int>(c.image_width);
   info.channels = c.num_components;
-  info.colorspace = colorspace_name(c.jpeg_color_space);
-  info.subsampling = subsampling_name(c);
+  info.colorspace = colorspace_of(c.jpeg_color_space);
+  info.subsampling = subsampling_of(c);
   info.progressive = c.progressive_mode != 0;
   info.arithmetic = c.arith_code != 0;
   info.restart_interval = static_cast<int>(c.restart_interval);
   info.precision = c.data_precision;
+  // The first APP1 that is EXIF (an XMP APP1 may come before it), as Pillow reads it.
   for (jpeg_saved_marker_ptr m = c.marker_list; m; m = m->next) {
-    if (m->marker == JPEG_APP0 + 1) {
-      info.orientation = exif_orientation(m->data, m->data_length);
+    if (m->marker != JPEG_APP0 + 1) continue;
+    const int o = exif_orientation(m->data, m->data_length);
+    if (o > 0) {
+      info.orientation = o;
       break;
     }
   }
   return info;
 }
 
-DecodeResult Decoder::decode(const uint8_t* data, size_t size, const DecodeRequest& req,
-                             uint8_t* out, size_t out_stride) {
+namespace {
+
+// The restart-marker route: when the file has intact restart markers aligned with MCU rows, cut
+// the crop's intervals (plus a margin of two chroma samples, so fancy upsampling sees the same
+// neighbours) into a small JPEG, read its header instead, and shift the plan into its frame.
+// Returns false (the normal route follows, nothing changed) when the file does not allow it.
+bool enter_restart_route(Decoder::State* s, const uint8_t* data, size_t size, Plan* plan) {
+  j_decompress_ptr cinfo = &s->cinfo;
+  if (cinfo->restart_interval == 0 || cinfo->progressive_mode || cinfo->arith_code ||
+      cinfo->comps_in_scan != cinfo->num_components)
+    return false;
+  const bool single = cinfo->num_components == 1;
+  const int mcu_w = single ? 8 : 8 * cinfo->max_h_samp_factor;
+  const int mcu_h = single ? 8 : 8 * cinfo->max_v_samp_factor;
+  const int W = static_cast<int>(cinfo->image_width), H = static_cast<int>(cinfo->image_height);
+  if (!index_restarts(data, size, W, H, cinfo->num_components, mcu_w, mcu_h,
+                      static_cast<int>(cinfo->restart_interval), &s->restarts))
+    return false;
+  const RestartLayout& L = s->restarts;
+  const int m = plan->scale_num;
+  const int64_t mx = (2 * cinfo->max_h_samp_factor * 8 + m - 1) / m;  // margin, full-res px
+  const int64_t my = (2 * cinfo->max_v_samp_factor * 8 + m - 1) / m;
+  const int64_t fx0 = std::max<int64_t>(0, plan->x0 * 8 / m - mx);
+  const int64_t fx1 = std::min<int64_t>(W - 1, ceil_div(static_cast<int64_t>(plan->x1) * 8, m) - 1 + mx);
+  const int64_t fy0 = std::max<int64_t>(0, plan->y0 * 8 / m - my);
+  const int64_t fy1 = std::min<int64_t>(H - 1, ceil_div(static_cast<int64_t>(plan->y1) * 8, m) - 1 + my);
+  const int group_px = L.interval * L.mcu_width;
+  const int row0 = static_cast<int>(fy0 / L.mcu_height), row1 = static_cast<int>(fy1 / L.mcu_height);
+  const int g0 = static_cast<int>(fx0 / group_px), g1 = static_cast<int>(fx1 / group_px);
+  if (!build_sub_jpeg(data, size, L, row0, row1, g0, g1, &s->sub)) return false;
+  jpeg_abort_decompress(cinfo);
+  if (!guarded_read_header(s, s->sub.data(), s->sub.size(), false)) throw_recorded(s->err);
+  const int shift_x = static_cast<int>(static_cast<int64_t>(g0) * group_px * m / 8);
+  const int shift_y = static_cast<int>(static_cast<int64_t>(row0) * L.mcu_height * m / 8);
+  plan->x0 -= shift_x;
+  plan->x1 -= shift_x;
+  plan->y0 -= shift_y;
+  plan->y1 -= shift_y;
+  return true;
+}
+
+}  // namespace
+
+DecodeResult Decoder::decode(const uint8_t* data, size_t size, const DecodeRequest& req, uint8_t* out,
+                             size_t out_stride) {
   State* s = state_.get();
+  renew(s);
   j_decompress_ptr cinfo = &s->cinfo;
   AbortOnExit abort_on_exit{cinfo};
-  reset_errors(s, req.strict);
-  if (!guarded_read_header(s, data, size, false)) throw_decode_error(s->err.message);
-
-  const int64_t H = cinfo->image_height, W = cinfo->image_width;
-  check_pixel_limit(static_cast<uint64_t>(H), static_cast<uint64_t>(W));
-  int m = 8;
-  if (req.force_scale_num) {
-    if (req.force_scale_num < 1 || req.force_scale_num > 8)
-      throw InvalidArgument("scale must be M/8 with M in 1..8");
-    m = req.force_scale_num;
-  } else if (req.resize && req.dct_scaling) {
-    m = choose_scale_num(req.box.height, req.box.width, req.out_height, req.out_width);
-  }
-  // libjpeg scales the frame to ceil(W * M / 8) x ceil(H * M / 8).
-  const int64_t sw = ceil_div(W * m, 8), sh = ceil_div(H * m, 8);
-  const int64_t frame_w = req.scaled_box ? sw : W, frame_h = req.scaled_box ? sh : H;
-  const Box& b = req.box;
-  if (b.height < 1 || b.width < 1 || b.top < 0 || b.left < 0 || b.top + b.height > frame_h ||
-      b.left + b.width > frame_w)
-    throw InvalidArgument("crop box (top=" + std::to_string(b.top) + ", left=" +
-                          std::to_string(b.left) + ", height=" + std::to_string(b.height) +
-                          ", width=" + std::to_string(b.width) + ") is not inside the image of " +
-                          std::to_string(frame_w) + "x" + std::to_string(frame_h) +
-                          " (width x height)");
-  if (req.out_height < 1 || req.out_width < 1) throw InvalidArgument("output size must be >= 1");
-  if (!req.resize && !req.scaled_box && m != 8)
-    throw InvalidArgument("a DCT-scaled decode needs resize or a box in the scaled frame");
-  if ((!req.resize || req.scaled_box) && (req.out_height != b.height || req.out_width != b.width))
-    throw InvalidArgument("output size differs from the box size but resize is off");
-
-  RowPlan plan{};
-  const J_COLOR_SPACE in_space = cinfo->jpeg_color_space;
-  const bool rgb = req.mode == ColorMode::kRGB;
-  if (in_space == JCS_CMYK || in_space == JCS_YCCK) {
-    plan.out_space = JCS_CMYK;
-    plan.convert = rgb ? Convert::kCmykToRgb : Convert::kCmykToGray;
-  } else if (in_space == JCS_GRAYSCALE || in_space == JCS_YCbCr || in_space == JCS_RGB) {
-    plan.out_space = rgb ? JCS_RGB : JCS_GRAYSCALE;
-    plan.convert = Convert::kCopy;
-  } else {
-    throw DecodeError("unsupported JPEG color space with " + std::to_string(cinfo->num_components) +
-                      " components");
-  }
-  const int channels = channels_of(req.mode);
-
-  plan.scale_num = m;
-  plan.max_memory = g_max_memory.load(std::memory_order_relaxed);
-
-  // The box in the scaled frame and the whole pixels that cover it. Scaled pixel j covers
-  // full-resolution pixels [8j/M, 8(j+1)/M).
-  const double k = req.scaled_box ? 1.0 : m / 8.0;
-  const double fx0 = b.left * k, fx1 = (b.left + b.width) * k;
-  const double fy0 = b.top * k, fy1 = (b.top + b.height) * k;
-  plan.x0 = static_cast<int>(std::floor(fx0));
-  plan.y0 = static_cast<int>(std::floor(fy0));
-  plan.x1 = static_cast<int>(std::min<int64_t>(sw, static_cast<int64_t>(std::ceil(fx1))));
-  plan.y1 = static_cast<int>(std::min<int64_t>(sh, static_cast<int64_t>(std::ceil(fy1))));
+  reset_error_mgr(&s->err, req.strict, g_max_scans.load(std::memory_order_relaxed));
+  if (!guarded_read_header(s, data, size, false)) throw_recorded(s->err);
+  Plan plan = plan_decode(*cinfo, req);
   const int rw = plan.x1 - plan.x0, rh = plan.y1 - plan.y0;
-  // The box relative to the decoded region (before any shift into a sub-JPEG's frame).
-  const double bx0 = fx0 - plan.x0, by0 = fy0 - plan.y0, bx1 = fx1 - plan.x0, by1 = fy1 - plan.y0;
+  const bool restart_path = req.use_restarts && enter_restart_route(s, data, size, &plan);
 
-  // Restart-marker fast path: cut the crop's intervals (plus a margin of two chroma samples, so
-  // fancy upsampling sees the same neighbours) into a small JPEG and decode that instead.
-  bool restart_path = false;
-  if (req.use_restarts && cinfo->restart_interval > 0 && !cinfo->progressive_mode && !cinfo->arith_code &&
-      cinfo->comps_in_scan == cinfo->num_components) {
-    const bool single = cinfo->num_components == 1;
-    const int mcu_w = single ? 8 : 8 * cinfo->max_h_samp_factor;
-    const int mcu_h = single ? 8 : 8 * cinfo->max_v_samp_factor;
-    if (index_restarts(data, size, static_cast<int>(W), static_cast<int>(H), mcu_w, mcu_h,
-                       static_cast<int>(cinfo->restart_interval), &s->restarts)) {
-      const RestartLayout& L = s->restarts;
-      const int64_t mx = (2 * cinfo->max_h_samp_factor * 8 + m - 1) / m;  // margin, full-res px
-      const int64_t my = (2 * cinfo->max_v_samp_factor * 8 + m - 1) / m;
-      const int64_t fx0 = std::max<int64_t>(0, plan.x0 * 8 / m - mx);
-      const int64_t fx1 = std::min<int64_t>(W - 1, ceil_div(static_cast<int64_t>(plan.x1) * 8, m) - 1 + mx);
-      const int64_t fy0 = std::max<int64_t>(0, plan.y0 * 8 / m - my);
-      const int64_t fy1 = std::min<int64_t>(H - 1, ceil_div(static_cast<int64_t>(plan.y1) * 8, m) - 1 + my);
-      const int group_px = L.interval * L.mcu_width;
-      const int row0 = static_cast<int>(fy0 / L.mcu_height), row1 = static_cast<int>(fy1 / L.mcu_height);
-      const int g0 = static_cast<int>(fx0 / group_px), g1 = static_cast<int>(fx1 / group_px);
-      build_sub_jpeg(data, L, row0, row1, g0, g1, &s->sub);
-      jpeg_abort_decompress(cinfo);
-      if (!guarded_read_header(s, s->sub.data(), s->sub.size(), false)) throw_decode_error(s->err.message);
-      const int shift_x = static_cast<int>(static_cast<int64_t>(g0) * group_px * m / 8);
-      const int shift_y = static_cast<int>(static_cast<int64_t>(row0) * L.mcu_height * m / 8);
-      plan.x0 -= shift_x;
-      plan.x1 -= shift_x;
-      plan.y0 -= shift_y;
-      plan.y1 -= shift_y;
-      restart_path = true;
-    }
-  }
-
-  const bool direct = !req.resize || req.scaled_box ||
-                      (m == 8 && rw == req.out_width && rh == req.out_height);
-  if (direct) {
+  if (plan.direct) {
     plan.dst = out;
     plan.dst_stride = out_stride;
   } else {
-    s->region.resize(static_cast<size_t>(rw) * rh * channels);
+    s->region.resize(static_cast<size_t>(rw) * rh * plan.channels);
     plan.dst = s->region.data();
-    plan.dst_stride = static_cast<size_t>(rw) * channels;
+    plan.dst_stride = static_cast<size_t>(rw) * plan.channels;
   }
-  if (!guarded_decode_rows(s, &plan)) throw_decode_error(s->err.message);
-
-  if (!direct)
-    s->resampler.resize(s->region.data(), rh, rw, channels, plan.dst_stride, bx0, by0, bx1, by1, out,
-                        req.out_height, req.out_width, out_stride);
+  if (!guarded_decode_rows(s, &plan)) throw_recorded(s->err);
+  if (!plan.direct)
+    s->resampler.resize(s->region.data(), rh, rw, plan.channels, plan.dst_stride, plan.bx0, plan.by0, plan.bx1,
+                        plan.by1, out, req.out_height, req.out_width, out_stride);
   DecodeResult result;
-  result.scale_num = m;
+  result.scale_num = plan.scale_num;
   result.restart_path = restart_path;
   if (s->err.pub.num_warnings > 0) result.warning = s->err.warning;
   return result;

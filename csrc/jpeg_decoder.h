@@ -13,6 +13,12 @@ enum class ColorMode : int { kRGB = 0, kGray = 1 };
 
 inline int channels_of(ColorMode mode) { return mode == ColorMode::kRGB ? 3 : 1; }
 
+// The color space a JPEG is stored in (libjpeg's jpeg_color_space).
+enum class ColorSpace : int { kGray = 0, kYCbCr = 1, kRGB = 2, kCMYK = 3, kYCCK = 4, kUnknown = 5 };
+
+// Chroma subsampling of a 3-component file (or gray / other).
+enum class Subsampling : int { k444 = 0, k422 = 1, k420 = 2, k440 = 3, k411 = 4, k410 = 5, kGray = 6, kOther = 7 };
+
 // Process-wide resource limits, checked from the header before any large allocation.
 struct Limits {
   uint64_t max_pixels = 89478485;     // Pillow's Image.MAX_IMAGE_PIXELS
@@ -22,12 +28,15 @@ struct Limits {
 Limits get_limits();
 void set_limits(const Limits& limits);
 
+// Throws DecodeError(kPixelLimit) when height x width exceeds max_pixels.
+void check_pixel_limit(uint64_t height, uint64_t width);
+
 struct JpegInfo {
   int height = 0;
   int width = 0;
   int channels = 0;
-  std::string colorspace;   // "gray" | "ycbcr" | "rgb" | "cmyk" | "ycck" | "unknown"
-  std::string subsampling;  // "4:4:4" | "4:2:2" | "4:2:0" | "4:4:0" | "4:1:1" | "4:1:0" | "gray" | "other"
+  ColorSpace colorspace = ColorSpace::kUnknown;
+  Subsampling subsampling = Subsampling::kOther;
   bool progressive = false;
   bool arithmetic = false;
   int orientation = 1;      // EXIF orientation 1..8, 1 when absent or unreadable
@@ -35,9 +44,10 @@ struct JpegInfo {
   int precision = 8;
 };
 
-// A crop window in the image's pixel coordinates.
+// A window in the image's pixel coordinates. Crops (no resize) need whole pixels; a resized
+// window may be fractional: it is resampled from the exact box, as Pillow's resize(box=...) does.
 struct Box {
-  int64_t top = 0, left = 0, height = 0, width = 0;
+  double top = 0, left = 0, height = 0, width = 0;
 };
 
 struct DecodeRequest {
@@ -62,8 +72,12 @@ struct DecodeResult {
 
 // Chooses the DCT scale M (of M/8) for resizing a box to an output size: the smallest M in
 // 1..4 whose scaled box still covers the output, used only when the box is >= 2x the output on
-// both sides; 8 (no scaling) otherwise.
+// both sides; 8 (no scaling) otherwise. Safe for any int64 inputs.
 int choose_scale_num(int64_t box_h, int64_t box_w, int out_h, int out_w);
+
+// The EXIF orientation (1..8) in an APP1 payload; 0 when the payload is not "Exif", 1 when the
+// tag is absent or malformed. Checks every offset against the payload's length.
+int exif_orientation(const uint8_t* payload, size_t size);
 
 class Decoder {
  public:
@@ -76,8 +90,8 @@ class Decoder {
   JpegInfo read_header(const uint8_t* data, size_t size);
 
   // Decodes the request's box into `out` as out_height x out_width x channels_of(mode) uint8
-  // rows of `out_stride` bytes. Throws InvalidArgument (bad box), TooLarge (limits) or
-  // DecodeError (libjpeg's message). On throw, `out` may be partly written.
+  // rows of `out_stride` bytes. Throws InvalidArgument (bad box), DecodeError (libjpeg's message,
+  // or a limit). On throw, `out` may be partly written.
   DecodeResult decode(const uint8_t* data, size_t size, const DecodeRequest& request, uint8_t* out,
                       size_t out_stride);
 

@@ -86,17 +86,21 @@ std::vector<uint8_t> encode_jpeg(const uint8_t* pixels, int height, int width, i
   }
   if (options.h_samp < 1 || options.h_samp > 4 || options.v_samp < 1 || options.v_samp > 4)
     throw InvalidArgument("sampling factors must be within 1..4");
+  if (options.quality < 1 || options.quality > 100) throw InvalidArgument("quality must be within 1..100");
+  if (options.restart_rows < 0 || options.restart_rows > 0xFFFF || options.restart_blocks < 0 ||
+      options.restart_blocks > 0xFFFF)
+    throw InvalidArgument("restart_rows and restart_blocks must be within 0..65535");
 
   jpeg_compress_struct cinfo;
   std::memset(&cinfo, 0, sizeof(cinfo));
   JpegErrorMgr err;
-  install_error_mgr(&cinfo, &err);
+  install_error_mgr(reinterpret_cast<j_common_ptr>(&cinfo), &err);
   const bool ok = guarded_encode(&cinfo, &err, &job);
   jpeg_destroy_compress(&cinfo);
   std::vector<uint8_t> result;
   if (ok) result.assign(job.buffer, job.buffer + job.size);
   std::free(job.buffer);
-  if (!ok) throw DecodeError(std::string("JPEG encoding failed: ") + err.message);
+  if (!ok) throw InternalError(std::string("JPEG encoding failed: ") + err.message);
   return result;
 }
 

@@ -1,6 +1,7 @@
 #include "restart.h"
 
 #include <algorithm>
+#include <climits>
 #include <csetjmp>
 #include <cstdio>
 #include <cstdlib>
@@ -9,13 +10,19 @@
 #include <jpeglib.h>
 
 #include "errors.h"
+#include "jpeg_decoder.h"
 #include "jpeg_error.h"
 
 namespace gpupipe {
 
-bool index_restarts(const uint8_t* d, size_t n, int width, int height, int mcu_width, int mcu_height,
-                    int restart_interval, RestartLayout* L) {
-  if (restart_interval <= 0 || mcu_width <= 0 || mcu_height <= 0) return false;
+namespace {
+uint32_t be16(const uint8_t* p) { return static_cast<uint32_t>(p[0]) << 8 | p[1]; }
+}  // namespace
+
+bool index_restarts(const uint8_t* d, size_t n, int width, int height, int components, int mcu_width,
+                    int mcu_height, int restart_interval, RestartLayout* L) {
+  if (restart_interval <= 0 || mcu_width <= 0 || mcu_height <= 0 || width <= 0 || height <= 0) return false;
+  if (n < 4 || d[0] != 0xFF || d[1] != 0xD8) return false;
   L->width = width;
   L->height = height;
   L->mcu_width = mcu_width;
@@ -26,22 +33,40 @@ bool index_restarts(const uint8_t* d, size_t n, int width, int height, int mcu_w
   L->interval = restart_interval;
   L->groups_per_row = L->mcus_per_row / restart_interval;
 
-  // Walk the marker segments to SOF (baseline/extended Huffman only) and the single SOS.
+  // Walk the marker segments to the one SOF (baseline/extended Huffman only) and the first SOS,
+  // as libjpeg reads them: a marker right after each segment, fill bytes allowed, standalone
+  // markers without a length. Anything else (garbage between segments, which libjpeg skips with
+  // a warning) is not ours to cut: the normal path decodes it.
   size_t i = 2;
   bool sof = false;
   while (true) {
-    if (i + 4 > n || d[i] != 0xFF) return false;
+    if (n - i < 2 || d[i] != 0xFF) return false;
     const uint8_t m = d[i + 1];
-    if (m == 0xFF) { ++i; continue; }  // fill byte
-    const size_t len = (static_cast<size_t>(d[i + 2]) << 8) | d[i + 3];
-    if (len < 2 || i + 2 + len > n) return false;
+    if (m == 0xFF) {  // fill byte
+      ++i;
+      continue;
+    }
+    if (m == 0x01 || (m >= 0xD0 && m <= 0xD7)) {  // TEM, RSTn: no length
+      i += 2;
+      continue;
+    }
+    if (m == 0x00 || m == 0xD8 || m == 0xD9) return false;
+    if (n - i < 4) return false;
+    const size_t len = be16(d + i + 2);
+    if (len < 2 || len > n - i - 2) return false;
     if (m == 0xC0 || m == 0xC1) {
+      if (sof || len < 8) return false;
+      const int nf = d[i + 9];
+      if (len != 8 + 3 * static_cast<size_t>(nf) || nf != components || d[i + 4] != 8) return false;
+      if (static_cast<int>(be16(d + i + 5)) != height || static_cast<int>(be16(d + i + 7)) != width) return false;
       L->sof_offset = i;
       sof = true;
-    } else if ((m >= 0xC2 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC)) {
+    } else if (m >= 0xC2 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC) {
       return false;  // progressive, lossless or arithmetic: not indexable
     } else if (m == 0xDA) {
-      if (!sof) return false;
+      if (!sof || len < 3) return false;
+      const int ns = d[i + 4];
+      if (ns != components || len < 6 + 2 * static_cast<size_t>(ns)) return false;
       L->scan_offset = i + 2 + len;
       break;
     }
@@ -55,13 +80,16 @@ bool index_restarts(const uint8_t* d, size_t n, int width, int height, int mcu_w
   L->starts.reserve(total);
   L->ends.reserve(total);
   size_t p = L->scan_offset;
-  while (true) {
+  while (p < n) {
     const void* hit = std::memchr(d + p, 0xFF, n - p);
     if (!hit) return false;  // no EOI
     p = static_cast<const uint8_t*>(hit) - d;
-    if (p + 1 >= n) return false;
+    if (n - p < 2) return false;
     const uint8_t m = d[p + 1];
-    if (m == 0x00 || m == 0xFF) { p += 1 + (m == 0x00); continue; }  // stuffing or fill
+    if (m == 0x00 || m == 0xFF) {  // stuffing or fill
+      p += 1 + (m == 0x00);
+      continue;
+    }
     if (m >= 0xD0 && m <= 0xD7) {
       if (m - 0xD0 != static_cast<int>(L->ends.size() % 8)) return false;  // damaged numbering
       L->ends.push_back(p);
@@ -72,18 +100,24 @@ bool index_restarts(const uint8_t* d, size_t n, int width, int height, int mcu_w
     }
     if (m == 0xD9) {  // EOI
       L->ends.push_back(p);
-      break;
+      return L->ends.size() == total;
     }
     return false;  // another marker inside the scan (DNL, a second scan, ...)
   }
-  return L->ends.size() == total;
+  return false;
 }
 
-void build_sub_jpeg(const uint8_t* d, const RestartLayout& L, int row0, int row1, int group0,
-                    int group1, std::vector<uint8_t>* out) {
+bool build_sub_jpeg(const uint8_t* d, size_t n, const RestartLayout& L, int row0, int row1, int group0, int group1,
+                    std::vector<uint8_t>* out) {
+  if (row0 < 0 || row0 > row1 || row1 >= L.mcu_rows || group0 < 0 || group0 > group1 || group1 >= L.groups_per_row)
+    return false;
+  const size_t total = static_cast<size_t>(L.mcu_rows) * L.groups_per_row;
+  if (L.scan_offset > n || L.sof_offset + 9 > L.scan_offset || L.starts.size() != total || L.ends.size() != total)
+    return false;
   const int w = std::min(L.width - group0 * L.interval * L.mcu_width,
                          (group1 - group0 + 1) * L.interval * L.mcu_width);
   const int h = std::min(L.height - row0 * L.mcu_height, (row1 - row0 + 1) * L.mcu_height);
+  if (w < 1 || h < 1 || w > 0xFFFF || h > 0xFFFF) return false;
   out->clear();
   out->insert(out->end(), d, d + L.scan_offset);
   uint8_t* sof = out->data() + L.sof_offset;
@@ -99,12 +133,14 @@ void build_sub_jpeg(const uint8_t* d, const RestartLayout& L, int row0, int row1
         out->push_back(static_cast<uint8_t>(0xD0 + (k - 1) % 8));
       }
       const size_t idx = static_cast<size_t>(r) * L.groups_per_row + g;
+      if (L.starts[idx] > L.ends[idx] || L.ends[idx] > n) return false;
       out->insert(out->end(), d + L.starts[idx], d + L.ends[idx]);
       ++k;
     }
   }
   out->push_back(0xFF);
   out->push_back(0xD9);
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -112,35 +148,79 @@ void build_sub_jpeg(const uint8_t* d, const RestartLayout& L, int row0, int row1
 
 namespace {
 
-struct TranscodeJob {
-  const uint8_t* data;
-  size_t size;
-  int restart_rows, restart_mcus;
-  unsigned char* buffer;  // malloc'd by jpeg_mem_dest
-  unsigned long out_size;
+// The libjpeg objects of one transcode, destroyed whatever happens (outside any setjmp frame).
+struct Transcoder {
+  jpeg_decompress_struct src;
+  jpeg_compress_struct dst;
+  JpegErrorMgr err;  // one manager for both objects: an error in either lands in the same frame
+  bool created = false;
+  unsigned char* buffer = nullptr;  // malloc'd by jpeg_mem_dest
+  unsigned long out_size = 0;
+
+  Transcoder() {
+    std::memset(&src, 0, sizeof(src));
+    std::memset(&dst, 0, sizeof(dst));
+    install_error_mgr(reinterpret_cast<j_common_ptr>(&src), &err);
+    dst.err = src.err;
+  }
+  ~Transcoder() {
+    if (created) {
+      jpeg_destroy_compress(&dst);
+      jpeg_destroy_decompress(&src);
+    }
+    std::free(buffer);
+  }
 };
 
-// setjmp frame: owns no destructible objects.
-bool guarded_transcode(jpeg_decompress_struct* src, jpeg_compress_struct* dst, JpegErrorMgr* err,
-                       TranscodeJob* job) {
-  if (setjmp(err->jump)) return false;
-  jpeg_create_decompress(src);
-  jpeg_create_compress(dst);
-  jpeg_mem_src(src, job->data, static_cast<unsigned long>(job->size));
-  for (int m = 0; m < 16; ++m) jpeg_save_markers(src, JPEG_APP0 + m, 0xFFFF);
-  jpeg_save_markers(src, JPEG_COM, 0xFFFF);
-  jpeg_read_header(src, TRUE);
+// A progressive file whose scans determined every coefficient to its last bit. Where they did not,
+// libjpeg's decoder smooths the missing AC coefficients from the neighbouring blocks (block
+// smoothing), so the file's pixels are not a function of its coefficients alone.
+bool complete_progression(const jpeg_decompress_struct* src) {
+  if (!src->coef_bits) return false;
+  for (int c = 0; c < src->num_components; ++c)
+    for (int k = 0; k < DCTSIZE2; ++k)
+      if (src->coef_bits[c][k] != 0) return false;
+  return true;
+}
+
+// setjmp frames: they own no destructible objects.
+bool guarded_open(Transcoder* t, const uint8_t* data, size_t size) {
+  if (setjmp(t->err.jump)) return false;
+  jpeg_create_decompress(&t->src);
+  jpeg_create_compress(&t->dst);
+  t->created = true;
+  watch_scans(&t->src, &t->err);
+  jpeg_mem_src(&t->src, data, static_cast<unsigned long>(size));
+  for (int m = 0; m < 16; ++m) jpeg_save_markers(&t->src, JPEG_APP0 + m, 0xFFFF);
+  jpeg_save_markers(&t->src, JPEG_COM, 0xFFFF);
+  jpeg_read_header(&t->src, TRUE);
+  return true;
+}
+
+bool guarded_transcode(Transcoder* t, int restart_rows, int restart_mcus, uint64_t max_memory) {
+  jpeg_decompress_struct* src = &t->src;
+  jpeg_compress_struct* dst = &t->dst;
+  if (setjmp(t->err.jump)) return false;
+  const long memory = static_cast<long>(std::min<uint64_t>(max_memory, LONG_MAX));
+  src->mem->max_memory_to_use = memory;  // whole-image coefficient arrays beyond it: refused
+  dst->mem->max_memory_to_use = memory;
   jvirt_barray_ptr* coefficients = jpeg_read_coefficients(src);
+  if (src->progressive_mode && !complete_progression(src)) {
+    record_error(&t->err, ErrorKind::kUnsupported,
+                 "progressive scans leave coefficients unknown, which libjpeg's decoder smooths over: a "
+                 "baseline copy would not decode to the same pixels");
+    return false;
+  }
   jpeg_copy_critical_parameters(src, dst);
   dst->optimize_coding = TRUE;
   dst->arith_code = FALSE;
   // Intervals of ~restart_mcus MCUs that tile each MCU row exactly (so crops can skip columns);
   // when the row length has no divisor in [target/2, target], whole rows.
   int interval = 0;
-  if (job->restart_mcus > 0) {
+  if (restart_mcus > 0) {
     const int mcu_w = src->num_components == 1 ? 8 : 8 * src->max_h_samp_factor;
     const int per_row = static_cast<int>((src->image_width + mcu_w - 1) / mcu_w);
-    for (int d = job->restart_mcus; d >= std::max(2, (job->restart_mcus + 1) / 2); --d)
+    for (int d = restart_mcus; d >= std::max(2, (restart_mcus + 1) / 2); --d)
       if (per_row % d == 0) {
         interval = d;
         break;
@@ -149,11 +229,10 @@ bool guarded_transcode(jpeg_decompress_struct* src, jpeg_compress_struct* dst, J
   if (interval > 0)
     dst->restart_interval = static_cast<unsigned int>(interval);
   else
-    dst->restart_in_rows = job->restart_rows;
-  jpeg_mem_dest(dst, &job->buffer, &job->out_size);
+    dst->restart_in_rows = restart_rows;
+  jpeg_mem_dest(dst, &t->buffer, &t->out_size);
   // jpeg_write_coefficients writes JFIF/Adobe headers itself when the color space calls for them.
-  const bool jfif = src->saw_JFIF_marker;
-  dst->write_JFIF_header = jfif ? TRUE : FALSE;
+  dst->write_JFIF_header = src->saw_JFIF_marker ? TRUE : FALSE;
   jpeg_write_coefficients(dst, coefficients);
   for (jpeg_saved_marker_ptr m = src->marker_list; m; m = m->next) {
     if (dst->write_JFIF_header && m->marker == JPEG_APP0 && m->data_length >= 5 &&
@@ -165,31 +244,31 @@ bool guarded_transcode(jpeg_decompress_struct* src, jpeg_compress_struct* dst, J
     jpeg_write_marker(dst, m->marker, m->data, m->data_length);
   }
   jpeg_finish_compress(dst);
-  jpeg_finish_decompress(src);
+  jpeg_finish_decompress(src);  // reads to EOI: trailing corruption warns (and fails: strict)
   return true;
+}
+
+[[noreturn]] void throw_transcode_error(const JpegErrorMgr& err) {
+  if (err.kind == ErrorKind::kCorrupt && err.pub.num_warnings > 0)
+    throw DecodeError(ErrorKind::kCorrupt, std::string("the source has corrupt or truncated data (") + err.warning +
+                                               "): not transcoded");
+  throw_recorded(err);
 }
 
 }  // namespace
 
-std::vector<uint8_t> transcode_with_restarts(const uint8_t* data, size_t size, int restart_rows,
-                                             int restart_mcus) {
+std::vector<uint8_t> transcode_with_restarts(const uint8_t* data, size_t size, int restart_rows, int restart_mcus) {
   if (restart_rows < 1 && restart_mcus < 1) throw InvalidArgument("restart_rows or restart_mcus must be >= 1");
-  jpeg_decompress_struct src;
-  jpeg_compress_struct dst;
-  std::memset(&src, 0, sizeof(src));
-  std::memset(&dst, 0, sizeof(dst));
-  JpegErrorMgr err;  // one manager for both objects: an error in either lands in the same frame
-  install_error_mgr(&src, &err);
-  dst.err = src.err;
-  TranscodeJob job{data, size, restart_rows, restart_mcus, nullptr, 0};
-  const bool ok = guarded_transcode(&src, &dst, &err, &job);
-  jpeg_destroy_compress(&dst);
-  jpeg_destroy_decompress(&src);
-  std::vector<uint8_t> out;
-  if (ok) out.assign(job.buffer, job.buffer + job.out_size);
-  std::free(job.buffer);
-  if (!ok) throw DecodeError(err.message);
-  return out;
+  if (restart_rows > 0xFFFF || restart_mcus > 0xFFFF) throw InvalidArgument("restart_rows and restart_mcus must be <= 65535");
+  const Limits limits = get_limits();
+  Transcoder t;
+  reset_error_mgr(&t.err, /*strict=*/true, limits.max_scans);  // any warning: a corrupt source
+  if (!guarded_open(&t, data, size)) throw_transcode_error(t.err);
+  check_pixel_limit(t.src.image_height, t.src.image_width);  // before the coefficient arrays exist
+  if (t.src.data_precision != 8)
+    throw DecodeError(ErrorKind::kUnsupported, "only 8-bit JPEGs can be transcoded");
+  if (!guarded_transcode(&t, restart_rows, restart_mcus, limits.max_memory)) throw_transcode_error(t.err);
+  return std::vector<uint8_t>(t.buffer, t.buffer + t.out_size);
 }
 
 }  // namespace gpupipe

@@ -27,18 +27,25 @@ struct RestartLayout {
 
 // Fills `layout` when the file is a single-scan baseline Huffman JPEG with intact, correctly
 // numbered restart markers aligned with MCU rows. Returns false otherwise (use the normal path).
-// Header fields come from libjpeg (already parsed by the caller).
-bool index_restarts(const uint8_t* data, size_t size, int width, int height, int mcu_width,
+// Header fields come from libjpeg (already parsed by the caller); the marker walk must find the
+// same frame (size and components) in segments whose lengths are checked against the buffer and
+// against their content (SOF: 8 + 3 Nf bytes, SOS: 6 + 2 Ns), standalone markers (RSTn, TEM)
+// having no length, or it returns false.
+bool index_restarts(const uint8_t* data, size_t size, int width, int height, int components, int mcu_width,
                     int mcu_height, int restart_interval, RestartLayout* layout);
 
-// The synthetic JPEG of MCU rows [row0, row1] x interval groups [group0, group1].
-void build_sub_jpeg(const uint8_t* data, const RestartLayout& layout, int row0, int row1, int group0,
+// The synthetic JPEG of MCU rows [row0, row1] x interval groups [group0, group1]. Returns false
+// (out unspecified) when the ranges or the layout do not fit `data` (size bytes).
+bool build_sub_jpeg(const uint8_t* data, size_t size, const RestartLayout& layout, int row0, int row1, int group0,
                     int group1, std::vector<uint8_t>* out);
 
 // Lossless transcode (jpegtran -restart): identical DCT coefficients, Huffman tables optimised,
 // baseline sequential, APPn and COM markers kept. Restart intervals: the largest divisor of the
 // MCUs per row within [restart_mcus / 2, restart_mcus] (crops then skip columns too), else one
-// interval per `restart_rows` MCU rows (restart_mcus = 0: always rows). Throws DecodeError.
+// interval per `restart_rows` MCU rows (restart_mcus = 0: always rows). The limits hold as in the
+// decoder (max_pixels before any allocation, max_scans, max_memory), and a source with any libjpeg
+// warning (corrupt or truncated data) is refused, never rewritten into a clean-looking file.
+// Throws DecodeError (its kind says why) or InvalidArgument.
 std::vector<uint8_t> transcode_with_restarts(const uint8_t* data, size_t size, int restart_rows,
                                              int restart_mcus);
 

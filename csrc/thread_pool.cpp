@@ -1,12 +1,15 @@
 #include "thread_pool.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <map>
 #include <cstdlib>
+#include <exception>
+#include <map>
 #include <string>
+#include <system_error>
 
 #include "errors.h"
 
@@ -18,23 +21,37 @@ struct ThreadPool::Loop {
   std::atomic<size_t> next{0};
   int participants = 0;  // workers that will join this loop
   int finished = 0;      // guarded by done_mutex
+  std::exception_ptr error;  // the first exception thrown by fn, guarded by done_mutex
   std::mutex done_mutex;
   std::condition_variable done;
 };
 
 ThreadPool::ThreadPool(int num_threads) {
-  if (num_threads < 1) throw InvalidArgument("num_threads must be >= 1");
+  if (num_threads < 1 || num_threads > kMaxThreads)
+    throw InvalidArgument("num_threads must be within 1.." + std::to_string(kMaxThreads) + ", got " +
+                          std::to_string(num_threads));
   workers_.reserve(num_threads);
-  for (int i = 0; i < num_threads; ++i) workers_.emplace_back([this] { worker_main(); });
+  try {
+    for (int i = 0; i < num_threads; ++i) workers_.emplace_back([this] { worker_main(); });
+  } catch (const std::system_error& e) {
+    // Never let a joinable std::thread be destroyed (std::terminate): stop and join what started.
+    const size_t started = workers_.size();
+    stop_and_join();
+    throw InternalError("could not start " + std::to_string(num_threads) + " decode threads (" +
+                        std::to_string(started) + " started: " + e.what() + "); ask for fewer threads");
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop_and_join(); }
+
+void ThreadPool::stop_and_join() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
   wake_.notify_all();
-  for (auto& t : workers_) t.join();
+  for (auto& t : workers_)
+    if (t.joinable()) t.join();
 }
 
 void ThreadPool::parallel_for(size_t n, const std::function<void(size_t)>& fn) {
@@ -51,6 +68,7 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t)>& fn) {
   else wake_.notify_all();
   std::unique_lock<std::mutex> lock(loop->done_mutex);
   loop->done.wait(lock, [&] { return loop->finished == loop->participants; });
+  if (loop->error) std::rethrow_exception(loop->error);
 }
 
 void ThreadPool::worker_main() {
@@ -63,8 +81,15 @@ void ThreadPool::worker_main() {
       loop = std::move(queue_.front());
       queue_.pop_front();
     }
-    for (size_t i = loop->next.fetch_add(1); i < loop->n; i = loop->next.fetch_add(1)) (*loop->fn)(i);
+    std::exception_ptr error;
+    try {
+      for (size_t i = loop->next.fetch_add(1); i < loop->n; i = loop->next.fetch_add(1)) (*loop->fn)(i);
+    } catch (...) {
+      error = std::current_exception();
+      loop->next.store(loop->n);  // the other participants stop taking indices
+    }
     std::lock_guard<std::mutex> lock(loop->done_mutex);
+    if (error && !loop->error) loop->error = error;
     if (++loop->finished == loop->participants) loop->done.notify_all();
   }
 }
@@ -73,8 +98,8 @@ int default_num_threads() {
   if (const char* env = std::getenv("GPUPIPE_NUM_THREADS")) {
     char* end = nullptr;
     long v = std::strtol(env, &end, 10);
-    if (end != env && *end == '\0' && v >= 1 && v <= 1024) return static_cast<int>(v);
-    throw InvalidArgument("GPUPIPE_NUM_THREADS must be an integer in 1..1024, got '" +
+    if (end != env && *end == '\0' && v >= 1 && v <= kMaxThreads) return static_cast<int>(v);
+    throw InvalidArgument("GPUPIPE_NUM_THREADS must be an integer in 1.." + std::to_string(kMaxThreads) + ", got '" +
                           std::string(env) + "'");
   }
   cpu_set_t set;
@@ -87,7 +112,7 @@ int default_num_threads() {
 }
 
 namespace {
-std::mutex g_pool_mutex;
+std::mutex g_pool_mutex;  // guards g_pools; held across fork() by the atfork handlers below
 // One pool per requested size: the decoder and the augmentation kernel may ask for different
 // sizes in alternation, which must not tear pools down and rebuild them every batch. Heap-held so
 // that a forked child can abandon the parent's (never touch or destroy it: its threads are gone
@@ -102,10 +127,27 @@ std::map<int, std::shared_ptr<ThreadPool>>& pools_locked() {
   }
   return *g_pools;
 }
+
+// fork() copies one thread; a lock another thread held at that moment would stay locked forever in
+// the child. Taking the lock around fork() means the child's copy is consistent and unlocked; the
+// child then abandons the parent's pools (their threads do not exist there).
+void before_fork() { g_pool_mutex.lock(); }
+void after_fork_parent() { g_pool_mutex.unlock(); }
+void after_fork_child() {
+  g_pools = nullptr;  // leaked on purpose: destroying it would join threads that are gone
+  g_pool_mutex.unlock();
+}
+
+const bool g_atfork_registered = [] {
+  return pthread_atfork(before_fork, after_fork_parent, after_fork_child) == 0;
+}();
 }  // namespace
 
 std::shared_ptr<ThreadPool> get_pool(int num_threads) {
-  if (num_threads <= 0) num_threads = default_num_threads();
+  if (num_threads < 0 || num_threads > kMaxThreads)
+    throw InvalidArgument("num_threads must be within 1.." + std::to_string(kMaxThreads) + ", got " +
+                          std::to_string(num_threads));
+  if (num_threads == 0) num_threads = default_num_threads();
   std::lock_guard<std::mutex> lock(g_pool_mutex);
   std::shared_ptr<ThreadPool>& pool = pools_locked()[num_threads];
   if (!pool) pool = std::make_shared<ThreadPool>(num_threads);

@@ -15,6 +15,8 @@ namespace gpupipe {
 
 class ThreadPool {
  public:
+  // Starts num_threads (1..kMaxThreads) workers. Throws InvalidArgument for a bad count and
+  // InternalError when the system refuses a thread (the ones already started are joined first).
   explicit ThreadPool(int num_threads);
   ~ThreadPool();  // finishes queued loops, then joins
   ThreadPool(const ThreadPool&) = delete;
@@ -22,13 +24,15 @@ class ThreadPool {
 
   int size() const { return static_cast<int>(workers_.size()); }
 
-  // Runs fn(i) for every i in [0, n) on the pool's threads and returns when all are done.
-  // fn must not throw (catch inside and record per index).
+  // Runs fn(i) for every i in [0, n) on the pool's threads and returns when all are done. If fn
+  // throws, the remaining indices are skipped and the first exception is rethrown here (a worker
+  // thread never dies of it, and std::terminate is never reached).
   void parallel_for(size_t n, const std::function<void(size_t)>& fn);
 
  private:
   struct Loop;
   void worker_main();
+  void stop_and_join();
 
   std::mutex mutex_;
   std::condition_variable wake_;
@@ -37,11 +41,16 @@ class ThreadPool {
   std::vector<std::thread> workers_;
 };
 
+// The most threads one pool may have (the same bound as GPUPIPE_NUM_THREADS).
+constexpr int kMaxThreads = 1024;
+
 // Threads to use when the caller gives none: GPUPIPE_NUM_THREADS, else the CPU affinity count.
 int default_num_threads();
 
 // The process's pool of `num_threads` workers (0: default_num_threads()), created lazily, one per
-// size asked for, and created anew in a forked child, whose copy of the parent's has no threads.
+// size asked for, and created anew in a forked child, whose copy of the parent's has no threads
+// (a pthread_atfork handler keeps the registry's lock consistent across fork). Throws
+// InvalidArgument when num_threads is outside 0..kMaxThreads.
 std::shared_ptr<ThreadPool> get_pool(int num_threads);
 
 // Worker threads alive in this process's pools (0 when none was created).

@@ -2,7 +2,18 @@
 
 from gpupipe import augment, crops, data, sources
 from gpupipe.backends import backends_available
-from gpupipe._errors import DecompressionBombError, JpegError, JpegWarning
+from gpupipe._errors import (
+    CorruptJpegError,
+    DecompressionBombError,
+    ErrorKind,
+    JpegError,
+    JpegWarning,
+    MemoryLimitError,
+    NotAJpegError,
+    PixelLimitError,
+    ScanLimitError,
+    UnsupportedJpegError,
+)
 from gpupipe.decode import DecodedBatch, decode_and_crop_jpeg, decode_crop_jpeg, decode_crop_jpegs
 from gpupipe.header import JpegInfo, read_header
 from gpupipe.limits import Limits, get_limits, set_limits
@@ -12,12 +23,19 @@ from gpupipe.prepare import PrepareReport, prepare
 __version__ = "0.1.0"
 
 __all__ = [
+    "CorruptJpegError",
     "DecodedBatch",
     "DecompressionBombError",
+    "ErrorKind",
     "JpegError",
     "JpegInfo",
     "JpegWarning",
     "Limits",
+    "MemoryLimitError",
+    "NotAJpegError",
+    "PixelLimitError",
+    "ScanLimitError",
+    "UnsupportedJpegError",
     "Loader",
     "PrepareReport",
     "prepare",

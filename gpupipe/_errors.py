@@ -1,13 +1,46 @@
-"""Exception and warning classes (the exceptions are defined once, in the C++ module)."""
+"""Exception and warning classes. The exceptions and the list of error kinds are defined once, in
+the C++ module (csrc/errors.h, csrc/bindings.cpp); this module re-exports them.
 
-from gpupipe._C import DecompressionBombError, JpegError
+| class | kind (``ErrorKind``) | when |
+|---|---|---|
+| ``JpegError`` | (base) | the data is not a decodable JPEG, or a limit refused it |
+| ``NotAJpegError`` | ``NOT_JPEG`` | no JPEG signature, empty input (and no other decoder read it) |
+| ``CorruptJpegError`` | ``CORRUPT`` | libjpeg rejects the data; with ``strict=True`` also recoverable corruption |
+| ``UnsupportedJpegError`` | ``UNSUPPORTED`` | 12-bit, lossless, hierarchical, unknown color space |
+| ``DecompressionBombError`` | (base of the limits) | refused by :func:`gpupipe.set_limits` |
+| ``PixelLimitError`` | ``PIXEL_LIMIT`` | more pixels than ``max_pixels`` |
+| ``ScanLimitError`` | ``SCAN_LIMIT`` | more progressive scans than ``max_scans`` |
+| ``MemoryLimitError`` | ``MEMORY_LIMIT`` | more libjpeg working memory than ``max_memory`` |
+| ``ValueError`` | ``INVALID_ARGUMENT`` | a box outside the image, a crop larger than the image, bad arguments |
+| ``OSError`` | ``READ`` | the sample's bytes could not be read (loader) |
+| ``RuntimeError`` | ``INTERNAL`` | a bug of ours, never the data's fault |
+"""
+
+from gpupipe._C import (
+    ERROR_CLASSES,
+    CorruptJpegError,
+    DecompressionBombError,
+    ErrorKind,
+    JpegError,
+    MemoryLimitError,
+    NotAJpegError,
+    PixelLimitError,
+    ScanLimitError,
+    UnsupportedJpegError,
+)
 
 
 class JpegWarning(UserWarning):
     """Recoverable corruption: the image decoded, but part of it may be filler (libjpeg's warning).
 
-    Pass ``strict=True`` to get a :class:`JpegError` instead.
+    Pass ``strict=True`` to get a :class:`CorruptJpegError` instead.
     """
 
 
-__all__ = ["JpegError", "DecompressionBombError", "JpegWarning"]
+def error_class(kind) -> type:
+    """The exception class of an :class:`ErrorKind`."""
+    return ERROR_CLASSES[ErrorKind(kind)]
+
+
+__all__ = ["JpegError", "NotAJpegError", "CorruptJpegError", "UnsupportedJpegError", "DecompressionBombError",
+           "PixelLimitError", "ScanLimitError", "MemoryLimitError", "JpegWarning", "ErrorKind", "error_class"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from typing import Any, Optional, Sequence, Union
 
@@ -13,6 +14,7 @@ from gpupipe import backends
 from gpupipe._backends import cpu
 from gpupipe._buffers import as_buffer
 from gpupipe._errors import JpegWarning
+from gpupipe.limits import check_output_size
 
 Size = Union[int, Sequence[int]]
 
@@ -30,7 +32,19 @@ def _as_size(size: Size) -> tuple[int, int]:
     h, w = (int(v) for v in size)
     if h < 1 or w < 1:
         raise ValueError(f"size must be positive, got {tuple(size)}")
+    check_output_size(h, w)
     return h, w
+
+
+def _box(top, left, height, width, resize: bool) -> tuple:
+    """The box as whole pixels, or as floats when it is resized (a fractional box is resampled
+    exactly); a fractional crop without a resize is an error."""
+    box = tuple(float(v) for v in (top, left, height, width))
+    if resize:
+        return box
+    if not all(math.isfinite(v) and v == int(v) for v in box):
+        raise ValueError(f"crop box {box} is fractional (or not finite): only a resized box (size=...) may be")
+    return tuple(int(v) for v in box)
 
 
 def decode_crop_jpeg(
@@ -90,8 +104,10 @@ def decode_crop_jpeg(
         torch.Size([3, 20, 30])
     """
     _check_mode(mode)
-    box = (int(top), int(left), int(height), int(width))
+    box = _box(top, left, height, width, resize=size is not None)
     out_hw = _as_size(size) if size is not None else (box[2], box[3])
+    if size is None:
+        check_output_size(*out_hw)
     device = torch.device(device)
     if apply_exif_orientation:
         batch = decode_crop_jpegs([data], [box], size=size, mode=mode, strict=strict, dct_scaling=dct_scaling,
@@ -128,7 +144,7 @@ def decode_and_crop_jpeg(
 
 @torch.library.custom_op("gpupipe::decode_crop_jpeg", mutates_args=(), device_types="cpu")
 def _decode_crop_jpeg_op(
-    data: torch.Tensor, top: int, left: int, height: int, width: int, out_height: int,
+    data: torch.Tensor, top: float, left: float, height: float, width: float, out_height: int,
     out_width: int, resize: bool, mode: int, strict: bool, dct_scaling: bool,
 ) -> torch.Tensor:
     """uint8 [out_height, out_width, C] (HWC) crop of the JPEG in ``data`` (1-D uint8)."""
@@ -174,9 +190,11 @@ class DecodedBatch:
 
 
 def _boxes_array(boxes: Any, n: int) -> np.ndarray:
+    """int64 [N, 4], or float64 [N, 4] for fractional boxes (resized exactly from the box)."""
     if isinstance(boxes, torch.Tensor):
         boxes = boxes.detach().cpu().numpy()
-    arr = np.ascontiguousarray(np.asarray(boxes, dtype=np.int64))
+    arr = np.asarray(boxes)
+    arr = np.ascontiguousarray(arr, dtype=np.float64 if arr.dtype.kind == "f" else np.int64)
     if arr.shape != (n, 4):
         raise ValueError(f"boxes must have shape [{n}, 4] (top, left, height, width), got {arr.shape}")
     return arr
@@ -264,6 +282,9 @@ def decode_crop_jpegs(
         if n and not ((box_arr[:, 2] == box_arr[0, 2]).all() and (box_arr[:, 3] == box_arr[0, 3]).all()):
             raise ValueError("boxes differ in size: pass size=(h, w) to resize each to one size")
         out_hw = (int(box_arr[0, 2]), int(box_arr[0, 3])) if n else (1, 1)
+        if out_hw[0] < 1 or out_hw[1] < 1:
+            raise ValueError(f"box size {out_hw} is empty")
+        check_output_size(*out_hw)
     else:
         out_hw = _as_size(size)
     if num_threads is not None and num_threads < 1:

@@ -18,6 +18,19 @@ def get_limits() -> Limits:
     return Limits(*_C.get_limits())
 
 
+def check_output_size(height: int, width: int) -> None:
+    """Refuses (ValueError) an output of more pixels than an image may have (``max_pixels``), before
+    anything is allocated for it. A no-op while ``torch.compile`` traces (the op checks when it runs)."""
+    import torch
+
+    if torch.compiler.is_compiling():
+        return
+    limit = get_limits().max_pixels
+    if height * width > limit:
+        raise ValueError(f"output size {height}x{width} is larger than max_pixels={limit}, the largest image "
+                         "allowed (gpupipe.set_limits)")
+
+
 def set_limits(
     max_pixels: Optional[int] = None, max_scans: Optional[int] = None, max_memory: Optional[int] = None
 ) -> Limits:

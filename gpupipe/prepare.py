@@ -2,8 +2,9 @@
 only their own part of the entropy-coded data (see csrc/restart.h).
 
 Every JPEG is rewritten with identical DCT coefficients (so identical pixels, verified per file),
-optimised Huffman tables and restart intervals that tile each MCU row. Non-JPEG and unreadable
-files are copied unchanged and reported, never dropped. Folder trees keep their layout (so labels
+optimised Huffman tables and restart intervals that tile each MCU row. Non-JPEG, unreadable and
+corrupt files (any libjpeg warning), and files over a limit of :func:`gpupipe.set_limits`, are
+copied unchanged and reported with the reason, never dropped and never rewritten. Folder trees keep their layout (so labels
 in class folders survive); tar shards keep their members, names and order.
 """
 
@@ -46,15 +47,21 @@ class PrepareReport:
 
 
 def prepare_bytes(data: bytes, *, restart_rows: int = 1, restart_mcus: int = 8, verify: bool = True) -> bytes:
-    """One JPEG, transcoded with restart markers. Raises gpupipe.JpegError if unreadable, and
-    RuntimeError if the transcoded pixels differ from the source's (never expected)."""
+    """One JPEG, transcoded with restart markers.
+
+    Raises:
+        gpupipe.JpegError (its subclass says why): unreadable, corrupt or truncated (any libjpeg
+            warning: a corrupt source is never rewritten into a clean-looking file), unsupported,
+            or over a limit of :func:`gpupipe.set_limits` (checked before anything is allocated).
+        RuntimeError: the transcoded pixels differ from the source's (never expected).
+    """
     out = _C.transcode_with_restarts(data, restart_rows, restart_mcus)
-    if verify:
+    if verify:  # both decoded strictly: any warning would have been an error above already
         h, w = _C.read_header(data)[:2]
         a = torch.empty((h, w, 3), dtype=torch.uint8)
         b = torch.empty((h, w, 3), dtype=torch.uint8)
-        _C.decode_into(data, a.data_ptr(), a.numel(), 0, 0, h, w, h, w)
-        _C.decode_into(out, b.data_ptr(), b.numel(), 0, 0, h, w, h, w, use_restarts=False)
+        _C.decode_into(data, a.data_ptr(), a.numel(), 0, 0, h, w, h, w, strict=True)
+        _C.decode_into(out, b.data_ptr(), b.numel(), 0, 0, h, w, h, w, strict=True, use_restarts=False)
         if not torch.equal(a, b):
             raise RuntimeError("transcoded pixels differ from the source")
     return out

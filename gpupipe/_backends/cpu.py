@@ -10,13 +10,12 @@ import torch
 
 from gpupipe import _C
 from gpupipe._buffers import as_buffer
-from gpupipe._errors import DecompressionBombError, JpegError, JpegWarning
+from gpupipe._errors import JpegWarning
+from gpupipe.limits import check_output_size
 
 MODES = {"rgb": 0, "gray": 1}
 CHANNELS = {"rgb": 3, "gray": 1}
 
-# Error kinds reported by _C.decode_batch_into.
-_KIND_CLASS = {1: ValueError, 2: JpegError, 3: DecompressionBombError, 4: RuntimeError}
 
 
 def decode_one_hwc(
@@ -32,11 +31,14 @@ def decode_one_hwc(
     stacklevel: int = 3,
 ) -> torch.Tensor:
     """Decodes one box into a new uint8 [H, W, C] tensor."""
-    out = torch.empty((out_hw[0], out_hw[1], CHANNELS[mode]), dtype=torch.uint8)
+    # An empty or negative size allocates nothing: the decoder then reports the box, with the image size.
+    oh, ow = (max(v, 0) for v in out_hw)
+    check_output_size(oh, ow)
+    out = torch.empty((oh, ow, CHANNELS[mode]), dtype=torch.uint8)
     top, left, height, width = box
     warning, _, _ = _C.decode_into(
         as_buffer(data, what), out.data_ptr(), out.numel(), top, left, height, width,
-        out_hw[0], out_hw[1], resize, MODES[mode], strict, dct_scaling,
+        oh, ow, resize, MODES[mode], strict, dct_scaling,
     )
     if warning is not None:
         warnings.warn(f"{what}: {warning}", JpegWarning, stacklevel=stacklevel)
@@ -67,4 +69,4 @@ def decode_batch_nhwc(
         # Some inputs do not export a buffer (torch tensors): convert them and retry.
         converted = [as_buffer(d, f"datas[{i}]") for i, d in enumerate(datas)]
         errors, warns = _C.decode_batch_into(converted, *args)
-    return ({i: (_KIND_CLASS[k], msg) for i, k, msg in errors}, dict(warns))
+    return ({i: (_C.ERROR_CLASSES[k], msg) for i, k, msg in errors}, dict(warns))

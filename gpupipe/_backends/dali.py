@@ -5,6 +5,11 @@ output size, mode, device) and reused. DALI is imported lazily: gpupipe works wi
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import sys
+import tempfile
 import threading
 from typing import Optional
 
@@ -74,6 +79,52 @@ def _forget(pipe) -> None:
                 del _pipelines[k]
 
 
+_stderr_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _stderr_captured():
+    """Runs the block with file descriptor 2 redirected to a temporary file: DALI's bundled
+    libjpeg-turbo prints its warnings there, and its logger its errors. Yields a list that holds,
+    after the block, the lines that were DALI's or libjpeg's; anything else written meanwhile (by
+    other threads) is passed on to the real stderr."""
+    found: list = []
+    with _stderr_lock, tempfile.TemporaryFile() as tmp:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield found
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            others = []
+            for line in tmp.read().decode(errors="replace").splitlines(keepends=True):
+                if _is_decoder_message(line):
+                    found.append(line.strip())
+                else:
+                    others.append(line)
+            if others:
+                os.write(2, "".join(others).encode())
+
+
+def _is_decoder_message(line: str) -> bool:
+    return bool(line.strip()) and (_DALI_LOG.search(line) is not None or _LIBJPEG.match(line.strip()) is not None)
+
+
+_DALI_LOG = re.compile(r"\[(ERROR|WARNING|INFO|DEBUG)\]|libjpeg|nvjpeg|DALI", re.IGNORECASE)
+# libjpeg's message formats (those of the libjpeg gpupipe links; DALI's bundled one shares them):
+# the text before the first conversion, at the start of a line.
+_LIBJPEG = re.compile("|".join(sorted({re.escape(f.split("%")[0]) for f in _C.LIBJPEG_MESSAGES
+                                        if len(f.split("%")[0]) >= 8}, key=len, reverse=True)))
+
+
+class DaliReportedProblems(RuntimeError):
+    """DALI decoded the batch but its decoder printed warnings or errors (corrupt data): the batch
+    is decoded by the CPU core instead, which attributes each warning or error to its sample."""
+
+
 def decode_batch_nhwc(datas, boxes: np.ndarray, out_nhwc: torch.Tensor, *, resize, mode, strict, dct_scaling,
                       num_threads, device: torch.device):
     """Decodes into out_nhwc (on ``device``). Returns (failures, warnings, fallback) dicts by index;
@@ -89,10 +140,13 @@ def decode_batch_nhwc(datas, boxes: np.ndarray, out_nhwc: torch.Tensor, *, resiz
             pipe.feed_input("data", [np.frombuffer(datas[i], dtype=np.uint8) for i in idx])
             pipe.feed_input("anchor", [np.array([boxes[i, 1], boxes[i, 0]], dtype=np.int64) for i in idx])  # (x, y)
             pipe.feed_input("shape", [np.array([boxes[i, 3], boxes[i, 2]], dtype=np.int64) for i in idx])  # (w, h)
-            (images,) = pipe.run()
+            with _stderr_captured() as messages:
+                (images,) = pipe.run()
         except Exception:
             _forget(pipe)  # a pipeline that failed is not reused
             raise
+        if messages:
+            raise DaliReportedProblems("; ".join(messages[:3]))
         _copy_out(images, out_nhwc, idx)
 
     return hybrid.decode_with_fallback("DALI", decode, datas, boxes, out_nhwc, resize=resize, mode=mode, strict=strict,

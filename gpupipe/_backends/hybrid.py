@@ -9,14 +9,14 @@ from gpupipe import _C
 from gpupipe._backends import cpu
 from gpupipe.limits import get_limits
 
-# read_header_infos color space codes
+# read_header_infos color space codes (_C.COLORSPACES)
 GRAY, YCBCR, RGB, CMYK, YCCK, OTHER = range(6)
 
 
 def header_infos(datas) -> np.ndarray:
-    """int64 [N, 5]: height, width, color space code, components, EXIF orientation; -1 rows
-    where unreadable."""
-    out = np.empty((len(datas), 5), dtype=np.int64)
+    """int64 [N, len(_C.INFO_COLUMNS)]: height, width, color space code, components, EXIF
+    orientation, progressive, scans, error kind; -1 (and the kind) where unreadable."""
+    out = np.empty((len(datas), len(_C.INFO_COLUMNS)), dtype=np.int64)
     if len(datas):
         _C.read_header_infos(datas, out.ctypes.data, out.nbytes)
     return out
@@ -32,15 +32,8 @@ def gpu_eligible(infos: np.ndarray, boxes: np.ndarray, datas=None) -> np.ndarray
     inside = (t >= 0) & (l >= 0) & (bh >= 1) & (bw >= 1) & (t + bh <= h) & (l + bw <= w)
     limits = get_limits()
     ok = (h > 0) & np.isin(cs, (GRAY, YCBCR, RGB)) & (h * w <= limits.max_pixels) & inside
-    if datas is not None:  # SOS markers bound the scan count (a scan bomb has thousands)
-        scans = np.array([_sos_count(d) for d in datas], dtype=np.int64)
-        ok &= scans <= limits.max_scans
+    ok &= infos[:, 6] <= limits.max_scans  # a scan bomb has thousands of SOS markers
     return ok
-
-
-def _sos_count(data) -> int:
-    b = data if isinstance(data, (bytes, bytearray)) else memoryview(data).tobytes()
-    return b.count(b"\xff\xda")
 
 
 def cpu_subset(datas, boxes, indices, out_nhwc: torch.Tensor, *, resize, mode, strict, dct_scaling, num_threads):
