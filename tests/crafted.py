@@ -1,0 +1,116 @@
+"""Crafted hostile files, each reproducing a report of the reliability issue (shared by the tests and
+the fuzz corpora: csrc/fuzz/make_corpus.py, tests/fuzz_python.py)."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from gpupipe import _C
+
+
+def _segments(data: bytes):
+    """(offset, marker) of the marker segments up to and including SOS."""
+    i, out = 2, []
+    while i + 4 <= len(data):
+        m = data[i + 1]
+        out.append((i, m))
+        if m == 0xDA:
+            break
+        i += 2 + struct.unpack(">H", data[i + 2:i + 4])[0]
+    return out
+
+
+def sos_offset(data: bytes) -> int:
+    return next(i for i, m in _segments(data) if m == 0xDA)
+
+
+def gray_restart_jpeg(height: int = 64, width: int = 64, seed: int = 0) -> bytes:
+    """A gray baseline JPEG with a restart marker every MCU row (DRI)."""
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width), dtype=np.uint8)
+    return _C.encode_jpeg(pixels.tobytes(), height, width, 1, colorspace="gray", restart_rows=1)
+
+
+def restart_walk_heap_overflow() -> bytes:
+    """The 65 KB file of report 1: a standalone ``FF D0`` just before SOS makes a marker walk that
+    reads every marker as having a length jump 0xFFDA bytes ahead, onto a planted
+    ``FF C0 00 02 FF DA 00 02`` (an SOF and an SOS of length 2), followed by well-numbered restart
+    markers and EOI, so that the walk "succeeds" with an SOF whose patch lands past the header
+    copy: a one-byte heap write in the old build_sub_jpeg."""
+    base = gray_restart_jpeg()
+    sos = sos_offset(base)
+    sos_len = struct.unpack(">H", base[sos + 2:sos + 4])[0]
+    head = base[:sos] + b"\xff\xd0" + base[sos:sos + 2 + sos_len]
+    rst = len(base[:sos])  # offset of the inserted FF D0
+    landing = rst + 2 + 0xFFDA
+    body = bytearray(head)
+    body += b"\x00" * (landing - len(body))
+    body += b"\xff\xc0\x00\x02\xff\xda\x00\x02"
+    intervals = 64 // 8  # MCU rows of the 64x64 gray image, one interval each
+    for k in range(intervals - 1):
+        body += b"\x00\x00" + bytes([0xFF, 0xD0 + k % 8])
+    body += b"\x00\xff\xd9"
+    return bytes(body)
+
+
+def restart_walk_garbage() -> bytes:
+    """The small variant of report 1: ``FF D0 00 20`` and 30 bytes of garbage before SOS, which
+    libjpeg skips (with a warning) but a length-reading walk takes for a 32-byte segment."""
+    base = gray_restart_jpeg()
+    sos = sos_offset(base)
+    return base[:sos] + b"\xff\xd0\x00\x20" + bytes(range(1, 31)) + base[sos:]
+
+
+def huge_declared_size(height: int = 30000, width: int = 30000) -> bytes:
+    """A small valid-looking JPEG whose SOF claims height x width (report 2: 631 bytes)."""
+    small = _C.encode_jpeg(bytes(8 * 8 * 3), 8, 8, 3, quality=50)
+    b = bytearray(small)
+    for i, m in _segments(small):
+        if m in (0xC0, 0xC1, 0xC2):
+            b[i + 5:i + 9] = struct.pack(">HH", height, width)
+    return bytes(b)
+
+
+def exif_app1(orientation: int) -> bytes:
+    """An APP1 EXIF segment (big-endian TIFF) holding only the Orientation tag."""
+    tiff = b"MM\x00\x2a" + struct.pack(">I", 8) + struct.pack(">H", 1)
+    tiff += struct.pack(">HHIHH", 0x0112, 3, 1, orientation, 0) + struct.pack(">I", 0)
+    payload = b"Exif\x00\x00" + tiff
+    return b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload
+
+
+def xmp_app1() -> bytes:
+    payload = b"http://ns.adobe.com/xap/1.0/\x00" + b'<x:xmpmeta xmlns:x="adobe:ns:meta/"></x:xmpmeta>'
+    return b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload
+
+
+def with_app1s(jpeg: bytes, *segments: bytes) -> bytes:
+    """The JPEG with APP1 segments inserted right after SOI (report 6: XMP before EXIF)."""
+    return jpeg[:2] + b"".join(segments) + jpeg[2:]
+
+
+def incomplete_progressive(progressive: bytes, drop_scans: int = 2) -> bytes:
+    """A progressive JPEG without its last scans: valid, decoded without a warning, but its missing
+    coefficient bits are smoothed over by libjpeg's decoder (found by the transcode fuzzer: such a
+    file cannot be transcoded to baseline losslessly)."""
+    cut = len(progressive) - 2
+    for _ in range(drop_scans):
+        cut = progressive.rfind(b"\xff\xda", 0, cut)
+    return progressive[:cut] + b"\xff\xd9"
+
+
+def without_segments(jpeg: bytes, marker: int) -> bytes:
+    """The JPEG with every header segment of one marker type removed (e.g. 0xC4: an "abbreviated"
+    file whose Huffman tables must come from elsewhere; libjpeg-turbo then uses the standard ones)."""
+    out, last = bytearray(), 0
+    for i, m in _segments(jpeg):
+        if m == marker:
+            out += jpeg[last:i]
+            last = i + 2 + struct.unpack(">H", jpeg[i + 2:i + 4])[0]
+    return bytes(out + jpeg[last:])
+
+
+__all__ = ["gray_restart_jpeg", "restart_walk_heap_overflow", "restart_walk_garbage", "huge_declared_size",
+           "exif_app1", "xmp_app1", "with_app1s", "sos_offset", "without_segments",
+           "incomplete_progressive"]
