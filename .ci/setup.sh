@@ -30,6 +30,10 @@ if ! "$VPY" -c "import pybind11, scikit_build_core, pytest, PIL, skimage, simple
   log "installing build, test and benchmark packages"
   pip_q "pybind11>=2.12" "scikit-build-core>=0.8" ninja pytest pillow scikit-image simplejpeg kornia matplotlib tqdm packaging numpy
 fi
+if ! "$VPY" -c "import atheris" 2>/dev/null; then
+  log "installing atheris (the Python API fuzz smoke)"
+  pip_q atheris || log "atheris could not be installed: the API fuzz smoke will be skipped"
+fi
 if ! "$VPY" -c "import nvidia.dali" 2>/dev/null; then
   log "installing nvidia-dali-cuda120 (optional peer/backend; its CPU pipelines run without a GPU)"
   pip_q nvidia-dali-cuda120 || log "DALI could not be installed: its tests and benchmark rows will be skipped"

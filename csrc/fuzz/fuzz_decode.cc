@@ -1,7 +1,8 @@
-// libFuzzer harness over the C++ core, no Python: header probe, crop decode (boxes, modes, DCT
-// scales and resizes derived from the input), the batch engine, the restart-marker index and the
-// sub-JPEG it builds. Built with ASan + UBSan by csrc/fuzz/run.sh. Input layout: 8 parameter
-// bytes, then the file.
+// libFuzzer harness over the C++ decode core, no Python: header probe, crop decode (boxes, modes,
+// DCT scales and resizes derived from the input, fractional boxes), the batch engine on the pool,
+// the restart-marker index and the sub-JPEG it builds. Built with ASan + UBSan by csrc/fuzz/run.sh.
+// Input layout: 8 parameter bytes, then the file.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <new>
@@ -42,10 +43,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* input, size_t size) {
   if (info.height < 1 || info.width < 1) __builtin_trap();  // libjpeg must reject empty images
 
   DecodeRequest req;
-  req.box.top = pick(p[0], info.height);
-  req.box.left = pick(p[1], info.width);
-  req.box.height = 1 + pick(p[2], info.height - req.box.top);
-  req.box.width = 1 + pick(p[3], info.width - req.box.left);
+  const int top = pick(p[0], info.height), left = pick(p[1], info.width);
+  req.box = Box{static_cast<double>(top), static_cast<double>(left), 1.0 + pick(p[2], info.height - top),
+                1.0 + pick(p[3], info.width - left)};
   req.mode = (p[4] & 1) ? ColorMode::kGray : ColorMode::kRGB;
   req.strict = (p[4] & 2) != 0;
   req.use_restarts = (p[4] & 4) == 0;
@@ -53,6 +53,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* input, size_t size) {
   req.dct_scaling = (p[4] & 16) != 0;
   req.out_height = req.resize ? 1 + pick(p[5], 48) : static_cast<int>(req.box.height);
   req.out_width = req.resize ? 1 + pick(p[6], 48) : static_cast<int>(req.box.width);
+  if (req.resize && (p[7] & 1)) {  // a fractional window, as ResizeCenterCrop makes
+    req.box.top += (p[5] & 7) / 8.0;
+    req.box.height = std::max(0.125, req.box.height - (p[6] & 7) / 4.0);
+  }
   const int channels = channels_of(req.mode);
   try {
     std::vector<uint8_t> out(static_cast<size_t>(req.out_height) * req.out_width * channels);
@@ -70,27 +74,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* input, size_t size) {
     s.box = req.box;
   }
   samples[1].box.top = pick(p[7], info.height);
-  samples[1].box.height = 1 + pick(p[7] >> 1, info.height - samples[1].box.top);
+  samples[1].box.height = 1 + pick(p[7] >> 1, info.height - static_cast<int>(samples[1].box.top));
   samples[1].box.width = 1;
   BatchOptions opt;
-  opt.out_height = 8;
-  opt.out_width = 8;
-  opt.resize = true;
-  opt.mode = req.mode;
+  opt.request.out_height = 8;
+  opt.request.out_width = 8;
+  opt.request.resize = true;
+  opt.request.mode = req.mode;
   std::vector<uint8_t> batch(2 * 8 * 8 * channels);
-  decode_batch(nullptr, samples, opt, batch.data());
+  static ThreadPool pool(2);  // the engine's parallel path, as the bindings run it
+  decode_batch(p[7] & 2 ? &pool : nullptr, samples, opt, batch.data());
 
   if (info.restart_interval > 0) {
     RestartLayout layout;
     const int hmax = p[5] % 2 + 1, vmax = p[6] % 2 + 1;  // any layout guess must be safe
-    if (index_restarts(data, n, info.width, info.height, 8 * hmax, 8 * vmax, info.restart_interval, &layout)) {
+    if (index_restarts(data, n, info.width, info.height, info.channels, 8 * hmax, 8 * vmax, info.restart_interval,
+                       &layout)) {
       std::vector<uint8_t> sub;
       const int r0 = pick(p[0], layout.mcu_rows), g0 = pick(p[1], layout.groups_per_row);
-      build_sub_jpeg(data, layout, r0, r0 + pick(p[2], layout.mcu_rows - r0), g0,
-                     g0 + pick(p[3], layout.groups_per_row - g0), &sub);
-      try {
-        decoder.read_header(sub.data(), sub.size());
-      } catch (const DecodeError&) {
+      if (build_sub_jpeg(data, n, layout, r0, r0 + pick(p[2], layout.mcu_rows - r0), g0,
+                         g0 + pick(p[3], layout.groups_per_row - g0), &sub)) {
+        try {
+          decoder.read_header(sub.data(), sub.size());
+        } catch (const DecodeError&) {
+        }
       }
     }
   }

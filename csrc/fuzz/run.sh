@@ -1,30 +1,56 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer harness with ASan + UBSan (clang), makes the seed corpus (every JPEG
-# variant of the test suite, plus restart-marker files), replays it, then fuzzes for N seconds.
-#   csrc/fuzz/run.sh [seconds=60] [extra libFuzzer flags...]
+# Builds the libFuzzer harnesses with ASan + UBSan (clang), makes the seed corpora (every JPEG
+# variant of the test suite, restart-marker files, the crafted files of tests/crafted.py), replays
+# each corpus, then fuzzes each harness for N seconds.
+#   csrc/fuzz/run.sh [seconds=60] [harness ...] [-- extra libFuzzer flags]
+#   harnesses: decode (header, crops, resizes, batch engine), transcode (prepare + verification),
+#              restart (the restart-marker index with hostile layouts); default: all three,
+#              sharing the seconds (decode 1/2, transcode 1/3, restart 1/6).
 # Exits non-zero on any finding (crash, sanitizer report, leak, timeout, out-of-memory).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SECONDS_TO_RUN=${1:-60}
 shift || true
+HARNESSES=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do HARNESSES+=("$1"); shift; done
+[ "${1:-}" = "--" ] && shift
+[ ${#HARNESSES[@]} -gt 0 ] || HARNESSES=(decode transcode restart)
 CXX=${FUZZ_CXX:-$(command -v clang++ || command -v clang++-14 || true)}
 [ -n "$CXX" ] || { echo "clang++ not found (apt-get install clang-14 libclang-rt-14-dev)" >&2; exit 3; }
 OUT=build/fuzz
-mkdir -p "$OUT/corpus" "$OUT/findings"
-SRC="csrc/jpeg_decoder.cpp csrc/resize.cpp csrc/thread_pool.cpp csrc/batch_decode.cpp csrc/restart.cpp"
-if [ ! -x "$OUT/fuzz_decode" ] || [ -n "$(find csrc -name '*.cpp' -newer "$OUT/fuzz_decode" -o -name '*.h' -newer "$OUT/fuzz_decode" -o -name '*.cc' -newer "$OUT/fuzz_decode")" ]; then
-  echo "[fuzz] building with $CXX (ASan + UBSan + libFuzzer)"
-  $CXX -std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
-    -fno-sanitize-recover=undefined -Icsrc csrc/fuzz/fuzz_decode.cc $SRC -ljpeg -lpthread -o "$OUT/fuzz_decode"
-fi
+mkdir -p "$OUT/obj" "$OUT/findings"
+FLAGS="-std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined -Icsrc"
+CORE="jpeg_decoder jpeg_error resize thread_pool batch_decode restart"
+objs=()
+for f in $CORE; do
+  o="$OUT/obj/$f.o"
+  if [ ! -f "$o" ] || [ -n "$(find csrc -maxdepth 1 \( -name "$f.cpp" -o -name '*.h' \) -newer "$o")" ]; then
+    echo "[fuzz] compiling $f.cpp (ASan + UBSan)"
+    $CXX $FLAGS -fsanitize=fuzzer-no-link -c "csrc/$f.cpp" -o "$o"
+  fi
+  objs+=("$o")
+done
+for h in "${HARNESSES[@]}"; do
+  bin="$OUT/fuzz_$h"
+  if [ ! -x "$bin" ] || [ -n "$(find csrc/fuzz/fuzz_$h.cc "${objs[@]}" -newer "$bin")" ]; then
+    echo "[fuzz] linking $bin"
+    $CXX $FLAGS -fsanitize=fuzzer "csrc/fuzz/fuzz_$h.cc" "${objs[@]}" -ljpeg -lpthread -o "$bin"
+  fi
+done
 PY=${PYTHON:-.venv/bin/python}
-if [ -z "$(ls -A "$OUT/corpus")" ]; then
-  echo "[fuzz] writing the seed corpus"
+if [ ! -d "$OUT/corpus/decode" ] || [ csrc/fuzz/make_corpus.py -nt "$OUT/corpus/decode" ] || [ tests/crafted.py -nt "$OUT/corpus/decode" ]; then
+  echo "[fuzz] writing the seed corpora"
+  rm -rf "$OUT/corpus"
   "$PY" csrc/fuzz/make_corpus.py "$OUT/corpus"
 fi
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-echo "[fuzz] replaying the corpus, then fuzzing for ${SECONDS_TO_RUN}s"
-"$OUT/fuzz_decode" -runs=0 "$OUT/corpus"
-"$OUT/fuzz_decode" "$OUT/corpus" -max_total_time="$SECONDS_TO_RUN" -timeout=10 -rss_limit_mb=2048 \
-  -artifact_prefix="$OUT/findings/" -print_final_stats=1 "$@"
+for h in "${HARNESSES[@]}"; do
+  case "$h" in decode) share=3 ;; transcode) share=2 ;; *) share=1 ;; esac
+  [ ${#HARNESSES[@]} -eq 1 ] && share=6
+  secs=$(( SECONDS_TO_RUN * share / 6 )); [ "$secs" -ge 1 ] || secs=1
+  echo "[fuzz] $h: replaying the corpus, then fuzzing for ${secs}s"
+  "$OUT/fuzz_$h" -runs=0 "$OUT/corpus/$h"
+  "$OUT/fuzz_$h" "$OUT/corpus/$h" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
+    -artifact_prefix="$OUT/findings/$h-" -print_final_stats=1 "$@"
+done
