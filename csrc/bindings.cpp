@@ -278,8 +278,10 @@ std::vector<Box> read_boxes(py::handle boxes, size_t n) {
   return out;
 }
 
-DecodeRequest make_request(int out_height, int out_width, bool resize, int mode, bool strict, bool dct_scaling) {
+DecodeRequest make_request(int out_height, int out_width, bool resize, int mode, bool strict, bool dct_scaling,
+                           bool window) {
   DecodeRequest req;
+  req.window = window;
   req.out_height = out_height;
   req.out_width = out_width;
   req.resize = resize;
@@ -294,10 +296,10 @@ void register_decode(py::module_& m) {
       "decode_into",
       [](py::object data, uintptr_t out_address, size_t out_nbytes, double top, double left, double height,
          double width, int out_height, int out_width, bool resize, int mode, bool strict, bool dct_scaling,
-         int scale_num, bool scaled_box, bool use_restarts) {
+         int scale_num, bool scaled_box, bool use_restarts, bool window) {
         std::vector<BufferView> input;
         input.emplace_back(data.ptr());
-        DecodeRequest req = make_request(out_height, out_width, resize, mode, strict, dct_scaling);
+        DecodeRequest req = make_request(out_height, out_width, resize, mode, strict, dct_scaling, window);
         req.box = Box{top, left, height, width};
         req.force_scale_num = scale_num;
         req.scaled_box = scaled_box;
@@ -317,14 +319,14 @@ void register_decode(py::module_& m) {
       py::arg("data"), py::arg("out_address"), py::arg("out_nbytes"), py::arg("top"), py::arg("left"),
       py::arg("height"), py::arg("width"), py::arg("out_height"), py::arg("out_width"), py::arg("resize") = false,
       py::arg("mode") = 0, py::arg("strict") = false, py::arg("dct_scaling") = true, py::arg("scale_num") = 0,
-      py::arg("scaled_box") = false, py::arg("use_restarts") = true,
+      py::arg("scaled_box") = false, py::arg("use_restarts") = true, py::arg("window") = false,
       "Decodes one crop (optionally resized) into out_height x out_width x C uint8 at "
       "out_address. Returns (warning or None, scale_num used, restart fast path used).");
 
   m.def(
       "decode_batch_into",
       [](py::sequence datas, py::object boxes, uintptr_t out_address, size_t out_nbytes, int out_height,
-         int out_width, bool resize, int mode, bool strict, bool dct_scaling, int num_threads) {
+         int out_width, bool resize, int mode, bool strict, bool dct_scaling, int num_threads, bool window) {
         const size_t n = py::len(datas);
         const std::vector<Box> box = read_boxes(boxes, n);
         std::vector<BufferView> views;
@@ -337,7 +339,7 @@ void register_decode(py::module_& m) {
           samples[i].box = box[i];
         }
         BatchOptions opt;
-        opt.request = make_request(out_height, out_width, resize, mode, strict, dct_scaling);
+        opt.request = make_request(out_height, out_width, resize, mode, strict, dct_scaling, window);
         if (num_threads < 0 || num_threads > kMaxThreads)
           throw InvalidArgument("num_threads must be within 1.." + std::to_string(kMaxThreads) + " (0: default), got " +
                                 std::to_string(num_threads));
@@ -362,7 +364,7 @@ void register_decode(py::module_& m) {
       },
       py::arg("datas"), py::arg("boxes"), py::arg("out_address"), py::arg("out_nbytes"), py::arg("out_height"),
       py::arg("out_width"), py::arg("resize"), py::arg("mode"), py::arg("strict"), py::arg("dct_scaling"),
-      py::arg("num_threads"),
+      py::arg("num_threads"), py::arg("window") = false,
       "Decodes N crops into N x out_height x out_width x C uint8 at out_address on the thread "
       "pool. Returns ([(index, ErrorKind, message)] errors, [(index, message)] warnings).");
 

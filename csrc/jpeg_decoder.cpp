@@ -351,6 +351,17 @@ Plan plan_decode(const jpeg_decompress_struct& c, const DecodeRequest& req) {
   plan.y0 = static_cast<int>(std::floor(fy0));
   plan.x1 = static_cast<int>(std::min<int64_t>(fw, static_cast<int64_t>(std::ceil(fx1))));
   plan.y1 = static_cast<int>(std::min<int64_t>(fh, static_cast<int64_t>(std::ceil(fy1))));
+  if (resample && req.window) {
+    // Decode the filter's reach around the box too (Pillow's bilinear support is max(1, scale)
+    // source pixels on each side of a tap centre); the taps then stop where Pillow's stop: at the
+    // image's edges, not the box's.
+    const int mx = static_cast<int>(std::ceil(std::max(1.0, (fx1 - fx0) / req.out_width))) + 1;
+    const int my = static_cast<int>(std::ceil(std::max(1.0, (fy1 - fy0) / req.out_height))) + 1;
+    plan.x0 = std::max(0, plan.x0 - mx);
+    plan.y0 = std::max(0, plan.y0 - my);
+    plan.x1 = static_cast<int>(std::min<int64_t>(fw, plan.x1 + mx));
+    plan.y1 = static_cast<int>(std::min<int64_t>(fh, plan.y1 + my));
+  }
   plan.bx0 = fx0 - plan.x0;
   plan.by0 = fy0 - plan.y0;
   plan.bx1 = fx1 - plan.x0;

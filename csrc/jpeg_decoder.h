@@ -56,6 +56,10 @@ struct DecodeRequest {
   int out_height = 0, out_width = 0;
   bool resize = false;       // resize the box to the output size (antialiased bilinear, as Pillow)
   bool dct_scaling = true;   // with resize: decode already downscaled by M/8 when the box is >= 2x
+  bool window = false;       // with resize: the box is a window of the whole image resized (Pillow's
+                             // resize(box=...), torchvision's Resize + CenterCrop): the filter reads
+                             // pixels around the box too. Else the box is cropped first, then
+                             // resized (torchvision's resized_crop, RandomResizedCrop).
   int force_scale_num = 0;   // 1..8: decode at exactly this M/8; 0: choose
   bool scaled_box = false;   // with force_scale_num: the box is in the scaled frame, no resize
                              // (the exact intermediate, for tests against a scaled full decode)
