@@ -52,11 +52,9 @@ def resolve(backend: str, device: torch.device) -> str:
         if dali.unavailable_reason() is None:
             return "dali"
         return "nvjpeg" if nvjpeg.unavailable_reason() is None else "cpu"
-    if backend == "dali" and (reason := dali.unavailable_reason()):
+    if backend == "nvjpeg" and device.type != "cuda":
+        raise ValueError("the nvjpeg backend decodes on the GPU: pass device='cuda'")
+    module = dali if backend == "dali" else nvjpeg if backend == "nvjpeg" else None
+    if module is not None and (reason := module.unavailable_reason(device)):
         raise RuntimeError(reason)
-    if backend == "nvjpeg":
-        if device.type != "cuda":
-            raise ValueError("the nvjpeg backend decodes on the GPU: pass device='cuda'")
-        if reason := nvjpeg.unavailable_reason():
-            raise RuntimeError(reason)
     return backend

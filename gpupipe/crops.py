@@ -47,13 +47,33 @@ def _randint(u: np.ndarray, high: np.ndarray) -> np.ndarray:
 
 class CropSampler:
     """Base class. ``size`` is the output (height, width); ``resize`` says whether boxes are
-    resized to it (pass ``size=sampler.size`` to the decoder) or already have that size."""
+    resized to it (pass ``size=sampler.size`` to the decoder) or already have that size;
+    ``window`` whether a resized box is a window of the whole resized image (pass ``window=``)."""
 
     size: tuple[int, int]
     resize: bool
+    window: bool = False
 
     def boxes(self, heights: Any, widths: Any, *, seed: int = 0, epoch: int = 0, indices: Any = None) -> np.ndarray:
         raise NotImplementedError
+
+    def plan(self, heights: Any, widths: Any, *, seed: int = 0, epoch: int = 0,
+             indices: Any = None) -> tuple[np.ndarray, dict]:
+        """Boxes for a batch in which some sizes may be unknown (-1: unreadable) or too small for a
+        crop that does not resize. Returns (boxes [N, 4], {index: message} for the images too small);
+        those and the unknown ones get a placeholder box, never decoded."""
+        h, w = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (heights, widths))
+        known = (h > 0) & (w > 0)
+        small = {}
+        if not self.resize:
+            th, tw = self.size
+            for i in np.flatnonzero(known & ((h < th) | (w < tw))):
+                small[int(i)] = (f"image {w[i]}x{h[i]} (width x height) is smaller than the {tw}x{th} crop of "
+                                 f"{type(self).__name__}")
+            known &= (h >= th) & (w >= tw)
+        safe_h = np.where(known, h, max(self.size[0], 1))
+        safe_w = np.where(known, w, max(self.size[1], 1))
+        return self.boxes(safe_h, safe_w, seed=seed, epoch=epoch, indices=self._indices(indices, len(h))), small
 
     def _indices(self, indices: Any, n: int) -> np.ndarray:
         if indices is None:

@@ -1,26 +1,45 @@
-"""For users who keep ``torch.utils.data.DataLoader``: the custom op inside ``__getitem__`` (the
-pattern of the custom-operator data-loading post), with the Loader's box semantics."""
+"""For users who keep ``torch.utils.data.DataLoader``: the decode inside ``__getitem__`` (the
+pattern of the custom-operator data-loading post), with the Loader's box semantics, routes and
+error policy, so the same folder gives the same samples."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from gpupipe._backends.base import DecodeOptions
+from gpupipe._errors import ErrorKind
 from gpupipe.crops import CropSampler
-from gpupipe.decode import decode_crop_jpeg
-from gpupipe.header import read_header
+from gpupipe.policy import apply_policy, check_on_error, warn_corrupt
+from gpupipe.routing import as_buffers, decode_into, probe
 
 
 class DecodeCropDataset(torch.utils.data.Dataset):
     """``dataset[i] -> (uint8 [3, H, W] crop, label)``: reads the file, reads its header, draws the
     box for (seed, epoch, i) with ``crop`` and decodes only that window (resized when the sampler
-    resizes). The same boxes, so the same pixels, as :class:`gpupipe.Loader` with the same seed."""
+    resizes). The same boxes, routes (Pillow for files that are not JPEGs) and error kinds, so the
+    same pixels, as :class:`gpupipe.Loader` with the same seed.
 
-    def __init__(self, source, crop: CropSampler, *, seed: int = 0):
+    Args:
+        source: a map-style :mod:`gpupipe.sources` source.
+        crop: a :mod:`gpupipe.crops` sampler.
+        seed: the boxes' seed (as the Loader's).
+        on_error: ``"skip"``: a sample that cannot be delivered is ``None``, which :func:`collate`
+            drops (the failure is in ``last_failure``); ``"replace"``: a zero image; ``"raise"``:
+            its error, naming the key.
+        apply_exif_orientation: crop in the displayed frame.
+    """
+
+    def __init__(self, source, crop: CropSampler, *, seed: int = 0, on_error: str = "skip",
+                 apply_exif_orientation: bool = False):
         self.source = source
         self.crop = crop
         self.seed = int(seed)
         self.epoch = 0
+        self.on_error = check_on_error(on_error)
+        self.options = DecodeOptions(size=crop.size, resize=crop.resize, window=crop.window,
+                                     apply_exif_orientation=apply_exif_orientation)
+        self.last_failure = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -29,16 +48,35 @@ class DecodeCropDataset(torch.utils.data.Dataset):
         return len(self.source)
 
     def __getitem__(self, i: int):
-        data = self.source.read(i)
-        info = read_header(data)
-        t, l, h, w = self.crop.boxes([info.height], [info.width], seed=self.seed, epoch=self.epoch, indices=[i])[0]
-        size = self.crop.size if self.crop.resize else None
-        img = decode_crop_jpeg(data, int(t), int(l), int(h), int(w), size=size)
-        return img, int(self.source.labels[i])
+        key, label = self.source.keys[i], int(self.source.labels[i])
+        out = torch.zeros((1, *self.crop.size, 3), dtype=torch.uint8)
+        try:
+            buffers = as_buffers([self.source.read(i)])
+            read_error = None
+        except OSError as e:
+            buffers, read_error = [b""], f"read error: {e}"
+        infos = probe(buffers, self.options)
+        if read_error:
+            infos.fail(0, ErrorKind.READ, read_error)
+        h, w = infos.sizes(displayed=self.options.apply_exif_orientation)
+        boxes, small = self.crop.plan(h, w, seed=self.seed, epoch=self.epoch, indices=[i])
+        for k, message in small.items():
+            infos.fail(k, ErrorKind.INVALID_ARGUMENT, message)
+        status = decode_into(buffers, boxes, out, self.options, infos=infos)
+        failures = apply_policy(status, self.on_error, keys=[key])
+        warn_corrupt(status, keys=[key])
+        self.last_failure = failures[0] if failures else None
+        if failures and self.on_error == "skip":
+            return None
+        return out[0].permute(2, 0, 1), label
 
 
 def collate(batch):
-    """Stacks ``(image, label)`` pairs into a channels-last uint8 ``[N, 3, H, W]`` batch and labels."""
+    """Stacks ``(image, label)`` pairs into a channels-last uint8 ``[N, 3, H, W]`` batch and labels;
+    samples a dataset skipped (``None``) are dropped."""
+    batch = [b for b in batch if b is not None]
+    if not batch:
+        return torch.empty((0, 3, 0, 0), dtype=torch.uint8), torch.empty(0, dtype=torch.int64)
     images, labels = zip(*batch)
     out = torch.empty((len(images), *images[0].shape), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
     for i, img in enumerate(images):

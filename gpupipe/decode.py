@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
@@ -12,17 +11,17 @@ import torch
 
 from gpupipe import backends
 from gpupipe._backends import cpu
-from gpupipe._buffers import as_buffer
-from gpupipe._errors import JpegWarning
+from gpupipe._backends.base import MODES, DecodeOptions, Route
+from gpupipe._errors import ErrorKind, NotAJpegError
 from gpupipe.limits import check_output_size
+from gpupipe.policy import apply_policy, check_on_error, warn_corrupt
+from gpupipe.routing import decode_into
 
 Size = Union[int, Sequence[int]]
 
-ON_ERROR = ("raise", "skip", "replace")
-
 
 def _check_mode(mode: str) -> None:
-    if mode not in cpu.MODES:
+    if mode not in MODES:
         raise ValueError(f"mode must be 'rgb' or 'gray', got {mode!r}")
 
 
@@ -61,6 +60,8 @@ def decode_crop_jpeg(
     backend: str = "auto",
     device: Any = "cpu",
     apply_exif_orientation: bool = False,
+    window: bool = False,
+    non_jpeg: str = "pillow",
 ) -> torch.Tensor:
     """Decodes only the window ``[top, top + height) x [left, left + width)`` of a JPEG.
 
@@ -86,6 +87,12 @@ def decode_crop_jpeg(
         device: where the result lives (``"cpu"`` or a CUDA device).
         apply_exif_orientation: the box is in the displayed frame (EXIF orientation applied, as
             ``PIL.ImageOps.exif_transpose``) and so is the result.
+        window: with ``size``: the box is a window of the whole image resized (torchvision's
+            ``Resize`` then ``CenterCrop``; Pillow's ``resize(box=...)``), so the filter also reads
+            the pixels around it; the box may be fractional. Default: the box is cropped, then
+            resized (torchvision's ``resized_crop``).
+        non_jpeg: ``"pillow"``: a file that is not a JPEG but an image Pillow reads (PNG, WebP,
+            ...) is decoded by Pillow with the same semantics; ``"error"``: NotAJpegError.
 
     Returns:
         torch.Tensor: uint8 ``[C, height, width]`` (or ``[C, *size]``) on ``device``, values
@@ -93,9 +100,11 @@ def decode_crop_jpeg(
 
     Raises:
         ValueError: the window is not inside the image (the message gives its size), bad args.
-        gpupipe.JpegError: not a JPEG, corrupt, unsupported (12-bit, lossless), libjpeg's message.
-        gpupipe.DecompressionBombError: the image exceeds ``gpupipe.set_limits`` limits; refused
-            before any large allocation.
+        gpupipe.JpegError: its subclass says why: ``NotAJpegError``, ``CorruptJpegError`` (libjpeg's
+            message), ``UnsupportedJpegError`` (12-bit, lossless).
+        gpupipe.DecompressionBombError: ``PixelLimitError``, ``ScanLimitError`` or
+            ``MemoryLimitError``: over a limit of ``gpupipe.set_limits``, refused before any large
+            allocation.
 
     Example:
         >>> import gpupipe, numpy as np
@@ -109,26 +118,25 @@ def decode_crop_jpeg(
     if size is None:
         check_output_size(*out_hw)
     device = torch.device(device)
-    if apply_exif_orientation:
-        batch = decode_crop_jpegs([data], [box], size=size, mode=mode, strict=strict, dct_scaling=dct_scaling,
-                                  backend=backend, device=device, apply_exif_orientation=True)
-        return batch.images[0]
     name = backends.resolve(backend, device)
-    if name != "cpu" or device.type != "cpu":  # GPU backends and CUDA outputs go through the batch path
-        batch = decode_crop_jpegs([data], [box], size=size, mode=mode, strict=strict, dct_scaling=dct_scaling,
-                                  backend=name, device=device)
-        return batch.images[0]
+    batch_kw = dict(size=size, mode=mode, strict=strict, dct_scaling=dct_scaling, backend=name, device=device,
+                    apply_exif_orientation=apply_exif_orientation, window=window, non_jpeg=non_jpeg)
+    if name != "cpu" or device.type != "cpu" or apply_exif_orientation:  # the batch path: one sample
+        return decode_crop_jpegs([data], [box], **batch_kw).images[0]
     if torch.compiler.is_compiling():
         if not isinstance(data, torch.Tensor):
             data = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         hwc = torch.ops.gpupipe.decode_crop_jpeg(
-            data, *box, out_hw[0], out_hw[1], size is not None, cpu.MODES[mode], strict, dct_scaling
+            data, *box, out_hw[0], out_hw[1], size is not None, MODES[mode], strict, dct_scaling, window
         )
-    else:
-        hwc = cpu.decode_one_hwc(
-            data, box, out_hw, resize=size is not None, mode=mode, strict=strict,
-            dct_scaling=dct_scaling,
-        )
+        return hwc.permute(2, 0, 1)
+    try:
+        hwc = cpu.decode_one_hwc(data, box, out_hw, resize=size is not None, mode=mode, strict=strict,
+                                 dct_scaling=dct_scaling, window=window)
+    except NotAJpegError:
+        if non_jpeg != "pillow":
+            raise
+        return decode_crop_jpegs([data], [box], **batch_kw).images[0]  # Pillow's route, if it reads the file
     return hwc.permute(2, 0, 1)
 
 
@@ -145,19 +153,19 @@ def decode_and_crop_jpeg(
 @torch.library.custom_op("gpupipe::decode_crop_jpeg", mutates_args=(), device_types="cpu")
 def _decode_crop_jpeg_op(
     data: torch.Tensor, top: float, left: float, height: float, width: float, out_height: int,
-    out_width: int, resize: bool, mode: int, strict: bool, dct_scaling: bool,
+    out_width: int, resize: bool, mode: int, strict: bool, dct_scaling: bool, window: bool,
 ) -> torch.Tensor:
     """uint8 [out_height, out_width, C] (HWC) crop of the JPEG in ``data`` (1-D uint8)."""
-    name = {v: k for k, v in cpu.MODES.items()}[mode]
+    name = {v: k for k, v in MODES.items()}[mode]
     return cpu.decode_one_hwc(
         data, (top, left, height, width), (out_height, out_width), resize=resize, mode=name,
-        strict=strict, dct_scaling=dct_scaling,
+        strict=strict, dct_scaling=dct_scaling, window=window,
     )
 
 
 @_decode_crop_jpeg_op.register_fake
-def _(data, top, left, height, width, out_height, out_width, resize, mode, strict, dct_scaling):
-    channels = 3 if mode == cpu.MODES["rgb"] else 1
+def _(data, top, left, height, width, out_height, out_width, resize, mode, strict, dct_scaling, window):
+    channels = 3 if mode == MODES["rgb"] else 1
     return data.new_empty((out_height, out_width, channels))
 
 
@@ -173,9 +181,13 @@ class DecodedBatch:
         ok: bool ``[N]``: True where the sample decoded.
         errors: ``{index: message}`` for every sample that failed.
         warnings: ``{index: message}`` for samples that decoded with recoverable corruption.
-        fallback: ``{index: reason}`` for samples a GPU backend handed to the CPU core (non-JPEG,
-            CMYK, a limit, or the GPU decoder failing the batch); empty for the CPU backend.
+        fallback: ``{index: reason}`` for samples not decoded by the backend's own decoder: files
+            that are not JPEGs (Pillow), and what a GPU backend handed to the CPU core (CMYK, a
+            limit, or the GPU decoder failing the batch).
         backend: the backend that ran (``"cpu"``, ``"dali"``, ``"nvjpeg"``).
+        kinds: ``{index: ErrorKind}`` for every sample that failed.
+        routes: per sample, the route that decoded it: ``"cpu"``, ``"gpu"``, ``"pillow"``,
+            ``"cpu-fallback"`` (``"none"`` where it failed).
     """
 
     images: torch.Tensor
@@ -184,6 +196,8 @@ class DecodedBatch:
     warnings: dict
     fallback: dict = dataclasses.field(default_factory=dict)
     backend: str = "cpu"
+    kinds: dict = dataclasses.field(default_factory=dict)
+    routes: list = dataclasses.field(default_factory=list)
 
     def __len__(self) -> int:
         return self.images.shape[0]
@@ -200,14 +214,13 @@ def _boxes_array(boxes: Any, n: int) -> np.ndarray:
     return arr
 
 
-def _output_buffer(out: Optional[torch.Tensor], n: int, h: int, w: int, c: int,
-                   device: torch.device = torch.device("cpu"), pin: Optional[bool] = None) -> torch.Tensor:
-    """The NHWC uint8 tensor to decode into: ``out`` (NHWC or channels-last NCHW), or a new one."""
+def _output_buffer(out: Optional[torch.Tensor], n: int, h: int, w: int, c: int, device: torch.device) -> torch.Tensor:
+    """The NHWC uint8 tensor to decode into: ``out`` (NHWC or channels-last NCHW), or a new one
+    (pinned on a CUDA machine, so that a transfer can overlap)."""
     if out is None:
         if device.type == "cuda":
             return torch.empty((n, h, w, c), dtype=torch.uint8, device=device)
-        pin = torch.cuda.is_available() if pin is None else pin
-        return torch.empty((n, h, w, c), dtype=torch.uint8, pin_memory=pin)
+        return torch.empty((n, h, w, c), dtype=torch.uint8, pin_memory=torch.cuda.is_available())
     if out.dtype != torch.uint8 or out.device.type != device.type:
         raise ValueError(f"out must be a uint8 tensor on {device.type}, got {out.dtype} on {out.device}")
     if tuple(out.shape) == (n, c, h, w) and out.is_contiguous(memory_format=torch.channels_last):
@@ -234,24 +247,32 @@ def decode_crop_jpegs(
     backend: str = "auto",
     device: Any = None,
     apply_exif_orientation: bool = False,
+    window: bool = False,
+    non_jpeg: str = "pillow",
 ) -> DecodedBatch:
-    """Decodes one crop per JPEG on the C++ thread pool, straight into one NHWC buffer.
+    """Decodes one crop per image on the C++ thread pool, straight into one NHWC buffer.
 
-    The GIL is released once for the whole batch; each worker thread reuses its own decompressor.
+    The GIL is released once for the whole batch; each worker thread decodes with its own
+    decompressor. Files that are not JPEGs are decoded by Pillow with the same semantics (see
+    ``non_jpeg``), so a mixed folder gives the same samples here, in
+    :class:`gpupipe.data.DecodeCropDataset` and in :class:`gpupipe.Loader`.
 
     Args:
-        datas: N encoded JPEGs (``bytes``, ``memoryview``, 1-D uint8 arrays or CPU tensors).
-        boxes: int ``[N, 4]`` (top, left, height, width) in each image's pixels.
+        datas: N encoded images (``bytes``, ``memoryview``, 1-D uint8 arrays or CPU tensors).
+        boxes: int ``[N, 4]`` (top, left, height, width) in each image's pixels; float boxes
+            (fractional windows) are allowed with ``size``.
         size: ``None``: every box must have the same height and width, which is the output size.
             ``(h, w)`` or an int: each box is resized to exactly this size (RandomResizedCrop
-            semantics; see ``dct_scaling``).
+            semantics; see ``dct_scaling`` and ``window``).
         out: optional destination, uint8 ``[N, H, W, C]`` contiguous or ``[N, C, H, W]``
             channels-last (typically pinned). Written in place; ``images`` is a view of it.
-        num_threads: decode threads. Default: ``GPUPIPE_NUM_THREADS``, else the CPU affinity count.
+        num_threads: decode threads (1..1024). Default: ``GPUPIPE_NUM_THREADS``, else the CPU
+            affinity count.
         on_error: ``"raise"``: after the whole batch, raise for the first failure, naming its index
-            and libjpeg's message (the exception's ``errors`` holds them all). ``"skip"``: report
-            failures in ``ok``/``errors``; drop them with ``images[ok]``. ``"replace"``: same
-            report; the failed slots are zero images meant to be kept.
+            and the decoder's message (its class says the kind; the exception's ``failures`` holds
+            them all). ``"skip"``: report failures in ``ok``/``errors``/``kinds``; drop them with
+            ``images[ok]``. ``"replace"``: same report; the failed slots are zero images meant to be
+            kept. See :mod:`gpupipe.policy`.
         mode: ``"rgb"`` (C=3) or ``"gray"`` (C=1).
         strict: recoverable corruption is a failure instead of a warning.
         dct_scaling: with ``size``, decode boxes >= 2x the size already downscaled by libjpeg.
@@ -260,19 +281,30 @@ def decode_crop_jpegs(
             operators for CPU outputs) and antialiased ``fn.resize``. ``"nvjpeg"``:
             ``torchvision.io.decode_jpeg(device="cuda")``, crop and antialiased resize on the GPU.
             ``"auto"``: the CPU core for CPU outputs; DALI, else nvjpeg, for CUDA outputs. GPU
-            backends hand what they cannot decode (non-JPEG, CMYK, over a limit, a failing batch)
-            to the CPU core inside the same batch, reported in ``fallback``.
+            backends hand what they cannot decode (CMYK, over a limit, a failing batch) to the CPU
+            core inside the same batch, reported in ``fallback``.
         device: where ``images`` live (default: ``out``'s device, else the CPU).
         apply_exif_orientation: boxes are in the displayed frame (as ``PIL.ImageOps.exif_transpose``
             shows the image; see :mod:`gpupipe.orientation`) and the crops come out in that frame.
+        window: with ``size``, each box is a window of the whole image resized (torchvision's
+            ``Resize`` + ``CenterCrop``): the filter also reads the pixels around the box.
+        non_jpeg: ``"pillow"`` (default): files that are not JPEGs but images Pillow reads are
+            decoded by Pillow (route ``"pillow"``); ``"error"``: they fail with NotAJpegError.
 
     Returns:
         DecodedBatch: ``images`` uint8 ``[N, C, H, W]`` (channels-last, on ``device``), ``ok``,
-        ``errors``, ``warnings``, ``fallback``, ``backend``.
+        ``errors``, ``kinds``, ``warnings``, ``fallback``, ``routes``, ``backend``.
+
+    Example:
+        >>> import gpupipe, numpy as np
+        >>> jpeg = gpupipe._C.encode_jpeg(np.full((40, 60, 3), 200, np.uint8), 40, 60, 3)
+        >>> batch = gpupipe.decode_crop_jpegs([jpeg, b"not an image"], [[0, 0, 40, 60]] * 2, size=16,
+        ...                                   on_error="skip")
+        >>> batch.images.shape, batch.ok.tolist(), batch.kinds
+        (torch.Size([2, 3, 16, 16]), [True, False], {1: <ErrorKind.NOT_JPEG: 2>})
     """
     _check_mode(mode)
-    if on_error not in ON_ERROR:
-        raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    check_on_error(on_error)
     if isinstance(datas, (bytes, bytearray, memoryview)):
         raise TypeError("datas must be a sequence of encoded images, not a single buffer")
     datas = datas if isinstance(datas, (list, tuple)) else list(datas)
@@ -289,94 +321,21 @@ def decode_crop_jpegs(
         out_hw = _as_size(size)
     if num_threads is not None and num_threads < 1:
         raise ValueError(f"num_threads must be >= 1, got {num_threads}")
-    channels = cpu.CHANNELS[mode]
     device = torch.device(device) if device is not None else (out.device if out is not None else torch.device("cpu"))
-    name = backends.resolve(backend, device)
-    opts = dict(resize=size is not None, mode=mode, strict=strict, dct_scaling=dct_scaling,
-                num_threads=num_threads or 0)
-    if apply_exif_orientation:
-        nhwc = _output_buffer(out, n, out_hw[0], out_hw[1], channels, device=device)
-        failures, warns, fallback = _run_oriented(datas, box_arr, nhwc, name, device, opts)
-    else:
-        nhwc, failures, warns, fallback = _run_backend(datas, box_arr, out_hw, channels, out, name, device, opts)
-    ok = torch.ones(n, dtype=torch.bool)
-    if failures:
-        ok[list(failures)] = False
-        nhwc[torch.tensor(sorted(failures), device=nhwc.device)] = 0  # every backend: failed slots are zeros
-    if failures and on_error == "raise":
-        first = min(failures)
-        cls, msg = failures[first]
-        more = f" ({len(failures) - 1} more failed; see .errors)" if len(failures) > 1 else ""
-        exc = cls(f"sample {first}: {msg}{more}")
-        exc.errors = {i: m for i, (_, m) in failures.items()}
-        raise exc
-    if warns:
-        first = min(warns)
-        warnings.warn(
-            f"{len(warns)} sample(s) decoded with corrupt data; sample {first}: {warns[first]}",
-            JpegWarning, stacklevel=2,
-        )
+    options = DecodeOptions(size=out_hw, resize=size is not None, mode=mode, strict=strict, dct_scaling=dct_scaling,
+                            window=window, num_threads=num_threads or 0, apply_exif_orientation=apply_exif_orientation,
+                            non_jpeg=non_jpeg, backend=backends.resolve(backend, device), device=device)
+    nhwc = _output_buffer(out, n, out_hw[0], out_hw[1], options.channels, device)
+    status = decode_into(datas, box_arr, nhwc, options)
+    apply_policy(status, on_error)
+    warn_corrupt(status)
     return DecodedBatch(
         images=nhwc.permute(0, 3, 1, 2),
-        ok=ok,
-        errors={i: m for i, (_, m) in failures.items()},
-        warnings=warns,
-        fallback=fallback,
-        backend=name,
+        ok=torch.from_numpy(status.ok.copy()),
+        errors=dict(status.errors),
+        warnings=dict(status.warnings),
+        fallback=dict(status.fallback),
+        backend=options.backend,
+        kinds={i: ErrorKind(int(status.kind[i])) for i in sorted(status.errors)},
+        routes=[Route(int(r)).label for r in status.route],
     )
-
-
-def _run_backend(datas, box_arr, out_hw, channels, out, name, device, opts):
-    """Decodes with one backend into ``out`` (or a new buffer) on ``device``.
-    Returns (nhwc, failures {i: (class, message)}, warnings {i: message}, fallback {i: reason})."""
-    n = len(datas)
-    opts = dict(opts)
-    num_threads = opts.pop("num_threads", 0)
-    if name == "cpu":
-        host_out = out if device.type == "cpu" else None
-        nhwc = _output_buffer(host_out, n, out_hw[0], out_hw[1], channels, pin=device.type == "cuda" or None)
-        failures, warns = cpu.decode_batch_nhwc(datas, box_arr, nhwc, num_threads=num_threads, **opts)
-        if device.type == "cuda":
-            dev = _output_buffer(out, n, out_hw[0], out_hw[1], channels, device=device)
-            dev.copy_(nhwc, non_blocking=True)
-            nhwc = dev
-        return nhwc, failures, warns, {}
-    from gpupipe._backends import dali, nvjpeg
-
-    module = dali if name == "dali" else nvjpeg
-    nhwc = _output_buffer(out, n, out_hw[0], out_hw[1], channels, device=device, pin=False)
-    buffers = [as_buffer(d, f"datas[{i}]") for i, d in enumerate(datas)]
-    failures, warns, fallback = module.decode_batch_nhwc(buffers, box_arr, nhwc, num_threads=num_threads,
-                                                         device=device, **opts)
-    return nhwc, failures, warns, fallback
-
-
-def _run_oriented(datas, box_arr, nhwc, name, device, opts):
-    """Displayed-frame boxes: each EXIF orientation group is decoded in the stored frame (height and
-    width swapped for the transposing ones) and turned into the displayed frame into its slots.
-    Returns (failures, warnings, fallback) by original index."""
-    from gpupipe import orientation
-    from gpupipe._backends import hybrid
-
-    buffers = [as_buffer(d, f"datas[{i}]") for i, d in enumerate(datas)]
-    infos = hybrid.header_infos(buffers)
-    orient = np.where(infos[:, 4] >= 1, infos[:, 4], 1)
-    stored = orientation.stored_boxes(box_arr, orient, infos[:, 0], infos[:, 1])
-    out_hw = tuple(nhwc.shape[1:3])
-    failures, warns, fallback = {}, {}, {}
-    transposed = np.isin(orient, orientation.TRANSPOSED)
-    for swapped in (False, True):
-        idx = np.flatnonzero(transposed == swapped)
-        if len(idx) == 0:
-            continue
-        sub_hw = (out_hw[1], out_hw[0]) if swapped else out_hw
-        sub, f, w, fb = _run_backend([buffers[i] for i in idx], np.ascontiguousarray(stored[idx]), sub_hw,
-                                     nhwc.shape[3], None, name, device, opts)
-        for o in np.unique(orient[idx]):
-            sel = np.flatnonzero(orient[idx] == o)
-            rows = torch.from_numpy(idx[sel]).to(nhwc.device)
-            nhwc[rows] = orientation.to_display(sub[torch.from_numpy(sel).to(sub.device)], int(o)).to(nhwc.device)
-        failures.update({int(idx[k]): v for k, v in f.items()})
-        warns.update({int(idx[k]): v for k, v in w.items()})
-        fallback.update({int(idx[k]): v for k, v in fb.items()})
-    return failures, warns, fallback

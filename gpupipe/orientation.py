@@ -33,12 +33,13 @@ def display_sizes(heights, widths, orientations) -> tuple[np.ndarray, np.ndarray
 
 
 def stored_boxes(boxes, orientations, heights, widths) -> np.ndarray:
-    """int64 [N, 4] boxes in the stored frame for boxes (top, left, h, w) in the displayed frame;
-    heights, widths are the stored image sizes."""
-    b = np.asarray(boxes, dtype=np.int64)
+    """[N, 4] boxes in the stored frame (int64, or float64 for fractional boxes) for boxes (top,
+    left, h, w) in the displayed frame; heights, widths are the stored image sizes."""
+    b = np.asarray(boxes)
+    b = b.astype(np.float64 if b.dtype.kind == "f" else np.int64)  # fractional boxes stay fractional
     t, l, h, w = b.T
     o = np.asarray(orientations, dtype=np.int64)
-    H, W = np.asarray(heights, dtype=np.int64), np.asarray(widths, dtype=np.int64)
+    H, W = np.asarray(heights).astype(b.dtype), np.asarray(widths).astype(b.dtype)
     cases = {
         1: (t, l, h, w),
         2: (t, W - l - w, h, w),

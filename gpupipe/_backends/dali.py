@@ -11,24 +11,30 @@ import re
 import sys
 import tempfile
 import threading
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
 from gpupipe import _C
 from gpupipe._backends import hybrid
+from gpupipe._backends.base import BatchStatus, DecodeOptions, HeaderInfos
 
 PACKAGE = "nvidia-dali-cuda120"
 _pipelines: dict = {}
 _lock = threading.Lock()
 
 
-def unavailable_reason() -> Optional[str]:
+name = "dali"
+
+
+def unavailable_reason(device: Optional[torch.device] = None) -> Optional[str]:
     try:
         import nvidia.dali  # noqa: F401
     except Exception as e:
         return f"NVIDIA DALI is not installed ({type(e).__name__}): pip install gpupipe[dali] (package {PACKAGE})"
+    if device is not None and device.type == "cuda" and not torch.cuda.is_available():
+        return "DALI's GPU decoder needs a CUDA device (torch.cuda.is_available() is False)"
     return None
 
 
@@ -58,7 +64,9 @@ def _pipeline(max_batch: int, out_hw, resize: bool, mode: str, device: torch.dev
             data = fn.external_source(name="data", dtype=types.UINT8)
             anchor = fn.external_source(name="anchor", dtype=types.INT64)
             shape = fn.external_source(name="shape", dtype=types.INT64)
+            # adjust_orientation=False: boxes are in the stored frame; gpupipe applies EXIF orientation itself
             img = fn.decoders.image_slice(data, anchor, shape, normalized_anchor=False, normalized_shape=False,
+                                          adjust_orientation=False,
                                           output_type=types.RGB if mode == "rgb" else types.GRAY,
                                           device="mixed" if gpu else "cpu")
             if resize:
@@ -125,19 +133,18 @@ class DaliReportedProblems(RuntimeError):
     is decoded by the CPU core instead, which attributes each warning or error to its sample."""
 
 
-def decode_batch_nhwc(datas, boxes: np.ndarray, out_nhwc: torch.Tensor, *, resize, mode, strict, dct_scaling,
-                      num_threads, device: torch.device):
-    """Decodes into out_nhwc (on ``device``). Returns (failures, warnings, fallback) dicts by index;
-    ``fallback`` names the samples the CPU core decoded and why."""
-    reason = unavailable_reason()
+def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions,
+           infos: HeaderInfos) -> BatchStatus:
+    """Decodes into ``out`` (on the output device); what DALI cannot take, the CPU core decodes."""
+    reason = unavailable_reason(out.device)
     if reason:
         raise RuntimeError(reason)
-    threads = num_threads or _C.default_num_threads()
+    threads = options.num_threads or _C.default_num_threads()
 
-    def decode(idx):
-        pipe = _pipeline(_bucket(len(idx)), out_nhwc.shape[1:3], resize, mode, device, threads)
+    def gpu_decode(idx: np.ndarray) -> None:
+        pipe = _pipeline(_bucket(len(idx)), out.shape[1:3], options.resize, options.mode, out.device, threads)
         try:
-            pipe.feed_input("data", [np.frombuffer(datas[i], dtype=np.uint8) for i in idx])
+            pipe.feed_input("data", [np.frombuffer(buffers[i], dtype=np.uint8) for i in idx])
             pipe.feed_input("anchor", [np.array([boxes[i, 1], boxes[i, 0]], dtype=np.int64) for i in idx])  # (x, y)
             pipe.feed_input("shape", [np.array([boxes[i, 3], boxes[i, 2]], dtype=np.int64) for i in idx])  # (w, h)
             with _stderr_captured() as messages:
@@ -147,10 +154,9 @@ def decode_batch_nhwc(datas, boxes: np.ndarray, out_nhwc: torch.Tensor, *, resiz
             raise
         if messages:
             raise DaliReportedProblems("; ".join(messages[:3]))
-        _copy_out(images, out_nhwc, idx)
+        _copy_out(images, out, idx)
 
-    return hybrid.decode_with_fallback("DALI", decode, datas, boxes, out_nhwc, resize=resize, mode=mode, strict=strict,
-                                       dct_scaling=dct_scaling, num_threads=num_threads)
+    return hybrid.decode_with_fallback("DALI", gpu_decode, buffers, boxes, out, options, infos)
 
 
 def _copy_out(images, out_nhwc: torch.Tensor, idx: np.ndarray) -> None:

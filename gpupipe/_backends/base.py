@@ -1,0 +1,195 @@
+"""What every decode backend shares: the options of a batch, the per-sample status it reports, the
+header table it is handed, and the protocol it implements.
+
+A backend decodes JPEG crops into its slots of an NHWC uint8 buffer and reports, per sample, an
+:class:`gpupipe.ErrorKind`, a message, a warning, and the route that decoded it. Headers are read
+once per batch (:func:`read_infos`) and passed down; nothing re-parses them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Optional, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from gpupipe import _C
+from gpupipe._errors import ErrorKind
+
+MODES = {"rgb": 0, "gray": 1}
+CHANNELS = {"rgb": 3, "gray": 1}
+
+
+class Route(enum.IntEnum):
+    """Which decoder produced a sample's pixels."""
+
+    NONE = 0  #: none: the sample failed before any decoder ran (header, read, box)
+    CPU = 1  #: the C++ libjpeg-turbo core, as the chosen backend
+    GPU = 2  #: the GPU backend's decoder (nvJPEG, or DALI's operators)
+    PILLOW = 3  #: not a JPEG: decoded by Pillow, with the same box semantics
+    CPU_FALLBACK = 4  #: a GPU backend handed it to the CPU core (CMYK, a limit, a failing batch)
+
+    @property
+    def label(self) -> str:
+        return self.name.lower().replace("_", "-")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions:
+    """How every sample of a batch is decoded (one frozen value per call).
+
+    Attributes:
+        size: output ``(height, width)``.
+        resize: resize each box to ``size`` (antialiased bilinear); else boxes have that size.
+        mode: ``"rgb"`` or ``"gray"``.
+        strict: recoverable corruption is an error instead of a warning.
+        dct_scaling: with ``resize``, decode boxes >= 2x the size already downscaled (libjpeg).
+        window: with ``resize``, each box is a window of the whole image resized (Pillow's
+            ``resize(box=...)``; torchvision's ``Resize`` then ``CenterCrop``): the filter also
+            reads the pixels around it. Else the box is cropped, then resized (torchvision's
+            ``resized_crop``, as in ``RandomResizedCrop``).
+        num_threads: decode threads (0: ``GPUPIPE_NUM_THREADS`` or the CPU affinity count).
+        apply_exif_orientation: boxes are in the displayed frame and so are the crops.
+        non_jpeg: ``"pillow"``: files that are not JPEGs go through Pillow when it reads them;
+            ``"error"``: they fail with :class:`gpupipe.NotAJpegError`.
+        backend: the backend's name (``"cpu"``, ``"dali"``, ``"nvjpeg"``), already resolved.
+        device: where the output buffer lives.
+    """
+
+    size: tuple
+    resize: bool = False
+    mode: str = "rgb"
+    strict: bool = False
+    dct_scaling: bool = True
+    window: bool = False
+    num_threads: int = 0
+    apply_exif_orientation: bool = False
+    non_jpeg: str = "pillow"
+    backend: str = "cpu"
+    device: torch.device = torch.device("cpu")
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be 'rgb' or 'gray', got {self.mode!r}")
+        if self.non_jpeg not in ("pillow", "error"):
+            raise ValueError(f"non_jpeg must be 'pillow' or 'error', got {self.non_jpeg!r}")
+        if not 0 <= self.num_threads <= _C.MAX_THREADS:
+            raise ValueError(f"num_threads must be within 1..{_C.MAX_THREADS}, got {self.num_threads}")
+
+    @property
+    def channels(self) -> int:
+        return CHANNELS[self.mode]
+
+
+@dataclasses.dataclass
+class BatchStatus:
+    """Per-sample outcome of a batch decode.
+
+    Attributes:
+        kind: int64 ``[N]``: the :class:`gpupipe.ErrorKind` of each sample (``NONE`` = decoded).
+        route: int64 ``[N]``: the :class:`Route` that decoded it.
+        errors: ``{index: message}`` for failed samples.
+        warnings: ``{index: message}`` for samples decoded with recoverable corruption.
+        fallback: ``{index: reason}`` for samples not decoded by the backend's own decoder
+            (Pillow, or the CPU core standing in for a GPU decoder).
+    """
+
+    kind: np.ndarray
+    route: np.ndarray
+    errors: dict = dataclasses.field(default_factory=dict)
+    warnings: dict = dataclasses.field(default_factory=dict)
+    fallback: dict = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def empty(cls, n: int) -> "BatchStatus":
+        return cls(np.zeros(n, np.int64), np.zeros(n, np.int64))
+
+    @property
+    def ok(self) -> np.ndarray:
+        return self.kind == ErrorKind.NONE
+
+    def fail(self, i: int, kind: int, message: str) -> None:
+        self.kind[i] = int(kind)
+        self.route[i] = Route.NONE
+        self.errors[int(i)] = message
+        self.warnings.pop(int(i), None)
+        self.fallback.pop(int(i), None)
+
+    def merge(self, sub: "BatchStatus", indices: Sequence[int]) -> None:
+        """Takes the outcome of a sub-batch whose sample k is sample ``indices[k]`` of this one."""
+        idx = np.asarray(indices, dtype=np.int64)
+        self.kind[idx] = sub.kind
+        self.route[idx] = sub.route
+        for mine, theirs in ((self.errors, sub.errors), (self.warnings, sub.warnings), (self.fallback, sub.fallback)):
+            mine.update({int(idx[k]): v for k, v in theirs.items()})
+
+
+@dataclasses.dataclass
+class HeaderInfos:
+    """The headers of a batch, read once (``_C.read_header_infos``, one C++ call).
+
+    Attributes:
+        table: int64 ``[N, len(_C.INFO_COLUMNS)]``: height, width, colorspace, channels,
+            orientation, progressive, scans, error (``-1`` fields where unreadable).
+        messages: ``{index: message}`` for unreadable headers.
+        pillow: ``{index: (height, width, orientation)}`` of non-JPEG files Pillow reads.
+    """
+
+    table: np.ndarray
+    messages: dict
+    pillow: dict = dataclasses.field(default_factory=dict)
+
+    def column(self, name: str) -> np.ndarray:
+        return self.table[:, _C.INFO_COLUMNS.index(name)]
+
+    @property
+    def kind(self) -> np.ndarray:
+        return self.column("error")
+
+    def sizes(self, displayed: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(heights, widths) of the stored images, or as displayed (EXIF orientation applied);
+        Pillow-read files included, -1 where unreadable."""
+        from gpupipe.orientation import display_sizes
+
+        h, w, o = self.column("height").copy(), self.column("width").copy(), self.column("orientation").copy()
+        for i, (ph, pw, po) in self.pillow.items():
+            h[i], w[i], o[i] = ph, pw, po
+        if displayed:
+            dh, dw = display_sizes(h, w, np.where(o > 0, o, 1))
+            h, w = np.where(h >= 0, dh, h), np.where(w >= 0, dw, w)
+        return h, w
+
+    def fail(self, i: int, kind: int, message: str) -> None:
+        """Marks sample i as failed before decoding (a read error, a box that cannot be drawn)."""
+        self.table[i, _C.INFO_COLUMNS.index("error")] = int(kind)
+        self.messages[int(i)] = message
+        self.pillow.pop(int(i), None)
+
+    def select(self, indices) -> "HeaderInfos":
+        idx = np.asarray(indices, dtype=np.int64)
+        where = {int(i): k for k, i in enumerate(idx)}
+        return HeaderInfos(self.table[idx], {where[i]: m for i, m in self.messages.items() if i in where},
+                           {where[i]: v for i, v in self.pillow.items() if i in where})
+
+
+def read_infos(buffers: Sequence) -> HeaderInfos:
+    """Reads every JPEG header of a batch once, in C++ with the GIL released."""
+    table = np.empty((len(buffers), len(_C.INFO_COLUMNS)), dtype=np.int64)
+    failures = _C.read_header_infos(buffers, table.ctypes.data, table.nbytes) if len(buffers) else []
+    return HeaderInfos(table, {int(i): message for i, _, message in failures})
+
+
+class Backend(Protocol):
+    """A decode backend: one small protocol, one module per backend."""
+
+    name: str
+
+    def unavailable_reason(self, device: torch.device) -> Optional[str]:
+        """Why the backend cannot run for outputs on ``device`` here, or None."""
+
+    def decode(self, buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions,
+               infos: HeaderInfos) -> BatchStatus:
+        """Decodes the JPEG crop ``boxes[i]`` of ``buffers[i]`` into ``out[i]`` (uint8 NHWC,
+        contiguous, on ``options.device``) for every i; ``infos`` are their headers."""

@@ -1,0 +1,94 @@
+"""The route for files that are not JPEGs (PNG, WebP, BMP, GIF, TIFF, ...): Pillow reads them with
+the CPU core's box semantics (a crop, then Pillow's BILINEAR resize with ``reducing_gap=None``, or a
+window of the resized image), so every entry point delivers the same samples from a mixed folder.
+Pillow's EXIF orientation (``ImageOps.exif_transpose``) applies when asked for; gpupipe's pixel
+limit holds before any pixel is decoded."""
+
+from __future__ import annotations
+
+import io
+import math
+import warnings
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from gpupipe._backends.base import BatchStatus, DecodeOptions, Route
+from gpupipe._errors import ErrorKind
+from gpupipe.limits import get_limits
+
+name = "pillow"
+
+
+def _open(data):
+    from PIL import Image
+
+    return Image.open(io.BytesIO(bytes(data)))
+
+
+def probe(buffers: Sequence, indices, jpeg_messages: dict) -> tuple[dict, dict]:
+    """Headers of the files at ``indices`` that Pillow reads: ({index: (height, width, EXIF
+    orientation)}, {index: (ErrorKind, message)} for the rest, after libjpeg's message). Decodes
+    no pixels."""
+    found, failed = {}, {}
+    limit = get_limits().max_pixels
+    for i in indices:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # Pillow's own bomb warning: gpupipe's limit is checked below
+                img = _open(buffers[i])
+                w, h = img.size
+                orientation = int(img.getexif().get(0x0112, 1)) if hasattr(img, "getexif") else 1
+        except Exception as e:
+            reason = type(e).__name__ if type(e).__name__ == "UnidentifiedImageError" else f"{type(e).__name__}: {e}"
+            failed[int(i)] = (ErrorKind.NOT_JPEG, f"{jpeg_messages.get(int(i), 'not a JPEG')} (nor an image Pillow "
+                                                  f"reads: {reason})")
+            continue
+        if h * w > limit:
+            failed[int(i)] = (ErrorKind.PIXEL_LIMIT, f"image is {w}x{h} = {h * w} pixels, over the max_pixels limit of "
+                                                     f"{limit} (gpupipe.set_limits(max_pixels=...) raises it)")
+            continue
+        found[int(i)] = (h, w, orientation if 1 <= orientation <= 8 else 1)
+    return found, failed
+
+
+def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions) -> BatchStatus:
+    """Decodes each file with Pillow into its slot of ``out`` (uint8 NHWC, any device)."""
+    from PIL import Image, ImageOps
+
+    n = len(buffers)
+    status = BatchStatus.empty(n)
+    oh, ow = out.shape[1:3]
+    for i in range(n):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                img = _open(buffers[i])
+                if options.apply_exif_orientation:
+                    img = ImageOps.exif_transpose(img)
+                img = img.convert("RGB" if options.mode == "rgb" else "L")
+                t, l, h, w = (float(v) for v in boxes[i])
+                if not (0 <= t and 0 <= l and h > 0 and w > 0 and t + h <= img.height and l + w <= img.width):
+                    raise ValueError(f"crop box {tuple(boxes[i])} is not inside the image of {img.width}x{img.height} "
+                                     "(width x height)")
+                if not options.resize:
+                    img = img.crop((int(l), int(t), int(l + w), int(t + h)))
+                elif options.window:  # the filter reads around the box, up to the image's edges
+                    img = img.resize((ow, oh), Image.BILINEAR, box=(l, t, l + w, t + h), reducing_gap=None)
+                else:  # crop the whole pixels covering the box, then resample the box from them
+                    x0, y0 = math.floor(l), math.floor(t)
+                    img = img.crop((x0, y0, math.ceil(l + w), math.ceil(t + h)))
+                    img = img.resize((ow, oh), Image.BILINEAR, box=(l - x0, t - y0, l - x0 + w, t - y0 + h),
+                                     reducing_gap=None)
+                pixels = np.array(img).reshape(oh, ow, -1)  # writable: torch.from_numpy warns on read-only
+        except ValueError as e:
+            status.fail(i, ErrorKind.INVALID_ARGUMENT, str(e))
+            continue
+        except Exception as e:  # truncated or corrupt: Pillow's own message
+            status.fail(i, ErrorKind.CORRUPT, f"Pillow could not decode it ({type(e).__name__}: {e})")
+            continue
+        out[i] = torch.from_numpy(pixels).to(out.device)
+        status.route[i] = Route.PILLOW
+        status.fallback[i] = "not a JPEG: decoded by Pillow"
+    return status

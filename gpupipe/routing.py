@@ -1,0 +1,126 @@
+"""``decode_into``: the one decode mechanism behind :func:`gpupipe.decode_crop_jpegs`,
+:class:`gpupipe.data.DecodeCropDataset` and :class:`gpupipe.Loader`.
+
+One batch, one pass::
+
+    datas -> headers, read once (or handed in by the caller, who read them to draw the boxes)
+          -> JPEG        -> the backend (cpu | dali | nvjpeg; a GPU backend hands what it cannot
+                            take to the CPU core, route "cpu-fallback")
+          -> not a JPEG  -> Pillow (route "pillow"), or NotAJpegError with non_jpeg="error"
+          -> unreadable  -> its error kind
+       EXIF orientation, when asked for, around every route; failed slots zeroed here, once.
+
+It applies no error policy: it reports, per sample, the outcome (:class:`BatchStatus`); the
+callers apply one policy function (:mod:`gpupipe.policy`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+
+from gpupipe import orientation
+from gpupipe._backends import cpu, dali, nvjpeg, pillow
+from gpupipe._backends.base import BatchStatus, DecodeOptions, HeaderInfos, Route, read_infos
+from gpupipe._buffers import as_buffer
+from gpupipe._errors import ErrorKind
+
+BACKENDS = {"cpu": cpu, "dali": dali, "nvjpeg": nvjpeg}
+
+
+def as_buffers(datas: Sequence[Any]) -> list:
+    """Buffer-protocol views of the encoded samples (no copy); TypeError/ValueError naming the sample."""
+    return [as_buffer(d, f"datas[{i}]") for i, d in enumerate(datas)]
+
+
+def probe(buffers: Sequence, options: Optional[DecodeOptions] = None) -> HeaderInfos:
+    """The headers of a batch: every JPEG header in one C++ call, then, for the files that are not
+    JPEGs, Pillow's (unless ``options.non_jpeg == "error"``). Decodes no pixels."""
+    infos = read_infos(buffers)
+    if options is None or options.non_jpeg == "pillow":
+        others = np.flatnonzero(infos.kind == ErrorKind.NOT_JPEG)
+        if len(others):
+            infos.pillow, failed = pillow.probe(buffers, others, infos.messages)
+            for i, (kind, message) in failed.items():
+                infos.table[i, -1] = int(kind)
+                infos.messages[i] = message
+    return infos
+
+
+def decode_into(datas: Sequence[Any], boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions, *,
+                infos: Optional[HeaderInfos] = None) -> BatchStatus:
+    """Decodes the crop ``boxes[i]`` of ``datas[i]`` into ``out[i]`` for every sample.
+
+    Args:
+        datas: N encoded images (objects exporting the buffer protocol, 1-D uint8 arrays/tensors).
+        boxes: int64 or float64 ``[N, 4]`` (top, left, height, width); displayed frame when
+            ``options.apply_exif_orientation``.
+        out: uint8 ``[N, H, W, C]`` contiguous on ``options.device``, ``(H, W) = options.size``.
+        options: how to decode (:class:`DecodeOptions`, the backend already resolved).
+        infos: the batch's headers when the caller already read them (:func:`probe`).
+
+    Returns:
+        BatchStatus: per sample, its error kind and message, warning, and route. Failed samples'
+        slots are zero.
+    """
+    n = len(datas)
+    buffers = as_buffers(datas)
+    boxes = np.asarray(boxes)
+    expected = (n, *options.size, options.channels)
+    if tuple(out.shape) != expected or out.dtype != torch.uint8 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous uint8 tensor of shape {list(expected)}, got {out.dtype} "
+                         f"{list(out.shape)}")
+    if infos is None:
+        infos = probe(buffers, options)
+    status = BatchStatus.empty(n)
+    jpeg = np.flatnonzero(infos.kind == ErrorKind.NONE)
+    images = np.array(sorted(infos.pillow), dtype=np.int64) if options.non_jpeg == "pillow" else np.zeros(0, np.int64)
+    for i in np.setdiff1d(np.flatnonzero(infos.kind != ErrorKind.NONE), images):
+        status.fail(int(i), int(infos.kind[i]), infos.messages.get(int(i), "unreadable header"))
+
+    backend = BACKENDS[options.backend]
+    if len(jpeg) == n and not options.apply_exif_orientation:  # the common case: straight into out
+        status.merge(backend.decode(buffers, np.ascontiguousarray(boxes), out, options, infos), np.arange(n))
+    else:
+        for rows, stored, turns, transposed in _frames(jpeg, boxes, infos, options):
+            size = options.size[::-1] if transposed else options.size
+            sub_options = dataclasses.replace(options, size=tuple(size))
+            sub_out = torch.empty((len(rows), *size, options.channels), dtype=torch.uint8, device=out.device)
+            status.merge(backend.decode([buffers[i] for i in rows], stored, sub_out, sub_options, infos.select(rows)),
+                         rows)
+            for turn in np.unique(turns):  # into the displayed frame, one orientation at a time
+                sel = torch.from_numpy(np.flatnonzero(turns == turn)).to(out.device)
+                out[torch.from_numpy(rows).to(out.device)[sel]] = orientation.to_display(sub_out[sel], int(turn))
+    if len(images):
+        sub_out = torch.empty((len(images), *out.shape[1:]), dtype=torch.uint8, device=out.device)
+        status.merge(pillow.decode([buffers[i] for i in images], boxes[images], sub_out, options), images)
+        out[torch.from_numpy(images).to(out.device)] = sub_out
+
+    failed = np.flatnonzero(~status.ok)
+    if len(failed):
+        out[torch.from_numpy(failed).to(out.device)] = 0
+    return status
+
+
+def _frames(rows: np.ndarray, boxes: np.ndarray, infos: HeaderInfos, options: DecodeOptions):
+    """(rows, boxes in the stored frame, EXIF orientations, transposed) groups to decode together:
+    the orientations that keep the frame's height and width, then those that swap them."""
+    if not len(rows):
+        return
+    if not options.apply_exif_orientation:
+        yield rows, np.ascontiguousarray(boxes[rows]), np.ones(len(rows), np.int64), False
+        return
+    o = infos.column("orientation")[rows]
+    o = np.where(o >= 1, o, 1)
+    stored = orientation.stored_boxes(boxes[rows], o, infos.column("height")[rows], infos.column("width")[rows])
+    swap = np.isin(o, orientation.TRANSPOSED)
+    for transposed in (False, True):
+        sel = np.flatnonzero(swap == transposed)
+        if len(sel):
+            yield rows[sel], np.ascontiguousarray(stored[sel]), o[sel], transposed
+
+
+__all__ = ["decode_into", "probe", "DecodeOptions", "BatchStatus", "HeaderInfos", "Route", "BACKENDS"]
