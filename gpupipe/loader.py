@@ -1,63 +1,92 @@
-"""The loader: source -> read bytes (I/O threads) -> headers + crop boxes -> batch decode into a
-ring of preallocated (pinned) buffers -> device -> augment, in threads of one process.
+"""The Loader: a source's samples -> batches of decoded, cropped, augmented images, in threads of one
+process, never pickled.
 
-Stages overlap: while the consumer transfers and augments batch b, the producer thread decodes
-batch b+1 on the C++ pool and the I/O threads read batch b+2. Batches come out in sampler order
-and every pixel is a function of (seed, epoch, sample index) only, whatever ``num_threads``.
+Each batch is a :class:`Batch` record passed through plain stage functions on a small engine
+(:mod:`gpupipe.engine`: one thread per stage, bounded blocking queues, cancellation, timing)::
+
+    source -> read  (bytes, on I/O threads)
+           -> plan  (headers read once, crop boxes, augmentation parameters)
+           -> decode (decode_into: one ring slot per batch, or the device for GPU backends)
+           -> finish (error policy, transfer to the device, augment, batch_transform)
+
+While the consumer trains on batch b, batch b+1 is decoded and b+2 read. Every pixel is a function
+of (seed, epoch, sample index) only, whatever the thread count, so an epoch can be resumed
+mid-way in another process (:meth:`Loader.state_dict`).
 """
 
 from __future__ import annotations
 
-import io
+import dataclasses
+import inspect
+import itertools
 import math
-import queue
 import threading
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 
-from gpupipe._backends import hybrid
-from gpupipe._errors import DecompressionBombError, JpegError
+from gpupipe import backends
+from gpupipe._backends.base import BatchStatus, DecodeOptions, HeaderInfos, Route
+from gpupipe._errors import ErrorKind
 from gpupipe.crops import CropSampler
-from gpupipe.sources import MapSource, TarShards
+from gpupipe.engine import Closed, Engine, StageTimes
+from gpupipe.policy import SampleFailure, apply_policy, check_on_error
+from gpupipe.routing import as_buffers, decode_into, probe
+from gpupipe.sources import MapSource, Sample, Source, distributed_indices
 
-_END = object()
+STAGES = ("read", "plan", "decode", "transfer", "augment")
 
 
-class _Done:
-    """A finished batch (augmented by the CPU augment stage), ready to yield."""
+@dataclasses.dataclass
+class Batch:
+    """One batch on its way through the stages."""
 
-    __slots__ = ("images", "labels")
+    number: int  #: position in the epoch (0, 1, ...)
+    samples: list  #: the source's :class:`Sample` records
+    datas: list = dataclasses.field(default_factory=list)  #: encoded bytes
+    infos: Optional[HeaderInfos] = None
+    boxes: Optional[np.ndarray] = None
+    augment_params: Any = None
+    status: Optional[BatchStatus] = None
+    images: Optional[torch.Tensor] = None  #: uint8 NHWC: a ring slot, or a device tensor
+    slot: Optional[int] = None
 
-    def __init__(self, images, labels):
-        self.images, self.labels = images, labels
-_JPEG_MAGIC = b"\xff\xd8"
+    @property
+    def indices(self) -> np.ndarray:
+        return np.array([s.index for s in self.samples], dtype=np.int64)
+
+    @property
+    def keys(self) -> list:
+        return [s.key for s in self.samples]
 
 
 class _Stats:
-    """Counters shared by the pipeline's threads (guarded by a lock)."""
+    """What the stages report, for :meth:`Loader.stats` (guarded by a lock)."""
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.reset()
-
-    def reset(self):
-        self.batches = self.images = self.fallback = self.replaced = 0
+        self.times = StageTimes(STAGES)
+        self.batches = self.images = 0
         self.skipped: list = []
+        self.replaced: list = []
         self.warnings: list = []
-        self.fallback_keys: list = []
-        self.busy = {"read": 0.0, "decode": 0.0, "transfer": 0.0, "augment": 0.0}
-        self.wait = 0.0
+        self.fallback: list = []
+        self.routes = {r.label: 0 for r in Route if r != Route.NONE}
         self.started: Optional[float] = None
         self.last: Optional[float] = None
 
-    def add(self, stage: str, seconds: float):
+    def record(self, batch: Batch, failures: list, on_error: str) -> None:
+        status, keys = batch.status, batch.keys
         with self.lock:
-            self.busy[stage] += seconds
+            (self.skipped if on_error == "skip" else self.replaced).extend(failures)
+            self.warnings += [(keys[i], m) for i, m in sorted(status.warnings.items())]
+            self.fallback += [(keys[i], m) for i, m in sorted(status.fallback.items())]
+            for r in status.route[status.ok]:
+                self.routes[Route(int(r)).label] += 1
 
 
 def _dist_defaults(rank, world_size):
@@ -69,58 +98,139 @@ def _dist_defaults(rank, world_size):
     return (0 if rank is None else int(rank)), (1 if world_size is None else int(world_size))
 
 
+def _keyed(module: Any) -> bool:
+    """Whether a module follows the keyed protocol: ``sample_params(n, *, seed, epoch, indices)``."""
+    sample = getattr(module, "sample_params", None)
+    if sample is None:
+        return False
+    try:
+        return "seed" in inspect.signature(sample).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _rows(params: Any, keep: torch.Tensor, n: int) -> Any:
+    """The rows ``keep`` of every per-sample parameter (leading dimension n), nested dicts included."""
+    if isinstance(params, dict):
+        return {k: _rows(v, keep, n) for k, v in params.items()}
+    if isinstance(params, torch.Tensor) and params.dim() > 0 and params.shape[0] == n:
+        return params[keep]
+    return params
+
+
+class _Ring:
+    """The host buffers decoded batches go into: a slot is reused once its batch is finished (and,
+    on CUDA, once its copy to the device completed: waited for by the decode thread, never polled)."""
+
+    def __init__(self, slots: int, shape: tuple, pin: bool):
+        self.buffers = [torch.empty(shape, dtype=torch.uint8, pin_memory=pin) for _ in range(slots)]
+        self._free = list(range(slots))
+        self._pending: list = []  # (event, slot): copies still reading a slot
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def acquire(self) -> int:
+        with self._cond:
+            while not self._free and not self._pending and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                raise Closed
+            if self._free:
+                return self._free.pop(0)
+            event, slot = self._pending.pop(0)
+        event.synchronize()  # the oldest copy: it must finish before the slot is written again
+        return slot
+
+    def release(self, slot: int, event: Optional[torch.cuda.Event] = None) -> None:
+        with self._cond:
+            (self._pending.append((event, slot)) if event is not None else self._free.append(slot))
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+def read_failure(error: BaseException) -> str:
+    return f"read error: {type(error).__name__}: {error}"
+
+
 class Loader:
     """Batches of decoded, cropped (and augmented) images from a source, with threads, no pickling.
 
     Args:
-        source: a :mod:`gpupipe.sources` source (``ImageFolder``, ``FileList``, ``TarShards``).
+        source: a :mod:`gpupipe.sources` source (``ImageFolder``, ``FileList``, ``TarShards``, or
+            anything with ``epoch_samples``).
         batch_size: samples per batch.
         crop: a :mod:`gpupipe.crops` sampler; its ``size`` is the output size.
-        augment: optional module applied to each uint8 ``[N, 3, H, W]`` batch on ``device``
-            (e.g. :class:`gpupipe.augment.BatchAugment`).
+        augment: optional module applied to each uint8 ``[N, 3, H, W]`` batch on ``device`` (e.g.
+            :class:`gpupipe.augment.BatchAugment`). A keyed module (``sample_params(n, *, seed,
+            epoch, indices)``) gets parameters drawn from (seed, epoch, sample index) and is called
+            as ``augment(images, params=...)``; any other module as ``augment(images)``.
+        batch_transform: optional callable on ``(images, labels)`` after ``augment`` (e.g.
+            ``gpupipe.augment.MixUp``), keyed the same way (``batch_transform(images, labels,
+            params=...)``).
         device: where batches are delivered (``"cpu"``, ``"cuda"``, ``"cuda:1"``).
         backend: ``"auto"`` (the CPU core for CPU outputs; DALI, else nvJPEG, for CUDA outputs),
-            ``"cpu"``, ``"dali"`` or ``"nvjpeg"``. GPU backends decode each batch on ``device``
-            (no host ring), handing what they cannot decode to the CPU core inside the batch.
-        shuffle, seed: sample order per epoch (``set_epoch``), as ``DistributedSampler``.
+            ``"cpu"``, ``"dali"`` or ``"nvjpeg"``. GPU backends decode each batch on ``device`` (no
+            host ring), handing what they cannot decode to the CPU core inside the batch.
+        shuffle, seed: sample order per epoch (``set_epoch``), as ``DistributedSampler``; the seed
+            also keys the crops and the augmentations.
         drop_last: drop the tail that does not split evenly across ranks and the last partial batch.
         num_threads: decode threads (default: ``GPUPIPE_NUM_THREADS`` or the CPU affinity count).
         prefetch: batches decoded ahead of the consumer (bounds memory: ``prefetch + 2`` buffers).
         on_error: ``"skip"`` drops failed samples (the batch is smaller), ``"replace"`` keeps zero
-            images, ``"raise"`` raises naming the sample's key. Every failure is in ``stats()``.
+            images, ``"raise"`` raises naming the sample's key. Every failure is in ``stats()`` with
+            its kind (:mod:`gpupipe.policy`).
         rank, world_size: default to the ``torch.distributed`` process group's.
         progress: show a tqdm bar.
+        io_threads: threads reading files.
         apply_exif_orientation: crop in the displayed frame (``PIL.ImageOps.exif_transpose``):
             boxes are drawn from displayed sizes and crops come out upright.
 
     Yields:
         ``(images, labels)``: images uint8 ``[N, 3, H, W]`` (channels-last) on ``device`` without
-        ``augment``, else the module's output; labels int64 ``[N]`` on ``device``.
+        ``augment``, else the module's output; labels int64 ``[N]`` on ``device`` (or what
+        ``batch_transform`` makes of them).
+
+    Example:
+        >>> import gpupipe, numpy as np, tempfile, pathlib
+        >>> root = pathlib.Path(tempfile.mkdtemp())
+        >>> (root / "cat").mkdir()
+        >>> for i in range(5):
+        ...     _ = (root / "cat" / f"{i}.jpg").write_bytes(gpupipe._C.encode_jpeg(np.zeros((40, 50, 3), np.uint8), 40, 50, 3))
+        >>> loader = gpupipe.Loader(gpupipe.sources.ImageFolder(root), batch_size=2,
+        ...                         crop=gpupipe.crops.RandomResizedCrop(16), num_threads=1)
+        >>> [tuple(x.shape) for x, _ in loader]
+        [(2, 3, 16, 16), (2, 3, 16, 16), (1, 3, 16, 16)]
+        >>> state = loader.state_dict()  # after a whole epoch: resumes at the next one
     """
 
     def __init__(self, source, *, batch_size: int, crop: CropSampler, augment: Optional[torch.nn.Module] = None,
-                 device: Any = "cpu", backend: str = "auto", shuffle: bool = True, seed: int = 0,
-                 drop_last: bool = False, num_threads: Optional[int] = None, prefetch: int = 2,
-                 on_error: str = "skip", rank: Optional[int] = None, world_size: Optional[int] = None,
-                 progress: bool = False, io_threads: int = 4, apply_exif_orientation: bool = False):
+                 batch_transform: Optional[Callable] = None, device: Any = "cpu", backend: str = "auto",
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, num_threads: Optional[int] = None,
+                 prefetch: int = 2, on_error: str = "skip", rank: Optional[int] = None,
+                 world_size: Optional[int] = None, progress: bool = False, io_threads: int = 4,
+                 apply_exif_orientation: bool = False):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if not isinstance(crop, CropSampler):
             raise TypeError("crop must be a gpupipe.crops sampler (RandomResizedCrop, RandomCrop, ...)")
-        if on_error not in ("skip", "replace", "raise"):
-            raise ValueError(f"on_error must be 'skip', 'replace' or 'raise', got {on_error!r}")
+        check_on_error(on_error)
         if prefetch < 1:
             raise ValueError("prefetch must be >= 1")
-        if not isinstance(source, (MapSource, TarShards)):
-            raise TypeError("source must be a gpupipe.sources source")
+        if not isinstance(source, Source):
+            raise TypeError("source must be a gpupipe.sources source (with epoch_samples)")
+        if batch_transform is not None and not callable(batch_transform):
+            raise TypeError("batch_transform must be callable on (images, labels)")
         self.source = source
         self.batch_size = int(batch_size)
         self.crop = crop
         self.augment = augment
+        self.batch_transform = batch_transform
         self.device = torch.device(device)
-        from gpupipe import backends
-
-        self.backend = backends.resolve(backend, self.device)  # clear error when it cannot run here
+        self.backend = backends.resolve(backend, self.device)  # a clear error when it cannot run here
         self.shuffle = shuffle
         self.seed = int(seed)
         self.drop_last = drop_last
@@ -131,10 +241,15 @@ class Loader:
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is not in [0, {self.world_size})")
         self.progress = progress
-        self.apply_exif_orientation = apply_exif_orientation
         self.io_threads = max(1, int(io_threads))
+        self.options = DecodeOptions(size=crop.size, resize=crop.resize, window=crop.window,
+                                     num_threads=num_threads or 0, apply_exif_orientation=apply_exif_orientation,
+                                     backend=self.backend,
+                                     device=torch.device("cpu") if self.backend == "cpu" else self.device)
         self.epoch = 0
         self._stats = _Stats()
+        self._resume: Optional[tuple[int, int]] = None  # (epoch, first batch) of a restored run
+        self._done = (0, 0)  # (epoch, batches yielded) of the latest iteration
 
     # --- sampling ---------------------------------------------------------------------------------
 
@@ -144,421 +259,260 @@ class Loader:
 
     def indices(self) -> np.ndarray:
         """This rank's sample indices for the current epoch, in order (``DistributedSampler``)."""
-        n = len(self.source)
-        order = np.random.default_rng([self.seed, self.epoch]).permutation(n) if self.shuffle else np.arange(n)
-        ws = self.world_size
-        if self.drop_last:  # DistributedSampler: ceil((n - ws) / ws) == n // ws when n % ws
-            per_rank = n // ws
-        else:
-            per_rank = math.ceil(n / ws)
-        total = per_rank * ws
-        if total > n:  # pad by repeating from the start, as DistributedSampler
-            order = np.concatenate([order, np.resize(order, total - n)])
-        return order[:total][self.rank::ws]
+        if not isinstance(self.source, MapSource):
+            raise TypeError("a streamed source's indices are not known in advance")
+        return distributed_indices(len(self.source), epoch=self.epoch, seed=self.seed, shuffle=self.shuffle,
+                                   rank=self.rank, world_size=self.world_size, drop_last=self.drop_last)
 
     def __len__(self) -> int:
-        if isinstance(self.source, TarShards):
-            raise TypeError("the number of batches of streamed TarShards is not known in advance")
+        if not isinstance(self.source, MapSource):
+            raise TypeError("the number of batches of a streamed source (TarShards) is not known in advance")
         n = len(self.indices())
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __iter__(self):
-        return _LoaderIterator(self)
+        first = 0
+        if self._resume is not None and self._resume[0] == self.epoch:
+            first = self._resume[1]
+        self._resume = None
+        return _LoaderIterator(self, first)
+
+    # --- resume: the torchdata StatefulDataLoader contract ----------------------------------------
+
+    def state_dict(self) -> dict:
+        """Where the latest iteration stands: restored with :meth:`load_state_dict` (in this or a
+        new process), the next iteration yields exactly the batches an uninterrupted run would have
+        yielded after these, pixels and augmentation included, for any ``num_threads``."""
+        epoch, done = self._done
+        return {"version": 1, "epoch": epoch, "batches": done, "seed": self.seed, "shuffle": self.shuffle,
+                "batch_size": self.batch_size, "drop_last": self.drop_last, "rank": self.rank,
+                "world_size": self.world_size,
+                "num_samples": len(self.source) if isinstance(self.source, MapSource) else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resumes at the batch after those ``state`` counted, in ``state["epoch"]`` (which
+        ``set_epoch`` is set to; calling ``set_epoch`` with the same epoch keeps the position)."""
+        if state.get("version") != 1:
+            raise ValueError(f"unknown Loader state version {state.get('version')!r}")
+        mine = self.state_dict()
+        for k in ("seed", "shuffle", "batch_size", "drop_last", "rank", "world_size", "num_samples"):
+            if state[k] != mine[k]:
+                raise ValueError(f"the state was taken with {k}={state[k]!r}, this Loader has {k}={mine[k]!r}")
+        self.epoch = int(state["epoch"])
+        self._resume = (self.epoch, int(state["batches"]))
+        self._done = (self.epoch, int(state["batches"]))
 
     # --- reporting --------------------------------------------------------------------------------
 
     def stats(self) -> dict:
         """Throughput and where the time went since the current epoch's iteration started.
 
-        Keys: ``images``, ``batches``, ``images_per_s``, ``busy_s`` (per stage: read, decode,
-        transfer, augment; stages overlap), ``wait_s`` (time the consumer waited for a batch:
-        starvation), ``skipped`` ([(key, message)]), ``replaced``, ``fallback`` (non-JPEG files
-        decoded by Pillow), ``fallback_keys``, ``warnings`` ([(key, message)]).
+        Keys: ``images``, ``batches``, ``images_per_s``, ``wall_s``, ``busy_s`` (per stage: read,
+        plan, decode, transfer, augment; stages overlap), ``wait_s`` (time the consumer waited for
+        a batch: starvation), ``skipped`` / ``replaced`` (:class:`gpupipe.policy.SampleFailure`:
+        key, kind, message), ``failures`` ({kind name: count}), ``routes`` ({route: samples}:
+        ``cpu``, ``gpu``, ``pillow``, ``cpu-fallback``), ``fallback`` ([(key, reason)] for samples
+        not decoded by the backend's own decoder), ``warnings`` ([(key, message)]).
         """
         s = self._stats
+        busy, wait = s.times.snapshot()
         with s.lock:
             wall = (s.last - s.started) if s.started and s.last else 0.0
+            failures: dict = {}
+            for f in s.skipped + s.replaced:
+                failures[f.kind.name.lower()] = failures.get(f.kind.name.lower(), 0) + 1
             return {
-                "images": s.images, "batches": s.batches,
-                "images_per_s": s.images / wall if wall > 0 else 0.0,
-                "busy_s": dict(s.busy), "wait_s": s.wait, "wall_s": wall,
-                "skipped": list(s.skipped), "replaced": s.replaced, "fallback": s.fallback,
-                "fallback_keys": list(s.fallback_keys), "warnings": list(s.warnings),
+                "images": s.images, "batches": s.batches, "images_per_s": s.images / wall if wall > 0 else 0.0,
+                "busy_s": busy, "wait_s": wait, "wall_s": wall, "skipped": list(s.skipped),
+                "replaced": list(s.replaced), "failures": failures, "routes": dict(s.routes),
+                "fallback": list(s.fallback), "warnings": list(s.warnings),
             }
 
 
-class _Pipeline:
-    """The threads and buffers of one epoch's iteration. Threads reference this object, never the
-    iterator, so dropping the iterator finalises the pipeline."""
+class _Epoch:
+    """The stage functions and resources of one epoch's iteration. Threads reference this object,
+    never the iterator, so dropping the iterator finalises the iteration."""
 
-    def __init__(self, loader: Loader):
+    def __init__(self, loader: Loader, first_batch: int):
         self.l = loader
-        self.stop = threading.Event()
-        self.ready: queue.Queue = queue.Queue(maxsize=loader.prefetch)
+        self.first_batch = first_batch
+        self.reader = ThreadPoolExecutor(loader.io_threads, thread_name_prefix="gpupipe-io")
         h, w = loader.crop.size
-        slots = loader.prefetch + 2 if loader.backend == "cpu" else 0  # GPU backends decode on the device
-        pin = loader.device.type == "cuda"
-        self.ring = [torch.empty((loader.batch_size, h, w, 3), dtype=torch.uint8, pin_memory=pin) for _ in range(slots)]
-        self.free: queue.Queue = queue.Queue()
-        for i in range(slots):
-            self.free.put(i)
-        self.reader = ThreadPoolExecutor(loader.io_threads, thread_name_prefix="gpupipe-read")
-        # On the CPU, augmentation is real work: a stage of its own overlaps it with the decode of
-        # the next batch and with the consumer's step. On CUDA it is asynchronous GPU work and runs
-        # on the consumer's thread and stream.
-        self.augment_stage = None
-        decoded = self.ready
-        if loader.augment is not None and loader.device.type == "cpu":
-            decoded = queue.Queue(maxsize=loader.prefetch)
-            self.augment_stage = threading.Thread(target=self._augment_loop, args=(decoded,), name="gpupipe-augment",
-                                                  daemon=True)
-        self.decoded = decoded
-        self.producer = threading.Thread(target=self._produce, name="gpupipe-decode", daemon=True)
-        self.producer.start()
-        if self.augment_stage is not None:
-            self.augment_stage.start()
+        self.ring = None
+        if loader.backend == "cpu":  # GPU backends decode on the device
+            self.ring = _Ring(loader.prefetch + 2, (loader.batch_size, h, w, 3), pin=loader.device.type == "cuda")
+        self.augment_keyed = _keyed(loader.augment)
+        self.transform_keyed = _keyed(loader.batch_transform)
+        self.stream = torch.cuda.Stream(loader.device) if loader.device.type == "cuda" else None
+        stages = [("read", self.read), ("plan", self.plan), ("decode", self.decode)]
+        if loader.device.type == "cpu":  # real work on the CPU: overlapped; on CUDA, queued GPU work
+            stages.append(("finish", self.finish, False))  # times its transfer and augment parts
+        self.engine = Engine(self.batches(), stages, capacity=loader.prefetch, times=loader._stats.times,
+                             closables=[self.ring] if self.ring else [], name="gpupipe")
 
-    def _augment_loop(self, decoded: queue.Queue):
-        try:
-            while not self.stop.is_set():
-                try:
-                    item = decoded.get(timeout=0.05)
-                except queue.Empty:
-                    continue
-                if item is _END or isinstance(item, BaseException):
-                    self._put(self.ready, item)
-                    return
-                images, labels = self.finish(item)
-                if not self._put(self.ready, _Done(images, labels)):
-                    return
-        except BaseException as e:  # delivered to the consumer, never lost in this thread
-            self._put(self.ready, e)
+    def close(self) -> None:
+        self.engine.close()
+        self.reader.shutdown(wait=False, cancel_futures=True)
 
-    # --- producer side ----------------------------------------------------------------------------
+    # --- the stages -------------------------------------------------------------------------------
 
-    def _put(self, q: queue.Queue, item) -> bool:
-        while not self.stop.is_set():
-            try:
-                q.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _get_free_slot(self) -> Optional[int]:
-        while not self.stop.is_set():
-            try:
-                return self.free.get(timeout=0.05)
-            except queue.Empty:
-                continue
-        return None
-
-    def _batches(self):
-        """(sample indices or None, keys, labels, bytes futures/values) per batch, in order."""
+    def batches(self):
         l = self.l
-        if isinstance(l.source, TarShards):
-            it = l.source.iter_samples(epoch=l.epoch, seed=l.seed, rank=l.rank, world_size=l.world_size, shuffle=l.shuffle)
-            pos = 0
-            while True:
-                chunk = []
-                for sample in it:
-                    chunk.append(sample)
-                    if len(chunk) == l.batch_size:
-                        break
-                if not chunk or (l.drop_last and len(chunk) < l.batch_size):
-                    return
-                keys, labels, datas = zip(*chunk)
-                # Streamed samples are identified by their position in this rank's stream.
-                idx = np.arange(pos, pos + len(chunk)) * l.world_size + l.rank
-                pos += len(chunk)
-                yield idx, list(keys), np.asarray(labels, dtype=np.int64), list(datas)
-                if len(chunk) < l.batch_size:
-                    return
+        samples = l.source.epoch_samples(epoch=l.epoch, seed=l.seed, shuffle=l.shuffle, rank=l.rank,
+                                         world_size=l.world_size, drop_last=l.drop_last,
+                                         start=self.first_batch * l.batch_size)
+        for number in itertools.count(self.first_batch):
+            chunk = list(itertools.islice(samples, l.batch_size))
+            if not chunk or (l.drop_last and len(chunk) < l.batch_size):
+                return
+            yield Batch(number, chunk)
+
+    def read(self, batch: Batch) -> Batch:
+        def one(sample: Sample):
+            if sample.data is not None:
+                return sample.data
+            try:
+                return self.l.source.read(sample.index)
+            except OSError as e:
+                return e
+
+        batch.datas = list(self.reader.map(one, batch.samples))
+        return batch
+
+    def plan(self, batch: Batch) -> Batch:
+        l = self.l
+        errors = {i: read_failure(d) for i, d in enumerate(batch.datas) if isinstance(d, BaseException)}
+        batch.datas = as_buffers([b"" if i in errors else d for i, d in enumerate(batch.datas)])
+        batch.infos = probe(batch.datas, l.options)
+        for i, message in errors.items():
+            batch.infos.fail(i, ErrorKind.READ, message)
+        h, w = batch.infos.sizes(displayed=l.options.apply_exif_orientation)
+        batch.boxes, small = l.crop.plan(h, w, seed=l.seed, epoch=l.epoch, indices=batch.indices)
+        for i, message in small.items():
+            batch.infos.fail(i, ErrorKind.INVALID_ARGUMENT, message)
+        if self.augment_keyed:
+            batch.augment_params = l.augment.sample_params(len(batch.samples), seed=l.seed, epoch=l.epoch,
+                                                           indices=torch.from_numpy(batch.indices))
+        return batch
+
+    def decode(self, batch: Batch) -> Batch:
+        l = self.l
+        n = len(batch.samples)
+        if self.ring is not None:
+            batch.slot = self.ring.acquire()
+            batch.images = self.ring.buffers[batch.slot][:n]
         else:
-            indices = l.indices()
-            n_batches = len(indices) // l.batch_size if l.drop_last else math.ceil(len(indices) / l.batch_size)
-            src = l.source
-
-            def read(i):
-                try:
-                    return src.read(int(i))
-                except OSError as e:
-                    return e
-
-            futures = None
-            for b in range(n_batches):
-                idx = indices[b * l.batch_size:(b + 1) * l.batch_size]
-                if futures is None:
-                    futures = [self.reader.submit(read, i) for i in idx]
-                nxt = indices[(b + 1) * l.batch_size:(b + 2) * l.batch_size]
-                next_futures = [self.reader.submit(read, i) for i in nxt]  # read ahead of decode
-                yield idx, [src.keys[i] for i in idx], src.labels[idx], futures
-                futures = next_futures
-
-    def _produce(self):
-        l = self.l
+            batch.images = torch.empty((n, *l.crop.size, 3), dtype=torch.uint8, device=l.device)
         try:
-            for idx, keys, labels, datas in self._batches():
-                if self.stop.is_set():
-                    return
-                t0 = time.perf_counter()
-                datas = [d.result() if hasattr(d, "result") else d for d in datas]
-                l._stats.add("read", time.perf_counter() - t0)
-                slot = self._get_free_slot() if l.backend == "cpu" else None
-                if slot is None and l.backend == "cpu":
-                    return
-                t0 = time.perf_counter()
-                item = self._decode(slot, idx, keys, labels, datas)
-                l._stats.add("decode", time.perf_counter() - t0)
-                if not self._put(self.decoded, item):
-                    return
-            self._put(self.decoded, _END)
-        except BaseException as e:  # delivered to the consumer, never lost in this thread
-            self._put(self.decoded, e)
+            batch.status = decode_into(batch.datas, batch.boxes, batch.images, l.options, infos=batch.infos)
+            l._stats.record(batch, apply_policy(batch.status, l.on_error, batch.keys), l.on_error)
+        except BaseException:
+            self.release(batch)
+            raise
+        return batch
 
-    def _decode(self, slot, idx, keys, labels, datas):
+    def finish(self, batch: Batch):
+        """(images, labels) of a decoded batch: the policy's drop, the device, augment, batch_transform."""
         l = self.l
-        n = len(datas)
-        th, tw = l.crop.size
-        errors: dict = {}
-        for i, d in enumerate(datas):
-            if isinstance(d, BaseException):
-                errors[i] = f"read error: {d}"
-                datas[i] = b""
-        infos = hybrid.header_infos(datas)
-        sizes = np.ascontiguousarray(infos[:, :2])
-        if l.apply_exif_orientation:
-            from gpupipe.orientation import display_sizes
+        n = len(batch.samples)
+        images = batch.images.permute(0, 3, 1, 2)  # NCHW view of NHWC memory: channels-last
+        labels = torch.tensor([s.label for s in batch.samples], dtype=torch.int64)
+        indices = torch.from_numpy(batch.indices)
+        params = batch.augment_params
+        if l.on_error == "skip" and not batch.status.ok.all():
+            keep = torch.from_numpy(batch.status.ok)
+            images, labels, indices = images[keep.to(images.device)], labels[keep], indices[keep]  # copies
+            params = _rows(params, keep, n)
+            self.release(batch)
 
-            dh, dw = display_sizes(sizes[:, 0], sizes[:, 1], np.where(infos[:, 4] > 0, infos[:, 4], 1))
-            sizes = np.ascontiguousarray(np.where(sizes >= 0, np.stack([dh, dw], axis=1), sizes))
-        fallback = {}
-        for i in np.flatnonzero(sizes[:, 0] < 0):
-            d = datas[i]
-            if i in errors or not d or bytes(d[:2]) == _JPEG_MAGIC:
-                continue  # a broken JPEG: the decoder reports libjpeg's message below
-            try:
-                from PIL import Image
-
-                img = Image.open(io.BytesIO(d))
-                if l.apply_exif_orientation:
-                    from PIL import ImageOps
-
-                    img = ImageOps.exif_transpose(img)
-                fallback[int(i)] = img
-                sizes[i] = (img.height, img.width)
-            except Exception as e:  # not an image Pillow knows either
-                errors[int(i)] = f"not a decodable image ({type(e).__name__}: {e})"
-        usable = sizes[:, 0] > 0
-        if not l.crop.resize:
-            small = usable & ((sizes[:, 0] < th) | (sizes[:, 1] < tw))
-            for i in np.flatnonzero(small):
-                errors[int(i)] = f"image {sizes[i, 1]}x{sizes[i, 0]} is smaller than the {tw}x{th} crop"
-            usable &= ~small
-        safe = np.where(usable[:, None], sizes, np.array([[max(th, 1), max(tw, 1)]]))
-        boxes = np.ascontiguousarray(l.crop.boxes(safe[:, 0], safe[:, 1], seed=l.seed, epoch=l.epoch, indices=idx))
-        jpeg_datas = [b"" if (i in errors or i in fallback) else d for i, d in enumerate(datas)]
-        opts = dict(resize=l.crop.resize, mode="rgb", strict=False, dct_scaling=True, num_threads=l.num_threads or 0)
-        # The CPU core decodes into the host ring (the consumer moves it); GPU backends decode on the
-        # device into a batch of their own, which then travels instead of a ring slot.
-        from gpupipe.decode import _run_backend, _run_oriented
-
-        decode_device = torch.device("cpu") if l.backend == "cpu" else l.device
-        out = self.ring[slot][:n] if slot is not None else torch.empty((n, th, tw, 3), dtype=torch.uint8, device=decode_device)
-        if l.apply_exif_orientation:
-            failures, warns, _ = _run_oriented(jpeg_datas, boxes, out, l.backend, decode_device, opts)
-        else:
-            _, failures, warns, _ = _run_backend(jpeg_datas, boxes, (th, tw), 3, out, l.backend, decode_device, opts)
-        if slot is None:
-            slot = out
-        for i, (_, msg) in failures.items():
-            if i not in errors and i not in fallback:
-                errors[i] = msg
-        for i, img in fallback.items():
-            try:
-                out[i].copy_(torch.from_numpy(_pil_crop(img, boxes[i], (th, tw), l.crop.resize)).to(out.device))
-            except Exception as e:
-                errors[i] = f"fallback decode failed ({type(e).__name__}: {e})"
-        ok = np.ones(n, dtype=bool)
-        for i in errors:
-            ok[i] = False
-            out[i].zero_()
-        with l._stats.lock:
-            for i, msg in warns.items():
-                l._stats.warnings.append((keys[i], msg))
-            done = [i for i in fallback if i not in errors]
-            l._stats.fallback += len(done)
-            l._stats.fallback_keys += [keys[i] for i in done]
-        return slot, n, keys, labels, ok, {i: errors[i] for i in sorted(errors)}
-
-    # --- finishing a batch: policy, transfer, augment (consumer, or the augment stage) ----------
-
-    def finish(self, item, it=None):
-        """(images, labels) of a decoded batch: applies the error policy, moves it to the device
-        and augments it; releases its ring slot. ``it`` is the iterator (CUDA stream and pending
-        copies), None in the CPU augment stage."""
-        l, st = self.l, self.l._stats
-        slot, n, keys, labels, ok, errors = item
-        on_device = isinstance(slot, torch.Tensor)  # a GPU backend's batch, already on the device
-        if errors:
-            if l.on_error == "raise":
-                if not on_device:
-                    self.free.put(slot)
-                i, msg = next(iter(errors.items()))
-                cls = DecompressionBombError if "max_pixels" in msg else ValueError if "smaller than" in msg else JpegError
-                exc = cls(f"sample {keys[i]!r}: {msg}")
-                exc.errors = {keys[j]: m for j, m in errors.items()}
-                raise exc
-            with st.lock:
-                if l.on_error == "skip":
-                    st.skipped += [(keys[i], m) for i, m in errors.items()]
-                else:
-                    st.replaced += len(errors)
-        images = (slot if on_device else self.ring[slot][:n]).permute(0, 3, 1, 2)
-        labels_t = torch.from_numpy(np.asarray(labels, dtype=np.int64))
-        if on_device:
-            slot = None
-        if l.on_error == "skip" and errors:
-            keep = torch.from_numpy(ok)
-            images, labels_t = images[keep.to(images.device)], labels_t[keep]  # a copy: the slot is free again
-            if slot is not None:
-                self.free.put(slot)
-            slot = None
-
-        t1 = time.perf_counter()
-        if on_device:
-            labels_t = labels_t.to(l.device)
-        elif l.device.type == "cuda":
-            with torch.cuda.stream(it._cuda_stream):
+        t0 = time.perf_counter()
+        if l.device.type == "cuda" and images.device.type != "cuda":
+            with torch.cuda.stream(self.stream):
                 images = images.to(l.device, non_blocking=True)
-                labels_t = labels_t.to(l.device, non_blocking=True)
                 event = torch.cuda.Event()
-                event.record(it._cuda_stream)
+                event.record(self.stream)
             torch.cuda.current_stream(l.device).wait_event(event)
-            if slot is not None:
-                it._pending.append((event, slot))
-                slot = None
-            it._release_finished()
-        elif l.augment is None and slot is not None:
+            self.release(batch, event)
+        elif batch.slot is not None and l.augment is None:
             images = images.clone(memory_format=torch.channels_last)  # the slot is reused
-        st.add("transfer", time.perf_counter() - t1)
+            self.release(batch)
+        labels = labels.to(l.device, non_blocking=True)
+        l._stats.times.add("transfer", time.perf_counter() - t0)
 
         if l.augment is not None:
-            t2 = time.perf_counter()
-            images = l.augment(images)
-            st.add("augment", time.perf_counter() - t2)
-        if slot is not None:
-            self.free.put(slot)
-        with st.lock:
-            st.batches += 1
-            st.images += images.shape[0]
-            st.last = time.perf_counter()
-        return images, labels_t
+            t0 = time.perf_counter()
+            images = l.augment(images, params=params) if self.augment_keyed else l.augment(images)
+            if batch.slot is not None and images.untyped_storage().data_ptr() == batch.images.untyped_storage().data_ptr():
+                images = images.clone()  # the module returned the slot itself
+            self.release(batch)
+            if l.batch_transform is not None:
+                images, labels = self._transform(images, labels, indices)
+            l._stats.times.add("augment", time.perf_counter() - t0)
+        elif l.batch_transform is not None:
+            images, labels = self._transform(images, labels, indices)
+        with l._stats.lock:
+            l._stats.batches += 1
+            l._stats.images += images.shape[0]
+            l._stats.last = time.perf_counter()
+        return images, labels
 
-    # --- consumer side ----------------------------------------------------------------------------
+    def _transform(self, images, labels, indices):
+        l = self.l
+        if self.transform_keyed:
+            params = l.batch_transform.sample_params(images.shape[0], seed=l.seed, epoch=l.epoch, indices=indices)
+            return l.batch_transform(images, labels, params=params)
+        return l.batch_transform(images, labels)
 
-    def close(self):
-        self.stop.set()
-        for q in (self.ready, self.decoded):
-            try:
-                while True:
-                    q.get_nowait()
-            except queue.Empty:
-                pass
-        self.producer.join(timeout=2.0)
-        if self.augment_stage is not None:
-            self.augment_stage.join(timeout=2.0)
-        self.reader.shutdown(wait=False, cancel_futures=True)
-        self.ring = []
-
-
-def _pil_crop(img, box, size, resize: bool) -> np.ndarray:
-    """The same box semantics for files the JPEG core cannot read (PNG, WebP, ...), via Pillow."""
-    from PIL import Image
-
-    t, l, h, w = (int(v) for v in box)
-    img = img.convert("RGB")
-    if resize:
-        img = img.resize((size[1], size[0]), Image.BILINEAR, box=(l, t, l + w, t + h), reducing_gap=None)
-    else:
-        img = img.crop((l, t, l + w, t + h))
-    return np.array(img)  # writable: torch.from_numpy warns on read-only arrays
+    def release(self, batch: Batch, event=None) -> None:
+        if batch.slot is not None:
+            self.ring.release(batch.slot, event)
+            batch.slot = None
 
 
 class _LoaderIterator:
-    def __init__(self, loader: Loader):
+    def __init__(self, loader: Loader, first_batch: int):
         self.l = loader
-        loader._stats.reset()
-        self.p = _Pipeline(loader)
-        self._finalizer = weakref.finalize(self, self.p.close)
+        self.done = first_batch
+        loader._stats = _Stats()
+        loader._done = (loader.epoch, first_batch)
+        self.epoch = _Epoch(loader, first_batch)
+        self._finalizer = weakref.finalize(self, self.epoch.close)
         self._bar = None
         if loader.progress:
             from tqdm import tqdm
 
-            total = None if isinstance(loader.source, TarShards) else len(loader)
-            self._bar = tqdm(total=total, unit="batch", desc=f"epoch {loader.epoch}")
-        self._cuda_stream = torch.cuda.Stream(loader.device) if loader.device.type == "cuda" else None
-        self._pending: list = []  # (event, slot) released once the copy finished
+            total = len(loader) if isinstance(loader.source, MapSource) else None
+            self._bar = tqdm(total=total, initial=first_batch, unit="batch", desc=f"epoch {loader.epoch}")
 
     def __iter__(self):
         return self
 
-    def close(self):
+    def close(self) -> None:
         self._finalizer()
         if self._bar is not None:
             self._bar.close()
             self._bar = None
 
-    def _release_finished(self, wait: bool = False):
-        keep = []
-        for event, slot in self._pending:
-            if wait or event.query():
-                if wait:
-                    event.synchronize()
-                self.p.free.put(slot)
-            else:
-                keep.append((event, slot))
-        self._pending = keep
-
     def __next__(self):
         st = self.l._stats
         if not self._finalizer.alive:
             raise StopIteration
-        t0 = time.perf_counter()
         with st.lock:
             if st.started is None:
-                st.started = t0
-        while True:
-            try:
-                item = self.p.ready.get(timeout=0.1)
-                break
-            except queue.Empty:
-                stage = self.p.augment_stage
-                threads_done = not self.p.producer.is_alive() and (stage is None or not stage.is_alive())
-                if threads_done and self.p.ready.empty():
-                    self.close()
-                    raise RuntimeError("gpupipe loader: the decode thread ended without a result")
-        with st.lock:
-            st.wait += time.perf_counter() - t0
-        if item is _END:
+                st.started = time.perf_counter()
+        try:
+            item = next(self.epoch.engine)
+            result = item if isinstance(item, tuple) else self.epoch.finish(item)
+        except BaseException:
             self.close()
-            raise StopIteration
-        if isinstance(item, BaseException):
-            self.close()
-            raise item
-        if isinstance(item, _Done):
-            images, labels_t = item.images, item.labels
-        else:
-            try:
-                images, labels_t = self.p.finish(item, self)
-            except BaseException:
-                self.close()
-                raise
+            raise
+        self.done += 1
+        self.l._done = (self.l.epoch, self.done)
         with st.lock:
             st.last = time.perf_counter()
         if self._bar is not None:
             self._bar.update(1)
-        return images, labels_t
+        return result
 
 
-__all__ = ["Loader"]
+__all__ = ["Loader", "Batch"]

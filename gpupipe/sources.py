@@ -1,18 +1,23 @@
-"""Where samples come from: keys, labels and encoded bytes.
+"""Where samples come from: keys, labels and encoded bytes, behind one protocol.
 
-Map-style sources (:class:`ImageFolder`, :class:`FileList`) give random access: ``len(src)``,
-``src.keys[i]``, ``src.labels[i]`` and ``src.read(i) -> bytes``. :class:`TarShards` streams
-WebDataset-convention shards (``key.jpg`` + ``key.cls``) and is iterated per epoch.
+A :class:`Source` yields, per epoch, the :class:`Sample` records of one rank in order
+(``epoch_samples``). Map-style sources (:class:`ImageFolder`, :class:`FileList`) give random
+access (``len(src)``, ``src.keys[i]``, ``src.labels[i]``, ``src.read(i) -> bytes``) and order
+their samples as ``torch.utils.data.DistributedSampler`` does; their bytes are read by the
+Loader's I/O threads. :class:`TarShards` streams WebDataset-convention shards (``key.jpg`` +
+``key.cls``) with the bytes in the records.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import itertools
+import math
 import os
 import tarfile
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, NamedTuple, Optional, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -20,7 +25,39 @@ import numpy as np
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
+class Sample(NamedTuple):
+    """One sample of an epoch, as a source yields it."""
+
+    index: int  #: the dataset index (map-style) or the position in the stream (``pos * world_size + rank``)
+    key: str  #: a path, or ``shard:member``
+    label: int
+    data: Optional[bytes]  #: the encoded bytes, or None when the Loader reads them (``source.read(index)``)
+
+
+@runtime_checkable
+class Source(Protocol):
+    """What the Loader iterates: one rank's samples of one epoch, in order, from ``start`` on."""
+
+    def epoch_samples(self, *, epoch: int, seed: int, shuffle: bool, rank: int, world_size: int, drop_last: bool,
+                      start: int = 0) -> Iterator[Sample]:
+        ...
+
+
+def distributed_indices(n: int, *, epoch: int, seed: int, shuffle: bool, rank: int, world_size: int,
+                        drop_last: bool) -> np.ndarray:
+    """One rank's sample indices of an epoch, as ``torch.utils.data.DistributedSampler`` orders them
+    (a permutation by (seed, epoch), padded by repetition or cut to split evenly)."""
+    order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
+    per_rank = n // world_size if drop_last else math.ceil(n / world_size)  # DistributedSampler's count
+    total = per_rank * world_size
+    if total > n:  # pad by repeating from the start, as DistributedSampler
+        order = np.concatenate([order, np.resize(order, total - n)])
+    return order[:total][rank::world_size]
+
+
 class MapSource:
+    """Random access to keys, labels and bytes; ordered per epoch as DistributedSampler."""
+
     keys: list
     labels: np.ndarray
 
@@ -30,6 +67,12 @@ class MapSource:
     def read(self, i: int) -> bytes:
         with open(self.keys[i], "rb") as f:
             return f.read()
+
+    def epoch_samples(self, *, epoch, seed, shuffle, rank, world_size, drop_last, start=0) -> Iterator[Sample]:
+        order = distributed_indices(len(self), epoch=epoch, seed=seed, shuffle=shuffle, rank=rank,
+                                    world_size=world_size, drop_last=drop_last)
+        for i in order[start:]:
+            yield Sample(int(i), self.keys[i], int(self.labels[i]), None)
 
 
 class ImageFolder(MapSource):
@@ -129,6 +172,13 @@ class TarShards:
         label = int(parts["cls"].decode().strip()) if "cls" in parts else -1
         yield f"{shard}:{key}", label, image
 
+    def epoch_samples(self, *, epoch, seed, shuffle, rank, world_size, drop_last=False, start=0) -> Iterator[Sample]:
+        """This rank's samples in stream order; a sample's index is ``pos * world_size + rank``.
+        Resuming at ``start`` reads and drops the first ``start`` samples (no decoding)."""
+        stream = self.iter_samples(epoch=epoch, seed=seed, rank=rank, world_size=world_size, shuffle=shuffle)
+        for pos, (key, label, data) in enumerate(itertools.islice(stream, start, None), start):
+            yield Sample(pos * world_size + rank, key, label, data)
+
     def iter_samples(self, *, epoch: int, seed: int, rank: int, world_size: int, shuffle: bool) -> Iterator[tuple[str, int, bytes]]:
         rng = np.random.default_rng([seed, epoch, rank, 0xB0F])
         buffer = []
@@ -167,4 +217,5 @@ def write_tar_shards(samples, folder: str | os.PathLike, samples_per_shard: int 
     return paths
 
 
-__all__ = ["ImageFolder", "FileList", "TarShards", "write_tar_shards", "IMG_EXTENSIONS"]
+__all__ = ["Source", "Sample", "MapSource", "ImageFolder", "FileList", "TarShards", "write_tar_shards",
+           "distributed_indices", "IMG_EXTENSIONS"]

@@ -1,0 +1,180 @@
+"""A small engine for the Loader's stages: one thread per stage, bounded blocking queues between
+them, cancellation, and per-stage timing.
+
+No polling: every wait is a blocking call that :meth:`Engine.close` wakes up. A stage that raises
+hands the exception downstream in its place, so the consumer raises it in order, after the items
+before it; the stage then stops, and so does everything behind it.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+
+_END = object()
+
+
+class Closed(Exception):
+    """The queue (or the engine) was closed: the waiting thread should stop."""
+
+
+class BoundedQueue:
+    """A FIFO of at most ``capacity`` items. ``put`` blocks while full, ``get`` while empty;
+    ``close()`` wakes every waiter, which then raises :class:`Closed`."""
+
+    def __init__(self, capacity: int):
+        self.capacity = max(1, int(capacity))
+        self._items: collections.deque = collections.deque()
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def put(self, item: Any) -> None:
+        with self._cond:
+            while len(self._items) >= self.capacity and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                raise Closed
+            self._items.append(item)
+            self._cond.notify_all()
+
+    def get(self) -> Any:
+        with self._cond:
+            while not self._items and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                raise Closed
+            item = self._items.popleft()
+            self._cond.notify_all()
+            return item
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._items.clear()
+            self._cond.notify_all()
+
+
+class _Raised:
+    """An exception travelling downstream in place of the item that raised it."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class StageTimes:
+    """Seconds each stage spent working, and the consumer spent waiting (thread-safe)."""
+
+    def __init__(self, names: Iterable[str]):
+        self._lock = threading.Lock()
+        self.busy = {name: 0.0 for name in names}
+        self.wait = 0.0
+
+    def add(self, name: str, seconds: float) -> None:
+        with self._lock:
+            self.busy[name] = self.busy.get(name, 0.0) + seconds
+
+    def add_wait(self, seconds: float) -> None:
+        with self._lock:
+            self.wait += seconds
+
+    def snapshot(self) -> tuple[dict, float]:
+        with self._lock:
+            return dict(self.busy), self.wait
+
+
+class Engine:
+    """Runs ``source`` through ``stages`` (``(name, fn)``: ``fn(item) -> item``), each on its own
+    thread, with at most ``capacity`` items waiting between two stages. Iterating the engine yields
+    the last stage's outputs in source order.
+
+    Args:
+        source: an iterable of items (consumed on the first stage's thread).
+        stages: ``(name, fn)`` pairs, or ``(name, fn, False)`` for a stage that times its own
+            parts; ``fn`` runs once per item.
+        capacity: items queued between stages (bounds memory and read-ahead).
+        times: where the stages' busy time and the consumer's wait go.
+        closables: objects whose ``close()`` must also wake waiters on shutdown (e.g. a buffer ring).
+        name: thread name prefix.
+    """
+
+    def __init__(self, source: Iterable, stages: Sequence[tuple[str, Callable]], *, capacity: int, times: StageTimes,
+                 closables: Sequence = (), name: str = "gpupipe"):
+        self.times = times
+        self._queues = [BoundedQueue(capacity) for _ in stages]
+        self._closables = list(closables)
+        self._stop = threading.Event()
+        self._threads = []
+        inputs: list[Optional[BoundedQueue]] = [None] + self._queues[:-1]
+        for stage, inbox, outbox in zip(stages, inputs, self._queues):
+            stage_name, fn, timed = (*stage, True)[:3]
+            items = source if inbox is None else None
+            t = threading.Thread(target=self._run, args=(stage_name, fn, timed, items, inbox, outbox),
+                                 name=f"{name}-{stage_name}", daemon=True)
+            self._threads.append(t)
+        for t in self._threads:
+            t.start()
+
+    def _run(self, stage_name: str, fn: Callable, timed: bool, items: Optional[Iterable],
+             inbox: Optional[BoundedQueue], outbox: BoundedQueue) -> None:
+        try:
+            iterator = iter(items) if items is not None else None
+            while not self._stop.is_set():
+                try:
+                    item = next(iterator) if iterator is not None else inbox.get()
+                except StopIteration:
+                    item = _END
+                if item is _END or isinstance(item, _Raised):
+                    outbox.put(item)
+                    return
+                t0 = time.perf_counter()
+                result = fn(item)
+                if timed:
+                    self.times.add(stage_name, time.perf_counter() - t0)
+                outbox.put(result)
+        except Closed:
+            return
+        except BaseException as e:  # delivered to the consumer in order, never lost in this thread
+            try:
+                outbox.put(_Raised(e))
+            except Closed:
+                pass
+
+    def __iter__(self) -> Iterator:
+        return self
+
+    def __next__(self):
+        t0 = time.perf_counter()
+        try:
+            item = self._queues[-1].get()
+        except Closed:
+            raise StopIteration from None
+        finally:
+            self.times.add_wait(time.perf_counter() - t0)
+        if item is _END:
+            self.close()
+            raise StopIteration
+        if isinstance(item, _Raised):
+            self.close()
+            raise item.error
+        return item
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stops every stage: wakes blocked threads and joins them (a stage busy in ``fn`` finishes
+        its item first)."""
+        self._stop.set()
+        for q in self._queues:
+            q.close()
+        for c in self._closables:
+            c.close()
+        current = threading.current_thread()
+        for t in self._threads:
+            if t is not current:
+                t.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return any(t.is_alive() for t in self._threads)
