@@ -1,15 +1,24 @@
-"""Helpers shared by the test modules (import this, never conftest)."""
+"""Helpers shared by the test modules (import this, never conftest): test data made from real photos,
+references, the backend x device cases, limits, child processes, and the concurrency stress."""
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
+import struct
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
 
 import gpupipe
+from gpupipe import _C
 
 TESTS = Path(__file__).resolve().parent
 
@@ -34,3 +43,124 @@ def run_child(code: str, timeout: float = 120, env: dict | None = None) -> subpr
     assert r.returncode == 0, f"child died with {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
     assert r.stderr == "", f"child wrote to stderr:\n{r.stderr[-4000:]}"
     return r
+
+
+HEIGHT, WIDTH = 157, 203  # neither a multiple of 8 nor of 16
+
+
+def photo(height: int = HEIGHT, width: int = WIDTH, name: str = "astronaut") -> np.ndarray:
+    import skimage.data
+    from PIL import Image
+
+    img = Image.fromarray(np.asarray(getattr(skimage.data, name)())).convert("RGB")
+    return np.asarray(img.resize((width, height), Image.LANCZOS))
+
+
+def encode(pixels: np.ndarray, **options) -> bytes:
+    h, w = pixels.shape[:2]
+    c = 1 if pixels.ndim == 2 else pixels.shape[2]
+    return _C.encode_jpeg(np.ascontiguousarray(pixels).tobytes(), h, w, c, **options)
+
+
+# name -> encoder options; stored color space, sampling (luma h, v), coding
+SAMPLINGS = {"4:4:4": (1, 1), "4:2:2": (2, 1), "4:2:0": (2, 2), "4:4:0": (1, 2), "4:1:1": (4, 1), "4:1:0": (4, 2)}
+
+
+def make_variants(pixels: np.ndarray) -> dict[str, bytes]:
+    v = {}
+    for name, (h, vs) in SAMPLINGS.items():
+        v[f"ycbcr-{name}"] = encode(pixels, h_samp=h, v_samp=vs)
+        v[f"ycbcr-{name}-progressive"] = encode(pixels, h_samp=h, v_samp=vs, progressive=True)
+    v["ycbcr-4:2:0-arithmetic"] = encode(pixels, arithmetic=True)
+    v["ycbcr-4:2:0-arithmetic-progressive"] = encode(pixels, arithmetic=True, progressive=True)
+    v["ycbcr-4:2:0-restart-rows"] = encode(pixels, restart_rows=1)
+    v["ycbcr-4:2:2-restart-blocks"] = encode(pixels, h_samp=2, v_samp=1, restart_blocks=5)
+    v["ycbcr-4:2:0-optimized"] = encode(pixels, optimize=True)
+    v["rgb"] = encode(pixels, colorspace="rgb")
+    v["gray"] = encode(pixels, colorspace="gray")
+    v["gray-progressive"] = encode(pixels, colorspace="gray", progressive=True)
+    cmyk = np.concatenate([255 - pixels, (255 - pixels.max(axis=2, keepdims=True)) // 2], axis=2)
+    v["cmyk"] = encode(cmyk, colorspace="cmyk")
+    v["ycck"] = encode(cmyk, colorspace="ycck", h_samp=2, v_samp=2)
+    v["pillow-4:2:0-q75"] = pillow_encode(pixels, quality=75, subsampling=2)
+    v["pillow-progressive"] = pillow_encode(pixels, quality=90, progressive=True)
+    return v
+
+
+def pillow_encode(pixels: np.ndarray, **kwargs) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "JPEG", **kwargs)
+    return buf.getvalue()
+
+
+def full_decode(data: bytes, mode: str = "rgb") -> np.ndarray:
+    """The reference: the whole image decoded by the same libjpeg-turbo, as HWC numpy."""
+    info = gpupipe.read_header(data)
+    return gpupipe.decode_crop_jpeg(data, 0, 0, info.height, info.width, mode=mode).permute(1, 2, 0).numpy()
+
+
+def pil_decode(data: bytes, mode: str = "RGB") -> np.ndarray:
+    from PIL import Image
+
+    a = np.asarray(Image.open(io.BytesIO(data)).convert(mode))
+    return a[..., None] if a.ndim == 2 else a
+
+
+def patch_sof(data: bytes, *, precision: int | None = None, height: int | None = None,
+              width: int | None = None, marker: int | None = None) -> bytes:
+    """Rewrites fields of the first SOF segment (to fake 12-bit, lossless or huge images)."""
+    b = bytearray(data)
+    i = 2
+    while i < len(b):
+        m = b[i + 1]
+        if 0xC0 <= m <= 0xCF and m not in (0xC4, 0xC8, 0xCC):
+            if marker is not None:
+                b[i + 1] = marker
+            if precision is not None:
+                b[i + 4] = precision
+            if height is not None:
+                b[i + 5 : i + 7] = struct.pack(">H", height)
+            if width is not None:
+                b[i + 7 : i + 9] = struct.pack(">H", width)
+            return bytes(b)
+        i += 2 + struct.unpack(">H", b[i + 2 : i + 4])[0]
+    raise AssertionError("no SOF marker")
+
+
+def stress(work: Callable[[int], None], threads: int = 8, timeout: float = 120) -> None:
+    """Runs ``work(k)`` on ``threads`` threads at once; fails on a deadlock (a thread still alive
+    after ``timeout``) or on any exception a worker raised (the first one, re-raised)."""
+    errors: list = []
+
+    def run(k):
+        try:
+            work(k)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    pool = [threading.Thread(target=run, args=(k,), name=f"stress-{k}") for k in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in pool), "deadlock: a thread did not finish"
+    if errors:
+        raise errors[0]
+
+
+def backend_case(backend: str, device: str):
+    """A pytest param for (backend, device), skipped with the reason where it cannot run here."""
+    info = gpupipe.backends_available()[backend]
+    marks = []
+    if not info["available"]:
+        marks.append(pytest.mark.skip(reason=f"{backend}: {info['reason']}"))
+    elif device not in info["devices"]:
+        marks.append(pytest.mark.skip(reason=f"{backend} on {device}: {info['reason'] or 'unavailable'}"))
+    return pytest.param(backend, device, marks=marks, id=f"{backend}-{device}")
+
+
+# Every (backend, device) pair gpupipe supports; the ones this machine lacks are skipped with a reason.
+BACKEND_DEVICES = [backend_case("cpu", "cpu"), backend_case("dali", "cpu"), backend_case("cpu", "cuda"),
+                   backend_case("dali", "cuda"), backend_case("nvjpeg", "cuda")]

@@ -7,22 +7,10 @@ import torch
 
 import gpupipe
 from gpupipe._backends import dali as dali_backend
-from conftest import encode, patch_sof, photo
+from helpers import BACKEND_DEVICES, encode, patch_sof, photo
 
 AVAILABLE = gpupipe.backends_available()
-
-
-def case(backend, device):
-    marks = []
-    info = AVAILABLE[backend]
-    if not info["available"]:
-        marks.append(pytest.mark.skip(reason=f"{backend}: {info['reason']}"))
-    elif device not in info["devices"]:
-        marks.append(pytest.mark.skip(reason=f"{backend} on {device}: {info['reason'] or 'unavailable'}"))
-    return pytest.param(backend, device, marks=marks, id=f"{backend}-{device}")
-
-
-CASES = [case("dali", "cpu"), case("cpu", "cuda"), case("dali", "cuda"), case("nvjpeg", "cuda")]
+CASES = [c for c in BACKEND_DEVICES if c.id != "cpu-cpu"]  # each against the CPU core on the CPU
 # Pixel tolerance against the CPU core, per backend and device: libjpeg-turbo based paths are exact;
 # nvJPEG's IDCT and chroma upsampling differ slightly (mean < 1 level, max <= 12).
 EXACT = {("dali", "cpu"), ("cpu", "cuda")}
@@ -160,6 +148,7 @@ def test_backend_selection_and_clear_errors(monkeypatch, photos):
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="no CUDA device"):
             gpupipe.decode_crop_jpegs(photos, boxes, device="cuda")
-    monkeypatch.setattr(dali_backend, "unavailable_reason", lambda: "NVIDIA DALI is not installed: pip install gpupipe[dali]")
+    monkeypatch.setattr(dali_backend, "unavailable_reason",
+                        lambda device=None: "NVIDIA DALI is not installed: pip install gpupipe[dali]")
     with pytest.raises(RuntimeError, match=r"pip install gpupipe\[dali\]"):
         gpupipe.decode_crop_jpegs(photos, boxes, backend="dali")

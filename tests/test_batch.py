@@ -1,7 +1,6 @@
 """decode_crop_jpegs: equal to per-sample decodes, in place, every error policy, any thread count."""
 
 import multiprocessing as mp
-import threading
 import warnings
 
 import numpy as np
@@ -10,7 +9,7 @@ import torch
 
 import gpupipe
 from gpupipe import _C
-from conftest import encode, photo
+from helpers import encode, photo, stress
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +131,7 @@ def test_truncated_sample_warns_once_and_strict_fails(batch):
 
 
 def test_decompression_bomb_in_a_batch(batch):
-    from conftest import patch_sof
+    from helpers import patch_sof
 
     datas = list(batch)
     datas[0] = patch_sof(datas[0], height=60000, width=60000)
@@ -186,26 +185,15 @@ def test_concurrent_batches_from_many_threads(batch, bad_batch):
     boxes = boxes_for(batch)
     ref_good = gpupipe.decode_crop_jpegs(batch, boxes, num_threads=2)
     ref_bad = gpupipe.decode_crop_jpegs(bad_batch, boxes, num_threads=2, on_error="skip")
-    failures = []
 
     def work(k):
-        try:
-            for _ in range(8):
-                good = k % 2 == 0
-                r = gpupipe.decode_crop_jpegs(batch if good else bad_batch, boxes, num_threads=2, on_error="skip")
-                ref = ref_good if good else ref_bad
-                if not (torch.equal(r.images, ref.images) and torch.equal(r.ok, ref.ok)):
-                    failures.append(k)
-        except Exception as e:  # pragma: no cover
-            failures.append(repr(e))
+        for _ in range(8):
+            good = k % 2 == 0
+            r = gpupipe.decode_crop_jpegs(batch if good else bad_batch, boxes, num_threads=2, on_error="skip")
+            ref = ref_good if good else ref_bad
+            assert torch.equal(r.images, ref.images) and torch.equal(r.ok, ref.ok), k
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "deadlock"
-    assert not failures
+    stress(work, threads=6)
 
 
 def _decode_in_child(datas, boxes, queue):

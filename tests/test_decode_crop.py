@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import gpupipe
-from conftest import HEIGHT, WIDTH, full_decode, patch_sof, pil_decode
+from helpers import HEIGHT, WIDTH, full_decode, patch_sof, pil_decode, stress
 
 
 def edge_boxes(h: int, w: int) -> list[tuple[int, int, int, int]]:
@@ -44,7 +44,7 @@ def test_crop_is_bit_exact_to_full_decode(variants, mode):
 
 @pytest.mark.parametrize("size", [(1, 1), (7, 9), (16, 16), (17, 33), (64, 48)])
 def test_small_and_odd_images(pixels, size):
-    from conftest import encode
+    from helpers import encode
 
     img = np.ascontiguousarray(pixels[: size[0], : size[1]])
     for opts in ({}, {"h_samp": 1, "v_samp": 1}, {"progressive": True}, {"h_samp": 4, "v_samp": 1}):
@@ -179,25 +179,12 @@ def test_rubbish_then_valid_input_still_decodes(jpeg):
 def test_many_threads_at_once_equal_serial(variants):
     jobs = [(data, box) for data in list(variants.values())[:10] for box in random_boxes(HEIGHT, WIDTH, 12, seed=3)]
     serial = [gpupipe.decode_crop_jpeg(d, *b) for d, b in jobs]
-    results = [[None] * len(jobs) for _ in range(8)]
-    errors = []
 
     def work(k):
-        try:
-            for i in (range(len(jobs)) if k % 2 else reversed(range(len(jobs)))):
-                results[k][i] = gpupipe.decode_crop_jpeg(*jobs[i][:1], *jobs[i][1])
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
+        for i in (range(len(jobs)) if k % 2 else reversed(range(len(jobs)))):
+            torch.testing.assert_close(gpupipe.decode_crop_jpeg(jobs[i][0], *jobs[i][1]), serial[i], rtol=0, atol=0)
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors
-    for k in range(8):
-        for a, b in zip(results[k], serial):
-            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    stress(work, threads=8)
 
 
 def test_gil_is_released_during_decode(variants):
@@ -223,7 +210,9 @@ def test_gil_is_released_during_decode(variants):
 
 def test_opcheck(jpeg):
     data = torch.frombuffer(bytearray(jpeg), dtype=torch.uint8)
-    for args in [(data, 3, 5, 40, 50, 40, 50, False, 0, False, True), (data, 0, 0, HEIGHT, WIDTH, 32, 48, True, 1, False, True)]:
+    for args in [(data, 3.0, 5.0, 40.0, 50.0, 40, 50, False, 0, False, True, False),
+                 (data, 0.0, 0.0, HEIGHT, WIDTH, 32, 48, True, 1, False, True, False),
+                 (data, 10.5, 0.25, 100.75, 120.0, 32, 48, True, 0, False, False, True)]:
         torch.library.opcheck(torch.ops.gpupipe.decode_crop_jpeg.default, args)
 
 

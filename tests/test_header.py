@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import gpupipe
-from conftest import HEIGHT, WIDTH, SAMPLINGS, patch_sof
+from helpers import HEIGHT, WIDTH, SAMPLINGS, patch_sof
 
 
 @pytest.mark.parametrize("name,expected", [

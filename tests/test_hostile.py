@@ -6,7 +6,6 @@ import gc
 import io
 import os
 import struct
-import threading
 import warnings
 
 import numpy as np
@@ -14,7 +13,7 @@ import pytest
 import torch
 
 import gpupipe
-from conftest import HEIGHT, WIDTH, encode, patch_sof, photo
+from helpers import HEIGHT, WIDTH, encode, patch_sof, photo, stress
 
 ERRORS = (gpupipe.JpegError, ValueError)
 
@@ -158,12 +157,18 @@ def test_memory_cap(reference, jpeg):
 
 @pytest.mark.parametrize("fmt", ["PNG", "GIF", "BMP", "WEBP", "TIFF"])
 def test_other_image_formats(jpeg, reference, fmt):
+    """Decoded by Pillow with the same box semantics (the "pillow" route), or refused on request."""
     from PIL import Image
 
     buf = io.BytesIO()
     Image.fromarray(photo(20, 30)).save(buf, fmt)
+    data = buf.getvalue()
+    expected = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))[2:10, 3:11]
+    np.testing.assert_array_equal(gpupipe.decode_crop_jpeg(data, 2, 3, 8, 8).permute(1, 2, 0).numpy(), expected)
+    batch = gpupipe.decode_crop_jpegs([data, jpeg], [[2, 3, 8, 8]] * 2)
+    assert batch.routes == ["pillow", "cpu"] and 0 in batch.fallback
     with pytest.raises(gpupipe.NotAJpegError, match="Not a JPEG file"):
-        gpupipe.decode_crop_jpeg(buf.getvalue(), 0, 0, 8, 8)
+        gpupipe.decode_crop_jpeg(data, 0, 0, 8, 8, non_jpeg="error")
     still_works(jpeg, reference)
 
 
@@ -173,26 +178,14 @@ def test_concurrent_stress_with_a_corrupt_sample(variants):
     boxes = np.array([[0, 0, 32, 32]] * len(datas))
     serial = gpupipe.decode_crop_jpegs(datas, boxes, on_error="skip", num_threads=2)
     singles = [attempt(d, (0, 0, 32, 32)) for d in datas]
-    failures = []
 
     def work(k):
-        try:
-            for _ in range(10):
-                r = gpupipe.decode_crop_jpegs(datas, boxes, on_error="skip", num_threads=2)
-                if not (torch.equal(r.images, serial.images) and torch.equal(r.ok, serial.ok)):
-                    failures.append("batch differs")
-                if [attempt(d, (0, 0, 32, 32)) for d in datas[k % 3::3]] != singles[k % 3::3]:
-                    failures.append("single op differs")
-        except Exception as e:  # pragma: no cover - reported below
-            failures.append(repr(e))
+        for _ in range(10):
+            r = gpupipe.decode_crop_jpegs(datas, boxes, on_error="skip", num_threads=2)
+            assert torch.equal(r.images, serial.images) and torch.equal(r.ok, serial.ok), "batch differs"
+            assert [attempt(d, (0, 0, 32, 32)) for d in datas[k % 3::3]] == singles[k % 3::3], "single op differs"
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "deadlock"
-    assert not failures, failures[:3]
+    stress(work, threads=8)
     assert not serial.ok[5]
 
 

@@ -5,6 +5,7 @@ import gc
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +18,7 @@ from PIL import Image
 
 import gpupipe
 from gpupipe import _C, crops, sources
+from helpers import BACKEND_DEVICES
 from loader_data import color_of, index_of, jpeg_bytes, make_image_folder
 
 N = 60
@@ -51,9 +53,11 @@ def test_image_folder_matches_torchvision(folder):
     assert ours.keys == [p for p, _ in tv.samples] and ours.labels.tolist() == tv.targets
 
 
-def test_every_sample_once_in_sampler_order(folder):
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICES)
+def test_every_sample_once_in_sampler_order(folder, backend, device):
     root, samples = folder
-    loader = gpupipe.Loader(sources.ImageFolder(root), batch_size=8, crop=crops.RandomCrop(32), seed=1)
+    loader = gpupipe.Loader(sources.ImageFolder(root), batch_size=8, crop=crops.RandomCrop(32), seed=1,
+                            backend=backend, device=device)
     got, labels = all_indices(loader)
     expected = loader.indices().tolist()
     assert got == expected and sorted(got) == list(range(N))
@@ -118,7 +122,10 @@ def test_torchrun_two_ranks_cover_each_epoch_once(folder, tmp_path):
     root, _ = folder
     out = tmp_path / "seen.json"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29531",
+    with socket.socket() as sock:  # a free port: other runs on this machine may hold a fixed one
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
            os.path.join(os.path.dirname(__file__), "dist_loader_worker.py"), root, str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -146,27 +153,38 @@ def messy(tmp_path_factory):
     return str(root)
 
 
-def test_on_error_skip_reports_and_continues(messy):
-    loader = gpupipe.Loader(sources.ImageFolder(messy), batch_size=5, crop=crops.CenterCrop(32), shuffle=False, on_error="skip")
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICES)
+def test_on_error_skip_reports_and_continues(messy, backend, device):
+    loader = gpupipe.Loader(sources.ImageFolder(messy), batch_size=5, crop=crops.CenterCrop(32), shuffle=False,
+                            on_error="skip", backend=backend, device=device)
     got, _ = all_indices(loader)
     assert got == list(range(10)) + [12]  # the PNG decoded through the fallback
     st = loader.stats()
-    skipped = {os.path.basename(k): m for k, m in st["skipped"]}
+    skipped = {os.path.basename(f.key): f for f in st["skipped"]}
     assert set(skipped) == {"b_corrupt.jpg", "c_truncated.jpg", "e_notes.jpg"}
-    assert "not a decodable image" in skipped["e_notes.jpg"]
-    assert st["fallback"] == 1 and st["fallback_keys"][0].endswith("d_image.png")
+    assert skipped["e_notes.jpg"].kind == gpupipe.ErrorKind.NOT_JPEG
+    assert "nor an image Pillow reads" in skipped["e_notes.jpg"].message
+    assert skipped["b_corrupt.jpg"].kind == skipped["c_truncated.jpg"].kind == gpupipe.ErrorKind.CORRUPT
+    assert st["failures"] == {"corrupt": 2, "not_jpeg": 1}
+    main_route = "cpu" if backend == "cpu" else "gpu"
+    assert st["routes"][main_route] == 10 and st["routes"]["pillow"] == 1 and sum(st["routes"].values()) == 11
+    assert len(st["fallback"]) == 1 and st["fallback"][0][0].endswith("d_image.png")
 
 
-def test_on_error_replace_keeps_zero_images(messy):
-    loader = gpupipe.Loader(sources.ImageFolder(messy), batch_size=5, crop=crops.CenterCrop(32), shuffle=False, on_error="replace")
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICES)
+def test_on_error_replace_keeps_zero_images(messy, backend, device):
+    loader = gpupipe.Loader(sources.ImageFolder(messy), batch_size=5, crop=crops.CenterCrop(32), shuffle=False,
+                            on_error="replace", backend=backend, device=device)
     images = torch.cat([x for x, _ in loader])
-    assert images.shape[0] == 14 and loader.stats()["replaced"] == 3
+    assert images.shape[0] == 14 and len(loader.stats()["replaced"]) == 3
     assert (images[10] == 0).all() and (images[11] == 0).all() and (images[13] == 0).all()
 
 
-def test_on_error_raise_names_the_key(messy):
-    loader = gpupipe.Loader(sources.ImageFolder(messy), batch_size=5, crop=crops.CenterCrop(32), shuffle=False, on_error="raise")
-    with pytest.raises(gpupipe.JpegError, match="b_corrupt.jpg"):
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICES)
+def test_on_error_raise_names_the_key(messy, backend, device):
+    loader = gpupipe.Loader(sources.ImageFolder(messy), batch_size=5, crop=crops.CenterCrop(32), shuffle=False,
+                            on_error="raise", backend=backend, device=device)
+    with pytest.raises(gpupipe.CorruptJpegError, match="b_corrupt.jpg"):
         list(loader)
     time.sleep(0.2)
     assert not gpupipe_threads()
@@ -264,7 +282,8 @@ def test_augment_stage_and_stats(folder):
     assert all(x.dtype == torch.float32 and x.shape[1:] == (3, 32, 32) for x, _ in batches)
     st = loader.stats()
     assert st["images"] == N and st["batches"] == 4 and st["images_per_s"] > 0
-    assert set(st["busy_s"]) == {"read", "decode", "transfer", "augment"} and st["busy_s"]["augment"] > 0
+    assert set(st["busy_s"]) == {"read", "plan", "decode", "transfer", "augment"}
+    assert st["busy_s"]["augment"] > 0
 
 
 def test_argument_validation(folder):

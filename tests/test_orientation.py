@@ -9,7 +9,7 @@ from PIL import Image, ImageOps
 
 import gpupipe
 from gpupipe import crops, orientation
-from conftest import photo
+from helpers import BACKEND_DEVICES, photo
 
 
 def with_orientation(pixels: np.ndarray, o: int) -> bytes:
@@ -59,20 +59,25 @@ def test_batch_of_mixed_orientations_with_resize(oriented):
     torch.testing.assert_close(plain.images[0], batch.images[0], rtol=0, atol=0)  # orientation 1: unchanged
 
 
-def test_errors_keep_their_index(oriented):
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICES)
+def test_errors_keep_their_index(oriented, backend, device):
     datas = [oriented[6], b"not a jpeg", oriented[3]]
-    r = gpupipe.decode_crop_jpegs(datas, [[0, 0, 10, 10]] * 3, apply_exif_orientation=True, on_error="skip")
+    r = gpupipe.decode_crop_jpegs(datas, [[0, 0, 10, 10]] * 3, apply_exif_orientation=True, on_error="skip",
+                                  backend=backend, device=device)
     assert r.ok.tolist() == [True, False, True] and list(r.errors) == [1]
 
 
-def test_loader_applies_orientation(oriented, tmp_path):
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICES)
+def test_loader_applies_orientation(oriented, tmp_path, backend, device):
     d = tmp_path / "cls"
     d.mkdir()
     for o, data in oriented.items():
         (d / f"{o}.jpg").write_bytes(data)
     src = gpupipe.sources.ImageFolder(tmp_path)
-    loader = gpupipe.Loader(src, batch_size=8, crop=crops.CenterCrop((60, 40)), shuffle=False, apply_exif_orientation=True)
+    loader = gpupipe.Loader(src, batch_size=8, crop=crops.CenterCrop((60, 40)), shuffle=False, apply_exif_orientation=True,
+                            backend=backend, device=device)
     (images, _), = list(loader)
+    images = images.cpu()
     for i, key in enumerate(src.keys):
         with open(key, "rb") as f:
             ref = displayed(f.read())

@@ -10,7 +10,7 @@ from PIL import Image
 
 import gpupipe
 from gpupipe import _C
-from conftest import HEIGHT, WIDTH, encode, full_decode, photo
+from helpers import HEIGHT, WIDTH, encode, full_decode, photo
 
 
 def pil_resize(hwc: np.ndarray, out_hw, box=None) -> np.ndarray:

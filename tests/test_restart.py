@@ -14,7 +14,7 @@ import torch
 import gpupipe
 from gpupipe import _C
 from gpupipe.prepare import prepare_bytes
-from conftest import HEIGHT, WIDTH, encode, full_decode, photo
+from helpers import HEIGHT, WIDTH, encode, full_decode, photo
 
 
 def decode(data, box, size=None, mode=0, use_restarts=True):

@@ -11,7 +11,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 
 import crafted  # noqa: E402
-from conftest import encode, make_variants, photo  # noqa: E402
+from helpers import encode, make_variants, photo  # noqa: E402
 
 from gpupipe.prepare import prepare_bytes  # noqa: E402
 

@@ -1,0 +1,105 @@
+"""The loader's engine: order, bounded queues, errors delivered in order, cancellation that wakes every
+blocked thread (no polling), per-stage timing."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from gpupipe.engine import BoundedQueue, Closed, Engine, StageTimes
+
+
+def engine(source, stages, capacity=2):
+    return Engine(source, stages, capacity=capacity, times=StageTimes([name for name, *_ in stages]), name="gpupipe-test")
+
+
+def test_items_come_out_in_order_through_every_stage():
+    e = engine(range(50), [("a", lambda x: x * 2), ("b", lambda x: x + 1)])
+    assert list(e) == [2 * i + 1 for i in range(50)]
+    assert not e.alive
+
+
+def test_a_stage_error_arrives_after_the_items_before_it_and_stops_the_engine():
+    def fail_at_7(x):
+        if x == 7:
+            raise KeyError("seven")
+        return x
+
+    e = engine(range(20), [("a", fail_at_7), ("b", lambda x: x)])
+    got = []
+    with pytest.raises(KeyError, match="seven"):
+        for x in e:
+            got.append(x)
+    assert got == list(range(7))
+    time.sleep(0.05)
+    assert not e.alive
+
+
+def test_an_error_in_the_source_iterator_is_delivered_too():
+    def source():
+        yield 1
+        raise OSError("shard unreadable")
+
+    with pytest.raises(OSError, match="shard unreadable"):
+        list(engine(source(), [("a", lambda x: x)]))
+
+
+def test_queues_are_bounded():
+    produced = []
+
+    def record(x):
+        produced.append(x)
+        return x
+
+    e = engine(range(100), [("a", record), ("b", lambda x: x)], capacity=2)
+    assert next(e) == 0
+    time.sleep(0.2)
+    assert len(produced) <= 1 + 2 + 1 + 2 + 1  # taken, 2 queued + 1 in hand per stage
+    e.close()
+
+
+def test_close_wakes_a_consumer_blocked_on_a_slow_stage_at_once():
+    release = threading.Event()
+    e = engine(range(3), [("slow", lambda x: release.wait(5) and x)])
+    results = []
+    consumer = threading.Thread(target=lambda: results.append(list(e)))
+    consumer.start()
+    time.sleep(0.1)
+    t0 = time.perf_counter()
+    e._queues[-1].close()  # what close() does first: the consumer returns without polling
+    consumer.join(2)
+    assert not consumer.is_alive() and time.perf_counter() - t0 < 1.0
+    release.set()
+    e.close()
+    assert not e.alive
+
+
+def test_bounded_queue_close_raises_in_waiters():
+    q = BoundedQueue(1)
+    q.put(1)
+    errors = []
+
+    def blocked_put():
+        try:
+            q.put(2)
+        except Closed:
+            errors.append("put")
+
+    t = threading.Thread(target=blocked_put)
+    t.start()
+    time.sleep(0.05)
+    q.close()
+    t.join(1)
+    assert errors == ["put"]
+    with pytest.raises(Closed):
+        q.get()
+
+
+def test_stage_times_are_recorded():
+    times = StageTimes(["sleep"])
+    e = Engine(range(3), [("sleep", lambda x: time.sleep(0.02) or x)], capacity=1, times=times)
+    assert list(e) == [0, 1, 2]
+    busy, wait = times.snapshot()
+    assert busy["sleep"] >= 0.05 and wait > 0

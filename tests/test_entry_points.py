@@ -1,0 +1,127 @@
+"""One decode mechanism: decode_crop_jpegs, DecodeCropDataset and the Loader deliver the same samples
+(same pixels, same failures with the same kinds) from a real-world folder, on every backend."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import gpupipe
+from gpupipe import crops, sources
+from gpupipe._backends.base import DecodeOptions
+from gpupipe.routing import as_buffers, probe
+from helpers import BACKEND_DEVICES, encode, photo
+from test_orientation import with_orientation
+
+CROP = crops.RandomResizedCrop((40, 48))
+EXPECTED_FAILURES = {"truncated_header.jpg": "CORRUPT", "empty.jpg": "NOT_JPEG", "garbage.jpg": "NOT_JPEG",
+                     "text.png": "NOT_JPEG", "bomb.jpg": "PIXEL_LIMIT"}
+
+
+def _png(pixels, mode="RGB") -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(pixels).convert(mode).save(buf, "PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def messy_folder(tmp_path_factory):
+    """The kinds of files a real folder holds: JPEG variants, PNGs (one named .jpg, one RGBA), CMYK,
+    progressive, EXIF-rotated, truncated in the scan and in the headers, empty, garbage, a bomb."""
+    from helpers import patch_sof
+
+    root = tmp_path_factory.mktemp("real_world")
+    d = root / "mixed"
+    d.mkdir()
+    names = ["astronaut", "coffee", "chelsea", "rocket"]
+    files = {}
+    for i in range(8):
+        files[f"jpeg{i}.jpg"] = encode(photo(120 + 9 * i, 150 + 7 * i, names[i % 4]), quality=85)
+    files["progressive.jpg"] = encode(photo(130, 170, "coffee"), progressive=True)
+    cmyk = np.concatenate([255 - photo(110, 140), np.full((110, 140, 1), 30, np.uint8)], axis=2)
+    files["cmyk.jpg"] = encode(cmyk, colorspace="cmyk")
+    files["gray.jpg"] = encode(photo(100, 100), colorspace="gray")
+    files["rotated6.jpg"] = with_orientation(photo(90, 160, "rocket"), 6)
+    files["image.png"] = _png(photo(100, 130, "chelsea"))
+    files["png_named.jpg"] = _png(photo(95, 125, "astronaut"))
+    files["rgba.png"] = _png(photo(105, 115, "coffee"), "RGBA")
+    files["truncated_scan.jpg"] = files["jpeg0.jpg"][: len(files["jpeg0.jpg"]) * 2 // 3]
+    files["truncated_header.jpg"] = files["jpeg1.jpg"][:150]
+    files["empty.jpg"] = b""
+    files["garbage.jpg"] = os.urandom(500)
+    files["text.png"] = b"not a png at all"
+    files["bomb.jpg"] = patch_sof(files["jpeg2.jpg"], height=60000, width=60000)
+    for name, data in files.items():
+        (d / name).write_bytes(data)
+    return root
+
+
+def _loader_samples(root, backend, device):
+    loader = gpupipe.Loader(sources.ImageFolder(root), batch_size=6, crop=CROP, shuffle=False, seed=3,
+                            apply_exif_orientation=True, backend=backend, device=device, on_error="skip")
+    images = torch.cat([x.cpu() for x, _ in loader])  # warnings go to stats(), not to the training loop
+    st = loader.stats()
+    failed = {os.path.basename(f.key): f.kind.name for f in st["skipped"]}
+    return images, failed, st
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICES)
+def test_three_entry_points_deliver_the_same_samples(messy_folder, backend, device):
+    src = sources.ImageFolder(messy_folder)
+    images, failed, st = _loader_samples(messy_folder, backend, device)
+    assert failed == EXPECTED_FAILURES
+    assert images.shape[0] == len(src) - len(EXPECTED_FAILURES)
+    assert st["routes"]["pillow"] == 3 and len(st["warnings"]) == 1  # the PNGs; the truncated scan
+    if backend != "cpu":
+        assert st["routes"]["cpu-fallback"] >= 1  # CMYK
+
+    ds = gpupipe.data.DecodeCropDataset(src, CROP, seed=3, apply_exif_orientation=True)
+    dl = torch.utils.data.DataLoader(ds, batch_size=6, collate_fn=gpupipe.data.collate)
+    with pytest.warns(gpupipe.JpegWarning):
+        dataset_images = torch.cat([x for x, _ in dl])
+    assert torch.equal(dataset_images, images) if backend == "cpu" else dataset_images.shape == images.shape
+    if backend != "cpu":  # the GPU decoder's resize is not Pillow's: the tolerance of test_backends.py
+        reference, _, _ = _loader_samples(messy_folder, "cpu", "cpu")
+        assert (images.float() - reference.float()).abs().mean() < 1.5
+
+    datas = [src.read(i) for i in range(len(src))]
+    infos = probe(as_buffers(datas), DecodeOptions(size=CROP.size))
+    h, w = infos.sizes(displayed=True)
+    boxes, small = CROP.plan(h, w, seed=3, epoch=0, indices=np.arange(len(src)))
+    assert not small
+    with pytest.warns(gpupipe.JpegWarning):
+        batch = gpupipe.decode_crop_jpegs(datas, boxes, size=CROP.size, on_error="skip", apply_exif_orientation=True,
+                                          backend=backend, device=device)
+    assert {os.path.basename(src.keys[i]): k.name for i, k in batch.kinds.items()} == EXPECTED_FAILURES
+    got = batch.images[batch.ok.to(batch.images.device)].cpu()
+    if backend == "cpu":
+        assert torch.equal(got, images)
+    else:  # which samples a GPU backend hands to the CPU core depends on the batch it is in
+        assert (got.float() - images.float()).abs().mean() < 1.5
+
+
+def test_failures_reach_the_caller_with_kind_and_key(messy_folder):
+    src = sources.ImageFolder(messy_folder)
+    ds = gpupipe.data.DecodeCropDataset(src, CROP, on_error="raise")
+    i = next(k for k, key in enumerate(src.keys) if key.endswith("bomb.jpg"))
+    with pytest.raises(gpupipe.PixelLimitError, match="bomb.jpg.*max_pixels"):
+        ds[i]
+    skip = gpupipe.data.DecodeCropDataset(src, CROP, on_error="skip")
+    assert skip[i] is None and skip.last_failure.kind == gpupipe.ErrorKind.PIXEL_LIMIT
+    replace = gpupipe.data.DecodeCropDataset(src, CROP, on_error="replace")
+    image, _ = replace[i]
+    assert image.shape == (3, 40, 48) and not image.any()
+
+
+def test_a_crop_larger_than_the_image_is_an_invalid_argument_with_its_key(messy_folder):
+    loader = gpupipe.Loader(sources.ImageFolder(messy_folder), batch_size=32, crop=crops.CenterCrop(125), shuffle=False,
+                            on_error="skip")
+    list(loader)
+    small = [f for f in loader.stats()["skipped"] if f.kind == gpupipe.ErrorKind.INVALID_ARGUMENT]
+    assert small and all("smaller than the 125x125 crop" in f.message for f in small)
+    assert any(f.key.endswith("gray.jpg") for f in small)  # 100x100

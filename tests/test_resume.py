@@ -1,0 +1,158 @@
+"""A resumable Loader (torchdata's StatefulDataLoader contract): state taken after k batches, restored
+in a new process with another thread count, yields exactly the remaining batches of an uninterrupted
+run, pixels, keyed augmentation and batch transform included; ranks and tar shards too."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import gpupipe
+from gpupipe import crops, keyed, sources
+from helpers import TESTS
+from loader_data import make_image_folder
+
+N = 60
+
+
+class KeyedNoise(torch.nn.Module):
+    """A keyed augmentation (the protocol BatchAugment follows): a per-sample offset drawn from
+    (seed, epoch, index), so a resumed run must hand it the same indices."""
+
+    def sample_params(self, n, *, seed=None, epoch=None, indices=None):
+        u = keyed.uniforms(seed, epoch, indices, 1, stream=keyed.stream_of("KeyedNoise"))
+        return {"offset": torch.from_numpy(u[:, 0] * 50).float()}
+
+    def forward(self, x, params=None):
+        return x.float() + params["offset"][:, None, None, None]
+
+
+class KeyedMix:
+    """A keyed batch transform: mixes each sample with the next one by a weight drawn from the
+    batch's first index (the MixUp protocol)."""
+
+    def sample_params(self, n, *, seed=None, epoch=None, indices=None):
+        u = keyed.uniforms(seed, epoch, np.asarray(indices)[:1], 1, stream=keyed.stream_of("KeyedMix"))
+        return {"lam": float(u[0, 0])}
+
+    def __call__(self, images, labels, params=None):
+        lam = params["lam"]
+        return lam * images + (1 - lam) * images.roll(1, 0), torch.stack([labels, labels.roll(1, 0)], 1)
+
+
+def make_loader(source, **kw):
+    return gpupipe.Loader(source, batch_size=7, crop=crops.RandomResizedCrop(24), seed=11, augment=KeyedNoise(),
+                          batch_transform=KeyedMix(), **kw)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("resume")
+    make_image_folder(str(root))
+    return str(root)
+
+
+def _resume_in_child(source: str, state: dict, kind: str, tmp_path: Path, **kw) -> list:
+    """Restores `state` in a new process (num_threads=2) and returns the rest of the epoch."""
+    out = tmp_path / "rest.pt"
+    code = f"""
+import sys, pickle, torch
+sys.path.insert(0, {str(TESTS)!r})
+from gpupipe import sources
+from test_resume import make_loader
+source = sources.ImageFolder({source!r}) if {kind!r} == "folder" else sources.TarShards(pickle.loads({pickle.dumps(source)!r}), shuffle_buffer=5)
+loader = make_loader(source, num_threads=2, **{kw!r})
+loader.load_state_dict({json.loads(json.dumps(state))!r})
+loader.set_epoch({state["epoch"]})  # what a training loop does: the position is kept
+torch.save([(x, y) for x, y in loader], {str(out)!r})
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return torch.load(out)
+
+
+@pytest.mark.parametrize("k", [0, 3, 8])
+def test_resumed_epoch_equals_the_uninterrupted_one(folder, tmp_path, k):
+    full = make_loader(sources.ImageFolder(folder), num_threads=1)
+    full.set_epoch(2)
+    expected = [(x.clone(), y.clone()) for x, y in full]
+    interrupted = make_loader(sources.ImageFolder(folder), num_threads=1)
+    interrupted.set_epoch(2)
+    it = iter(interrupted)
+    for _ in range(k):
+        next(it)
+    state = interrupted.state_dict()
+    del it
+    assert state["epoch"] == 2 and state["batches"] == k
+    rest = _resume_in_child(folder, state, "folder", tmp_path)
+    assert len(rest) == len(expected) - k
+    for (xa, ya), (xb, yb) in zip(expected[k:], rest):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_resume_under_sharding_and_the_next_epoch(folder, tmp_path):
+    kw = dict(rank=1, world_size=3, drop_last=True)
+    full = make_loader(sources.ImageFolder(folder), **kw)
+    full.set_epoch(5)
+    expected = [x.clone() for x, _ in full]
+    part = make_loader(sources.ImageFolder(folder), **kw)
+    part.set_epoch(5)
+    it = iter(part)
+    next(it)
+    state = part.state_dict()
+    rest = _resume_in_child(folder, state, "folder", tmp_path, **kw)
+    assert [x.shape for x, _ in rest] == [x.shape for x in expected[1:]]
+    assert all(torch.equal(a, b) for a, (b, _) in zip(expected[1:], rest))
+    # after the resumed epoch, the next one starts from its first batch
+    restored = make_loader(sources.ImageFolder(folder), **kw)
+    restored.load_state_dict(state)
+    list(restored)
+    restored.set_epoch(6)
+    assert sum(x.shape[0] for x, _ in restored) == (N // 3) // 7 * 7
+
+
+def test_resume_of_tar_shards(folder, tmp_path):
+    src_folder = sources.ImageFolder(folder)
+    paths = sources.write_tar_shards(((f"s{i:04d}", int(src_folder.labels[i]), src_folder.read(i), "jpg")
+                                      for i in range(N)), tmp_path / "shards", samples_per_shard=8)
+    full = make_loader(sources.TarShards(paths, shuffle_buffer=5))
+    expected = [x.clone() for x, _ in full]
+    part = make_loader(sources.TarShards(paths, shuffle_buffer=5))
+    it = iter(part)
+    for _ in range(4):
+        next(it)
+    rest = _resume_in_child(paths, part.state_dict(), "tar", tmp_path)
+    assert len(rest) == len(expected) - 4
+    assert all(torch.equal(a, b) for a, (b, _) in zip(expected[4:], rest))
+
+
+def test_a_state_from_another_configuration_is_refused(folder):
+    a = make_loader(sources.ImageFolder(folder))
+    state = a.state_dict()
+    b = gpupipe.Loader(sources.ImageFolder(folder), batch_size=8, crop=crops.CenterCrop(24), seed=11)
+    with pytest.raises(ValueError, match="batch_size=7"):
+        b.load_state_dict(state)
+    with pytest.raises(ValueError, match="version"):
+        a.load_state_dict({**state, "version": 99})
+
+
+def test_keyed_modules_get_the_batch_indices(folder):
+    seen = []
+
+    class Spy(KeyedNoise):
+        def sample_params(self, n, *, seed=None, epoch=None, indices=None):
+            seen.append((seed, epoch, list(np.asarray(indices))))
+            return super().sample_params(n, seed=seed, epoch=epoch, indices=indices)
+
+    loader = gpupipe.Loader(sources.ImageFolder(folder), batch_size=16, crop=crops.CenterCrop(24), seed=4, augment=Spy())
+    loader.set_epoch(3)
+    list(loader)
+    assert [i for _, _, idx in seen for i in idx] == loader.indices().tolist()
+    assert {(s, e) for s, e, _ in seen} == {(4, 3)}
