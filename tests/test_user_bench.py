@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import gpupipe
 from gpupipe.bench import recipes
@@ -128,6 +129,26 @@ def bad_data(tmp_path, case) -> Path:
         data = tmp_path / "notes.txt"
         data.write_text("hello")
     return data
+
+
+def test_simulated_step_reports_the_wait_without_a_baseline(folder, tmp_path, capsys):
+    """--step-ms sleeps per batch and reports how long the step waited; with the Loader alone there
+    is no DataLoader baseline and no ratio (in process: threads only, nothing forked)."""
+    from gpupipe.bench import main
+
+    out = tmp_path / "out"
+    threads = torch.get_num_threads()
+    try:
+        assert main([*QUICK, "--data", str(folder), "--methods", "gpupipe", "--step-ms", "20", "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)  # main() sets the process's torch threads, as a CLI does
+    text = capsys.readouterr().out
+    assert "step waits for data |" in text and "the step waits for the Loader" in text
+    data = json.loads((out / "results.json").read_text())
+    (row,) = data["results"]
+    assert data["baseline"] is None and row["ratio_vs_baseline"] is None
+    assert row["seconds"][0] >= 2 * 0.020 and 0 <= row["waited"][0] <= row["seconds"][0]
+    assert data["gpu_fed_down_to_ms_per_step"] is None
 
 
 def test_missing_data_folder_is_a_one_line_error(tmp_path):
