@@ -70,16 +70,21 @@ def test_benchmarks_are_not_importable_in_these_runs(tmp_path):
     assert r.returncode != 0 and "benchmarks" in r.stderr
 
 
-@pytest.mark.parametrize("recipe", ["train", "eval", "forum"])
-def test_bench_on_an_image_folder(folder, tmp_path, recipe):
+@pytest.mark.parametrize("recipe, device", [("train", "cpu"), ("eval", "cpu"), ("forum", "cpu"), ("train", "cuda")])
+def test_bench_on_an_image_folder(folder, tmp_path, recipe, device):
     from gpupipe.bench.run import dali_missing
 
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
     out = tmp_path / "out"
-    methods = ["gpupipe", "dataloader"] + (["dali"] if recipe == "train" else [])  # DALI: once is enough
-    r = gpupipe_cli(["bench", *QUICK, "--data", folder, "--recipe", recipe, "--methods", *methods, "--out", out], tmp_path)
+    methods = ["gpupipe", "dataloader"] + (["dali"] if recipe == "train" else [])  # DALI: once per device
+    r = gpupipe_cli(["bench", *QUICK, "--data", folder, "--recipe", recipe, "--device", device, "--methods", *methods,
+                     "--out", out], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    ran = ["gpupipe Loader", "DataLoader (2 workers)"] + (["DALI CPU"] if "dali" in methods and not dali_missing() else [])
+    dali = "DALI " + ("GPU" if device == "cuda" else "CPU")
+    ran = ["gpupipe Loader", "DataLoader (2 workers)"] + ([dali] if "dali" in methods and not dali_missing() else [])
     data = check_results(out, ran, recipe)
+    assert data["args"]["device"] == device and (device == "cpu" or data["environment"]["cuda_available"])
     if "dali" in methods and dali_missing():
         assert data["results"][2]["skipped"] == dali_missing()
     assert data["data"] == {"kind": "imagefolder", "path": str(folder), "images": 12, "classes": 2}
@@ -149,6 +154,17 @@ def test_simulated_step_reports_the_wait_without_a_baseline(folder, tmp_path, ca
     assert data["baseline"] is None and row["ratio_vs_baseline"] is None
     assert row["seconds"][0] >= 2 * 0.020 and 0 <= row["waited"][0] <= row["seconds"][0]
     assert data["gpu_fed_down_to_ms_per_step"] is None
+
+
+def test_plot_and_progress_bar_are_optional(tmp_path, monkeypatch):
+    from gpupipe.bench import report, run
+
+    result = report.Result("gpupipe Loader", seconds=[1.0], images=[8], waited=[0.5], batches=2)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    why = report.plot(tmp_path / "results.png", [result], None, "title", None)
+    assert "pip install matplotlib" in why and not (tmp_path / "results.png").exists()
+    assert run._progress(10, quiet=False) is None
 
 
 def test_missing_data_folder_is_a_one_line_error(tmp_path):
