@@ -2,13 +2,40 @@
 # Addresses are plain integers (a torch tensor's data_ptr()); buffers are any object exporting the
 # buffer protocol (bytes, bytearray, memoryview, numpy arrays). tests/test_stubs.py checks that this
 # file and the built module name the same functions with the same parameters.
+import enum
 from collections.abc import Sequence
 
 from typing_extensions import Buffer
 
-class JpegError(RuntimeError): ...
-class DecompressionBombError(JpegError): ...
+class ErrorKind(enum.IntEnum):
+    """Why a sample failed; the one list of error kinds (csrc/errors.h)."""
 
+    NONE = 0
+    INVALID_ARGUMENT = 1
+    NOT_JPEG = 2
+    CORRUPT = 3
+    UNSUPPORTED = 4
+    PIXEL_LIMIT = 5
+    SCAN_LIMIT = 6
+    MEMORY_LIMIT = 7
+    INTERNAL = 8
+    READ = 9
+
+class JpegError(RuntimeError): ...
+class NotAJpegError(JpegError): ...
+class CorruptJpegError(JpegError): ...
+class UnsupportedJpegError(JpegError): ...
+class DecompressionBombError(JpegError): ...
+class PixelLimitError(DecompressionBombError): ...
+class ScanLimitError(DecompressionBombError): ...
+class MemoryLimitError(DecompressionBombError): ...
+
+ERROR_CLASSES: dict[ErrorKind, type[Exception]]  # the exception each kind raises
+COLORSPACES: tuple[str, ...]  # read_header's colorspace names, index = the C++ enum's value
+SUBSAMPLINGS: tuple[str, ...]
+INFO_COLUMNS: tuple[str, ...]  # the columns of read_header_infos' table
+LIBJPEG_MESSAGES: tuple[str, ...]  # libjpeg's message formats
+MAX_THREADS: int
 libjpeg_turbo_version: int  # LIBJPEG_TURBO_VERSION_NUMBER, e.g. 2001005 for 2.1.5
 jpeg_lib_version: int  # JPEG_LIB_VERSION: 62, 70 or 80
 
@@ -16,18 +43,18 @@ def read_header(data: Buffer) -> tuple[int, int, int, str, str, bool, int, bool,
     """(height, width, channels, colorspace, subsampling, progressive, orientation, arithmetic,
     restart_interval, precision) of a JPEG, from its headers only."""
 
-def read_header_infos(datas: Sequence[Buffer], out_address: int, out_nbytes: int) -> None:
-    """Writes int64 [N, 5] (height, width, color space code, components, EXIF orientation; -1 where
-    a header cannot be read) at out_address."""
+def read_header_infos(datas: Sequence[Buffer], out_address: int, out_nbytes: int) -> list[tuple[int, ErrorKind, str]]:
+    """Writes an int64 [N, len(INFO_COLUMNS)] table at out_address (-1 and the error kind where a
+    header cannot be read); returns [(index, ErrorKind, message)] for those."""
 
 def decode_into(
     data: Buffer,
     out_address: int,
     out_nbytes: int,
-    top: int,
-    left: int,
-    height: int,
-    width: int,
+    top: float,
+    left: float,
+    height: float,
+    width: float,
     out_height: int,
     out_width: int,
     resize: bool = False,
@@ -43,7 +70,7 @@ def decode_into(
 
 def decode_batch_into(
     datas: Sequence[Buffer],
-    boxes: Buffer,
+    boxes: Buffer,  # int64 or float64 [N, 4] (top, left, height, width), C-contiguous
     out_address: int,
     out_nbytes: int,
     out_height: int,
@@ -53,7 +80,7 @@ def decode_batch_into(
     strict: bool,
     dct_scaling: bool,
     num_threads: int,
-) -> tuple[list[tuple[int, int, str]], list[tuple[int, str]]]:
+) -> tuple[list[tuple[int, ErrorKind, str]], list[tuple[int, str]]]:
     """Decodes N crops on the thread pool; returns ([(index, kind, message)] errors,
     [(index, message)] warnings)."""
 
@@ -61,6 +88,9 @@ def choose_scale_num(box_height: int, box_width: int, out_height: int, out_width
 def transcode_with_restarts(data: Buffer, restart_rows: int = 1, restart_mcus: int = 0) -> bytes: ...
 def default_num_threads() -> int: ...
 def pool_threads() -> int: ...
+def _pool_selftest(num_threads: int, n: int, throw_at: int) -> int:
+    """Test hook: a parallel_for whose body throws at throw_at (-1: never); returns how many ran."""
+
 def shutdown_pool() -> None: ...
 def get_limits() -> tuple[int, int, int]:
     """(max_pixels, max_scans, max_memory)."""

@@ -1,10 +1,12 @@
 """The type stubs of the compiled modules (gpupipe/_C.pyi, gpupipe/_C_cuda.pyi) and the modules
-agree: the same public names, and for every function the same parameters in the same order with
-the same defaults. A binding added, renamed or changed without its stub fails here."""
+agree: the same names (every binding, test hooks included), for every function the same parameters
+in the same order with the same defaults, the same class bases and enum members, and attributes of
+the annotated type. A binding added, renamed or changed without its stub fails here."""
 
 from __future__ import annotations
 
 import ast
+import enum
 import importlib
 from pathlib import Path
 
@@ -49,7 +51,8 @@ def binding_signature(fn) -> list:
 
 
 def stub_names(path: Path) -> dict:
-    """{name: [(param, default or None)] for functions, "class <base>" or "attr <annotation>"}."""
+    """{name: [(param, default or None)] for functions, ("class", base, {member: value}) for
+    classes, ("attr", type name) for module attributes}."""
     out = {}
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.FunctionDef):
@@ -57,24 +60,27 @@ def stub_names(path: Path) -> dict:
             defaults = [None] * (len(args) - len(node.args.defaults)) + [ast.literal_eval(d) for d in node.args.defaults]
             out[node.name] = [(a.arg, d) for a, d in zip(args, defaults)]
         elif isinstance(node, ast.ClassDef):
-            out[node.name] = f"class {ast.unparse(node.bases[0])}"
+            members = {t.targets[0].id: ast.literal_eval(t.value) for t in node.body if isinstance(t, ast.Assign)}
+            out[node.name] = ("class", ast.unparse(node.bases[0]).split(".")[-1], members)
         elif isinstance(node, ast.AnnAssign):
-            out[node.target.id] = f"attr {ast.unparse(node.annotation)}"
+            out[node.target.id] = ("attr", ast.unparse(node.annotation).split("[")[0])
     return out
 
 
 def module_names(mod) -> dict:
+    """The same description of a built module: every name but the dunders (test hooks included)."""
     out = {}
     for name in dir(mod):
-        if name.startswith("_"):
+        if name.startswith("__"):
             continue
         value = getattr(mod, name)
         if isinstance(value, type):
-            out[name] = f"class {value.__mro__[1].__name__}"
+            members = {m.name: m.value for m in value} if issubclass(value, enum.Enum) else {}
+            out[name] = ("class", value.__mro__[1].__name__, members)
         elif callable(value):
             out[name] = binding_signature(value)
         else:
-            out[name] = f"attr {type(value).__name__}"
+            out[name] = ("attr", type(value).__name__)
     return out
 
 
