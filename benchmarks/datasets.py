@@ -12,7 +12,6 @@ Each set is re-encoded from random crops/flips of the photos and cached under
 
 from __future__ import annotations
 
-import io
 import json
 import zlib
 import os
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry", "retina")
+from gpupipe.bench.dataset import bundled_photos, encode_pillow, photo_crop
 
 
 @dataclass(frozen=True)
@@ -45,36 +44,15 @@ def default_root() -> Path:
     return Path(os.environ.get("GPUPIPE_BENCH_DATA", Path(__file__).resolve().parent.parent / ".cache" / "gpupipe-bench"))
 
 
-def _photos() -> list[np.ndarray]:
-    import skimage.data
-
-    return [np.asarray(getattr(skimage.data, name)()) for name in PHOTOS]
-
-
 def render(spec: SetSpec, index: int, photos: list[np.ndarray]) -> bytes:
     """The index-th JPEG of a set: a random crop (60-100% of the side, target aspect) of one photo,
     maybe flipped, resized with Lanczos, optionally with film grain, encoded by Pillow 4:2:0."""
-    from PIL import Image
-
     rng = np.random.default_rng([zlib.crc32(spec.name.encode()), index])
-    photo = photos[index % len(photos)]
-    ph, pw = photo.shape[:2]
-    aspect = spec.width / spec.height
-    frac = rng.uniform(0.6, 1.0)
-    cw = min(pw, int(frac * min(pw, ph * aspect)))
-    ch = min(ph, int(cw / aspect))
-    top = rng.integers(0, ph - ch + 1)
-    left = rng.integers(0, pw - cw + 1)
-    crop = photo[top : top + ch, left : left + cw]
-    if rng.random() < 0.5:
-        crop = crop[:, ::-1]
-    img = np.asarray(Image.fromarray(np.ascontiguousarray(crop)).resize((spec.width, spec.height), Image.LANCZOS))
+    img = photo_crop(photos[index % len(photos)], spec.width, spec.height, rng)
     if spec.grain:
         noise = rng.normal(0, spec.grain, img.shape[:2] + (1,)) + rng.normal(0, spec.grain / 2, img.shape)
         img = np.clip(img.astype(np.float32) + noise, 0, 255).astype(np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(img).save(buf, "JPEG", quality=spec.quality, subsampling=2)
-    return buf.getvalue()
+    return encode_pillow(img, spec.quality)
 
 
 def ensure_set(name: str, root: Path | None = None, progress: bool = True) -> list[Path]:
@@ -88,7 +66,7 @@ def ensure_set(name: str, root: Path | None = None, progress: bool = True) -> li
         if len(files) == spec.count:
             return files
     folder.mkdir(parents=True, exist_ok=True)
-    photos = _photos()
+    photos = bundled_photos()
     indices = range(spec.count)
     if progress:
         try:

@@ -4,13 +4,13 @@ round-robin repeats (so drift on a shared machine hits every method alike), medi
 from __future__ import annotations
 
 import json
-import os
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
+
+from gpupipe.bench.report import environment  # noqa: F401  (re-exported: the benchmarks save it)
 
 
 @dataclass
@@ -58,44 +58,6 @@ def run_side_by_side(
             fn()
             rows[name].times.append(time.perf_counter() - t0)
     return list(rows.values())
-
-
-def environment(threads: int) -> dict:
-    import numpy
-    import torch
-
-    env = {
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "cpu": _cpu_name(),
-        "cores_affinity": len(os.sched_getaffinity(0)),
-        "threads": threads,
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "numpy": numpy.__version__,
-        "cuda_available": torch.cuda.is_available(),
-        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-    }
-    for mod in ("gpupipe", "torchvision", "PIL", "simplejpeg", "kornia", "nvidia.dali", "spdl"):
-        try:
-            m = __import__(mod, fromlist=["__version__"])
-            env[mod] = getattr(m, "__version__", "?")
-        except Exception:
-            env[mod] = None
-    import gpupipe
-
-    env["libjpeg_turbo"] = gpupipe._C.libjpeg_turbo_version
-    return env
-
-
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def table(rows: list[Row], reference: str, baseline_note: str = "") -> str:

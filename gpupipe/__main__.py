@@ -1,29 +1,17 @@
-"""``python -m gpupipe prepare SRC DST`` and ``python -m gpupipe bench [...]``."""
+"""``python -m gpupipe prepare SRC DST``, ``python -m gpupipe bench [...]`` and ``python -m gpupipe info``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-
-
-def bench(args: list) -> int:
-    """Forwards to benchmarks/main.py of the source checkout (benchmarks are not installed)."""
-    repo = Path(__file__).resolve().parent.parent
-    if not (repo / "benchmarks" / "main.py").exists():
-        print("python -m gpupipe bench runs from a source checkout (benchmarks/ is not installed)", file=sys.stderr)
-        return 2
-    sys.path.insert(0, str(repo))
-    from benchmarks.main import main as bench_main
-
-    bench_main(args)
-    return 0
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:  # its options belong to benchmarks/main.py
-        return bench(argv[1:])
+    if argv[:1] == ["bench"]:  # its options belong to gpupipe.bench
+        from gpupipe.bench import main as bench_main
+
+        return bench_main(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m gpupipe")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="transcode a dataset (folder or tar shards) with restart markers, losslessly")
@@ -34,21 +22,26 @@ def main(argv=None) -> int:
     p.add_argument("--restart-mcus", type=int, default=8, help="target MCUs per interval inside rows (0: rows only)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--no-verify", action="store_true")
-    sub.add_parser("bench", help="the side-by-side benchmark, options as benchmarks/main.py (source checkout)")
+    sub.add_parser("bench", help="images/s of a recipe on your data: the gpupipe Loader vs DataLoader "
+                                 "(python -m gpupipe bench --help)")
+    sub.add_parser("info", help="version, libjpeg-turbo, CUDA kernels, and which backends work here")
     args = ap.parse_args(argv)
 
-    if args.command == "prepare":
-        from gpupipe.prepare import prepare
+    if args.command == "info":
+        from gpupipe.bench.report import info
 
-        src = [args.src, args.dst, *args.more][:-1] if args.more else args.src
-        dst = args.more[-1] if args.more else args.dst
-        report = prepare(src, dst, restart_rows=args.restart_rows, restart_mcus=args.restart_mcus,
-                         num_threads=args.threads, verify=not args.no_verify)
-        print(report)
-        for path, reason in report.copied:
-            print(f"  copied unchanged: {path} ({reason})")
+        print(info())
         return 0
-    return bench([])
+    from gpupipe.prepare import prepare
+
+    src = [args.src, args.dst, *args.more][:-1] if args.more else args.src
+    dst = args.more[-1] if args.more else args.dst
+    report = prepare(src, dst, restart_rows=args.restart_rows, restart_mcus=args.restart_mcus,
+                     num_threads=args.threads, verify=not args.no_verify)
+    print(report)
+    for path, reason in report.copied:
+        print(f"  copied unchanged: {path} ({reason})")
+    return 0
 
 
 if __name__ == "__main__":

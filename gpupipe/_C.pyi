@@ -1,0 +1,137 @@
+# Type stub of gpupipe._C, the compiled core (csrc/bindings.cpp). Private: use the gpupipe API.
+# Addresses are plain integers (a torch tensor's data_ptr()); buffers are any object exporting the
+# buffer protocol (bytes, bytearray, memoryview, numpy arrays). tests/test_stubs.py checks that this
+# file and the built module name the same functions with the same parameters.
+import enum
+from collections.abc import Sequence
+
+from typing_extensions import Buffer
+
+class ErrorKind(enum.IntEnum):
+    """Why a sample failed; the one list of error kinds (csrc/errors.h)."""
+
+    NONE = 0
+    INVALID_ARGUMENT = 1
+    NOT_JPEG = 2
+    CORRUPT = 3
+    UNSUPPORTED = 4
+    PIXEL_LIMIT = 5
+    SCAN_LIMIT = 6
+    MEMORY_LIMIT = 7
+    INTERNAL = 8
+    READ = 9
+
+class JpegError(RuntimeError): ...
+class NotAJpegError(JpegError): ...
+class CorruptJpegError(JpegError): ...
+class UnsupportedJpegError(JpegError): ...
+class DecompressionBombError(JpegError): ...
+class PixelLimitError(DecompressionBombError): ...
+class ScanLimitError(DecompressionBombError): ...
+class MemoryLimitError(DecompressionBombError): ...
+
+ERROR_CLASSES: dict[ErrorKind, type[Exception]]  # the exception each kind raises
+COLORSPACES: tuple[str, ...]  # read_header's colorspace names, index = the C++ enum's value
+SUBSAMPLINGS: tuple[str, ...]
+INFO_COLUMNS: tuple[str, ...]  # the columns of read_header_infos' table
+LIBJPEG_MESSAGES: tuple[str, ...]  # libjpeg's message formats
+MAX_THREADS: int
+libjpeg_turbo_version: int  # LIBJPEG_TURBO_VERSION_NUMBER, e.g. 2001005 for 2.1.5
+jpeg_lib_version: int  # JPEG_LIB_VERSION: 62, 70 or 80
+
+def read_header(data: Buffer) -> tuple[int, int, int, str, str, bool, int, bool, int, int]:
+    """(height, width, channels, colorspace, subsampling, progressive, orientation, arithmetic,
+    restart_interval, precision) of a JPEG, from its headers only."""
+
+def read_header_infos(datas: Sequence[Buffer], out_address: int, out_nbytes: int) -> list[tuple[int, ErrorKind, str]]:
+    """Writes an int64 [N, len(INFO_COLUMNS)] table at out_address (-1 and the error kind where a
+    header cannot be read); returns [(index, ErrorKind, message)] for those."""
+
+def decode_into(
+    data: Buffer,
+    out_address: int,
+    out_nbytes: int,
+    top: float,
+    left: float,
+    height: float,
+    width: float,
+    out_height: int,
+    out_width: int,
+    resize: bool = False,
+    mode: int = 0,
+    strict: bool = False,
+    dct_scaling: bool = True,
+    scale_num: int = 0,
+    scaled_box: bool = False,
+    use_restarts: bool = True,
+) -> tuple[str | None, int, bool]:
+    """Decodes one crop into out_height x out_width x C uint8; returns (warning, scale_num used,
+    restart fast path used)."""
+
+def decode_batch_into(
+    datas: Sequence[Buffer],
+    boxes: Buffer,  # int64 or float64 [N, 4] (top, left, height, width), C-contiguous
+    out_address: int,
+    out_nbytes: int,
+    out_height: int,
+    out_width: int,
+    resize: bool,
+    mode: int,
+    strict: bool,
+    dct_scaling: bool,
+    num_threads: int,
+) -> tuple[list[tuple[int, ErrorKind, str]], list[tuple[int, str]]]:
+    """Decodes N crops on the thread pool; returns ([(index, kind, message)] errors,
+    [(index, message)] warnings)."""
+
+def choose_scale_num(box_height: int, box_width: int, out_height: int, out_width: int) -> int: ...
+def transcode_with_restarts(data: Buffer, restart_rows: int = 1, restart_mcus: int = 0) -> bytes: ...
+def default_num_threads() -> int: ...
+def pool_threads() -> int: ...
+def _pool_selftest(num_threads: int, n: int, throw_at: int) -> int:
+    """Test hook: a parallel_for whose body throws at throw_at (-1: never); returns how many ran."""
+
+def shutdown_pool() -> None: ...
+def get_limits() -> tuple[int, int, int]:
+    """(max_pixels, max_scans, max_memory)."""
+
+def set_limits(max_pixels: int, max_scans: int, max_memory: int) -> None: ...
+def encode_jpeg(
+    pixels: Buffer,
+    height: int,
+    width: int,
+    channels: int,
+    quality: int = 90,
+    h_samp: int = 2,
+    v_samp: int = 2,
+    colorspace: str = "ycbcr",
+    progressive: bool = False,
+    arithmetic: bool = False,
+    optimize: bool = False,
+    restart_rows: int = 0,
+    restart_blocks: int = 0,
+) -> bytes: ...
+def fused_color_affine(
+    input: int,
+    input_is_uint8: bool,
+    n: int,
+    h: int,
+    w: int,
+    strides: Sequence[int],
+    matrices: int,
+    hflip: int,
+    vflip: int,
+    output: int,
+    out_dtype: int,
+    num_threads: int,
+) -> None: ...
+def channel_sums(
+    input: int,
+    input_is_uint8: bool,
+    n: int,
+    h: int,
+    w: int,
+    strides: Sequence[int],
+    out: int,
+    num_threads: int,
+) -> None: ...

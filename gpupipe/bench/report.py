@@ -1,0 +1,257 @@
+"""What a benchmark reports: the environment (versions, CPU, cores, device), ``python -m gpupipe
+info``, the results table, ``results.json`` and the plot (matplotlib optional)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+# Optional packages a user may want to see versions of: import name -> distribution names.
+OPTIONAL = {"PIL": ("pillow",), "torchvision": ("torchvision",), "kornia": ("kornia",),
+            "nvidia.dali": ("nvidia-dali-cuda120", "nvidia-dali-cuda130", "nvidia-dali-cuda110"),
+            "skimage": ("scikit-image",), "matplotlib": ("matplotlib",), "tqdm": ("tqdm",),
+            "simplejpeg": ("simplejpeg",), "spdl": ("spdl",)}
+
+
+def _version(module: str) -> Optional[str]:
+    """The version of an optional package without importing it (some take seconds): the imported
+    module's ``__version__`` when already loaded (it tells CUDA builds apart), else the installed
+    distribution's."""
+    loaded = sys.modules.get(module)
+    if loaded is not None and getattr(loaded, "__version__", None):
+        return str(loaded.__version__)
+    for dist in OPTIONAL.get(module, (module,)):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def libjpeg_turbo_version() -> str:
+    """``"2.1.5"`` from the compiled module's ``LIBJPEG_TURBO_VERSION_NUMBER`` (2001005)."""
+    from gpupipe import _C
+
+    v = int(_C.libjpeg_turbo_version)
+    return f"{v // 1000000}.{v // 1000 % 1000}.{v % 1000}"
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def environment(threads: int) -> dict:
+    """Versions, CPU, cores and device, saved with every result."""
+    import numpy
+    import torch
+
+    import gpupipe
+
+    env = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu": cpu_name(),
+        "cores_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "threads": threads,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "numpy": numpy.__version__,
+        "cuda_available": torch.cuda.is_available(),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "gpupipe": gpupipe.__version__,
+    }
+    env.update({module: _version(module) for module in OPTIONAL})
+    env["libjpeg_turbo"] = gpupipe._C.libjpeg_turbo_version
+    return env
+
+
+def info() -> str:
+    """The text of ``python -m gpupipe info``: versions, build, and what each backend needs here.
+
+    Example:
+        >>> from gpupipe.bench.report import info
+        >>> "libjpeg-turbo" in info()
+        True
+    """
+    import torch
+
+    import gpupipe
+    from gpupipe import _C
+    from gpupipe.augment import cuda_kernel_available
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (torch.cuda.is_available() is False)"
+    lines = [
+        f"gpupipe {gpupipe.__version__} ({Path(gpupipe.__file__).parent})",
+        f"libjpeg-turbo {libjpeg_turbo_version()} (libjpeg API {_C.jpeg_lib_version})",
+        "CUDA kernels: " + ("built (gpupipe._C_cuda)" if cuda_kernel_available() else
+                            "not built (no CUDA compiler when gpupipe was built)"),
+        f"torch {torch.__version__}, CUDA device: {device}",
+        f"CPU: {cpu_name()}, {environment(0)['cores_affinity']} cores available, "
+        f"default decode threads {_C.default_num_threads()}",
+        "",
+        "| backend | available | devices | note |",
+        "|---|---|---|---|",
+    ]
+    for name, b in gpupipe.backends_available().items():
+        lines.append(f"| {name} | {'yes' if b['available'] else 'no'} | {', '.join(b['devices']) or '-'} | {b['reason']} |")
+    present = [f"{OPTIONAL[m][0]} {v}" for m in OPTIONAL if (v := _version(m))]
+    absent = [OPTIONAL[m][0] for m in OPTIONAL if not _version(m)]
+    lines += ["", "optional packages: " + (", ".join(present) or "none")]
+    if absent:
+        lines.append("not installed: " + ", ".join(absent))
+    return "\n".join(lines)
+
+
+# --- results ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """One pipeline's timed repeats: ``seconds[r]`` for ``images[r]`` images in ``batches`` batches."""
+
+    method: str
+    note: str = ""
+    seconds: list = field(default_factory=list)
+    images: list = field(default_factory=list)
+    waited: list = field(default_factory=list)  # seconds the consumer waited for batches, per repeat
+    batches: int = 0
+    skipped: Optional[str] = None
+
+    def rates(self) -> list:
+        return [n / s for n, s in zip(self.images, self.seconds) if s > 0]
+
+    @property
+    def images_per_s(self) -> float:
+        return statistics.median(self.rates())
+
+    @property
+    def ms_per_batch(self) -> float:
+        return 1e3 * statistics.median(self.seconds) / self.batches
+
+    @property
+    def wait_fraction(self) -> float:
+        return statistics.median(w / s for w, s in zip(self.waited, self.seconds))
+
+
+def ratio(r: Result, baseline: Optional[Result]) -> Optional[float]:
+    """Images/s of r over the baseline's (higher: r faster); None without a baseline."""
+    if baseline is None or baseline.skipped or r.skipped:
+        return None
+    return r.images_per_s / baseline.images_per_s
+
+
+def table(results: list, baseline: Optional[Result], step_ms: float = 0.0) -> str:
+    """A markdown table: images/s (median, min-max), ms per batch, ratio to the baseline."""
+    base = baseline.method if baseline else "baseline"
+    head = f"| method | images/s (median) | min - max | ms/batch | vs {base} |"
+    rule = "|---|---:|---:|---:|---:|"
+    if step_ms:
+        head, rule = head + " step waits for data |", rule + "---:|"
+    out = [head, rule]
+    for r in results:
+        name = f"{r.method} ({r.note})" if r.note else r.method
+        if r.skipped:
+            out.append(f"| {name} | skipped: {r.skipped} | | | |" + (" |" if step_ms else ""))
+            continue
+        q = ratio(r, baseline)
+        row = (f"| {name} | {r.images_per_s:.0f} | {min(r.rates()):.0f} - {max(r.rates()):.0f} | "
+               f"{r.ms_per_batch:.1f} | {'-' if q is None else f'{q:.2f}x'} |")
+        out.append(row + (f" {100 * r.wait_fraction:.0f}% |" if step_ms else ""))
+    return "\n".join(out)
+
+
+def stage_table(stats: dict, batches: int) -> str:
+    """The Loader's per-stage busy time and the consumer's wait, from ``Loader.stats()`` (read
+    defensively: any stage names, any extra keys)."""
+    wall = float(stats.get("wall_s") or 0.0)
+    busy = stats.get("busy_s") or {}
+    out = ["| Loader stage | busy s | ms/batch | % of wall |", "|---|---:|---:|---:|"]
+    rows = [(str(k), float(v)) for k, v in busy.items() if isinstance(v, (int, float))]
+    if isinstance(stats.get("wait_s"), (int, float)):
+        rows.append(("consumer waited for a batch", float(stats["wait_s"])))
+    for name, s in rows:
+        share = f"{100 * s / wall:.0f}%" if wall > 0 else "-"
+        out.append(f"| {name} | {s:.2f} | {1e3 * s / max(1, batches):.1f} | {share} |")
+    return "\n".join(out)
+
+
+def save_json(path: Path, *, args: dict, env: dict, data: dict, recipe: dict, results: list, baseline: Optional[Result],
+              loader_stats: Optional[dict], fed_ms: Optional[float], batch_size: int) -> None:
+    def row(r: Result) -> dict:
+        d = asdict(r)
+        if not r.skipped:
+            d.update(images_per_s=r.images_per_s, ms_per_batch=r.ms_per_batch, ratio_vs_baseline=ratio(r, baseline))
+        return d
+
+    doc = {
+        "args": args, "environment": env, "data": data, "recipe": recipe,
+        "baseline": baseline.method if baseline else None,
+        "results": [row(r) for r in results],
+        "loader_stats": _jsonable(loader_stats),
+        "gpu_fed_down_to_ms_per_step": fed_ms, "batch_size": batch_size,
+    }
+    path.write_text(json.dumps(doc, indent=2))
+
+
+def _jsonable(x):
+    """Loader.stats() as JSON: unknown value types become strings rather than failing the run."""
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    return str(x)
+
+
+def plot(path: Path, results: list, baseline: Optional[Result], title: str, loader_stats: Optional[dict]) -> Optional[str]:
+    """Images/s per pipeline (median, min-max) and the Loader's stage times; returns why no plot
+    was written (matplotlib missing), else None."""
+    try:
+        import matplotlib
+    except ImportError:
+        return "matplotlib is not installed (pip install matplotlib): no plot"
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    live = [r for r in results if not r.skipped]
+    busy = {k: float(v) for k, v in ((loader_stats or {}).get("busy_s") or {}).items() if isinstance(v, (int, float))}
+    fig, axes = plt.subplots(1, 2 if busy else 1, figsize=(13 if busy else 7.5, 0.6 * max(3, len(live)) + 1.2),
+                             squeeze=False)
+    ax = axes[0, 0]
+    med = [r.images_per_s for r in live]
+    err = [[m - min(r.rates()) for m, r in zip(med, live)], [max(r.rates()) - m for m, r in zip(med, live)]]
+    ax.barh([r.method for r in live], med, xerr=err, capsize=3,
+            color=["tab:green" if r.method.startswith("gpupipe") else "tab:gray" for r in live])
+    ax.invert_yaxis()
+    ax.set_xlabel("images / s (median, min-max)")
+    for i, r in enumerate(live):
+        q = ratio(r, baseline)
+        ax.text(med[i], i, f" {med[i]:.0f}" + (f" ({q:.2f}x)" if q is not None else ""), va="center", fontsize=8)
+    if busy:
+        ax2 = axes[0, 1]
+        ax2.barh(list(busy), list(busy.values()), color="tab:green")
+        ax2.invert_yaxis()
+        ax2.set_xlabel("gpupipe Loader: busy seconds per stage (stages overlap)")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return None
+
+
+__all__ = ["Result", "environment", "info", "libjpeg_turbo_version", "plot", "ratio", "save_json", "stage_table", "table"]

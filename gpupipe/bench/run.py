@@ -1,0 +1,368 @@
+"""``python -m gpupipe bench``: your data, your recipe, this machine: the gpupipe Loader next to
+``torch.utils.data.DataLoader`` with torchvision's transforms (and DALI when installed), on the same
+files with the same recipe.
+
+Each pipeline runs in turn (round robin over the repeats, one at a time so none competes with
+another's threads): a fresh iterator, warm-up batches, then timed batches. A "training step" is the
+consumer's loop body: nothing by default (the pipeline's own pace), or ``--step-ms`` of sleep (a
+GPU step leaves the CPU free) to see how long the step waits for data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+import gpupipe
+from gpupipe.bench import recipes, report
+from gpupipe.bench.dataset import DEFAULT_IMAGES, BenchData, DataError, PilDataset, PilTarDataset, open_data
+from gpupipe.sources import TarShards
+
+METHODS = ("gpupipe", "dataloader", "dali")
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    unavailable = [f"{name} ({r.missing()})" for name, r in recipes.RECIPES.items() if r.missing()]
+    ap = argparse.ArgumentParser(
+        prog="python -m gpupipe bench", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.split("\n\n")[0].replace("``", ""),
+        epilog="recipes:\n" + "\n".join(f"  {n}: {recipes.RECIPES[n].summary}" for n in recipes.available())
+        + ("\nnot available here: " + "; ".join(unavailable) if unavailable else ""))
+    ap.add_argument("--data", default=None, metavar="PATH",
+                    help="an ImageFolder tree, a folder of images, a .csv file list (path,label) or .tar shards / a "
+                         "folder of them (default: a set made from scikit-image's photos, cached)")
+    ap.add_argument("--recipe", default="train", choices=recipes.available())
+    ap.add_argument("--device", default="cpu", help="where batches are delivered: cpu or cuda[:N] (default cpu)")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=_cores(),
+                    help="gpupipe decode threads = DataLoader num_workers = DALI threads (default: the cores here, "
+                         f"{_cores()})")
+    ap.add_argument("--backend", default="auto", choices=gpupipe.backends.BACKENDS, help="the Loader's decode backend")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="timed batches per repeat (default: one epoch's worth less the warm-up, at most 30; 5 with --quick)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed batches first (default 2; 1 with --quick)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed runs per pipeline, median reported (default 3; 1 with --quick)")
+    ap.add_argument("--quick", action="store_true", help="few batches, one repeat: a smoke run, not a measurement")
+    ap.add_argument("--step-ms", type=float, default=0.0,
+                    help="simulate a training step of this many ms per batch (sleep) and report how long it waits for data")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS, help="pipelines to run")
+    ap.add_argument("--images", type=int, default=DEFAULT_IMAGES, help="size of the default data set (without --data)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None, help="output folder (default ./gpupipe-bench/<timestamp>)")
+    return ap
+
+
+# --- the pipelines, each as: fresh per repeat, batches() crossing epochs, stats(), close() ----------
+
+
+class LoaderRun:
+    """The gpupipe Loader with the recipe's pieces."""
+
+    def __init__(self, data: BenchData, parts: recipes.RecipeParts, args, device: torch.device, epoch: int = 0):
+        extra = {"batch_transform": parts.batch_transform} if parts.batch_transform is not None else {}
+        augment = parts.augment.to(device) if parts.augment is not None else None
+        self.loader = gpupipe.Loader(data.source, batch_size=args.batch_size, crop=parts.crop, augment=augment,
+                                     device=device, backend=args.backend, num_threads=args.threads, seed=args.seed,
+                                     drop_last=True, **extra)
+        self.epoch = epoch
+        self._it = None
+
+    def batches(self):
+        while True:
+            self.loader.set_epoch(self.epoch)
+            self._it = iter(self.loader)
+            got = False
+            for batch in self._it:
+                got = True
+                yield batch
+            if not got:
+                raise RuntimeError(f"the Loader delivered no batch: {_skipped(self.loader.stats())}")
+            self.epoch += 1
+
+    def stats(self) -> dict:
+        return self.loader.stats()
+
+    def close(self):
+        if self._it is not None and hasattr(self._it, "close"):
+            self._it.close()
+
+
+def _skipped(stats: dict) -> str:
+    skipped = stats.get("skipped") or []
+    return f"{len(skipped)} samples skipped, first: {skipped[0]}" if skipped else "no sample decoded"
+
+
+class DataLoaderRun:
+    """``torch.utils.data.DataLoader`` with the recipe's torchvision transform, PIL decode,
+    ``num_workers`` = the threads given."""
+
+    def __init__(self, data: BenchData, parts: recipes.RecipeParts, args, device: torch.device, epoch: int = 0):
+        tar = isinstance(data.source, TarShards)
+        ds = (PilTarDataset(data.source, parts.torchvision, seed=args.seed) if tar else
+              PilDataset(data.source, parts.torchvision))
+        workers = args.threads
+        self.dl = torch.utils.data.DataLoader(
+            ds, batch_size=args.batch_size, shuffle=not tar, num_workers=workers,
+            collate_fn=parts.torchvision_collate, pin_memory=device.type == "cuda", persistent_workers=workers > 0,
+            drop_last=True,
+            generator=torch.Generator().manual_seed(args.seed * 1000 + epoch))
+        self.device = device
+
+    def batches(self):
+        while True:
+            got = False
+            for images, labels in self.dl:
+                got = True
+                if self.device.type == "cuda":
+                    images = images.to(self.device, non_blocking=True)
+                    labels = labels.to(self.device, non_blocking=True)
+                yield images, labels
+            if not got:
+                raise RuntimeError("the DataLoader delivered no batch")
+
+    def stats(self) -> dict:
+        return {}
+
+    def close(self):
+        it = getattr(self.dl, "_iterator", None)
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+        self.dl = None
+        gc.collect()
+
+
+def dali_missing() -> Optional[str]:
+    try:
+        import nvidia.dali  # noqa: F401
+    except Exception as e:
+        return f"nvidia-dali-cuda120 not installed ({type(e).__name__})"
+    return None
+
+
+class DaliRun:
+    """A DALI pipeline of the same recipe: its file or webdataset reader, its decoders (nvJPEG on
+    CUDA, CPU operators otherwise) and operators."""
+
+    def __init__(self, data: BenchData, parts: recipes.RecipeParts, args, device: torch.device, epoch: int = 0):
+        import nvidia.dali.fn as fn
+        import nvidia.dali.types as types
+        from nvidia.dali import pipeline_def
+
+        cuda = device.type == "cuda"
+        src = data.source
+
+        @pipeline_def(batch_size=args.batch_size, num_threads=args.threads, seed=args.seed * 1000 + epoch,
+                      device_id=(device.index or 0) if cuda else None, exec_dynamic=True)
+        def pipe():
+            if isinstance(src, TarShards):
+                jpegs, labels = fn.readers.webdataset(paths=src.paths, ext=["jpg;jpeg;png;webp;bmp;ppm", "cls"],
+                                                      random_shuffle=True, name="reader")
+            else:
+                jpegs, labels = fn.readers.file(files=list(src.keys), labels=[int(v) for v in src.labels],
+                                                random_shuffle=True, name="reader")
+            return parts.dali(fn, types, jpegs, "mixed" if cuda else "cpu"), labels
+
+        self.pipe = pipe()
+        self.pipe.build()
+        self.device = device
+
+    def batches(self):
+        while True:
+            images, labels = self.pipe.run()
+            t = images.as_tensor()
+            if self.device.type == "cuda":
+                from nvidia.dali.plugin.pytorch import feed_ndarray
+
+                x = torch.empty(t.shape(), dtype=torch.float32, device=self.device)
+                feed_ndarray(t, x, cuda_stream=torch.cuda.current_stream(self.device))
+            else:
+                x = torch.from_numpy(np.asarray(t))
+            yield x, labels
+
+    def stats(self) -> dict:
+        return {}
+
+    def close(self):
+        self.pipe = None
+        gc.collect()
+
+
+# --- measuring ---------------------------------------------------------------------------------------
+
+
+def _sync(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(run, *, warmup: int, steps: int, step_s: float, device: torch.device, bar=None) -> tuple:
+    """(seconds, images, seconds waited, stats) of ``steps`` timed batches after ``warmup``."""
+    try:
+        it = run.batches()
+        for _ in range(warmup):
+            next(it)
+            if bar is not None:
+                bar.update(1)
+        _sync(device)
+        images, waited = 0, 0.0
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            t1 = time.perf_counter()
+            x, _ = next(it)
+            waited += time.perf_counter() - t1
+            images += x.shape[0]
+            if step_s:
+                time.sleep(step_s)  # a GPU step: the CPU is free meanwhile
+            if bar is not None:
+                bar.update(1)
+        _sync(device)
+        seconds = time.perf_counter() - t0
+        return seconds, images, waited, run.stats()
+    finally:
+        run.close()
+
+
+def _progress(total: int, quiet: bool):
+    if quiet:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="batch", desc="gpupipe bench", file=sys.stderr, disable=None)
+
+
+def _device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be cpu or cuda[:N], got {name!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device here (torch.cuda.is_available() is False)")
+    return device
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        for name in ("batch_size", "threads", "images"):
+            if getattr(args, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+        for name in ("steps", "repeats"):
+            if getattr(args, name) is not None and getattr(args, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
+        if args.warmup is not None and args.warmup < 0:
+            raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+        device = _device(args.device)
+        data = open_data(args.data, images=args.images, progress=not args.quick)
+        if data.images < args.batch_size:
+            raise ValueError(f"--batch-size {args.batch_size} is larger than the data set ({data.describe()})")
+        recipe = recipes.get(args.recipe)
+        parts = recipe.build(data.num_classes)
+        LoaderRun(data, parts, args, device)  # a clear error now for a backend that cannot run here
+    except (DataError, ValueError, RuntimeError) as e:
+        print(f"gpupipe bench: {e}", file=sys.stderr)
+        return 2
+
+    warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
+    repeats = args.repeats or (1 if args.quick else 3)
+    per_epoch = max(1, data.images // args.batch_size)
+    steps = args.steps or max(1, min(5 if args.quick else 30, per_epoch - warmup))
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+
+    kinds = {"gpupipe": ("gpupipe Loader", LoaderRun, None, "threads, ROI decode, batched augment"),
+             "dataloader": (f"DataLoader ({args.threads} workers)", DataLoaderRun, None, "PIL + torchvision transforms"),
+             "dali": ("DALI " + ("GPU" if device.type == "cuda" else "CPU"), DaliRun,
+                      dali_missing() or (None if parts.dali else "this recipe has no DALI version"),
+                      "same recipe in DALI operators")}
+    results, runners = [], []
+    for key in METHODS:
+        if key in args.methods:
+            name, cls, missing, note = kinds[key]
+            results.append(report.Result(name, note, batches=steps, skipped=missing))
+            runners.append(cls)
+    live = [r for r in results if not r.skipped]
+
+    backend = gpupipe.backends.resolve(args.backend, device)
+    print(f"gpupipe bench: recipe {recipe.name}: {recipe.summary}")
+    print(f"data: {data.describe()}")
+    print(f"device {device}, batch {args.batch_size}, {args.threads} threads, Loader backend {backend}; "
+          f"{repeats} repeat(s) of {warmup} warm-up + {steps} timed batches per pipeline"
+          + (f"; a {args.step_ms:g} ms training step" if args.step_ms else ""))
+    bar = _progress(repeats * len(live) * (warmup + steps), quiet=args.quick)
+    loader_stats = None
+    for rep in range(repeats):
+        for result, cls in zip(results, runners):
+            if result.skipped:
+                continue
+            try:
+                seconds, images, waited, stats = measure(cls(data, parts, args, device, epoch=rep), warmup=warmup,
+                                                         steps=steps, step_s=args.step_ms / 1e3, device=device, bar=bar)
+            except Exception as e:  # reported in the table, the other pipelines still run
+                result.skipped = f"failed: {type(e).__name__}: {e}"[:300]
+                continue
+            result.seconds.append(seconds)
+            result.images.append(images)
+            result.waited.append(waited)
+            if cls is LoaderRun:
+                loader_stats = stats
+    if bar is not None:
+        bar.close()
+
+    baseline = next((r for r in results if r.method.startswith("DataLoader") and not r.skipped), None)
+    print()
+    print(report.table(results, baseline, args.step_ms))
+    gp = results[0] if results and results[0].method == "gpupipe Loader" else None
+    fed_ms = None
+    if gp is not None and not gp.skipped:
+        if loader_stats:
+            print()
+            print(report.stage_table(loader_stats, int(loader_stats.get("batches") or warmup + steps)))
+            print("(stages overlap: busy times add up to more than the wall time when they run in parallel)")
+        print()
+        if args.step_ms:
+            print(f"with a {args.step_ms:g} ms training step at batch {args.batch_size}, the step waits for the Loader "
+                  f"{100 * gp.wait_fraction:.0f}% of the time")
+        else:
+            fed_ms = gp.ms_per_batch
+            others = [f"{r.method}: {r.ms_per_batch:.1f} ms" for r in results[1:] if not r.skipped]
+            print(f"gpupipe keeps a GPU fed down to {fed_ms:.1f} ms/step at batch {args.batch_size}"
+                  + (f" ({', '.join(others)})" if others else "")
+                  + "; a slower training step never waits for data")
+    for note in parts.notes:
+        print(f"note: {note}")
+
+    out = args.out or Path("gpupipe-bench") / time.strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    arg_dict = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    arg_dict.update(warmup=warmup, repeats=repeats, steps=steps, backend_resolved=backend)
+    report.save_json(out / "results.json", args=arg_dict, env=report.environment(args.threads),
+                     data={"kind": data.kind, "path": data.path, "images": data.images, "classes": data.classes},
+                     recipe={"name": recipe.name, "summary": recipe.summary, "notes": parts.notes,
+                             "gpupipe": {"crop": repr(parts.crop), "augment": repr(parts.augment),
+                                         "batch_transform": repr(parts.batch_transform)},
+                             "torchvision": repr(parts.torchvision)},
+                     results=results, baseline=baseline, loader_stats=loader_stats, fed_ms=fed_ms,
+                     batch_size=args.batch_size)
+    title = f"{recipe.name} recipe, {data.kind} data ({data.images} images), batch {args.batch_size}, {args.threads} threads, {device}"
+    why_no_plot = report.plot(out / "results.png", results, baseline, title, loader_stats)
+    print(f"\nwrote {out / 'results.json'}" + (f"; {why_no_plot}" if why_no_plot else f", {out / 'results.png'}"))
+    return 1 if gp is not None and gp.skipped else 0
+
+
+__all__ = ["DaliRun", "DataLoaderRun", "LoaderRun", "build_parser", "main", "measure"]
