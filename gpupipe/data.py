@@ -37,7 +37,7 @@ class DecodeCropDataset(torch.utils.data.Dataset):
         self.seed = int(seed)
         self.epoch = 0
         self.on_error = check_on_error(on_error)
-        self.options = DecodeOptions(size=crop.size, resize=crop.resize, window=crop.window,
+        self.options = DecodeOptions(size=crop.size, resize=crop.resize, window=crop.window, dct_scaling=crop.dct_scaling,
                                      apply_exif_orientation=apply_exif_orientation)
         self.last_failure = None
 

@@ -34,7 +34,7 @@ from gpupipe._backends.base import BatchStatus, DecodeOptions, HeaderInfos, Rout
 from gpupipe._errors import ErrorKind
 from gpupipe.crops import CropSampler
 from gpupipe.engine import Closed, Engine, StageTimes
-from gpupipe.policy import SampleFailure, apply_policy, check_on_error
+from gpupipe.policy import apply_policy, check_on_error
 from gpupipe.routing import as_buffers, decode_into, probe
 from gpupipe.sources import MapSource, Sample, Source, distributed_indices
 
@@ -242,7 +242,7 @@ class Loader:
             raise ValueError(f"rank {self.rank} is not in [0, {self.world_size})")
         self.progress = progress
         self.io_threads = max(1, int(io_threads))
-        self.options = DecodeOptions(size=crop.size, resize=crop.resize, window=crop.window,
+        self.options = DecodeOptions(size=crop.size, resize=crop.resize, window=crop.window, dct_scaling=crop.dct_scaling,
                                      num_threads=num_threads or 0, apply_exif_orientation=apply_exif_orientation,
                                      backend=self.backend,
                                      device=torch.device("cpu") if self.backend == "cpu" else self.device)

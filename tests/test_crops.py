@@ -143,3 +143,42 @@ def test_keyed_streams_are_independent_and_stream_0_is_the_crops():
     np.testing.assert_array_equal(keyed.uniforms(3, 1, idx, 5)[:, :2], base)
     assert keyed.stream_of("x") == keyed.stream_of("x") != keyed.stream_of("y")
     assert keyed.derive_seed(1, 0) != keyed.derive_seed(1, 1) != keyed.derive_seed(2, 0)
+
+
+def test_resize_center_crop_is_torchvisions_eval_transform():
+    """Resize(256) + CenterCrop(224) on Pillow images of assorted sizes and aspect ratios: the
+    exact decode (dct_scaling=False) within 1 level everywhere; the default (DCT-scaled) within a
+    mean of 1 level."""
+    import io
+
+    from PIL import Image
+    from torchvision import transforms as T
+
+    import gpupipe
+    from helpers import encode, photo
+
+    sampler = crops.ResizeCenterCrop(224, 256)
+    tv = T.Compose([T.Resize(256), T.CenterCrop(224)])
+    shapes = [(533, 800), (800, 533), (256, 256), (300, 1000), (1280, 1920), (257, 383), (480, 481)]
+    datas = [encode(photo(h, w, ["coffee", "astronaut", "chelsea", "rocket"][k % 4]), quality=92)
+             for k, (h, w) in enumerate(shapes)]
+    H, W = zip(*shapes)
+    boxes = sampler.boxes(H, W)
+    assert boxes.dtype == np.float64 and sampler.window and sampler.resize
+    ref = np.stack([np.asarray(tv(Image.open(io.BytesIO(d)).convert("RGB"))) for d in datas])
+    exact = gpupipe.decode_crop_jpegs(datas, boxes, size=224, window=True, dct_scaling=False)
+    diff = np.abs(exact.images.permute(0, 2, 3, 1).numpy().astype(int) - ref.astype(int))
+    assert diff.max() <= 1 and diff.mean() < 0.01, (diff.max(), diff.mean())
+    fast = gpupipe.decode_crop_jpegs(datas, boxes, size=224, window=True)
+    diff = np.abs(fast.images.permute(0, 2, 3, 1).numpy().astype(int) - ref.astype(int))
+    assert diff.mean() < 1.0, diff.mean()
+    # without the window, the border columns lose the pixels the full resize reads around the crop
+    cropped = gpupipe.decode_crop_jpegs(datas, boxes, size=224, dct_scaling=False)
+    assert (cropped.images != exact.images).any()
+
+
+def test_resize_center_crop_sizes_and_errors():
+    s = crops.ResizeCenterCrop((200, 100), (300, 150))
+    assert s.resized_sizes([1000], [10])[0].tolist() == [300] and s.boxes([600], [300]).tolist() == [[100, 50, 400, 200]]
+    with pytest.raises(ValueError, match="larger than the resized image"):
+        crops.ResizeCenterCrop(300, 256)

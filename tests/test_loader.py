@@ -316,3 +316,17 @@ def test_loader_backend_errors_are_clear(folder):
         gpupipe.Loader(sources.ImageFolder(root), batch_size=4, crop=crops.CenterCrop(8), backend="nvjpeg")
     with pytest.raises(ValueError, match="backend must be one of"):
         gpupipe.Loader(sources.ImageFolder(root), batch_size=4, crop=crops.CenterCrop(8), backend="pil")
+
+
+def test_loader_and_dataset_take_resize_center_crop(folder):
+    root, _ = folder
+    src = sources.ImageFolder(root)
+    crop = crops.ResizeCenterCrop(32, 40)
+    loader = gpupipe.Loader(src, batch_size=16, crop=crop, shuffle=False)
+    images = torch.cat([x for x, _ in loader])
+    datas = [src.read(i) for i in range(len(src))]
+    heights, widths = zip(*[gpupipe.read_header(d)[:2] for d in datas])
+    ref = gpupipe.decode_crop_jpegs(datas, crop.boxes(heights, widths), size=32, window=True, dct_scaling=False)
+    assert torch.equal(images, ref.images)
+    ds = gpupipe.data.DecodeCropDataset(src, crop)
+    assert torch.equal(ds[5][0], ref.images[5])
