@@ -64,6 +64,7 @@ def decode_into(
     scale_num: int = 0,
     scaled_box: bool = False,
     use_restarts: bool = True,
+    window: bool = False,
 ) -> tuple[str | None, int, bool]:
     """Decodes one crop into out_height x out_width x C uint8; returns (warning, scale_num used,
     restart fast path used)."""
@@ -80,6 +81,7 @@ def decode_batch_into(
     strict: bool,
     dct_scaling: bool,
     num_threads: int,
+    window: bool = False,
 ) -> tuple[list[tuple[int, ErrorKind, str]], list[tuple[int, str]]]:
     """Decodes N crops on the thread pool; returns ([(index, kind, message)] errors,
     [(index, message)] warnings)."""

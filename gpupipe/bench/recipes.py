@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
-import numpy as np
 import torch
 
 import gpupipe
@@ -132,50 +131,11 @@ def train(num_classes: int) -> RecipeParts:
 # --- eval: Resize(256) + CenterCrop(224) -----------------------------------------------------------
 
 
-class ResizeCenterCropBox(crops.CropSampler):
-    """The box of the source image that torchvision's ``Resize(resize_size)`` +
-    ``CenterCrop(crop_size)`` keeps, rounded to whole pixels, resized to ``crop_size``.
-
-    Stands in for ``crops.ResizeCenterCrop`` until gpupipe has it: that one resamples the
-    fractional box (as Pillow's ``resize(box=...)``); this one moves the box by up to half a source
-    pixel. Same decode cost, so the benchmark measures the same work.
-    """
-
-    resize = True
-
-    def __init__(self, crop_size: int, resize_size: int):
-        self.size = (int(crop_size), int(crop_size))
-        self.resize_size = int(resize_size)
-
-    def boxes(self, heights: Any, widths: Any, *, seed: int = 0, epoch: int = 0, indices: Any = None) -> np.ndarray:
-        H = np.asarray(heights, dtype=np.int64).reshape(-1)
-        W = np.asarray(widths, dtype=np.int64).reshape(-1)
-        short, c = self.resize_size, self.size[0]
-        # torchvision's _compute_resized_output_size: the short side becomes `short`, the long
-        # side int(short * long / short_side); then CenterCrop's int(round((new - crop) / 2)).
-        new_h = np.where(H <= W, short, (short * H) // np.minimum(H, W))
-        new_w = np.where(H <= W, (short * W) // np.minimum(H, W), short)
-        sy, sx = H / new_h, W / new_w
-        top = np.round((new_h - c) / 2.0) * sy
-        left = np.round((new_w - c) / 2.0) * sx
-        h = np.clip(np.round(c * sy), 1, H).astype(np.int64)
-        w = np.clip(np.round(c * sx), 1, W).astype(np.int64)
-        t = np.clip(np.round(top), 0, H - h).astype(np.int64)
-        l = np.clip(np.round(left), 0, W - w).astype(np.int64)
-        return np.stack([t, l, h, w], axis=1)
-
-
 @recipe("eval", "Resize(256) + CenterCrop(224) + normalise (torchvision's evaluation)")
 def eval_(num_classes: int) -> RecipeParts:
     T = _torchvision_transforms()
-    exact = getattr(crops, "ResizeCenterCrop", None)
+    crop = crops.ResizeCenterCrop(224, 256)  # bit-identical to torchvision's PIL path (dct_scaling=False)
     notes = []
-    if exact is not None:
-        crop = exact(224, 256)
-    else:
-        crop = ResizeCenterCropBox(224, 256)
-        notes.append("gpupipe: the Resize(256) + CenterCrop(224) box rounded to whole pixels "
-                     "(crops.ResizeCenterCrop is not in this gpupipe)")
 
     def dali(fn, types, jpegs, decoder):
         images = fn.decoders.image(jpegs, device=decoder, output_type=types.RGB)
@@ -273,4 +233,4 @@ def train_ta(num_classes: int) -> RecipeParts:
     )
 
 
-__all__ = ["RECIPES", "Recipe", "RecipeParts", "ResizeCenterCropBox", "available", "get", "recipe", "train_ta_missing"]
+__all__ = ["RECIPES", "Recipe", "RecipeParts", "available", "get", "recipe", "train_ta_missing"]
