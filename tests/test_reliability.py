@@ -256,13 +256,17 @@ def test_fork_while_another_thread_takes_the_pool_lock_never_hangs(jpeg):
         data = {jpeg!r}
         boxes = np.array([[0, 0, 8, 8]] * 2)
         stop = False
+        warm = threading.Barrier(3)
         def hammer():
+            gpupipe.decode_crop_jpegs([data] * 2, boxes, num_threads=2)
+            warm.wait()  # forking while another thread imports a module hangs any Python child: not ours
             while not stop:
                 _C.pool_threads()  # takes the pool registry's lock
                 gpupipe.decode_crop_jpegs([data] * 2, boxes, num_threads=2)
         threads = [threading.Thread(target=hammer) for _ in range(2)]
         for t in threads:
             t.start()
+        warm.wait()
         hung = 0
         for _ in range(60):
             pid = os.fork()
@@ -278,8 +282,9 @@ def test_fork_while_another_thread_takes_the_pool_lock_never_hangs(jpeg):
                 if time.time() > deadline:  # hung: show where (gdb, when installed), then kill it
                     import shutil, subprocess
                     if shutil.which("gdb"):
-                        print(subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 25"],
-                                             capture_output=True, text=True).stdout[-5000:])
+                        print(subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "set auto-load safe-path /",
+                                              "-ex", "thread apply all bt 25", "-ex", "thread apply all py-bt"],
+                                             capture_output=True, text=True).stdout[-8000:])
                     os.kill(pid, 9)
                     os.waitpid(pid, 0)
                     hung += 1
