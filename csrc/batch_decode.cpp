@@ -40,8 +40,8 @@ std::vector<SampleStatus> decode_batch(ThreadPool* pool, const std::vector<Batch
     } catch (const DecodeError& e) {
       st.error = e.kind;
       st.message = e.what();
-    } catch (const std::bad_alloc&) {
-      st.error = ErrorKind::kMemoryLimit;
+    } catch (const std::bad_alloc&) {  // the machine's memory, not a limit of gpupipe's
+      st.error = ErrorKind::kInternal;
       st.message = "out of memory while decoding";
     } catch (const std::exception& e) {
       st.error = ErrorKind::kInternal;

@@ -77,8 +77,9 @@ bool index_restarts(const uint8_t* d, size_t n, int width, int height, int compo
   const size_t total = static_cast<size_t>(L->mcu_rows) * L->groups_per_row;
   L->starts.assign(1, L->scan_offset);
   L->ends.clear();
-  L->starts.reserve(total);
-  L->ends.reserve(total);
+  // The header's claim is not trusted for the reservation: a real interval takes >= 2 bytes.
+  L->starts.reserve(std::min(total, n / 2 + 2));
+  L->ends.reserve(std::min(total, n / 2 + 2));
   size_t p = L->scan_offset;
   while (p < n) {
     const void* hit = std::memchr(d + p, 0xFF, n - p);

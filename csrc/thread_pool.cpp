@@ -7,7 +7,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <exception>
-#include <map>
+#include <list>
+#include <utility>
 #include <string>
 #include <system_error>
 
@@ -113,16 +114,19 @@ int default_num_threads() {
 
 namespace {
 std::mutex g_pool_mutex;  // guards g_pools; held across fork() by the atfork handlers below
-// One pool per requested size: the decoder and the augmentation kernel may ask for different
-// sizes in alternation, which must not tear pools down and rebuild them every batch. Heap-held so
-// that a forked child can abandon the parent's (never touch or destroy it: its threads are gone
-// and its mutexes may be held).
-std::map<int, std::shared_ptr<ThreadPool>>* g_pools = nullptr;
+// A pool per requested size, the most recently used first: the decoder and the augmentation
+// kernels may ask for different sizes in alternation, which must not tear pools down and rebuild
+// them every batch; at most kCachedPools sizes are kept, so a sweep over thread counts cannot pile
+// up threads. Heap-held so that a forked child can abandon the parent's (never touch or destroy
+// it: its threads are gone and its mutexes may be held).
+using Pools = std::list<std::pair<int, std::shared_ptr<ThreadPool>>>;
+constexpr size_t kCachedPools = 3;
+Pools* g_pools = nullptr;
 pid_t g_pools_pid = 0;
 
-std::map<int, std::shared_ptr<ThreadPool>>& pools_locked() {
+Pools& pools_locked() {
   if (!g_pools || g_pools_pid != getpid()) {
-    g_pools = new std::map<int, std::shared_ptr<ThreadPool>>();
+    g_pools = new Pools();
     g_pools_pid = getpid();
   }
   return *g_pools;
@@ -148,9 +152,21 @@ std::shared_ptr<ThreadPool> get_pool(int num_threads) {
     throw InvalidArgument("num_threads must be within 1.." + std::to_string(kMaxThreads) + ", got " +
                           std::to_string(num_threads));
   if (num_threads == 0) num_threads = default_num_threads();
+  std::shared_ptr<ThreadPool> evicted;  // released after the lock: its destructor joins threads
   std::lock_guard<std::mutex> lock(g_pool_mutex);
-  std::shared_ptr<ThreadPool>& pool = pools_locked()[num_threads];
-  if (!pool) pool = std::make_shared<ThreadPool>(num_threads);
+  Pools& pools = pools_locked();
+  for (auto it = pools.begin(); it != pools.end(); ++it) {
+    if (it->first == num_threads) {
+      pools.splice(pools.begin(), pools, it);  // most recently used first
+      return pools.front().second;
+    }
+  }
+  auto pool = std::make_shared<ThreadPool>(num_threads);
+  pools.emplace_front(num_threads, pool);
+  if (pools.size() > kCachedPools) {
+    evicted = std::move(pools.back().second);  // callers still holding it keep it alive
+    pools.pop_back();
+  }
   return pool;
 }
 
@@ -163,7 +179,7 @@ int pool_threads() {
 }
 
 void shutdown_pool() {
-  std::map<int, std::shared_ptr<ThreadPool>> old;
+  Pools old;
   {
     std::lock_guard<std::mutex> lock(g_pool_mutex);
     if (!g_pools || g_pools_pid != getpid()) return;

@@ -48,7 +48,8 @@ constexpr int kMaxThreads = 1024;
 int default_num_threads();
 
 // The process's pool of `num_threads` workers (0: default_num_threads()), created lazily, one per
-// size asked for, and created anew in a forked child, whose copy of the parent's has no threads
+// size asked for (the three most recently used sizes are kept), and created anew in a forked
+// child, whose copy of the parent's has no threads
 // (a pthread_atfork handler keeps the registry's lock consistent across fork). Throws
 // InvalidArgument when num_threads is outside 0..kMaxThreads.
 std::shared_ptr<ThreadPool> get_pool(int num_threads);

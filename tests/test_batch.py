@@ -9,7 +9,8 @@ import torch
 
 import gpupipe
 from gpupipe import _C
-from helpers import encode, photo, stress
+from helpers import BACKEND_DEVICES, encode, photo, stress
+from test_backends import assert_close_to_core
 
 
 @pytest.fixture(scope="module")
@@ -90,22 +91,26 @@ def bad_batch(batch):
     return datas
 
 
-def test_on_error_raise_names_the_first_failure_after_the_whole_batch(bad_batch):
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICES)
+def test_on_error_raise_names_the_first_failure_after_the_whole_batch(bad_batch, backend, device):
     boxes = boxes_for([d if i not in (3, 7) else encode(photo(200, 300)) for i, d in enumerate(bad_batch)])
-    with pytest.raises(gpupipe.JpegError, match=r"sample 3: .*\(1 more failed") as info:
-        gpupipe.decode_crop_jpegs(bad_batch, boxes)
+    with pytest.raises(gpupipe.CorruptJpegError, match=r"sample 3: .*\(1 more failed") as info:
+        gpupipe.decode_crop_jpegs(bad_batch, boxes, backend=backend, device=device)
     assert set(info.value.errors) == {3, 7} and "Not a JPEG" in info.value.errors[7]
+    assert [f.kind for f in info.value.failures] == [gpupipe.ErrorKind.CORRUPT, gpupipe.ErrorKind.NOT_JPEG]
 
 
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICES)
 @pytest.mark.parametrize("policy", ["skip", "replace"])
-def test_on_error_skip_and_replace_report_every_failure(batch, bad_batch, policy):
+def test_on_error_skip_and_replace_report_every_failure(batch, bad_batch, policy, backend, device):
     boxes = boxes_for([d if i not in (3, 7) else encode(photo(200, 300)) for i, d in enumerate(bad_batch)])
-    r = gpupipe.decode_crop_jpegs(bad_batch, boxes, on_error=policy, num_threads=2)
+    r = gpupipe.decode_crop_jpegs(bad_batch, boxes, on_error=policy, num_threads=2, backend=backend, device=device)
     assert r.ok.tolist() == [i not in (3, 7) for i in range(len(batch))]
     assert set(r.errors) == {3, 7} and "Not a JPEG file" in r.errors[7]
+    assert r.kinds == {3: gpupipe.ErrorKind.CORRUPT, 7: gpupipe.ErrorKind.NOT_JPEG}
     assert (r.images[[3, 7]] == 0).all()  # nothing half-written: failed slots are zeros
     good = gpupipe.decode_crop_jpegs(batch, boxes)
-    torch.testing.assert_close(r.images[r.ok], good.images[r.ok], rtol=0, atol=0)
+    assert_close_to_core(r.images[r.ok.to(r.images.device)].cpu(), good.images[r.ok], backend, device)
 
 
 def test_box_outside_one_image_is_a_per_sample_value_error(batch):
@@ -177,6 +182,9 @@ def test_pools_are_kept_per_size_and_shut_down(batch):
     gpupipe.decode_crop_jpegs(batch, boxes, num_threads=2)
     gpupipe.decode_crop_jpegs(batch, boxes, num_threads=3)  # reused, not rebuilt
     assert _C.pool_threads() == 5
+    for k in range(2, 33):  # a sweep over thread counts keeps the three most recent pools only
+        gpupipe.decode_crop_jpegs(batch, boxes, num_threads=k)
+    assert _C.pool_threads() == 30 + 31 + 32
     _C.shutdown_pool()
     assert _C.pool_threads() == 0
 
