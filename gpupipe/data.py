@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from gpupipe import backends
 from gpupipe._backends.base import DecodeOptions
-from gpupipe._errors import ErrorKind
 from gpupipe.crops import CropSampler
 from gpupipe.policy import apply_policy, check_on_error, warn_corrupt
-from gpupipe.routing import as_buffers, decode_into, probe
+from gpupipe.routing import decode_into, plan_batch
 
 
 class DecodeCropDataset(torch.utils.data.Dataset):
@@ -28,17 +28,19 @@ class DecodeCropDataset(torch.utils.data.Dataset):
             drops (the failure is in ``last_failure``); ``"replace"``: a zero image; ``"raise"``:
             its error, naming the key.
         apply_exif_orientation: crop in the displayed frame.
+        backend: ``"cpu"`` (the C++ core) or ``"dali"`` (DALI's CPU operators); outputs are on the CPU.
     """
 
     def __init__(self, source, crop: CropSampler, *, seed: int = 0, on_error: str = "skip",
-                 apply_exif_orientation: bool = False):
+                 apply_exif_orientation: bool = False, backend: str = "cpu"):
         self.source = source
         self.crop = crop
         self.seed = int(seed)
         self.epoch = 0
         self.on_error = check_on_error(on_error)
         self.options = DecodeOptions(size=crop.size, resize=crop.resize, window=crop.window, dct_scaling=crop.dct_scaling,
-                                     apply_exif_orientation=apply_exif_orientation)
+                                     apply_exif_orientation=apply_exif_orientation,
+                                     backend=backends.resolve(backend, torch.device("cpu")))
         self.last_failure = None
 
     def set_epoch(self, epoch: int) -> None:
@@ -51,17 +53,11 @@ class DecodeCropDataset(torch.utils.data.Dataset):
         key, label = self.source.keys[i], int(self.source.labels[i])
         out = torch.zeros((1, *self.crop.size, 3), dtype=torch.uint8)
         try:
-            buffers = as_buffers([self.source.read(i)])
-            read_error = None
-        except OSError as e:
-            buffers, read_error = [b""], f"read error: {e}"
-        infos = probe(buffers, self.options)
-        if read_error:
-            infos.fail(0, ErrorKind.READ, read_error)
-        h, w = infos.sizes(displayed=self.options.apply_exif_orientation)
-        boxes, small = self.crop.plan(h, w, seed=self.seed, epoch=self.epoch, indices=[i])
-        for k, message in small.items():
-            infos.fail(k, ErrorKind.INVALID_ARGUMENT, message)
+            datas, errors = [self.source.read(i)], {}
+        except Exception as e:  # any failure of the source is this sample's, reported with its key
+            datas, errors = [b""], {0: f"read error: {type(e).__name__}: {e}"}
+        buffers, infos, boxes = plan_batch(datas, self.crop, self.options, seed=self.seed, epoch=self.epoch,
+                                           indices=[i], read_errors=errors)
         status = decode_into(buffers, boxes, out, self.options, infos=infos)
         failures = apply_policy(status, self.on_error, keys=[key])
         warn_corrupt(status, keys=[key])

@@ -113,6 +113,8 @@ def decode_crop_jpeg(
         torch.Size([3, 20, 30])
     """
     _check_mode(mode)
+    if window and size is None:
+        raise ValueError("window=True resamples a box to an output size: pass size=(h, w)")
     box = _box(top, left, height, width, resize=size is not None)
     out_hw = _as_size(size) if size is not None else (box[2], box[3])
     if size is None:
@@ -305,6 +307,8 @@ def decode_crop_jpegs(
     """
     _check_mode(mode)
     check_on_error(on_error)
+    if window and size is None:
+        raise ValueError("window=True resamples a box to an output size: pass size=(h, w)")
     if isinstance(datas, (bytes, bytearray, memoryview)):
         raise TypeError("datas must be a sequence of encoded images, not a single buffer")
     datas = datas if isinstance(datas, (list, tuple)) else list(datas)

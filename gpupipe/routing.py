@@ -43,11 +43,33 @@ def probe(buffers: Sequence, options: Optional[DecodeOptions] = None) -> HeaderI
     if options is None or options.non_jpeg == "pillow":
         others = np.flatnonzero(infos.kind == ErrorKind.NOT_JPEG)
         if len(others):
-            infos.pillow, failed = pillow.probe(buffers, others, infos.messages)
+            infos.pillow, failed = pillow.probe(buffers, others, infos.messages,
+                                                 options is not None and options.apply_exif_orientation)
             for i, (kind, message) in failed.items():
                 infos.table[i, -1] = int(kind)
                 infos.messages[i] = message
     return infos
+
+
+def plan_batch(datas: Sequence[Any], crop, options: DecodeOptions, *, seed: int, epoch: int, indices,
+               read_errors: Optional[dict] = None) -> tuple[list, HeaderInfos, np.ndarray]:
+    """What a batch needs before decoding, from its bytes: buffers, the headers (read once; the
+    samples in ``read_errors`` marked ``READ``), and the crop boxes drawn from each image's size as
+    displayed (the images too small for a crop that does not resize marked ``INVALID_ARGUMENT``).
+
+    Returns:
+        (buffers, infos, boxes): to hand to :func:`decode_into`.
+    """
+    read_errors = read_errors or {}
+    buffers = as_buffers([b"" if i in read_errors else d for i, d in enumerate(datas)])
+    infos = probe(buffers, options)
+    for i, message in read_errors.items():
+        infos.fail(i, ErrorKind.READ, message)
+    h, w = infos.sizes(displayed=options.apply_exif_orientation)
+    boxes, small = crop.plan(h, w, seed=seed, epoch=epoch, indices=indices)
+    for i, message in small.items():
+        infos.fail(i, ErrorKind.INVALID_ARGUMENT, message)
+    return buffers, infos, boxes
 
 
 def decode_into(datas: Sequence[Any], boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions, *,
@@ -96,7 +118,9 @@ def decode_into(datas: Sequence[Any], boxes: np.ndarray, out: torch.Tensor, opti
                 out[torch.from_numpy(rows).to(out.device)[sel]] = orientation.to_display(sub_out[sel], int(turn))
     if len(images):
         sub_out = torch.empty((len(images), *out.shape[1:]), dtype=torch.uint8, device=out.device)
-        status.merge(pillow.decode([buffers[i] for i in images], boxes[images], sub_out, options), images)
+        h, w = infos.sizes(displayed=options.apply_exif_orientation)
+        status.merge(pillow.decode([buffers[i] for i in images], boxes[images], sub_out, options,
+                                   [(h[i], w[i]) for i in images]), images)
         out[torch.from_numpy(images).to(out.device)] = sub_out
 
     failed = np.flatnonzero(~status.ok)
@@ -123,4 +147,4 @@ def _frames(rows: np.ndarray, boxes: np.ndarray, infos: HeaderInfos, options: De
             yield rows[sel], np.ascontiguousarray(stored[sel]), o[sel], transposed
 
 
-__all__ = ["decode_into", "probe", "DecodeOptions", "BatchStatus", "HeaderInfos", "Route", "BACKENDS"]
+__all__ = ["decode_into", "plan_batch", "probe", "DecodeOptions", "BatchStatus", "HeaderInfos", "Route", "BACKENDS"]

@@ -152,3 +152,15 @@ def test_backend_selection_and_clear_errors(monkeypatch, photos):
                         lambda device=None: "NVIDIA DALI is not installed: pip install gpupipe[dali]")
     with pytest.raises(RuntimeError, match=r"pip install gpupipe\[dali\]"):
         gpupipe.decode_crop_jpegs(photos, boxes, backend="dali")
+
+
+@pytest.mark.parametrize("backend,device", CASES)
+def test_what_gpu_decoders_cannot_honour_goes_to_the_cpu_core(photos, backend, device):
+    """A window resize (the GPU resizers crop first) and a strict decode (nvJPEG does not report
+    recoverable corruption) are the CPU core's: same pixels, route cpu-fallback."""
+    boxes = edge_boxes(photos, 64, 64).astype(np.float64) + [0.5, 0.25, -1.0, -0.5]
+    ref = gpupipe.decode_crop_jpegs(photos, boxes, size=32, window=True, dct_scaling=False)
+    got = gpupipe.decode_crop_jpegs(photos, boxes, size=32, window=True, dct_scaling=False, backend=backend, device=device)
+    assert got.routes == ["cpu-fallback"] * len(photos) and torch.equal(got.images.cpu(), ref.images)
+    strict = gpupipe.decode_crop_jpegs(photos, edge_boxes(photos, 16, 16), strict=True, backend=backend, device=device)
+    assert set(strict.routes) == {"cpu-fallback"}

@@ -177,6 +177,21 @@ def test_resize_center_crop_is_torchvisions_eval_transform():
     assert (cropped.images != exact.images).any()
 
 
+def test_resize_center_crop_boxes_never_leave_the_image():
+    """Each edge is computed once and the far one clamped: no box overshoots by an ulp (it did for
+    3% of sizes with crop == resize), and such images decode."""
+    import gpupipe
+
+    for sampler in (crops.ResizeCenterCrop(224, 224), crops.ResizeCenterCrop((224, 224), (224, 224)),
+                    crops.ResizeCenterCrop(224, 256)):
+        H, W = np.meshgrid(np.arange(225, 1000, 7), np.arange(225, 1400, 11))
+        b = sampler.boxes(H.ravel(), W.ravel())
+        assert (b[:, 0] + b[:, 2] <= H.ravel()).all() and (b[:, 1] + b[:, 3] <= W.ravel()).all()
+    jpeg = gpupipe._C.encode_jpeg(np.full((225, 225, 3), 90, np.uint8), 225, 225, 3)
+    box = crops.ResizeCenterCrop(224, 224).boxes([225], [225])
+    assert gpupipe.decode_crop_jpegs([jpeg], box, size=224, window=True).ok.all()
+
+
 def test_resize_center_crop_sizes_and_errors():
     s = crops.ResizeCenterCrop((200, 100), (300, 150))
     assert s.resized_sizes([1000], [10])[0].tolist() == [300] and s.boxes([600], [300]).tolist() == [[100, 50, 400, 200]]

@@ -15,7 +15,7 @@ import gpupipe
 from gpupipe import crops, sources
 from gpupipe._backends.base import DecodeOptions
 from gpupipe.routing import as_buffers, probe
-from helpers import BACKEND_DEVICES, encode, photo
+from helpers import BACKEND_DEVICES, encode, photo, run_child
 from test_orientation import with_orientation
 
 CROP = crops.RandomResizedCrop((40, 48))
@@ -125,3 +125,28 @@ def test_a_crop_larger_than_the_image_is_an_invalid_argument_with_its_key(messy_
     small = [f for f in loader.stats()["skipped"] if f.kind == gpupipe.ErrorKind.INVALID_ARGUMENT]
     assert small and all("smaller than the 125x125 crop" in f.message for f in small)
     assert any(f.key.endswith("gray.jpg") for f in small)  # 100x100
+
+
+def test_a_huge_non_jpeg_is_refused_from_its_header(tmp_path):
+    """The Pillow route checks max_pixels on the size Pillow reads from the header, before any pixel
+    is decoded (a 100 KB PNG of 9500x9500 must not grow the process); Pillow's own hard limit is a
+    PixelLimitError too. In a child: its peak memory is this call's alone."""
+    out = run_child("""
+        import io, resource, gpupipe
+        from PIL import Image
+
+        def png(side):
+            buf = io.BytesIO()
+            Image.new("1", (side, side)).save(buf, "PNG")
+            return buf.getvalue()
+
+        datas = [png(9500), png(13400)]  # over max_pixels; over 2x Pillow's MAX_IMAGE_PIXELS
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        r = gpupipe.decode_crop_jpegs(datas, [[0, 0, 8, 8]] * 2, on_error="skip")
+        grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+        assert grown < 20, grown
+        assert r.kinds == {0: gpupipe.ErrorKind.PIXEL_LIMIT, 1: gpupipe.ErrorKind.PIXEL_LIMIT}, r.kinds
+        assert "max_pixels" in r.errors[0] and "Pillow" in r.errors[1]
+        print("ok")
+    """)
+    assert out.stdout.strip() == "ok"

@@ -118,12 +118,14 @@ def _stderr_captured():
 
 
 def _is_decoder_message(line: str) -> bool:
-    return bool(line.strip()) and (_DALI_LOG.search(line) is not None or _LIBJPEG.match(line.strip()) is not None)
+    text = line.strip()
+    return bool(text) and (_DALI_LOG.search(text) is not None or _LIBJPEG.match(text) is not None)
 
 
-_DALI_LOG = re.compile(r"\[(ERROR|WARNING|INFO|DEBUG)\]|libjpeg|nvjpeg|DALI", re.IGNORECASE)
-# libjpeg's message formats (those of the libjpeg gpupipe links; DALI's bundled one shares them):
-# the text before the first conversion, at the start of a line.
+# DALI's logger: "[ERROR] [component] message" (with colour codes); libjpeg's message formats (those
+# of the libjpeg gpupipe links; DALI's bundled one shares them): the text before the first
+# conversion, at the start of a line. Anything else written meanwhile is passed on to stderr.
+_DALI_LOG = re.compile(r"^(\x1b\[[0-9;]*m)?\[(ERROR|WARNING|INFO|DEBUG)\] ?(\x1b\[[0-9;]*m)?\[[A-Za-z0-9_:. ]+\]")
 _LIBJPEG = re.compile("|".join(sorted({re.escape(f.split("%")[0]) for f in _C.LIBJPEG_MESSAGES
                                         if len(f.split("%")[0]) >= 8}, key=len, reverse=True)))
 

@@ -16,11 +16,14 @@ from gpupipe.limits import get_limits
 GPU_COLORSPACES = tuple(_C.COLORSPACES.index(c) for c in ("gray", "ycbcr", "rgb"))
 
 
-def gpu_eligible(infos: HeaderInfos, boxes: np.ndarray) -> np.ndarray:
+def gpu_eligible(infos: HeaderInfos, boxes: np.ndarray, options: DecodeOptions) -> np.ndarray:
     """bool [N]: samples a GPU decoder can take with our semantics. The rest (unreadable headers,
     CMYK/YCCK, images over max_pixels or with more scans than max_scans, boxes outside the image or
     fractional) go to the CPU core, which gives each its exact result or its exact error: gpupipe's
-    limits hold whatever the backend."""
+    limits hold whatever the backend. So does every sample of a ``window`` resize (the GPU resizers
+    crop first) and of a ``strict`` decode (nvJPEG does not report recoverable corruption)."""
+    if options.window or options.strict:
+        return np.zeros(len(boxes), dtype=bool)
     h, w = infos.column("height"), infos.column("width")
     t, l, bh, bw = np.asarray(boxes, dtype=np.float64).T
     inside = (t >= 0) & (l >= 0) & (bh >= 1) & (bw >= 1) & (t + bh <= h) & (l + bw <= w)
@@ -36,9 +39,9 @@ def decode_with_fallback(name: str, gpu_decode: Callable[[np.ndarray], None], bu
     ``out[indices]``; the others, and all of them when it raises, are decoded by the CPU core."""
     n = len(buffers)
     status = BatchStatus.empty(n)
-    eligible = gpu_eligible(infos, boxes)
-    reasons = {int(i): f"not decodable by {name} with gpupipe's semantics (header, color space, a limit or the box)"
-               for i in np.flatnonzero(~eligible)}
+    eligible = gpu_eligible(infos, boxes, options)
+    reasons = {int(i): f"not decodable by {name} with gpupipe's semantics (header, color space, a limit, the box, "
+                       "a window resize or strict)" for i in np.flatnonzero(~eligible)}
     gpu_idx = np.flatnonzero(eligible)
     if len(gpu_idx):
         try:

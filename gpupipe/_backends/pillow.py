@@ -27,10 +27,13 @@ def _open(data):
     return Image.open(io.BytesIO(bytes(data)))
 
 
-def probe(buffers: Sequence, indices, jpeg_messages: dict) -> tuple[dict, dict]:
+def probe(buffers: Sequence, indices, jpeg_messages: dict, orientation: bool = False) -> tuple[dict, dict]:
     """Headers of the files at ``indices`` that Pillow reads: ({index: (height, width, EXIF
-    orientation)}, {index: (ErrorKind, message)} for the rest, after libjpeg's message). Decodes
-    no pixels."""
+    orientation)}, {index: (ErrorKind, message)} for the rest, after libjpeg's message). Decodes no
+    pixels: the size is checked against ``max_pixels`` first, and EXIF is read only when
+    ``orientation`` is asked for (reading a PNG's EXIF loads its pixels)."""
+    from PIL import Image
+
     found, failed = {}, {}
     limit = get_limits().max_pixels
     for i in indices:
@@ -39,7 +42,10 @@ def probe(buffers: Sequence, indices, jpeg_messages: dict) -> tuple[dict, dict]:
                 warnings.simplefilter("ignore")  # Pillow's own bomb warning: gpupipe's limit is checked below
                 img = _open(buffers[i])
                 w, h = img.size
-                orientation = int(img.getexif().get(0x0112, 1)) if hasattr(img, "getexif") else 1
+        except Image.DecompressionBombError as e:  # Pillow's hard limit (2x its MAX_IMAGE_PIXELS)
+            failed[int(i)] = (ErrorKind.PIXEL_LIMIT, f"{e} (Pillow's own limit, which holds even above "
+                                                     "gpupipe's max_pixels)")
+            continue
         except Exception as e:
             reason = type(e).__name__ if type(e).__name__ == "UnidentifiedImageError" else f"{type(e).__name__}: {e}"
             failed[int(i)] = (ErrorKind.NOT_JPEG, f"{jpeg_messages.get(int(i), 'not a JPEG')} (nor an image Pillow "
@@ -49,18 +55,36 @@ def probe(buffers: Sequence, indices, jpeg_messages: dict) -> tuple[dict, dict]:
             failed[int(i)] = (ErrorKind.PIXEL_LIMIT, f"image is {w}x{h} = {h * w} pixels, over the max_pixels limit of "
                                                      f"{limit} (gpupipe.set_limits(max_pixels=...) raises it)")
             continue
-        found[int(i)] = (h, w, orientation if 1 <= orientation <= 8 else 1)
+        turn = 1
+        if orientation:
+            try:
+                turn = int(img.getexif().get(0x0112, 1))
+            except Exception:  # unreadable EXIF: no orientation, as Pillow's exif_transpose
+                turn = 1
+        found[int(i)] = (h, w, turn if 1 <= turn <= 8 else 1)
     return found, failed
 
 
-def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions) -> BatchStatus:
-    """Decodes each file with Pillow into its slot of ``out`` (uint8 NHWC, any device)."""
+def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions,
+           sizes: Sequence[tuple[int, int]]) -> BatchStatus:
+    """Decodes each file with Pillow into its slot of ``out`` (uint8 NHWC, any device); ``sizes``
+    are their (height, width) in the frame of the boxes (displayed when orientation is applied)."""
     from PIL import Image, ImageOps
 
     n = len(buffers)
     status = BatchStatus.empty(n)
     oh, ow = out.shape[1:3]
     for i in range(n):
+        t, l, h, w = (float(v) for v in boxes[i])
+        H, W = sizes[i]
+        if not (math.isfinite(t + l + h + w) and t >= 0 and l >= 0 and h > 0 and w > 0 and h <= H - t and w <= W - l):
+            status.fail(i, ErrorKind.INVALID_ARGUMENT, f"crop box {tuple(boxes[i])} is not inside the image of {W}x{H} "
+                                                       "(width x height)")
+            continue
+        if not options.resize and not all(v == int(v) for v in (t, l, h, w)):
+            status.fail(i, ErrorKind.INVALID_ARGUMENT, f"crop box {tuple(boxes[i])} is fractional: only a resized box "
+                                                       "(size=...) may be")
+            continue
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -68,10 +92,6 @@ def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Dec
                 if options.apply_exif_orientation:
                     img = ImageOps.exif_transpose(img)
                 img = img.convert("RGB" if options.mode == "rgb" else "L")
-                t, l, h, w = (float(v) for v in boxes[i])
-                if not (0 <= t and 0 <= l and h > 0 and w > 0 and t + h <= img.height and l + w <= img.width):
-                    raise ValueError(f"crop box {tuple(boxes[i])} is not inside the image of {img.width}x{img.height} "
-                                     "(width x height)")
                 if not options.resize:
                     img = img.crop((int(l), int(t), int(l + w), int(t + h)))
                 elif options.window:  # the filter reads around the box, up to the image's edges
@@ -82,9 +102,6 @@ def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Dec
                     img = img.resize((ow, oh), Image.BILINEAR, box=(l - x0, t - y0, l - x0 + w, t - y0 + h),
                                      reducing_gap=None)
                 pixels = np.array(img).reshape(oh, ow, -1)  # writable: torch.from_numpy warns on read-only
-        except ValueError as e:
-            status.fail(i, ErrorKind.INVALID_ARGUMENT, str(e))
-            continue
         except Exception as e:  # truncated or corrupt: Pillow's own message
             status.fail(i, ErrorKind.CORRUPT, f"Pillow could not decode it ({type(e).__name__}: {e})")
             continue
