@@ -23,6 +23,7 @@ import math
 import threading
 import time
 import weakref
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
@@ -31,11 +32,10 @@ import torch
 
 from gpupipe import backends
 from gpupipe._backends.base import BatchStatus, DecodeOptions, HeaderInfos, Route
-from gpupipe._errors import ErrorKind
 from gpupipe.crops import CropSampler
 from gpupipe.engine import Closed, Engine, StageTimes
 from gpupipe.policy import apply_policy, check_on_error
-from gpupipe.routing import as_buffers, decode_into, probe
+from gpupipe.routing import decode_into, plan_batch
 from gpupipe.sources import MapSource, Sample, Source, distributed_indices
 
 STAGES = ("read", "plan", "decode", "transfer", "augment")
@@ -52,8 +52,10 @@ class Batch:
     boxes: Optional[np.ndarray] = None
     augment_params: Any = None
     status: Optional[BatchStatus] = None
+    failures: list = dataclasses.field(default_factory=list)  #: the policy's SampleFailures
     images: Optional[torch.Tensor] = None  #: uint8 NHWC: a ring slot, or a device tensor
     slot: Optional[int] = None
+    ready: Optional[torch.cuda.Event] = None  #: recorded after a GPU decode, for the consumer's stream
 
     @property
     def indices(self) -> np.ndarray:
@@ -79,10 +81,14 @@ class _Stats:
         self.started: Optional[float] = None
         self.last: Optional[float] = None
 
-    def record(self, batch: Batch, failures: list, on_error: str) -> None:
+    def record(self, batch: Batch, delivered: int, on_error: str) -> None:
+        """A batch handed to the consumer: its images, failures, warnings and routes."""
         status, keys = batch.status, batch.keys
         with self.lock:
-            (self.skipped if on_error == "skip" else self.replaced).extend(failures)
+            self.batches += 1
+            self.images += delivered
+            self.last = time.perf_counter()
+            (self.skipped if on_error == "skip" else self.replaced).extend(batch.failures)
             self.warnings += [(keys[i], m) for i, m in sorted(status.warnings.items())]
             self.fallback += [(keys[i], m) for i, m in sorted(status.fallback.items())]
             for r in status.route[status.ok]:
@@ -150,10 +156,6 @@ class _Ring:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-
-
-def read_failure(error: BaseException) -> str:
-    return f"read error: {type(error).__name__}: {error}"
 
 
 class Loader:
@@ -249,6 +251,7 @@ class Loader:
         self.epoch = 0
         self._stats = _Stats()
         self._resume: Optional[tuple[int, int]] = None  # (epoch, first batch) of a restored run
+        self._fingerprint: Optional[str] = None
         self._done = (0, 0)  # (epoch, batches yielded) of the latest iteration
 
     # --- sampling ---------------------------------------------------------------------------------
@@ -286,16 +289,25 @@ class Loader:
         epoch, done = self._done
         return {"version": 1, "epoch": epoch, "batches": done, "seed": self.seed, "shuffle": self.shuffle,
                 "batch_size": self.batch_size, "drop_last": self.drop_last, "rank": self.rank,
-                "world_size": self.world_size,
-                "num_samples": len(self.source) if isinstance(self.source, MapSource) else None}
+                "world_size": self.world_size, "crop": repr(self.crop), "source": self._source_fingerprint()}
+
+    def _source_fingerprint(self) -> str:
+        """What identifies the dataset: its length and a hash of its keys (map-style), its shards."""
+        if self._fingerprint is None:
+            keys = self.source.keys if isinstance(self.source, MapSource) else getattr(self.source, "paths", [])
+            self._fingerprint = f"{len(keys)}:{zlib.crc32(chr(10).join(map(str, keys)).encode()):08x}"
+        return self._fingerprint
 
     def load_state_dict(self, state: dict) -> None:
         """Resumes at the batch after those ``state`` counted, in ``state["epoch"]`` (which
-        ``set_epoch`` is set to; calling ``set_epoch`` with the same epoch keeps the position)."""
+        ``set_epoch`` is set to; calling ``set_epoch`` with the same epoch keeps the position). A
+        state taken after a whole epoch resumes at that epoch's first batch, as an uninterrupted
+        run's next iteration would. A state of another configuration (seed, batch size, sampler,
+        ranks, dataset) is refused."""
         if state.get("version") != 1:
             raise ValueError(f"unknown Loader state version {state.get('version')!r}")
         mine = self.state_dict()
-        for k in ("seed", "shuffle", "batch_size", "drop_last", "rank", "world_size", "num_samples"):
+        for k in ("seed", "shuffle", "batch_size", "drop_last", "rank", "world_size", "crop", "source"):
             if state[k] != mine[k]:
                 raise ValueError(f"the state was taken with {k}={state[k]!r}, this Loader has {k}={mine[k]!r}")
         self.epoch = int(state["epoch"])
@@ -369,27 +381,23 @@ class _Epoch:
 
     def read(self, batch: Batch) -> Batch:
         def one(sample: Sample):
+            if sample.error is not None:
+                return _ReadFailure(sample.error)
             if sample.data is not None:
                 return sample.data
             try:
                 return self.l.source.read(sample.index)
-            except OSError as e:
-                return e
+            except Exception as e:  # the sample's failure (kind READ), never the epoch's
+                return _ReadFailure(f"read error: {type(e).__name__}: {e}")
 
         batch.datas = list(self.reader.map(one, batch.samples))
         return batch
 
     def plan(self, batch: Batch) -> Batch:
         l = self.l
-        errors = {i: read_failure(d) for i, d in enumerate(batch.datas) if isinstance(d, BaseException)}
-        batch.datas = as_buffers([b"" if i in errors else d for i, d in enumerate(batch.datas)])
-        batch.infos = probe(batch.datas, l.options)
-        for i, message in errors.items():
-            batch.infos.fail(i, ErrorKind.READ, message)
-        h, w = batch.infos.sizes(displayed=l.options.apply_exif_orientation)
-        batch.boxes, small = l.crop.plan(h, w, seed=l.seed, epoch=l.epoch, indices=batch.indices)
-        for i, message in small.items():
-            batch.infos.fail(i, ErrorKind.INVALID_ARGUMENT, message)
+        errors = {i: d.message for i, d in enumerate(batch.datas) if isinstance(d, _ReadFailure)}
+        batch.datas, batch.infos, batch.boxes = plan_batch(batch.datas, l.crop, l.options, seed=l.seed, epoch=l.epoch,
+                                                           indices=batch.indices, read_errors=errors)
         if self.augment_keyed:
             batch.augment_params = l.augment.sample_params(len(batch.samples), seed=l.seed, epoch=l.epoch,
                                                            indices=torch.from_numpy(batch.indices))
@@ -405,68 +413,104 @@ class _Epoch:
             batch.images = torch.empty((n, *l.crop.size, 3), dtype=torch.uint8, device=l.device)
         try:
             batch.status = decode_into(batch.datas, batch.boxes, batch.images, l.options, infos=batch.infos)
-            l._stats.record(batch, apply_policy(batch.status, l.on_error, batch.keys), l.on_error)
+            batch.failures = apply_policy(batch.status, l.on_error, batch.keys)
         except BaseException:
             self.release(batch)
             raise
+        if batch.images.is_cuda:  # the consumer's stream must wait for this thread's decode work
+            batch.ready = torch.cuda.Event()
+            batch.ready.record()
         return batch
 
     def finish(self, batch: Batch):
-        """(images, labels) of a decoded batch: the policy's drop, the device, augment, batch_transform."""
+        """(images, labels) of a decoded batch, on the consumer's side of the queue."""
         l = self.l
-        n = len(batch.samples)
-        images = batch.images.permute(0, 3, 1, 2)  # NCHW view of NHWC memory: channels-last
+        images, labels, indices, params = self._kept(batch)
+        t0 = time.perf_counter()
+        images = self._to_device(batch, images)
+        labels = labels.to(l.device, non_blocking=True)
+        l._stats.times.add("transfer", time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        if l.augment is not None:
+            images = l.augment(images, params=params) if self.augment_keyed else l.augment(images)
+            if batch.slot is not None and images.untyped_storage().data_ptr() == batch.images.untyped_storage().data_ptr():
+                images = images.clone()  # the module handed back the ring slot itself
+        self.release(batch)
+        if l.batch_transform is not None:
+            if self.transform_keyed:
+                p = l.batch_transform.sample_params(images.shape[0], seed=l.seed, epoch=l.epoch, indices=indices)
+                images, labels = l.batch_transform(images, labels, params=p)
+            else:
+                images, labels = l.batch_transform(images, labels)
+        if l.augment is not None or l.batch_transform is not None:
+            l._stats.times.add("augment", time.perf_counter() - t0)
+        return _Finished(images, labels, batch)
+
+    def _kept(self, batch: Batch):
+        """The batch's images (NCHW view of the NHWC slot), labels, indices and augmentation
+        parameters, without the failed samples when the policy skips them (a copy: the slot is
+        released at once)."""
+        images = batch.images.permute(0, 3, 1, 2)
         labels = torch.tensor([s.label for s in batch.samples], dtype=torch.int64)
         indices = torch.from_numpy(batch.indices)
         params = batch.augment_params
-        if l.on_error == "skip" and not batch.status.ok.all():
+        if self.l.on_error == "skip" and not batch.status.ok.all():
             keep = torch.from_numpy(batch.status.ok)
-            images, labels, indices = images[keep.to(images.device)], labels[keep], indices[keep]  # copies
-            params = _rows(params, keep, n)
+            if batch.ready is not None:
+                torch.cuda.current_stream(self.l.device).wait_event(batch.ready)
+            images, labels, indices = images[keep.to(images.device)], labels[keep], indices[keep]
+            params = _rows(params, keep, len(batch.samples))
             self.release(batch)
+        return images, labels, indices, params
 
-        t0 = time.perf_counter()
-        if l.device.type == "cuda" and images.device.type != "cuda":
+    def _to_device(self, batch: Batch, images: torch.Tensor) -> torch.Tensor:
+        """The images on the Loader's device, ordered after the work that produced them; a ring slot
+        is released once nothing reads it any more (its CUDA copy done, or a CPU copy made)."""
+        l = self.l
+        if l.device.type != "cuda":
+            if batch.slot is not None and l.augment is None:
+                images = images.clone(memory_format=torch.channels_last)  # the slot is reused
+                self.release(batch)
+            return images
+        consumer = torch.cuda.current_stream(l.device)
+        if images.device.type != "cuda":  # host ring -> device, on a side stream
             with torch.cuda.stream(self.stream):
                 images = images.to(l.device, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record(self.stream)
-            torch.cuda.current_stream(l.device).wait_event(event)
+            consumer.wait_event(event)
             self.release(batch, event)
-        elif batch.slot is not None and l.augment is None:
-            images = images.clone(memory_format=torch.channels_last)  # the slot is reused
-            self.release(batch)
-        labels = labels.to(l.device, non_blocking=True)
-        l._stats.times.add("transfer", time.perf_counter() - t0)
-
-        if l.augment is not None:
-            t0 = time.perf_counter()
-            images = l.augment(images, params=params) if self.augment_keyed else l.augment(images)
-            if batch.slot is not None and images.untyped_storage().data_ptr() == batch.images.untyped_storage().data_ptr():
-                images = images.clone()  # the module returned the slot itself
-            self.release(batch)
-            if l.batch_transform is not None:
-                images, labels = self._transform(images, labels, indices)
-            l._stats.times.add("augment", time.perf_counter() - t0)
-        elif l.batch_transform is not None:
-            images, labels = self._transform(images, labels, indices)
-        with l._stats.lock:
-            l._stats.batches += 1
-            l._stats.images += images.shape[0]
-            l._stats.last = time.perf_counter()
-        return images, labels
-
-    def _transform(self, images, labels, indices):
-        l = self.l
-        if self.transform_keyed:
-            params = l.batch_transform.sample_params(images.shape[0], seed=l.seed, epoch=l.epoch, indices=indices)
-            return l.batch_transform(images, labels, params=params)
-        return l.batch_transform(images, labels)
+        elif batch.ready is not None:  # decoded on the GPU by the decode thread
+            consumer.wait_event(batch.ready)
+        # Allocated on another stream and read on the consumer's: the caching allocator must not
+        # hand the memory out again before the consumer's work on it is done.
+        for t in {id(images): images, id(batch.images): batch.images}.values():
+            if t.is_cuda:
+                t.record_stream(consumer)
+        return images
 
     def release(self, batch: Batch, event=None) -> None:
         if batch.slot is not None:
             self.ring.release(batch.slot, event)
             batch.slot = None
+
+
+class _Finished:
+    """A batch ready for the consumer."""
+
+    __slots__ = ("images", "labels", "batch")
+
+    def __init__(self, images, labels, batch):
+        self.images, self.labels, self.batch = images, labels, batch
+
+
+class _ReadFailure:
+    """A sample whose bytes could not be read, in place of its bytes."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str):
+        self.message = message
 
 
 class _LoaderIterator:
@@ -502,17 +546,20 @@ class _LoaderIterator:
                 st.started = time.perf_counter()
         try:
             item = next(self.epoch.engine)
-            result = item if isinstance(item, tuple) else self.epoch.finish(item)
+            done = item if isinstance(item, _Finished) else self.epoch.finish(item)
+        except StopIteration:
+            self.l._done = (self.l.epoch, 0)  # the epoch is complete: a restored run starts it over
+            self.close()
+            raise
         except BaseException:
             self.close()
             raise
         self.done += 1
         self.l._done = (self.l.epoch, self.done)
-        with st.lock:
-            st.last = time.perf_counter()
+        st.record(done.batch, done.images.shape[0], self.l.on_error)  # counted when delivered
         if self._bar is not None:
             self._bar.update(1)
-        return result
+        return done.images, done.labels
 
 
 __all__ = ["Loader", "Batch"]

@@ -32,6 +32,7 @@ class Sample(NamedTuple):
     key: str  #: a path, or ``shard:member``
     label: int
     data: Optional[bytes]  #: the encoded bytes, or None when the Loader reads them (``source.read(index)``)
+    error: Optional[str] = None  #: why the sample could not be read (a bad label, an unreadable shard)
 
 
 @runtime_checkable
@@ -131,13 +132,22 @@ class TarShards:
 
     Each epoch, shards are shuffled (by seed and epoch), split across ranks by shard, read in
     order, and samples are shuffled within a bounded buffer (``shuffle_buffer``).
+
+    Under ``torch.distributed`` the ranks' shards may hold different numbers of samples, and a rank
+    that runs out first leaves the others waiting in their collectives: pass ``samples_per_rank``
+    (e.g. ``total // world_size``) to give every rank exactly that many samples per epoch (its
+    stream cut there, or started over with another shuffle), as WebDataset's ``with_epoch`` does.
     """
 
-    def __init__(self, paths: Sequence[str | os.PathLike], shuffle_buffer: int = 1000):
+    def __init__(self, paths: Sequence[str | os.PathLike], shuffle_buffer: int = 1000,
+                 samples_per_rank: Optional[int] = None):
         self.paths = [os.fspath(p) for p in paths]
         if not self.paths:
             raise ValueError("no shards given")
         self.shuffle_buffer = int(shuffle_buffer)
+        if samples_per_rank is not None and samples_per_rank < 1:
+            raise ValueError(f"samples_per_rank must be >= 1, got {samples_per_rank}")
+        self.samples_per_rank = samples_per_rank
 
     def shards_for(self, *, epoch: int, seed: int, rank: int, world_size: int, shuffle: bool) -> list:
         order = list(range(len(self.paths)))
@@ -146,40 +156,84 @@ class TarShards:
         return [self.paths[i] for i in order[rank::world_size]]
 
     @staticmethod
-    def read_shard(path: str) -> Iterator[tuple[str, int, bytes]]:
-        """(key, label, image bytes) per sample, in the shard's order."""
+    def read_shard(path: str) -> Iterator[tuple]:
+        """(key, label, image bytes, error) per sample, in the shard's order. A sample whose label
+        is not an integer, and a shard that cannot be read (truncated, not a tar), come out as one
+        record with the error, so the stream goes on with the next sample or shard."""
         current, parts = None, {}
-        with tarfile.open(path, "r|*") as tar:
-            for member in tar:
-                if not member.isfile():
-                    continue
-                base = os.path.basename(member.name)
-                key = os.path.join(os.path.dirname(member.name), base.split(".", 1)[0])
-                ext = base.split(".", 1)[1].lower() if "." in base else ""
-                if current is not None and key != current:
-                    yield from TarShards._sample(current, parts, path)
-                    parts = {}
-                current = key
-                parts[ext] = tar.extractfile(member).read()
-            if current is not None:
-                yield from TarShards._sample(current, parts, path)
+        try:
+            with tarfile.open(path, "r|*") as tar:
+                for member in tar:
+                    if not member.isfile():
+                        continue
+                    base = os.path.basename(member.name)
+                    key = os.path.join(os.path.dirname(member.name), base.split(".", 1)[0])
+                    ext = base.split(".", 1)[1].lower() if "." in base else ""
+                    if current is not None and key != current:
+                        yield from TarShards._sample(current, parts, path)
+                        parts = {}
+                    current = key
+                    parts[ext] = tar.extractfile(member).read()
+        except (tarfile.TarError, OSError, EOFError) as e:
+            yield f"{path}", -1, None, f"unreadable shard ({type(e).__name__}: {e}); the rest of it is skipped"
+            return
+        if current is not None:
+            yield from TarShards._sample(current, parts, path)
+        if not TarShards._ends_properly(path):  # tarfile takes a cut-off header for the end: say so
+            yield f"{path}", -1, None, ("unreadable shard (truncated: no end-of-archive blocks); the samples after "
+                                        "the damage are lost")
+
+    @staticmethod
+    def _ends_properly(path: str) -> bool:
+        """A tar archive is whole 512-byte blocks ending with two zero blocks (uncompressed shards;
+        a compressed one is checked by its decompressor)."""
+        try:
+            with open(path, "rb") as f:
+                if f.read(2) in (b"\x1f\x8b", b"BZ", b"\xfd7"):  # gzip, bzip2, xz
+                    return True
+                size = f.seek(0, os.SEEK_END)
+                if size % 512:
+                    return False
+                f.seek(max(0, size - 1024))
+                return not any(f.read(1024))
+        except OSError:
+            return False
 
     @staticmethod
     def _sample(key: str, parts: dict, shard: str):
         image = next((parts[e] for e in parts if e in ("jpg", "jpeg", "png", "webp", "ppm", "bmp")), None)
         if image is None:
             return  # a key without an image (e.g. metadata only) is not a sample
-        label = int(parts["cls"].decode().strip()) if "cls" in parts else -1
-        yield f"{shard}:{key}", label, image
+        try:
+            label = int(parts["cls"].decode().strip()) if "cls" in parts else -1
+        except (ValueError, UnicodeDecodeError):
+            yield f"{shard}:{key}", -1, None, f"the label {parts['cls'][:32]!r} in {key}.cls is not an integer"
+            return
+        yield f"{shard}:{key}", label, image, None
 
     def epoch_samples(self, *, epoch, seed, shuffle, rank, world_size, drop_last=False, start=0) -> Iterator[Sample]:
         """This rank's samples in stream order; a sample's index is ``pos * world_size + rank``.
-        Resuming at ``start`` reads and drops the first ``start`` samples (no decoding)."""
-        stream = self.iter_samples(epoch=epoch, seed=seed, rank=rank, world_size=world_size, shuffle=shuffle)
-        for pos, (key, label, data) in enumerate(itertools.islice(stream, start, None), start):
-            yield Sample(pos * world_size + rank, key, label, data)
+        Resuming at ``start`` reads and drops the first ``start`` samples (no decoding). With
+        ``samples_per_rank``, the stream is cut at, or cycled up to, that many samples."""
+        def stream(cycle: int):
+            return self.iter_samples(epoch=epoch + cycle * 1_000_003, seed=seed, rank=rank, world_size=world_size,
+                                     shuffle=shuffle)
 
-    def iter_samples(self, *, epoch: int, seed: int, rank: int, world_size: int, shuffle: bool) -> Iterator[tuple[str, int, bytes]]:
+        def cycled():  # the rank's stream again and again (another shuffle each time), if it has any
+            for cycle in itertools.count():
+                count = 0
+                for record in stream(cycle):
+                    count += 1
+                    yield record
+                if count == 0:
+                    return
+
+        records = stream(0) if self.samples_per_rank is None else itertools.islice(cycled(), self.samples_per_rank)
+        for pos, (key, label, data, error) in enumerate(itertools.islice(records, start, None), start):
+            yield Sample(pos * world_size + rank, key, label, data, error)
+
+    def iter_samples(self, *, epoch: int, seed: int, rank: int, world_size: int, shuffle: bool) -> Iterator[tuple]:
+        """(key, label, bytes, error) records of this rank's shards, shuffled within the buffer."""
         rng = np.random.default_rng([seed, epoch, rank, 0xB0F])
         buffer = []
         for shard in self.shards_for(epoch=epoch, seed=seed, rank=rank, world_size=world_size, shuffle=shuffle):

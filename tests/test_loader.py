@@ -330,3 +330,50 @@ def test_loader_and_dataset_take_resize_center_crop(folder):
     assert torch.equal(images, ref.images)
     ds = gpupipe.data.DecodeCropDataset(src, crop)
     assert torch.equal(ds[5][0], ref.images[5])
+
+
+def test_tar_shards_with_bad_samples_go_on_and_report_them(folder, tmp_path):
+    import tarfile
+
+    root, samples = folder
+    good = sources.write_tar_shards(((f"s{i:04d}", label, Path(p).read_bytes(), "jpg") for p, label, i in samples[:20]),
+                                    tmp_path / "good", samples_per_shard=10)
+    bad_label = tmp_path / "bad_label.tar"
+    with tarfile.open(bad_label, "w") as tar:
+        for name, payload in (("x.jpg", Path(samples[0][0]).read_bytes()), ("x.cls", b"cat")):
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    truncated = tmp_path / "truncated.tar"
+    truncated.write_bytes(Path(good[0]).read_bytes()[:3000])
+    loader = gpupipe.Loader(sources.TarShards(good + [str(bad_label), str(truncated)]), batch_size=8,
+                            crop=crops.CenterCrop(32), shuffle=False)
+    got, _ = all_indices(loader)
+    assert set(got) == set(range(20)) and len(got) >= 20  # plus what the truncated shard held before the damage
+    failures = {os.path.basename(f.key): f for f in loader.stats()["skipped"]}
+    assert failures["bad_label.tar:x"].kind == gpupipe.ErrorKind.READ and "not an integer" in failures["bad_label.tar:x"].message
+    assert failures["truncated.tar"].kind == gpupipe.ErrorKind.READ and "unreadable shard" in failures["truncated.tar"].message
+
+
+def test_tar_shards_samples_per_rank_keep_ranks_in_step(folder, tmp_path):
+    root, samples = folder
+    paths = sources.write_tar_shards(((f"s{i:04d}", label, Path(p).read_bytes(), "jpg") for p, label, i in samples),
+                                     tmp_path, samples_per_shard=25)  # 3 shards of 25, 25, 10
+    counts = []
+    for rank in range(2):
+        src = sources.TarShards(paths, samples_per_rank=30)
+        loader = gpupipe.Loader(src, batch_size=8, crop=crops.CenterCrop(32), rank=rank, world_size=2)
+        counts.append([x.shape[0] for x, _ in loader])
+    assert counts[0] == counts[1] == [8, 8, 8, 6]
+
+
+def test_stats_count_what_was_delivered_and_an_all_failed_batch_is_empty(messy):
+    loader = gpupipe.Loader(sources.ImageFolder(messy), batch_size=1, crop=crops.CenterCrop(32), shuffle=False,
+                            prefetch=3)
+    it = iter(loader)
+    next(it)
+    time.sleep(0.3)  # the stages run ahead; stats() must not count their batches yet
+    assert loader.stats()["batches"] == 1 and loader.stats()["images"] == 1
+    shapes = [x.shape[0] for x, _ in it]
+    assert shapes.count(0) == 3  # the three failed samples: empty batches keep ranks in step
+    del it

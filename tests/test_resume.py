@@ -156,3 +156,24 @@ def test_keyed_modules_get_the_batch_indices(folder):
     list(loader)
     assert [i for _, _, idx in seen for i in idx] == loader.indices().tolist()
     assert {(s, e) for s, e, _ in seen} == {(4, 3)}
+
+
+def test_a_state_taken_after_a_whole_epoch_resumes_as_the_next_iteration_would(folder):
+    a = make_loader(sources.ImageFolder(folder))
+    first = [x.clone() for x, _ in a]
+    state = a.state_dict()
+    assert state["batches"] == 0  # nothing in progress
+    again = [x.clone() for x, _ in a]  # the uninterrupted run's next iteration
+    b = make_loader(sources.ImageFolder(folder))
+    b.load_state_dict(state)
+    restored = [x for x, _ in b]
+    assert len(restored) == len(again) == len(first)
+    assert all(torch.equal(x, y) for x, y in zip(restored, again))
+
+
+def test_a_state_of_another_dataset_is_refused(folder, tmp_path):
+    other = tmp_path / "other"
+    make_image_folder(str(other), classes=("a", "b", "c"))  # same length, other files
+    state = make_loader(sources.ImageFolder(folder)).state_dict()
+    with pytest.raises(ValueError, match="source"):
+        make_loader(sources.ImageFolder(str(other))).load_state_dict(state)

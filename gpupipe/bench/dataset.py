@@ -291,8 +291,8 @@ class PilTarDataset(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         samples = self.source.iter_samples(epoch=self.epoch, seed=self.seed, rank=0, world_size=1, shuffle=True)
-        for k, (_, label, data) in enumerate(samples):
-            if k % workers == worker:
+        for k, (_, label, data, error) in enumerate(samples):
+            if k % workers == worker and error is None:
                 yield self.transform(_pil_rgb(data)), int(label)
 
 
