@@ -48,15 +48,24 @@ def one_input(buf: bytes) -> None:
     size = (1 + p[5] % 40, 1 + p[6] % 40) if p[4] & 4 else None
     if size is not None and p[4] & 8:
         box = [box[0] + (p[6] & 3) / 4, box[1], box[2] - (p[6] & 3) / 8, box[3]]
+    window = size is not None and bool(p[4] & 32)
+    oriented = bool(p[4] & 64)
     try:
-        check_crop(gpupipe.decode_crop_jpeg(data, *box, mode=mode, strict=strict, size=size,
-                                            dct_scaling=bool(p[4] & 16)), size, box, mode)
+        check_crop(gpupipe.decode_crop_jpeg(data, *box, mode=mode, strict=strict, size=size, window=window,
+                                            dct_scaling=bool(p[4] & 16), apply_exif_orientation=oriented),
+                   size, box, mode)
     except ERRORS:
         pass
-    boxes = np.array([box, [0, 0, 1, 1]], dtype=np.float64 if size is not None else np.int64)
-    batch = gpupipe.decode_crop_jpegs([data, data[: len(data) // 2]], boxes, size=size if size else (1, 1),
-                                      mode=mode, strict=strict, on_error="skip", num_threads=1 + p[7] % 2)
-    if tuple(batch.images.shape[2:]) != (size if size else (1, 1)) or len(batch.ok) != 2:
+    if size is None:  # a crop batch: every box of one size
+        boxes = np.array([box, box], dtype=np.int64)
+        expected = (int(box[2]), int(box[3]))
+    else:
+        boxes = np.array([box, [0, 0, 1, 1]], dtype=np.float64)
+        expected = size
+    batch = gpupipe.decode_crop_jpegs([data, data[: len(data) // 2]], boxes, size=size, window=window, mode=mode,
+                                      strict=strict, on_error="skip", num_threads=1 + p[7] % 2,
+                                      apply_exif_orientation=oriented)
+    if tuple(batch.images.shape[2:]) != expected or len(batch.ok) != 2:
         raise AssertionError("batch of the wrong shape")
     if p[7] & 4:
         try:

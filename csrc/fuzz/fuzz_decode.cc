@@ -56,6 +56,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* input, size_t size) {
   if (req.resize && (p[7] & 1)) {  // a fractional window, as ResizeCenterCrop makes
     req.box.top += (p[5] & 7) / 8.0;
     req.box.height = std::max(0.125, req.box.height - (p[6] & 7) / 4.0);
+    req.window = (p[7] & 4) != 0;  // resampled with the filter's reach around it
   }
   const int channels = channels_of(req.mode);
   try {
