@@ -40,6 +40,8 @@ def backends_available() -> dict:
 
 def resolve(backend: str, device: torch.device) -> str:
     """The backend that runs for (backend, device); raises a clear error when it cannot."""
+    if device.type == "cpu" and (backend == "auto" or backend == "cpu"):
+        return "cpu"  # the common case, first
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if device.type not in ("cpu", "cuda"):

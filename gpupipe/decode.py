@@ -38,6 +38,8 @@ def _as_size(size: Size) -> tuple[int, int]:
 def _box(top, left, height, width, resize: bool) -> tuple:
     """The box as whole pixels, or as floats when it is resized (a fractional box is resampled
     exactly); a fractional crop without a resize is an error."""
+    if not resize and type(top) is type(left) is type(height) is type(width) is int:
+        return top, left, height, width  # the common case, checked by the decoder
     box = tuple(float(v) for v in (top, left, height, width))
     if resize:
         return box
@@ -116,15 +118,17 @@ def decode_crop_jpeg(
     if window and size is None:
         raise ValueError("window=True resamples a box to an output size: pass size=(h, w)")
     box = _box(top, left, height, width, resize=size is not None)
-    out_hw = _as_size(size) if size is not None else (box[2], box[3])
-    if size is None:
-        check_output_size(*out_hw)
+    out_hw = _as_size(size) if size is not None else (box[2], box[3])  # (a crop's is checked when decoded)
     device = torch.device(device)
     name = backends.resolve(backend, device)
-    batch_kw = dict(size=size, mode=mode, strict=strict, dct_scaling=dct_scaling, backend=name, device=device,
-                    apply_exif_orientation=apply_exif_orientation, window=window, non_jpeg=non_jpeg)
+
+    def batch_path():
+        return decode_crop_jpegs([data], [box], size=size, mode=mode, strict=strict, dct_scaling=dct_scaling,
+                                 backend=name, device=device, apply_exif_orientation=apply_exif_orientation,
+                                 window=window, non_jpeg=non_jpeg).images[0]
+
     if name != "cpu" or device.type != "cpu" or apply_exif_orientation:  # the batch path: one sample
-        return decode_crop_jpegs([data], [box], **batch_kw).images[0]
+        return batch_path()
     if torch.compiler.is_compiling():
         if not isinstance(data, torch.Tensor):
             data = torch.frombuffer(bytearray(data), dtype=torch.uint8)
@@ -138,7 +142,7 @@ def decode_crop_jpeg(
     except NotAJpegError:
         if non_jpeg != "pillow":
             raise
-        return decode_crop_jpegs([data], [box], **batch_kw).images[0]  # Pillow's route, if it reads the file
+        return batch_path()  # Pillow's route, if it reads the file
     return hwc.permute(2, 0, 1)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
+import torch
+
 from gpupipe import _C
 
 
@@ -21,11 +23,9 @@ def get_limits() -> Limits:
 def check_output_size(height: int, width: int) -> None:
     """Refuses (ValueError) an output of more pixels than an image may have (``max_pixels``), before
     anything is allocated for it. A no-op while ``torch.compile`` traces (the op checks when it runs)."""
-    import torch
-
     if torch.compiler.is_compiling():
         return
-    limit = get_limits().max_pixels
+    limit = _C.get_limits()[0]
     if height * width > limit:
         raise ValueError(f"output size {height}x{width} is larger than max_pixels={limit}, the largest image "
                          "allowed (gpupipe.set_limits)")
