@@ -5,12 +5,16 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+
 #include <jpeglib.h>
 
 #include <cstring>
 #include <memory>
 #include <vector>
 
+#include "augment_bindings.h"
+#include "augment_cpu.h"
 #include "batch_decode.h"
 #include "errors.h"
 #include "fused_augment_cpu.h"
@@ -293,6 +297,21 @@ void register_encode(py::module_& m) {
 }
 
 void register_augment(py::module_& m) {
+  py::dict types;
+  for (int t = kUInt8; t <= kInt64; ++t) types[elem_name(t)] = t;
+  m.attr("ELEM_TYPES") = types;
+  m.def(
+      "warp_affine",
+      [](std::vector<int64_t> input, std::vector<int64_t> matrices, std::vector<int64_t> output,
+         int out_type, int interpolation, std::optional<std::vector<double>> fill, int num_threads) {
+        const WarpArgs a = warp_args(input, matrices, output, out_type, interpolation, fill);
+        py::gil_scoped_release release;
+        warp_affine_cpu(a, num_threads);
+      },
+      py::arg("input"), py::arg("matrices"), py::arg("output"), py::arg("out_type"),
+      py::arg("interpolation"), py::arg("fill"), py::arg("num_threads"),
+      "Host kernel of gpupipe.augment.warp_affine. Buffers are [address, extent, type, ndim, "
+      "shape..., strides...] lists (gpupipe.augment._kernels.buffer).");
   m.def(
       "fused_color_affine",
       [](uintptr_t input, bool input_is_uint8, int64_t n, int64_t h, int64_t w,
