@@ -43,17 +43,23 @@ struct Row {
   std::vector<float> floats;
   std::vector<uint32_t> gathered;  // 2 per pixel: two rows' neighbour pairs, or one pixel
   std::vector<int32_t> offsets;    // byte offsets of the gathered neighbours
-  std::vector<int64_t> border;     // pixels sampled one by one (some neighbour outside the image)
   float *r = nullptr, *g = nullptr, *b = nullptr, *sx = nullptr, *sy = nullptr, *spare = nullptr;
   uint32_t *top = nullptr, *bottom = nullptr;
   int32_t* offset = nullptr;
+
+  // Rows are sampled into and colored in r, g, b: the row's own buffers, or rows of a sample's
+  // plane (write_to) that the second pass reads back.
+  void write_to(float* r_row, float* g_row, float* b_row) {
+    r = r_row;
+    g = g_row;
+    b = b_row;
+  }
 
   void reserve(int64_t w) {
     floats.resize(static_cast<size_t>(6 * w));
     gathered.resize(static_cast<size_t>(4 * w));
     offsets.resize(static_cast<size_t>(w));
     offset = offsets.data();
-    border.reserve(static_cast<size_t>(w));
     r = floats.data();
     g = r + w;
     b = g + w;
@@ -183,26 +189,45 @@ GPUPIPE_MULTIVERSION void fill_gathered(const float* __restrict__ sx, const floa
   }
 }
 
-// Byte offsets of the neighbours read for each pixel of a row, -1 where pixel::sample must handle
-// it: nearest, the pixel (a 4-byte read, so not the last column); bilinear, the pair (x0, x0 + 1)
-// of row y0 (8-byte reads of rows y0 and y0 + 1, so x0 <= W - 3, y0 <= H - 2). Needs h * sy < 2^30.
+// Where each pixel of a row reads: the byte offset of its neighbours when they are all inside the
+// image (nearest: the pixel, a 4-byte read, so not in the last column; bilinear: the pair
+// (x0, x0 + 1) of row y0, 8-byte reads of rows y0 and y0 + 1, so x0 <= W - 3 and y0 <= H - 2),
+// kOutside when none is (the pixel is the fill), kPartial otherwise (pixel::sample, one by one).
+constexpr int32_t kPartial = -1, kOutside = -2;
+
 GPUPIPE_MULTIVERSION void gather_offsets(const float* __restrict__ sx, const float* __restrict__ sy, int64_t w,
                                          const pixel::Image8& im, bool nearest, int32_t* __restrict__ offset) {
-  const float last_x = static_cast<float>(im.w - 1) - (nearest ? 1.0f : 2.0f);
-  const float last_y = static_cast<float>(im.h - 1) - (nearest ? 0.0f : 1.0f);
+  const float last_x = static_cast<float>(im.w - 1), last_y = static_cast<float>(im.h - 1);
+  const float read_x = last_x - (nearest ? 1.0f : 2.0f), read_y = last_y - (nearest ? 0.0f : 1.0f);
+  const float out_lo = nearest ? 0.0f : -1.0f;  // bilinear: x0 = -1 still reads pixel 0
   const int32_t row_stride = static_cast<int32_t>(im.sy);
   for (int64_t x = 0; x < w; ++x) {
     const float fx = nearest ? pixel::round_even(sx[x]) : pixel::floor(sx[x]);
     const float fy = nearest ? pixel::round_even(sy[x]) : pixel::floor(sy[x]);
-    const bool inside = (fx >= 0.0f) & (fx <= last_x) & (fy >= 0.0f) & (fy <= last_y);
+    const bool inside = (fx >= 0.0f) & (fx <= read_x) & (fy >= 0.0f) & (fy <= read_y);
+    const bool outside = (fx < out_lo) | (fx > last_x) | (fy < out_lo) | (fy > last_y);
     const int32_t ix = static_cast<int32_t>(inside ? fx : 0.0f), iy = static_cast<int32_t>(inside ? fy : 0.0f);
-    offset[x] = inside ? iy * row_stride + 3 * ix : -1;
+    offset[x] = inside ? iy * row_stride + 3 * ix : (outside ? kOutside : kPartial);
   }
 }
 
-// Any map, channels-last input: neighbours of interior pixels gathered with unaligned loads
-// (bilinear: 8 bytes = the pixel pair (x0, x0 + 1) of rows y0 and y0 + 1; nearest: 4 bytes), then
-// unpacked and blended in vectorised loops; the rest through pixel::sample.
+// The value of pixels that read nothing from the image: the fill, or 0 (zero padding).
+GPUPIPE_MULTIVERSION void fill_outside(const int32_t* __restrict__ offset, int64_t w, const pixel::Fill& fill,
+                                       float* __restrict__ r, float* __restrict__ g, float* __restrict__ b) {
+  const float f0 = fill.enabled ? fill.value[0] : 0.0f, f1 = fill.enabled ? fill.value[1] : 0.0f,
+              f2 = fill.enabled ? fill.value[2] : 0.0f;
+  for (int64_t x = 0; x < w; ++x) {
+    const bool out = offset[x] == kOutside;
+    r[x] = out ? f0 : r[x];
+    g[x] = out ? f1 : g[x];
+    b[x] = out ? f2 : b[x];
+  }
+}
+
+// Any map, channels-last input (a sample below 1 GB): the neighbours of interior pixels gathered
+// with unaligned loads (nearest: 4 bytes, the pixel; bilinear: 8 bytes, the pixel pair (x0, x0 + 1)
+// of rows y0 and y0 + 1), then unpacked and blended in vectorised loops; pixels outside the image
+// are the fill; the few with some neighbours outside go through pixel::sample.
 GPUPIPE_MULTIVERSION void sample_gathered(const pixel::Image8& im, const float* m, int interpolation,
                                           const pixel::Fill& fill, int64_t y, int64_t w, Row& row) {
   float* __restrict__ sx = row.sx;
@@ -212,41 +237,17 @@ GPUPIPE_MULTIVERSION void sample_gathered(const pixel::Image8& im, const float* 
   // (x < 2^24 as int32 -> float: exact, and vectorisable, unlike int64 -> float on AVX2)
   for (int64_t x = 0; x < w; ++x)
     pixel::affine_source(mm, static_cast<float>(static_cast<int32_t>(x)), fy, &sx[x], &sy[x]);
-  row.border.clear();
   uint32_t* __restrict__ top = row.top;
   uint32_t* __restrict__ bottom = row.bottom;
   float* __restrict__ r = row.r;
   float* __restrict__ g = row.g;
   float* __restrict__ b = row.b;
   const bool nearest = interpolation == pixel::kNearest;
-  if (im.h * im.sy < (int64_t{1} << 30)) {
-    gather_offsets(sx, sy, w, im, nearest, row.offset);  // vectorised: int32 offsets, -1 at the border
-    const int32_t* __restrict__ offset = row.offset;
-    const int64_t below = im.sy, bytes = nearest ? 4 : 8;
-    for (int64_t x = 0; x < w; ++x) {
-      const int32_t o = offset[x];
-      if (o >= 0) {
-        memcpy(&top[2 * x], im.data + o, static_cast<size_t>(bytes));
-        if (!nearest) memcpy(&bottom[2 * x], im.data + o + below, 8);
-      } else {
-        row.border.push_back(x);
-      }
-    }
-  } else {  // a sample of 1 GB or more: 64-bit offsets, computed one by one
-    const float last_x = static_cast<float>(im.w - 1), last_y = static_cast<float>(im.h - 1);
-    for (int64_t x = 0; x < w; ++x) {
-      const float fx = nearest ? pixel::round_even(sx[x]) : pixel::floor(sx[x]);
-      const float fy = nearest ? pixel::round_even(sy[x]) : pixel::floor(sy[x]);
-      if (fx >= 0.0f && fx < last_x - (nearest ? 0.0f : 1.0f) && fy >= 0.0f && fy <= last_y - (nearest ? 0.0f : 1.0f)) {
-        const uint8_t* p = im.data + static_cast<int64_t>(fy) * im.sy + 3 * static_cast<int64_t>(fx);
-        memcpy(&top[2 * x], p, nearest ? 4 : 8);
-        if (!nearest) memcpy(&bottom[2 * x], p + im.sy, 8);
-      } else {
-        row.border.push_back(x);
-      }
-    }
-  }
-  if (nearest) {
+  gather_offsets(sx, sy, w, im, nearest, row.offset);
+  const int32_t* __restrict__ offset = row.offset;
+  if (nearest) {  // (separate loops: a constant memcpy size is one load and one store)
+    for (int64_t x = 0; x < w; ++x)
+      if (offset[x] >= 0) memcpy(&top[2 * x], im.data + offset[x], 4);
     for (int64_t x = 0; x < w; ++x) {
       const uint32_t v = top[2 * x];
       r[x] = static_cast<float>(static_cast<int32_t>(v & 255u));
@@ -254,10 +255,19 @@ GPUPIPE_MULTIVERSION void sample_gathered(const pixel::Image8& im, const float* 
       b[x] = static_cast<float>(static_cast<int32_t>((v >> 16) & 255u));
     }
   } else {
+    const int64_t below = im.sy;
+    for (int64_t x = 0; x < w; ++x) {
+      if (offset[x] >= 0) {
+        memcpy(&top[2 * x], im.data + offset[x], 8);
+        memcpy(&bottom[2 * x], im.data + offset[x] + below, 8);
+      }
+    }
     blend_gathered(sx, sy, top, bottom, w, r, g, b);
     if (fill.enabled) fill_gathered(sx, sy, w, fill, r, g, b);
   }
-  for (const int64_t x : row.border) {
+  fill_outside(offset, w, fill, r, g, b);
+  for (int64_t x = 0; x < w; ++x) {
+    if (offset[x] != kPartial) continue;
     float v[3];
     pixel::sample(im, interpolation, fill, sx[x], sy[x], v);
     r[x] = v[0];
@@ -283,7 +293,8 @@ void sample_generic(const pixel::Image8& im, const float* m, int interpolation, 
 void sample_row(const pixel::Image8& im, const float* m, int interpolation, const pixel::Fill& fill, int64_t y,
                 int64_t w, Row& row) {
   if (axis_aligned(m)) sample_axis_aligned(im, m, interpolation, fill, y, w, row);
-  else if (channels_last(im) && im.w >= 3) sample_gathered(im, m, interpolation, fill, y, w, row);
+  else if (channels_last(im) && im.w >= 3 && im.h * im.sy < (int64_t{1} << 30))
+    sample_gathered(im, m, interpolation, fill, y, w, row);
   else sample_generic(im, m, interpolation, fill, y, w, row);
 }
 
@@ -312,7 +323,7 @@ void color_op_row(int op, Row& row, int64_t w, float factor, float contrast_term
   }
 }
 
-// Pass 1 of a row: the sum of mean_fixed(luma_for_mean(pixel)).
+// The sum of mean_fixed(luma) over a row (pass 1's reduction).
 GPUPIPE_MULTIVERSION int64_t luma_sum(const float* __restrict__ r, const float* __restrict__ g,
                                        const float* __restrict__ b, int64_t w, bool linear) {
   int64_t sum = 0;
@@ -324,20 +335,6 @@ GPUPIPE_MULTIVERSION int64_t luma_sum(const float* __restrict__ r, const float* 
   return sum;
 }
 
-int64_t luma_sum_row(const AugmentArgs& a, const float* P, Row& row, int64_t w) {
-  if (a.color == kColorTorchvision) {
-    scale_row(row.r, row.g, row.b, w);
-    for (int k = 0; k < 4; ++k) {
-      const int op = order_op(P, k);
-      if (op == pixel::kContrast) break;
-      const float f = P[param::kFactors + op];
-      if (op_active(op, f)) color_op_row(op, row, w, f, 0.0f);
-    }
-  }
-  return luma_sum(row.r, row.g, row.b, w, a.color == kColorLinear);
-}
-
-// Pass 2 color of a row: the chain up to the output values, in row.r/g/b.
 GPUPIPE_MULTIVERSION void linear_row(float* __restrict__ r, float* __restrict__ g, float* __restrict__ b, int64_t w,
                                       const float* A, MeanTerms terms) {
   for (int64_t x = 0; x < w; ++x) {
@@ -362,15 +359,34 @@ GPUPIPE_MULTIVERSION void gray_normalize_row(float* __restrict__ r, float* __res
   }
 }
 
-// Pass 2 color of a row: the chain up to the output values, in row.r/g/b (color_chain, by rows).
-void color_row(const AugmentArgs& a, const float* P, const MeanTerms& terms, Row& row, int64_t w) {
-  if (a.color == kColorLinear) return linear_row(row.r, row.g, row.b, w, P + param::kLinearA, terms);
-  scale_row(row.r, row.g, row.b, w);
-  for (int k = 0; k < 4; ++k) {
+// Where contrast sits in sample P's order: ops before it run before the image mean is known.
+int contrast_position(const float* P) {
+  for (int k = 0; k < 4; ++k)
+    if (order_op(P, k) == pixel::kContrast) return k;
+  return 4;
+}
+
+// The ops at positions [begin, end) of sample P's order, over the row.
+void ops_row(const float* P, int begin, int end, float contrast_term, Row& row, int64_t w) {
+  for (int k = begin; k < end; ++k) {
     const int op = order_op(P, k);
     const float f = P[param::kFactors + op];
-    if (op_active(op, f)) color_op_row(op, row, w, f, terms.v[0]);
+    if (op_active(op, f)) color_op_row(op, row, w, f, contrast_term);
   }
+}
+
+// color_chain (augment_kernels.h) by rows, in two parts: up to what pass 1 averages (the sampled
+// row scaled to [0, 1] and the ops before contrast; linear: the raw samples) ...
+void chain_before_mean(const AugmentArgs& a, const float* P, Row& row, int64_t w) {
+  if (a.color == kColorLinear) return;
+  scale_row(row.r, row.g, row.b, w);
+  ops_row(P, 0, contrast_position(P), 0.0f, row, w);
+}
+
+// ... and the rest, to the output values: contrast and the ops after it, grayscale, normalise.
+void chain_after_mean(const AugmentArgs& a, const float* P, const MeanTerms& terms, Row& row, int64_t w) {
+  if (a.color == kColorLinear) return linear_row(row.r, row.g, row.b, w, P + param::kLinearA, terms);
+  ops_row(P, contrast_position(P), 4, terms.v[0], row, w);
   gray_normalize_row(row.r, row.g, row.b, w, P[param::kGrayscale] != 0.0f, a.mean, a.inv_std);
 }
 
@@ -455,13 +471,66 @@ void warp_affine_cpu(const WarpArgs& a, int num_threads) {
   });
 }
 
-void augment_cpu(const AugmentArgs& a, int num_threads) {
-  if (a.out_type != kFloat32 && a.out_type != kBFloat16 && a.out_type != kFloat16)
-    throw InvalidArgument("augment: unknown output type");
-  const int64_t n = a.input.n, h = a.input.h, w = a.input.w;
-  if (n == 0 || h == 0 || w == 0) return;
+namespace {
 
-  // Pass 1: contrast's image means, over the samples that need one.
+// Pulls a sample into the cache in address order before a rotation reads it along slanted lines,
+// which the hardware prefetchers do not follow (channels-last rows; other layouts are left alone).
+void prefetch(const pixel::Image8& im) {
+  if (!channels_last(im)) return;
+  for (int64_t y = 0; y < im.h; ++y) {
+    const uint8_t* row = im.data + y * im.sy;
+    for (int64_t k = 0; k < 3 * im.w; k += 64) __builtin_prefetch(row + k, 0, 2);
+  }
+}
+
+// Whole samples per task: pass 1 samples each row once into the sample's plane (one thread's
+// scratch, in cache), pass 2 finishes the chain from there. The input is read once.
+constexpr int64_t kPlaneBytes = int64_t{16} << 20;
+
+void augment_by_samples(const AugmentArgs& a, int num_threads) {
+  const int64_t h = a.input.h, w = a.input.w;
+  for_row_chunks(a.input.n, num_threads, [&](int64_t begin, int64_t end) {
+    Row& row = thread_row(w);
+    thread_local std::vector<float> plane;
+    for (int64_t i = begin; i < end; ++i) {
+      const float* P = a.params + i * param::kCount;
+      const pixel::Image8 im = a.input.sample(i);
+      if (!axis_aligned(P + param::kMatrix)) prefetch(im);
+      if (!needs_mean(a, i)) {
+        const MeanTerms terms = mean_terms(a, P, 0.0f);
+        for (int64_t y = 0; y < h; ++y) {
+          sample_row(im, P + param::kMatrix, a.interpolation, a.fill, y, w, row);
+          chain_before_mean(a, P, row, w);
+          chain_after_mean(a, P, terms, row, w);
+          store(a, row, i, y, w);
+        }
+        continue;
+      }
+      plane.resize(static_cast<size_t>(3 * h * w));
+      int64_t sum = 0;
+      for (int64_t y = 0; y < h; ++y) {
+        float* r = plane.data() + 3 * y * w;
+        row.write_to(r, r + w, r + 2 * w);
+        sample_row(im, P + param::kMatrix, a.interpolation, a.fill, y, w, row);
+        chain_before_mean(a, P, row, w);
+        sum += luma_sum(row.r, row.g, row.b, w, a.color == kColorLinear);
+      }
+      const MeanTerms terms = mean_terms(a, P, pixel::mean_from_sum(sum, h * w));
+      for (int64_t y = 0; y < h; ++y) {
+        float* r = plane.data() + 3 * y * w;
+        row.write_to(r, r + w, r + 2 * w);
+        chain_after_mean(a, P, terms, row, w);
+        store(a, row, i, y, w);
+      }
+      row.reserve(w);  // back to the row's own buffers
+    }
+  });
+}
+
+// Rows of all samples per task (few samples for the threads, or samples too large to keep):
+// pass 1 samples every row for the means, pass 2 samples it again for the output.
+void augment_by_rows(const AugmentArgs& a, int num_threads) {
+  const int64_t n = a.input.n, h = a.input.h, w = a.input.w;
   std::vector<int64_t> active;
   for (int64_t i = 0; i < n; ++i)
     if (needs_mean(a, i)) active.push_back(i);
@@ -479,12 +548,11 @@ void augment_cpu(const AugmentArgs& a, int num_threads) {
       }
       const float* P = a.params + i * param::kCount;
       sample_row(a.input.sample(i), P + param::kMatrix, a.interpolation, a.fill, y, w, row);
-      sum += luma_sum_row(a, P, row, w);  // integers: exact in any order
+      chain_before_mean(a, P, row, w);
+      sum += luma_sum(row.r, row.g, row.b, w, a.color == kColorLinear);  // integers: exact in any order
     }
     if (current >= 0) sums[current].fetch_add(sum, std::memory_order_relaxed);
   });
-
-  // Pass 2: the output.
   std::vector<MeanTerms> terms(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     const float mean = needs_mean(a, i) ? pixel::mean_from_sum(sums[i].load(), h * w) : 0.0f;
@@ -496,10 +564,23 @@ void augment_cpu(const AugmentArgs& a, int num_threads) {
       const int64_t i = rr / h, y = rr % h;
       const float* P = a.params + i * param::kCount;
       sample_row(a.input.sample(i), P + param::kMatrix, a.interpolation, a.fill, y, w, row);
-      color_row(a, P, terms[static_cast<size_t>(i)], row, w);
+      chain_before_mean(a, P, row, w);
+      chain_after_mean(a, P, terms[static_cast<size_t>(i)], row, w);
       store(a, row, i, y, w);
     }
   });
+}
+
+}  // namespace
+
+void augment_cpu(const AugmentArgs& a, int num_threads) {
+  if (a.out_type != kFloat32 && a.out_type != kBFloat16 && a.out_type != kFloat16)
+    throw InvalidArgument("augment: unknown output type");
+  const int64_t n = a.input.n, h = a.input.h, w = a.input.w;
+  if (n == 0 || h == 0 || w == 0) return;
+  const bool enough_samples = num_threads <= 1 || n >= 2 * static_cast<int64_t>(num_threads);
+  if (enough_samples && 12 * h * w <= kPlaneBytes) augment_by_samples(a, num_threads);
+  else augment_by_rows(a, num_threads);
 }
 
 }  // namespace gpupipe

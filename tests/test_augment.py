@@ -216,6 +216,17 @@ def test_output_does_not_depend_on_the_thread_count():
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, two) and torch.equal(one, three)
+    # few samples for the threads: the host kernel splits rows instead of samples (two sampling
+    # passes instead of one kept plane), with the same bits
+    few = {k: v[:2] for k, v in p.items()}
+    try:
+        torch.set_num_threads(1)
+        by_samples = aug(x[:2], params=few).clone()
+        torch.set_num_threads(3)
+        by_rows = aug(x[:2], params=few)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(by_samples, by_rows) and torch.equal(by_rows, one[:2])
 
 
 @pytest.mark.parametrize("engine", ["fused", "kornia"])
