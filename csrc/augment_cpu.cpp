@@ -6,7 +6,10 @@
 //            pixels through pixel::sample),
 //   color    each op of the sample's order over the row, then grayscale and normalise,
 //   store    float32 / bfloat16 / float16, planar (NCHW) or interleaved (channels-last) rows.
-// Per-sample parameters are read once per row; one parallel_for per pass on the process's pool.
+// With enough samples for the threads, a task takes whole samples and reads each input once (pass 1
+// keeps the sampled rows in the sample's plane, in cache, while summing contrast's mean; pass 2
+// finishes from there): one parallel_for. Otherwise rows are split, one parallel_for per pass,
+// and pass 2 samples again. Per-sample parameters are read once per row.
 #include "augment_cpu.h"
 
 #include <string.h>
