@@ -1,0 +1,87 @@
+"""Helpers of the augmentation tests: devices, real-photo batches (scikit-image's bundled photos),
+and torchvision references applied per sample."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+DEVICES = [pytest.param("cpu"),
+           pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))]
+
+PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")
+
+
+def photo_batch(n: int, h: int, w: int, *, seed: int = 0, device: str = "cpu", channels_last: bool = True) -> torch.Tensor:
+    """uint8 ``[n, 3, h, w]``: a different random crop of a real photo per sample (resized with
+    Lanczos), channels-last as gpupipe's decoder writes it."""
+    import skimage.data
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    imgs = []
+    for i in range(n):
+        pil = Image.fromarray(np.asarray(getattr(skimage.data, PHOTOS[i % len(PHOTOS)])())).convert("RGB")
+        side = int(rng.integers(min(pil.size) // 2, min(pil.size) + 1))
+        top = int(rng.integers(0, pil.size[1] - side + 1))
+        left = int(rng.integers(0, pil.size[0] - side + 1))
+        imgs.append(np.asarray(pil.crop((left, top, left + side, top + side)).resize((w, h), Image.LANCZOS)))
+    x = torch.from_numpy(np.stack(imgs)).permute(0, 3, 1, 2)  # NHWC memory
+    if not channels_last:
+        x = x.contiguous()
+    return x.to(device)
+
+
+def source_coordinates(m: torch.Tensor, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact (float64) input coordinates ``[N, h, w]`` read by each output pixel through matrices m."""
+    yy, xx = torch.meshgrid(torch.arange(h, dtype=torch.float64), torch.arange(w, dtype=torch.float64), indexing="ij")
+    m = m.double().cpu()
+    sx = m[:, 0, 0, None, None] * xx + m[:, 0, 1, None, None] * yy + m[:, 0, 2, None, None]
+    sy = m[:, 1, 0, None, None] * xx + m[:, 1, 1, None, None] * yy + m[:, 1, 2, None, None]
+    return sx, sy
+
+
+def near_rounding_boundary(m: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """bool ``[N, h, w]``: pixels whose exact source coordinate lies within ``2^-21 * max(h, w)`` of a
+    half-integer (a nearest-neighbour rounding boundary) on either axis. float32 coordinates, in
+    torchvision's grid and in this kernel alike, are off by at most ~2^-22 * max(h, w) (measured:
+    1.04 ULP of the image size); only there can the two pick different neighbours."""
+    sx, sy = source_coordinates(m, h, w)
+    eps = 2.0**-21 * max(h, w)
+    return ((sx - sx.floor() - 0.5).abs() < eps) | ((sy - sy.floor() - 0.5).abs() < eps)
+
+
+def torchvision_chain(x: torch.Tensor, params: dict, *, interpolation: str, fill, mean, std) -> torch.Tensor:
+    """BatchAugment's chain with torchvision.transforms.v2.functional, per sample, same parameters:
+    uint8 -> float32 [0, 1], affine (F.rotate's angle convention), hflip, vflip, the color ops in the
+    sample's order, rgb_to_grayscale, normalize. float32 [N, 3, H, W] on the CPU."""
+    import torchvision.transforms.v2.functional as F
+
+    mode = {"nearest": F.InterpolationMode.NEAREST, "bilinear": F.InterpolationMode.BILINEAR}[interpolation]
+    fill01 = None if fill is None else [float(v) / 255 for v in (fill if isinstance(fill, (list, tuple)) else [fill] * 3)]
+    n, _, h, w = x.shape
+    ops = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)
+    out = []
+    for i in range(n):
+        img = F.to_dtype(x[i].cpu(), torch.float32, scale=True)
+        tx, ty = (round(float(t) * s) for t, s in zip(params["translate"][i], (w, h)))
+        img = F.affine(img, angle=-float(params["angle"][i]), translate=[tx, ty], scale=float(params["scale"][i]),
+                       shear=[float(s) for s in params["shear"][i]], interpolation=mode, fill=fill01)
+        if params["hflip"][i]:
+            img = F.horizontal_flip(img)
+        if params["vflip"][i]:
+            img = F.vertical_flip(img)
+        factors = [float(params[k][i]) for k in ("brightness", "contrast", "saturation", "hue")]
+        for op in params["order"][i].tolist():
+            img = ops[op](img, factors[op])
+        if params["grayscale"][i]:
+            img = F.rgb_to_grayscale(img, num_output_channels=3)
+        out.append(F.normalize(img, list(mean), list(std)))
+    return torch.stack(out)
+
+
+def levels(out: torch.Tensor, ref: torch.Tensor, std) -> torch.Tensor:
+    """|out - ref| of normalised images, back on the 0..255 scale (times std * 255 per channel)."""
+    s = torch.tensor(std, dtype=torch.float64)[None, :, None, None] * 255
+    return (out.double().cpu() - ref.double().cpu()).abs() * s
