@@ -4,10 +4,18 @@ grayscale and normalisation, with per-sample parameters.
 - :class:`BatchAugment` (``engine="fused"`` or ``"kornia"``)
 - :func:`color_matrices`: the per-sample 3x4 color matrices of the fused engine
 - :func:`fused_color_affine`: the single-pass kernel (CUDA on CUDA tensors, C++ on CPU)
+
+torchvision's recipes, batched and keyed to (seed, epoch, sample index):
+
+- :class:`TrivialAugmentWide`, :class:`RandAugment`, :class:`AutoAugment`: per-sample policies on uint8
 """
 
 from gpupipe.augment.batch_augment import IMAGENET_MEAN, IMAGENET_STD, BatchAugment
 from gpupipe.augment.color_matrix import color_matrices
 from gpupipe.augment.fused import cuda_kernel_available, fused_color_affine
+from gpupipe.augment.auto_augment import AutoAugment
+from gpupipe.augment.rand_augment import RandAugment
+from gpupipe.augment.trivial_augment_wide import TrivialAugmentWide
 
-__all__ = ["BatchAugment", "IMAGENET_MEAN", "IMAGENET_STD", "color_matrices", "fused_color_affine", "cuda_kernel_available"]
+__all__ = ["BatchAugment", "IMAGENET_MEAN", "IMAGENET_STD", "color_matrices", "fused_color_affine", "cuda_kernel_available",
+           "TrivialAugmentWide", "RandAugment", "AutoAugment"]

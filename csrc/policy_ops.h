@@ -1,0 +1,195 @@
+// Per-pixel math of the augmentation policies (TrivialAugmentWide, RandAugment, AutoAugment), shared
+// by the host kernels (policy_cpu.cpp) and the CUDA kernels (cuda/policy_ops.cu), so the GPU's
+// arithmetic is tested on machines without one.
+//
+// Every op reproduces torchvision.transforms.v2.functional on a uint8 image, float32 step by step:
+// torch computes `a.add_(b, alpha=s)` as one fused multiply-add (vectorised fmadd) and converts the
+// clamped float result to uint8 by truncation, and so do these functions.
+#pragma once
+
+#include <stdint.h>
+
+#if !defined(__CUDACC__)
+#include <cmath>
+#endif
+
+#ifndef GPUPIPE_HD
+#if defined(__CUDACC__)
+#define GPUPIPE_HD __host__ __device__ __forceinline__
+#else
+#define GPUPIPE_HD inline
+#endif
+#endif
+
+namespace gpupipe {
+namespace policy {
+
+// What one sample undergoes in one op slot. The geometric ops (shear, translate, rotate) are all
+// kAffine: Python folds each into the sample's 2x3 inverse matrix. Exported to Python as a dict
+// (_C.policy_kinds()), the one definition of these numbers.
+enum Kind : int32_t {
+  kIdentity = 0,
+  kBrightness = 1,    // param: factor
+  kColor = 2,         // param: saturation factor
+  kContrast = 3,      // param: factor
+  kSharpness = 4,     // param: factor
+  kPosterize = 5,     // param: bits
+  kSolarize = 6,      // param: threshold (0..255 scale)
+  kAutoContrast = 7,
+  kEqualize = 8,
+  kInvert = 9,
+  kAffine = 10,       // the sample's 2x3 matrix
+  kNumKinds = 11,
+};
+
+// Kinds that are a per-sample, per-channel lookup table over the 256 input levels.
+GPUPIPE_HD bool is_lut_kind(int32_t k) {
+  return k == kIdentity || k == kBrightness || k == kContrast || k == kPosterize ||
+         k == kSolarize || k == kAutoContrast || k == kEqualize || k == kInvert;
+}
+GPUPIPE_HD bool needs_histogram(int32_t k) { return k == kAutoContrast || k == kEqualize; }
+GPUPIPE_HD bool needs_gray_sum(int32_t k) { return k == kContrast; }
+
+// a * b + c rounded once, as torch's vectorised fmadd. Host: glibc's fma (hardware where the CPU
+// has it); used where the operands need all of float's bits (the LUT builders, a few per sample).
+GPUPIPE_HD float fma_rn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+// a * b + c rounded once, for per-pixel loops: through double, which is exact (hence equal to the
+// fused result) when the exact value spans at most 53 bits: here a is an integer below 512 in
+// magnitude, |b| < 1, c < 2^10, and b (the gray weights, 1 - factor) is 0 or at least 2^-19, which
+// holds for the policies' magnitudes (|1 - factor| >= 1/30 unless 0). Plain arithmetic, so the
+// loops vectorise.
+GPUPIPE_HD float fma_small(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return static_cast<float>(static_cast<double>(a) * static_cast<double>(b) + static_cast<double>(c));
+#endif
+}
+
+// torch's `.clamp_(0, 255).to(torch.uint8)`: clamp, then truncate toward zero.
+GPUPIPE_HD uint8_t clamp_trunc_u8(float v) {
+  v = v < 0.0f ? 0.0f : v;
+  v = v > 255.0f ? 255.0f : v;
+  return static_cast<uint8_t>(v);
+}
+
+// floor of torchvision's gray level r * 0.2989 + g * 0.587 + b * 0.114
+// (`r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114)`, then `.floor_()`).
+GPUPIPE_HD float gray_floor(float r, float g, float b) {
+  const float t = r * 0.2989f;
+  const float u = fma_small(g, 0.587f, t);
+  const float v = fma_small(b, 0.114f, u);
+#if defined(__CUDA_ARCH__)
+  return floorf(v);
+#else
+  return std::floor(v);
+#endif
+}
+
+// torchvision's `_blend(image, other, ratio)` for one uint8 value and the other image's float value:
+// `image.mul(ratio).add_(other, alpha=1 - ratio).clamp_(0, 255).to(uint8)`.
+struct Blend {
+  float ratio = 1.0f;  // float(ratio)
+  float alpha = 0.0f;  // float(1.0 - ratio), computed in double as Python does
+};
+GPUPIPE_HD Blend make_blend(double ratio) {
+  Blend b;
+  b.ratio = static_cast<float>(ratio);
+  b.alpha = static_cast<float>(1.0 - ratio);
+  return b;
+}
+GPUPIPE_HD uint8_t blend_pixel(const Blend& b, float value, float other) {
+  return clamp_trunc_u8(fma_small(other, b.alpha, value * b.ratio));
+}
+
+// adjust_sharpness at an interior pixel: the 3x3 blur (1s around a 5, over 13) rounded half to
+// even, which for integer input is exactly round(sum / 13) (a sum over 13 is never a half), then
+// `x + (1 - factor) * (blur - x)` as one fused multiply-add. sum9 is the plain sum of the 3x3 window.
+GPUPIPE_HD uint8_t sharpen_pixel(int32_t sum9, int32_t center, float alpha) {
+  const int32_t s = sum9 + 4 * center;
+  const int32_t blur = (2 * s + 13) / 26;
+  return clamp_trunc_u8(fma_small(static_cast<float>(blur - center), alpha, static_cast<float>(center)));
+}
+
+// Per-sample statistics a LUT op needs, from the stats pass.
+struct Stats {
+  const uint32_t* hist = nullptr;  // [3][256] channel histograms (autocontrast, equalize)
+  int64_t gray_sum = 0;            // sum of gray_floor over the image (contrast)
+  int64_t pixels = 0;
+};
+
+// Fills lut[3][256] for one sample of a LUT kind (is_lut_kind).
+GPUPIPE_HD void build_lut(int32_t kind, double param, const Stats& s, uint8_t* lut) {
+  for (int c = 0; c < 3; ++c) {
+    uint8_t* l = lut + 256 * c;
+    const uint32_t* h = s.hist ? s.hist + 256 * c : nullptr;
+    switch (kind) {
+      case kBrightness: {  // image.mul(factor).clamp_(0, 255).to(uint8)
+        const float f = static_cast<float>(param);
+        for (int v = 0; v < 256; ++v) l[v] = clamp_trunc_u8(static_cast<float>(v) * f);
+        break;
+      }
+      case kContrast: {  // _blend(image, mean(gray_floor), factor); torch's float32 mean
+        const float mean = static_cast<float>(s.gray_sum) / static_cast<float>(s.pixels);
+        const Blend b = make_blend(param);
+        for (int v = 0; v < 256; ++v) l[v] = clamp_trunc_u8(fma_rn(mean, b.alpha, static_cast<float>(v) * b.ratio));
+        break;
+      }
+      case kPosterize: {  // image & mask, identity from 8 bits
+        const int bits = static_cast<int>(param);
+        const int mask = bits >= 8 ? 0xff : ((1 << bits) - 1) << (8 - bits);
+        for (int v = 0; v < 256; ++v) l[v] = static_cast<uint8_t>(v & mask);
+        break;
+      }
+      case kSolarize: {  // torch.where(image >= threshold, 255 - image, image), compared in float32
+        const float t = static_cast<float>(param);
+        for (int v = 0; v < 256; ++v) l[v] = static_cast<uint8_t>(static_cast<float>(v) >= t ? 255 - v : v);
+        break;
+      }
+      case kInvert:
+        for (int v = 0; v < 256; ++v) l[v] = static_cast<uint8_t>(255 - v);
+        break;
+      case kAutoContrast: {  // (x - min) / ((max - min) * (1 / 255)) per channel, float32
+        int lo = 0, hi = 255;
+        while (lo < 255 && h[lo] == 0) ++lo;
+        while (hi > 0 && h[hi] == 0) --hi;
+        if (hi <= lo) {  // constant channel (or empty image): unchanged
+          for (int v = 0; v < 256; ++v) l[v] = static_cast<uint8_t>(v);
+          break;
+        }
+        const float inv_scale = static_cast<float>(hi - lo) * static_cast<float>(1.0 / 255.0);
+        for (int v = 0; v < 256; ++v) l[v] = clamp_trunc_u8(static_cast<float>(v - lo) / inv_scale);
+        break;
+      }
+      case kEqualize: {  // torchvision's (= PIL's) LUT: (cum[k-1] + step / 2) / step, step from the non-max pixels
+        int last = 255;
+        while (last > 0 && h[last] == 0) --last;
+        const int64_t step = (s.pixels - static_cast<int64_t>(h[last])) / 255;
+        if (step == 0) {
+          for (int v = 0; v < 256; ++v) l[v] = static_cast<uint8_t>(v);
+          break;
+        }
+        int64_t cum = 0;
+        l[0] = 0;
+        for (int v = 1; v < 256; ++v) {
+          cum += h[v - 1];
+          const int64_t e = (cum + step / 2) / step;
+          l[v] = static_cast<uint8_t>(e > 255 ? 255 : e);
+        }
+        break;
+      }
+      default:  // kIdentity
+        for (int v = 0; v < 256; ++v) l[v] = static_cast<uint8_t>(v);
+    }
+  }
+}
+
+}  // namespace policy
+}  // namespace gpupipe

@@ -1,0 +1,302 @@
+"""The op table of torchvision's automatic augmentation policies, and the machinery the policy modules
+(:class:`~gpupipe.augment.TrivialAugmentWide`, :class:`~gpupipe.augment.RandAugment`,
+:class:`~gpupipe.augment.AutoAugment`) share.
+
+Each op is torchvision.transforms.v2's ``_AutoAugmentBase._apply_image_or_video_transform`` with the
+same magnitude: ShearX/Y and TranslateX/Y are ``F.affine`` (shear about the top-left corner, translate
+by ``int(magnitude)`` pixels), Rotate is ``F.rotate``; Brightness, Color, Contrast and Sharpness take
+``1 + magnitude`` as their factor; Posterize ``int(magnitude)`` bits; Solarize the threshold
+``255 * magnitude``. The magnitude spaces below are torchvision's ``_AUGMENTATION_SPACE`` lambdas,
+copied (tests/test_policies.py holds them equal to torchvision's).
+
+A batch runs as a few *op slots* (one for TrivialAugmentWide, ``num_ops`` for RandAugment, two for
+AutoAugment); in a slot every sample undergoes its own op, all in one kernel call
+(:func:`gpupipe.augment._policy_kernels.policy_apply`). Everything per sample is a tensor: no Python
+loop over samples.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from gpupipe import keyed
+from gpupipe.augment._keyed_params import as_generator, check_params, draw_uniforms
+from gpupipe.augment._policy_kernels import INTERPOLATIONS, KINDS, policy_apply
+
+MagnitudeFn = Callable[[int, int, int], Optional[torch.Tensor]]
+
+# Every op of the three policies; a module's ops are indices into this tuple.
+OP_NAMES = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast",
+            "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert")
+_KIND_OF_OP = {"Identity": "identity", "ShearX": "affine", "ShearY": "affine", "TranslateX": "affine",
+               "TranslateY": "affine", "Rotate": "affine", "Brightness": "brightness", "Color": "color",
+               "Contrast": "contrast", "Sharpness": "sharpness", "Posterize": "posterize", "Solarize": "solarize",
+               "AutoContrast": "autocontrast", "Equalize": "equalize", "Invert": "invert"}
+_OP_KINDS = torch.tensor([KINDS[_KIND_OF_OP[name]] for name in OP_NAMES], dtype=torch.int32)
+_OP = {name: i for i, name in enumerate(OP_NAMES)}
+
+
+def _none(num_bins: int, height: int, width: int) -> None:
+    return None
+
+
+def _linspace(end: float) -> MagnitudeFn:
+    return lambda num_bins, height, width: torch.linspace(0.0, end, num_bins)
+
+
+def _posterize(max_drop: int) -> MagnitudeFn:
+    return lambda num_bins, height, width: (8 - (torch.arange(num_bins) / ((num_bins - 1) / max_drop))).round().int()
+
+
+def _solarize(num_bins: int, height: int, width: int) -> torch.Tensor:
+    return torch.linspace(1.0, 0.0, num_bins)
+
+
+# torchvision.transforms.v2 TrivialAugmentWide._AUGMENTATION_SPACE: name -> (magnitudes, signed)
+TRIVIAL_AUGMENT_WIDE_SPACE: dict = {
+    "Identity": (_none, False),
+    "ShearX": (_linspace(0.99), True),
+    "ShearY": (_linspace(0.99), True),
+    "TranslateX": (_linspace(32.0), True),
+    "TranslateY": (_linspace(32.0), True),
+    "Rotate": (_linspace(135.0), True),
+    "Brightness": (_linspace(0.99), True),
+    "Color": (_linspace(0.99), True),
+    "Contrast": (_linspace(0.99), True),
+    "Sharpness": (_linspace(0.99), True),
+    "Posterize": (_posterize(6), False),
+    "Solarize": (_solarize, False),
+    "AutoContrast": (_none, False),
+    "Equalize": (_none, False),
+}
+
+# torchvision.transforms.v2 RandAugment._AUGMENTATION_SPACE (AutoAugment's: the same without
+# Identity, with Invert).
+_RAND_AUGMENT_SPACE_BASE: dict = {
+    "ShearX": (_linspace(0.3), True),
+    "ShearY": (_linspace(0.3), True),
+    "TranslateX": (lambda num_bins, height, width: torch.linspace(0.0, 150.0 / 331.0 * width, num_bins), True),
+    "TranslateY": (lambda num_bins, height, width: torch.linspace(0.0, 150.0 / 331.0 * height, num_bins), True),
+    "Rotate": (_linspace(30.0), True),
+    "Brightness": (_linspace(0.9), True),
+    "Color": (_linspace(0.9), True),
+    "Contrast": (_linspace(0.9), True),
+    "Sharpness": (_linspace(0.9), True),
+    "Posterize": (_posterize(4), False),
+    "Solarize": (_solarize, False),
+    "AutoContrast": (_none, False),
+    "Equalize": (_none, False),
+}
+RAND_AUGMENT_SPACE: dict = {"Identity": (_none, False), **_RAND_AUGMENT_SPACE_BASE}
+AUTO_AUGMENT_SPACE: dict = {**_RAND_AUGMENT_SPACE_BASE, "Invert": (_none, False)}
+
+
+def parse_interpolation(interpolation: Any) -> str:
+    """"nearest" or "bilinear" from a string or a torchvision ``InterpolationMode``."""
+    value = getattr(interpolation, "value", interpolation)
+    if value not in INTERPOLATIONS:
+        raise ValueError(f"interpolation must be 'nearest' or 'bilinear' (or the InterpolationMode of one), "
+                         f"got {interpolation!r}")
+    return value
+
+
+def parse_fill(fill: Union[None, float, Sequence[float]]) -> Optional[torch.Tensor]:
+    """torchvision's ``fill`` (None, a number, or one value per channel) as float32 [3] on 0..255."""
+    if fill is None:
+        return None
+    values = [fill] if isinstance(fill, (int, float)) and not isinstance(fill, bool) else list(fill)
+    if len(values) not in (1, 3) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        raise ValueError(f"fill must be None, a number or a sequence of 1 or 3 numbers, got {fill!r}")
+    if not all(0 <= v <= 255 for v in values):
+        raise ValueError(f"fill must lie in [0, 255] for uint8 images, got {fill!r}")
+    return torch.tensor(values * (3 // len(values)), dtype=torch.float32)
+
+
+def check_images(x: Any) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != torch.uint8:
+        raise TypeError(f"x must be uint8 (the policies' ops are defined on uint8 images, as torchvision's), "
+                        f"got {x.dtype}: apply them before converting to float")
+    if x.dim() != 4 or x.shape[1] != 3:
+        raise ValueError(f"x must be [N, 3, H, W], got shape {tuple(x.shape)}")
+    return x
+
+
+def magnitude_table(space: dict, num_bins: int, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 ``[ops, num_bins]`` magnitudes (0 for ops without) and bool ``[ops]`` signed, for a
+    space's ops in order, exactly torchvision's values (float32 linspace read back as Python floats)."""
+    rows, signed = [], []
+    for fn, is_signed in space.values():
+        m = fn(num_bins, height, width)
+        rows.append(torch.zeros(num_bins, dtype=torch.float64) if m is None else m.to(torch.float64))
+        signed.append(is_signed)
+    return torch.stack(rows), torch.tensor(signed)
+
+
+def _inverse_affine(angle, translate_x, translate_y, shear_x, shear_y, center_x, center_y) -> torch.Tensor:
+    """torchvision's ``_get_inverse_affine_matrix(center, angle, translate, 1.0, shear)`` on float64
+    tensors (angles and shears in degrees, centre relative to the image centre): [N, 6]."""
+    rot, sx, sy = torch.deg2rad(angle), torch.deg2rad(shear_x), torch.deg2rad(shear_y)
+    cos_sy, tan_sx = torch.cos(sy), torch.tan(sx)
+    a = torch.cos(rot - sy) / cos_sy
+    b = -(a * tan_sx + torch.sin(rot))
+    c = torch.sin(rot - sy) / cos_sy
+    d = torch.cos(rot) - c * tan_sx
+    m0, m1, m3, m4 = d, -b, -c, a
+    cxt, cyt = center_x + translate_x, center_y + translate_y
+    m2 = center_x - m0 * cxt - m1 * cyt
+    m5 = center_y - m3 * cxt - m4 * cyt
+    return torch.stack([m0, m1, m2, m3, m4, m5], dim=1)
+
+
+def affine_matrices(op: torch.Tensor, magnitude: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """float32 ``[N, 6]`` output pixel -> input coordinate maps (pixel centres at integers) of the
+    geometric ops (global op ids ``op``, signed magnitudes), the identity for the others.
+
+    The map is torchvision's: its inverse matrix ``theta`` (rounded to float32 as torchvision does)
+    acts on coordinates centred on the image, ``sx = theta0 (x - (W-1)/2) + theta1 (y - (H-1)/2) + theta2
+    + (W-1)/2``, which is where ``grid_sample(align_corners=False)`` reads output pixel (x, y).
+    """
+    zero = torch.zeros_like(magnitude)
+    shear = torch.rad2deg(torch.atan(magnitude))
+    corner_x = torch.full_like(magnitude, -0.5 * width)  # center=[0, 0]: the top-left corner
+    corner_y = torch.full_like(magnitude, -0.5 * height)
+    is_shear = (op == _OP["ShearX"]) | (op == _OP["ShearY"])
+    rotate = op == _OP["Rotate"]
+    angle = torch.where(rotate, -torch.remainder(magnitude, 360.0), zero)  # F.rotate: angle % 360, then -angle
+    theta = _inverse_affine(
+        angle,
+        torch.where(op == _OP["TranslateX"], torch.trunc(magnitude), zero),  # int(magnitude)
+        torch.where(op == _OP["TranslateY"], torch.trunc(magnitude), zero),
+        torch.where(op == _OP["ShearX"], shear, zero),
+        torch.where(op == _OP["ShearY"], shear, zero),
+        torch.where(is_shear, corner_x, zero),
+        torch.where(is_shear, corner_y, zero),
+    ).to(torch.float32).to(torch.float64)
+    ox, oy = (width - 1) / 2, (height - 1) / 2
+    m = theta.clone()
+    m[:, 2] = theta[:, 2] + ox - theta[:, 0] * ox - theta[:, 1] * oy
+    m[:, 5] = theta[:, 5] + oy - theta[:, 3] * ox - theta[:, 4] * oy
+    return m.to(torch.float32)
+
+
+def slot_arguments(op: torch.Tensor, magnitude: torch.Tensor, height: int, width: int):
+    """The kernel's (kinds int32, params float64, matrices float32) for one slot: global op ids
+    ``op`` (int64 [N], indices of :data:`OP_NAMES`) with signed magnitudes (float64 [N])."""
+    kinds = _OP_KINDS[op]
+    factor = 1.0 + magnitude
+    params = torch.where(op == _OP["Posterize"], torch.trunc(magnitude),
+                         torch.where(op == _OP["Solarize"], 255.0 * magnitude, factor))
+    return kinds, params, affine_matrices(op, magnitude, height, width)
+
+
+class PolicyBase(nn.Module):
+    """Shared by the policy modules: keyed parameters, checks, and the slots' kernel calls.
+
+    A subclass sets ``_space`` (its ops in torchvision's order), ``_stream_name`` and implements
+    ``_draws`` (uniforms per sample), ``_params_from_uniforms``, ``_param_spec``,
+    ``_identity_params`` and ``_slots``.
+    """
+
+    _space: dict
+    _stream_name: str
+    _draws: int
+
+    def __init__(self, interpolation: Any, fill: Any, generator: Any):
+        super().__init__()
+        self.interpolation = parse_interpolation(interpolation)
+        self.fill = fill
+        self._fill = parse_fill(fill)
+        self.generator = as_generator(generator)
+        self._op_ids = torch.tensor([_OP[name] for name in self._space], dtype=torch.int64)
+        self._tables: dict = {}
+        self.last_params: Optional[dict] = None
+
+    @property
+    def stream(self) -> int:
+        """This module's stream of :func:`gpupipe.keyed.uniforms`."""
+        return keyed.stream_of(self._stream_name)
+
+    def sample_params(self, n: int, *, seed: Optional[int] = None, epoch: Optional[int] = None,
+                      indices: Any = None) -> dict:
+        """Per-sample parameters for a batch of ``n``: a dict of CPU tensors with leading dim ``n``.
+
+        With ``seed``, a pure function of (seed, epoch, sample index) (``indices``: the samples'
+        dataset indices, default ``0..n-1``) on this module's stream of :mod:`gpupipe.keyed`;
+        without, drawn from the module's ``generator``.
+        """
+        u = draw_uniforms(n, self._draws, stream=self.stream, generator=self.generator, seed=seed, epoch=epoch,
+                          indices=indices)
+        return self._params_from_uniforms(u)
+
+    def _table(self, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (height, width)
+        if key not in self._tables:
+            if len(self._tables) > 16:
+                self._tables.clear()
+            self._tables[key] = magnitude_table(self._space, self._num_bins, height, width)
+        return self._tables[key]
+
+    def forward(self, x: torch.Tensor, params: Optional[dict] = None) -> torch.Tensor:
+        """Augments a batch: uint8 ``[N, 3, H, W]`` -> uint8 ``[N, 3, H, W]``, same device and memory format.
+
+        ``params=None`` draws new parameters in ``train()`` mode and applies none in ``eval()``
+        mode (x is returned as is); ``params=p`` (e.g. ``last_params``) replays exactly.
+        """
+        x = check_images(x)
+        n = x.shape[0]
+        if params is None:
+            if not self.training:
+                self.last_params = self._identity_params(n)
+                return x
+            params = self.sample_params(n)
+        shapes, dtypes = self._param_spec()
+        params = check_params(params, n, shapes, dtypes)
+        self.last_params = params
+        height, width = x.shape[2], x.shape[3]
+        fill = None if self._fill is None else self._fill.to(x.device)
+        for op, magnitude in self._slots(params, height, width):
+            kinds, p, matrices = slot_arguments(op, magnitude, height, width)
+            dev = x.device
+            x = policy_apply(x, kinds.to(dev), p.to(dev), matrices.to(dev), self.interpolation, fill)
+        return x
+
+    def _signed(self, op_index: torch.Tensor, bins: torch.Tensor, negate: torch.Tensor, height: int,
+                width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(global op ids, signed magnitudes) of a slot from the module's op indices, bins and signs."""
+        table, signed = self._table(height, width)
+        magnitude = table[op_index, bins]
+        magnitude = torch.where(negate & signed[op_index], -magnitude, magnitude)
+        return self._op_ids[op_index], magnitude
+
+    @staticmethod
+    def _check_range(params: dict, key: str, high: int) -> None:
+        v = params[key]
+        if bool(((v < 0) | (v >= high)).any()):
+            raise ValueError(f"params[{key!r}] must lie in [0, {high})")
+
+    def extra_repr(self) -> str:
+        return f"interpolation={self.interpolation!r}, fill={self.fill!r}"
+
+
+def uniform_index(u: torch.Tensor, count: int) -> torch.Tensor:
+    """Integers uniform in [0, count) from uniforms in [0, 1) (as torch.randint's distribution)."""
+    return torch.clamp((u * count).to(torch.int64), max=count - 1)
+
+
+def negate_draw(u: torch.Tensor) -> torch.Tensor:
+    """torchvision's ``torch.rand(()) <= 0.5``: negate a signed magnitude."""
+    return u <= 0.5
+
+
+def check_bins(num_magnitude_bins: Any) -> int:
+    if isinstance(num_magnitude_bins, bool) or not isinstance(num_magnitude_bins, int) or num_magnitude_bins < 2:
+        raise ValueError(f"num_magnitude_bins must be an int >= 2, got {num_magnitude_bins!r}")
+    return num_magnitude_bins
+
+
+__all__ = ["OP_NAMES", "PolicyBase", "affine_matrices", "magnitude_table", "slot_arguments"]
