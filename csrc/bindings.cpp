@@ -5,6 +5,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+
 #include <jpeglib.h>
 
 #include <cstring>
@@ -12,11 +14,14 @@
 #include <string>
 #include <vector>
 
+#include "augment_bindings.h"
+#include "augment_cpu.h"
 #include "batch_decode.h"
 #include "errors.h"
 #include "fused_augment_cpu.h"
 #include "jpeg_decoder.h"
 #include "jpeg_encoder.h"
+#include "policy_bindings.h"
 #include "policy_cpu.h"
 #include "restart.h"
 #include "thread_pool.h"
@@ -295,6 +300,21 @@ void register_encode(py::module_& m) {
 }
 
 void register_augment(py::module_& m) {
+  py::dict types;
+  for (int t = kUInt8; t <= kInt64; ++t) types[elem_name(t)] = t;
+  m.attr("ELEM_TYPES") = types;
+  m.def(
+      "warp_affine",
+      [](std::vector<int64_t> input, std::vector<int64_t> matrices, std::vector<int64_t> output,
+         int out_type, int interpolation, std::optional<std::vector<double>> fill, int num_threads) {
+        const WarpArgs a = warp_args(input, matrices, output, out_type, interpolation, fill);
+        py::gil_scoped_release release;
+        warp_affine_cpu(a, num_threads);
+      },
+      py::arg("input"), py::arg("matrices"), py::arg("output"), py::arg("out_type"),
+      py::arg("interpolation"), py::arg("fill"), py::arg("num_threads"),
+      "Host kernel of gpupipe.augment.warp_affine. Buffers are [address, extent, type, ndim, "
+      "shape..., strides...] lists (gpupipe.augment._kernels.buffer).");
   m.def(
       "fused_color_affine",
       [](uintptr_t input, bool input_is_uint8, int64_t n, int64_t h, int64_t w,
@@ -328,128 +348,31 @@ void register_augment(py::module_& m) {
 
 // --- augmentation policies -------------------------------------------------------------------------
 
-// A strided view of an object exporting the buffer protocol (e.g. a numpy view of a CPU tensor),
-// its item format checked, released on scope exit. Strides are kept in items.
-class TypedView {
- public:
-  TypedView(py::handle obj, std::string name, const char* formats, size_t itemsize, int ndim, bool writable)
-      : name_(std::move(name)) {
-    const int flags = writable ? PyBUF_RECORDS : PyBUF_RECORDS_RO;
-    if (PyObject_GetBuffer(obj.ptr(), &view_, flags) != 0) {
-      PyErr_Clear();
-      throw InvalidArgument(name_ + " must be a " + (writable ? "writable " : "") + "buffer (numpy array)");
-    }
-    held_ = true;
-    std::string fmt = view_.format ? view_.format : "B";
-    if (!fmt.empty() && (fmt[0] == '@' || fmt[0] == '=' || fmt[0] == '<')) fmt = fmt.substr(1);
-    if (fmt.size() != 1 || std::strchr(formats, fmt[0]) == nullptr || static_cast<size_t>(view_.itemsize) != itemsize)
-      throw InvalidArgument(name_ + " has item format '" + fmt + "', expected one of '" + formats + "' of " +
-                            std::to_string(itemsize) + " bytes");
-    if (view_.ndim != ndim)
-      throw InvalidArgument(name_ + " must have " + std::to_string(ndim) + " dimensions, got " +
-                            std::to_string(view_.ndim));
-    for (int i = 0; i < ndim; ++i) {
-      if (view_.strides[i] < 0 || view_.strides[i] % view_.itemsize != 0)
-        throw InvalidArgument(name_ + " must have non-negative strides in whole items");
-    }
-    // [lo, hi): the bytes the view can touch, with overflow-checked arithmetic
-    uint64_t extent = static_cast<uint64_t>(view_.itemsize);
-    bool empty = false;
-    for (int i = 0; i < ndim; ++i) {
-      if (view_.shape[i] == 0) empty = true;
-      uint64_t step = 0;
-      if (view_.shape[i] > 0 &&
-          (__builtin_mul_overflow(static_cast<uint64_t>(view_.shape[i] - 1), static_cast<uint64_t>(view_.strides[i]), &step) ||
-           __builtin_add_overflow(extent, step, &extent)))
-        throw InvalidArgument(name_ + " spans more bytes than the address space");
-    }
-    lo_ = reinterpret_cast<uintptr_t>(view_.buf);
-    hi_ = empty ? lo_ : lo_ + extent;
-  }
-  TypedView(const TypedView&) = delete;
-  ~TypedView() {
-    if (held_) PyBuffer_Release(&view_);
-  }
-  int64_t shape(int i) const { return static_cast<int64_t>(view_.shape[i]); }
-  int64_t stride(int i) const { return static_cast<int64_t>(view_.strides[i] / view_.itemsize); }
-  template <typename T>
-  T* data() const { return static_cast<T*>(view_.buf); }
-  bool overlaps(const TypedView& o) const { return lo_ < o.hi_ && o.lo_ < hi_; }
-  bool contiguous_1d(int64_t n) const { return view_.ndim == 1 && shape(0) == n && (n < 2 || stride(0) == 1); }
-  const std::string& name() const { return name_; }
-
- private:
-  Py_buffer view_{};
-  bool held_ = false;
-  std::string name_;
-  uintptr_t lo_ = 0, hi_ = 0;
-};
-
 void register_policies(py::module_& m) {
   m.def("policy_kinds", [] {
     using namespace policy;
     py::dict d;
-    d["identity"] = static_cast<int>(kIdentity);
-    d["brightness"] = static_cast<int>(kBrightness);
-    d["color"] = static_cast<int>(kColor);
-    d["contrast"] = static_cast<int>(kContrast);
-    d["sharpness"] = static_cast<int>(kSharpness);
-    d["posterize"] = static_cast<int>(kPosterize);
-    d["solarize"] = static_cast<int>(kSolarize);
-    d["autocontrast"] = static_cast<int>(kAutoContrast);
-    d["equalize"] = static_cast<int>(kEqualize);
-    d["invert"] = static_cast<int>(kInvert);
-    d["affine"] = static_cast<int>(kAffine);
+    const std::pair<const char*, Kind> kinds[] = {
+        {"identity", kIdentity}, {"brightness", kBrightness}, {"color", kColor}, {"contrast", kContrast},
+        {"sharpness", kSharpness}, {"posterize", kPosterize}, {"solarize", kSolarize},
+        {"autocontrast", kAutoContrast}, {"equalize", kEqualize}, {"invert", kInvert}, {"affine", kAffine}};
+    for (const auto& [name, kind] : kinds) d[name] = static_cast<int>(kind);
     return d;
   }, "The op kinds of policy_apply (csrc/policy_ops.h), name -> number.");
   m.def(
       "policy_apply",
-      [](py::handle input, py::handle output, py::handle kinds, py::handle params, py::handle matrices,
-         int interpolation, py::handle fill, int num_threads) {
-        const TypedView in(input, "input", "B", 1, 4, false);
-        const TypedView out(output, "output", "B", 1, 4, true);
-        const int64_t n = in.shape(0), h = in.shape(2), w = in.shape(3);
-        if (in.shape(1) != 3) throw InvalidArgument("input must be [N, 3, H, W], got " + std::to_string(in.shape(1)) + " channels");
-        for (int i = 0; i < 4; ++i)
-          if (out.shape(i) != in.shape(i)) throw InvalidArgument("output must have the input's shape");
-        if (in.overlaps(out)) throw InvalidArgument("output overlaps input: pass a separate buffer");
-        const TypedView k(kinds, "kinds", "il", 4, 1, false);
-        const TypedView p(params, "params", "d", 8, 1, false);
-        const TypedView mat(matrices, "matrices", "f", 4, 2, false);
-        if (!k.contiguous_1d(n) || !p.contiguous_1d(n))
-          throw InvalidArgument("kinds and params must be contiguous with one entry per sample (" + std::to_string(n) + ")");
-        if (mat.shape(0) != n || mat.shape(1) != 6 || (n > 0 && (mat.stride(1) != 1 || mat.stride(0) != 6)))
-          throw InvalidArgument("matrices must be a contiguous [" + std::to_string(n) + ", 6] array");
-        if (interpolation != 0 && interpolation != 1) throw InvalidArgument("interpolation must be 0 (nearest) or 1 (bilinear)");
-        std::unique_ptr<TypedView> f;
-        if (!fill.is_none()) {
-          f = std::make_unique<TypedView>(fill, "fill", "f", 4, 1, false);
-          if (!f->contiguous_1d(3)) throw InvalidArgument("fill must be a contiguous float32 array of 3 values");
-        }
-        for (const TypedView* v : {&k, &p, &mat})
-          if (v->overlaps(out)) throw InvalidArgument(v->name() + " overlaps output");
-        PolicyArgs a;
-        a.input = in.data<const uint8_t>();
-        a.output = out.data<uint8_t>();
-        a.n = n;
-        a.h = h;
-        a.w = w;
-        for (int i = 0; i < 4; ++i) {
-          a.in_stride[i] = in.stride(i);
-          a.out_stride[i] = out.stride(i);
-        }
-        a.kinds = k.data<const int32_t>();
-        a.params = p.data<const double>();
-        a.matrices = mat.data<const float>();
-        a.interpolation = interpolation;
-        a.fill = f ? f->data<const float>() : nullptr;
+      [](std::vector<int64_t> input, std::vector<int64_t> output, std::vector<int64_t> kinds,
+         std::vector<int64_t> params, std::vector<int64_t> matrices, int interpolation,
+         std::optional<std::vector<double>> fill, int num_threads) {
+        const PolicyArgs a = policy_args(input, output, kinds, params, matrices, interpolation, fill, true);
         py::gil_scoped_release release;
         policy_apply_cpu(a, num_threads);
       },
       py::arg("input"), py::arg("output"), py::arg("kinds"), py::arg("params"), py::arg("matrices"),
       py::arg("interpolation"), py::arg("fill"), py::arg("num_threads"),
-      "One op slot of an augmentation policy on a uint8 [N, 3, H, W] batch (numpy views, any "
-      "strides): sample i undergoes kinds[i] with params[i] (policy_kinds()), written to output.");
+      "One op slot of an augmentation policy on a uint8 [N, 3, H, W] batch: sample i undergoes kinds[i] "
+      "(policy_kinds()) with params[i] or matrices[i]. Buffers are [address, extent, type, ndim, "
+      "shape..., strides...] lists (gpupipe.augment._kernels.buffer).");
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "errors.h"
 #include "multiversion.h"
+#include "parallel_rows.h"
 #include "thread_pool.h"
 
 namespace gpupipe {
@@ -58,7 +59,7 @@ inline void store_row(uint8_t* __restrict__ row, int64_t w, int64_t sc, int64_t 
 }
 
 inline const uint8_t* input_row(const PolicyArgs& a, int64_t n, int64_t y) {
-  return a.input + n * a.in_stride[0] + y * a.in_stride[2];
+  return a.input.data + n * a.input.stride[0] + y * a.input.stride[2];
 }
 
 // --- pass 1: per-sample statistics and lookup tables ---------------------------------------------
@@ -71,20 +72,20 @@ GPUPIPE_MULTIVERSION void gray_floor_row(const uint8_t* __restrict__ r, const ui
 
 void sample_table(const PolicyArgs& a, int64_t n, uint8_t* lut, std::vector<uint8_t>& scratch,
                   std::vector<float>& gray) {
-  const int32_t kind = a.kinds[n];
+  const int32_t kind = static_cast<int32_t>(a.kinds[n]);
   if (!is_lut_kind(kind)) return;
   Stats s;
-  s.pixels = a.h * a.w;
+  s.pixels = a.input.h * a.input.w;
   uint32_t hist[3 * 256];
   if (needs_histogram(kind) || needs_gray_sum(kind)) {
-    const int64_t w = a.w;
+    const int64_t w = a.input.w;
     scratch.resize(static_cast<size_t>(3 * w));
     gray.resize(static_cast<size_t>(w));
     uint8_t *r = scratch.data(), *g = r + w, *b = g + w;
     std::memset(hist, 0, sizeof(hist));
     int64_t gray_sum = 0;
-    for (int64_t y = 0; y < a.h; ++y) {
-      load_row(input_row(a, n, y), w, a.in_stride[1], a.in_stride[3], r, g, b);
+    for (int64_t y = 0; y < a.input.h; ++y) {
+      load_row(input_row(a, n, y), w, a.input.stride[1], a.input.stride[3], r, g, b);
       if (needs_histogram(kind)) {
         for (int64_t x = 0; x < w; ++x) {
           ++hist[r[x]];
@@ -138,13 +139,31 @@ struct RowScratch {
   std::vector<int32_t> ints;
 };
 
+// The geometric ops: each output pixel samples the input through the sample's inverse affine map
+// (augment_pixel.h, the warp shared with warp_affine and the CUDA kernels).
+GPUPIPE_MULTIVERSION void affine_row(const PolicyArgs& a, int64_t n, int64_t y, uint8_t* __restrict__ r,
+                                     uint8_t* __restrict__ g, uint8_t* __restrict__ b) {
+  const pixel::Image8 im = a.input.sample(n);
+  const float* m = a.matrices + 6 * n;
+  for (int64_t x = 0; x < a.input.w; ++x) {
+    float sx, sy, v[3];
+    pixel::affine_source(m, static_cast<float>(x), static_cast<float>(y), &sx, &sy);
+    pixel::sample(im, a.interpolation, a.fill, sx, sy, v);
+    r[x] = pixel::to_uint8(v[0]);
+    g[x] = pixel::to_uint8(v[1]);
+    b[x] = pixel::to_uint8(v[2]);
+  }
+}
+
 void output_row(const PolicyArgs& a, const uint8_t* luts, int64_t n, int64_t y, RowScratch& s) {
-  const int64_t w = a.w;
-  const int32_t kind = a.kinds[n];
+  const int64_t w = a.input.w;
+  const int32_t kind = static_cast<int32_t>(a.kinds[n]);
   s.bytes.resize(static_cast<size_t>(12 * w));
   uint8_t *r = s.bytes.data(), *g = r + w, *b = g + w;
-  const int64_t isc = a.in_stride[1], isw = a.in_stride[3];
-  if (kind == kSharpness && y > 0 && y + 1 < a.h && w > 2) {
+  const int64_t isc = a.input.stride[1], isw = a.input.stride[3];
+  if (kind == kAffine) {
+    affine_row(a, n, y, r, g, b);
+  } else if (kind == kSharpness && y > 0 && y + 1 < a.input.h && w > 2) {
     uint8_t* rows = b + w;  // above r, g, b, then below r, g, b
     load_row(input_row(a, n, y - 1), w, isc, isw, rows, rows + w, rows + 2 * w);
     load_row(input_row(a, n, y), w, isc, isw, r, g, b);
@@ -168,39 +187,26 @@ void output_row(const PolicyArgs& a, const uint8_t* luts, int64_t n, int64_t y, 
     }
     // kIdentity, and kSharpness on border rows: the input row as is
   }
-  store_row(a.output + n * a.out_stride[0] + y * a.out_stride[2], w, a.out_stride[1], a.out_stride[3], r, g, b);
+  store_row(a.output_row(n, y), w, a.out_stride[1], a.out_stride[3], r, g, b);
 }
 
 }  // namespace
 
 void policy_apply_cpu(const PolicyArgs& a, int num_threads) {
-  for (int64_t i = 0; i < a.n; ++i)
-    if (a.kinds[i] < 0 || a.kinds[i] >= kNumKinds || a.kinds[i] == kAffine)
-      throw InvalidArgument("kinds[" + std::to_string(i) + "] = " + std::to_string(a.kinds[i]) +
-                            " is not a supported policy op");
-  if (a.n == 0 || a.h == 0 || a.w == 0) return;
-  const bool pooled = num_threads > 1;
-  std::vector<uint8_t> luts(static_cast<size_t>(a.n) * 768);
+  const int64_t n = a.input.n, h = a.input.h;
+  if (n == 0 || h == 0 || a.input.w == 0) return;
+  std::vector<uint8_t> luts(static_cast<size_t>(n) * 768);
   auto table = [&](size_t i) {
     thread_local std::vector<uint8_t> scratch;
     thread_local std::vector<float> gray;
     sample_table(a, static_cast<int64_t>(i), luts.data() + 768 * i, scratch, gray);
   };
-  if (pooled && a.n > 1) get_pool(num_threads)->parallel_for(static_cast<size_t>(a.n), table);
-  else for (int64_t i = 0; i < a.n; ++i) table(static_cast<size_t>(i));
+  if (num_threads > 1 && n > 1) get_pool(num_threads)->parallel_for(static_cast<size_t>(n), table);
+  else for (int64_t i = 0; i < n; ++i) table(static_cast<size_t>(i));
 
-  const int64_t rows = a.n * a.h;
-  auto run = [&](int64_t begin, int64_t end) {
+  parallel_rows(n * h, num_threads, [&](int64_t begin, int64_t end) {
     thread_local RowScratch scratch;
-    for (int64_t r = begin; r < end; ++r) output_row(a, luts.data(), r / a.h, r % a.h, scratch);
-  };
-  if (!pooled || rows < 64) {
-    run(0, rows);
-    return;
-  }
-  const int64_t chunks = std::min<int64_t>(rows, 8LL * num_threads);
-  get_pool(num_threads)->parallel_for(static_cast<size_t>(chunks), [&](size_t c) {
-    run(rows * static_cast<int64_t>(c) / chunks, rows * static_cast<int64_t>(c + 1) / chunks);
+    for (int64_t r = begin; r < end; ++r) output_row(a, luts.data(), r / h, r % h, scratch);
   });
 }
 

@@ -7,9 +7,22 @@
 #include <string>
 #include <vector>
 
+#include <optional>
+
+#include "augment_bindings.h"
+#include "augment_cuda.h"
 #include "fused_augment_cuda.h"
 
 namespace py = pybind11;
+
+namespace {
+
+void check_launch(const char* what, int err) {
+  if (err != 0)
+    throw std::runtime_error(std::string(what) + " CUDA launch failed: " + gpupipe::cuda_error_string(err));
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_C_cuda, m) {
   m.doc() = "gpupipe's CUDA kernels (private; use gpupipe.augment).";
@@ -30,4 +43,13 @@ PYBIND11_MODULE(_C_cuda, m) {
       py::arg("input"), py::arg("input_is_uint8"), py::arg("n"), py::arg("h"), py::arg("w"),
       py::arg("strides"), py::arg("matrices"), py::arg("hflip"), py::arg("vflip"),
       py::arg("output"), py::arg("out_dtype"), py::arg("stream"));
+  m.def(
+      "warp_affine",
+      [](std::vector<int64_t> input, std::vector<int64_t> matrices, std::vector<int64_t> output,
+         int out_type, int interpolation, std::optional<std::vector<double>> fill, uintptr_t stream) {
+        const gpupipe::WarpArgs a = gpupipe::warp_args(input, matrices, output, out_type, interpolation, fill);
+        check_launch("warp_affine", gpupipe::warp_affine_cuda(a, reinterpret_cast<void*>(stream)));
+      },
+      py::arg("input"), py::arg("matrices"), py::arg("output"), py::arg("out_type"),
+      py::arg("interpolation"), py::arg("fill"), py::arg("stream"));
 }

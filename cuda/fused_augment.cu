@@ -81,6 +81,4 @@ int fused_color_affine_cuda(const fused::FusedArgs& a, void* stream) {
   return static_cast<int>(err);
 }
 
-const char* cuda_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
-
 }  // namespace gpupipe

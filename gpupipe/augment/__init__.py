@@ -3,6 +3,7 @@ grayscale and normalisation, with per-sample parameters.
 
 - :class:`BatchAugment` (``engine="fused"`` or ``"kornia"``)
 - :func:`color_matrices`: the per-sample 3x4 color matrices of the fused engine
+- :func:`warp_affine` / :func:`affine_matrices`: per-sample affine resampling with torchvision's semantics
 - :func:`fused_color_affine`: the single-pass kernel (CUDA on CUDA tensors, C++ on CPU)
 
 torchvision's recipes, batched and keyed to (seed, epoch, sample index):
@@ -13,9 +14,12 @@ torchvision's recipes, batched and keyed to (seed, epoch, sample index):
 - :class:`Compose`: a keyed chain (the Loader's ``augment``)
 """
 
+from gpupipe.augment.affine_matrix import affine_matrices
 from gpupipe.augment.batch_augment import IMAGENET_MEAN, IMAGENET_STD, BatchAugment
 from gpupipe.augment.color_matrix import color_matrices
 from gpupipe.augment.fused import cuda_kernel_available, fused_color_affine
+from gpupipe.augment.warp_affine import warp_affine
+
 from gpupipe.augment.auto_augment import AutoAugment
 from gpupipe.augment.compose import Compose
 from gpupipe.augment.cutmix import CutMix
@@ -25,6 +29,6 @@ from gpupipe.augment.random_choice import RandomChoice
 from gpupipe.augment.random_erasing import RandomErasing
 from gpupipe.augment.trivial_augment_wide import TrivialAugmentWide
 
-__all__ = ["BatchAugment", "IMAGENET_MEAN", "IMAGENET_STD", "color_matrices", "fused_color_affine", "cuda_kernel_available",
+__all__ = ["warp_affine", "affine_matrices", "BatchAugment", "IMAGENET_MEAN", "IMAGENET_STD", "color_matrices", "fused_color_affine", "cuda_kernel_available",
            "TrivialAugmentWide", "RandAugment", "AutoAugment", "RandomErasing", "MixUp", "CutMix", "RandomChoice",
            "Compose"]

@@ -24,6 +24,7 @@ from torch import nn
 
 from gpupipe import keyed
 from gpupipe.augment._keyed_params import as_generator, check_params, draw_uniforms
+from gpupipe.augment.affine_matrix import affine_matrices
 from gpupipe.augment._policy_kernels import INTERPOLATIONS, KINDS, policy_apply
 
 MagnitudeFn = Callable[[int, int, int], Optional[torch.Tensor]]
@@ -35,7 +36,7 @@ _KIND_OF_OP = {"Identity": "identity", "ShearX": "affine", "ShearY": "affine", "
                "TranslateY": "affine", "Rotate": "affine", "Brightness": "brightness", "Color": "color",
                "Contrast": "contrast", "Sharpness": "sharpness", "Posterize": "posterize", "Solarize": "solarize",
                "AutoContrast": "autocontrast", "Equalize": "equalize", "Invert": "invert"}
-_OP_KINDS = torch.tensor([KINDS[_KIND_OF_OP[name]] for name in OP_NAMES], dtype=torch.int32)
+_OP_KINDS = torch.tensor([KINDS[_KIND_OF_OP[name]] for name in OP_NAMES], dtype=torch.int64)
 _OP = {name: i for i, name in enumerate(OP_NAMES)}
 
 
@@ -103,8 +104,8 @@ def parse_interpolation(interpolation: Any) -> str:
     return value
 
 
-def parse_fill(fill: Union[None, float, Sequence[float]]) -> Optional[torch.Tensor]:
-    """torchvision's ``fill`` (None, a number, or one value per channel) as float32 [3] on 0..255."""
+def parse_fill(fill: Union[None, float, Sequence[float]]) -> Optional[list]:
+    """torchvision's ``fill`` (None, a number, or one value per channel) as 3 floats on 0..255."""
     if fill is None:
         return None
     values = [fill] if isinstance(fill, (int, float)) and not isinstance(fill, bool) else list(fill)
@@ -112,7 +113,7 @@ def parse_fill(fill: Union[None, float, Sequence[float]]) -> Optional[torch.Tens
         raise ValueError(f"fill must be None, a number or a sequence of 1 or 3 numbers, got {fill!r}")
     if not all(0 <= v <= 255 for v in values):
         raise ValueError(f"fill must lie in [0, 255] for uint8 images, got {fill!r}")
-    return torch.tensor(values * (3 // len(values)), dtype=torch.float32)
+    return [float(v) for v in values] * (3 // len(values))
 
 
 def check_images(x: Any) -> torch.Tensor:
@@ -137,61 +138,38 @@ def magnitude_table(space: dict, num_bins: int, height: int, width: int) -> tupl
     return torch.stack(rows), torch.tensor(signed)
 
 
-def _inverse_affine(angle, translate_x, translate_y, shear_x, shear_y, center_x, center_y) -> torch.Tensor:
-    """torchvision's ``_get_inverse_affine_matrix(center, angle, translate, 1.0, shear)`` on float64
-    tensors (angles and shears in degrees, centre relative to the image centre): [N, 6]."""
-    rot, sx, sy = torch.deg2rad(angle), torch.deg2rad(shear_x), torch.deg2rad(shear_y)
-    cos_sy, tan_sx = torch.cos(sy), torch.tan(sx)
-    a = torch.cos(rot - sy) / cos_sy
-    b = -(a * tan_sx + torch.sin(rot))
-    c = torch.sin(rot - sy) / cos_sy
-    d = torch.cos(rot) - c * tan_sx
-    m0, m1, m3, m4 = d, -b, -c, a
-    cxt, cyt = center_x + translate_x, center_y + translate_y
-    m2 = center_x - m0 * cxt - m1 * cyt
-    m5 = center_y - m3 * cxt - m4 * cyt
-    return torch.stack([m0, m1, m2, m3, m4, m5], dim=1)
-
-
-def affine_matrices(op: torch.Tensor, magnitude: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """float32 ``[N, 6]`` output pixel -> input coordinate maps (pixel centres at integers) of the
-    geometric ops (global op ids ``op``, signed magnitudes), the identity for the others.
-
-    The map is torchvision's: its inverse matrix ``theta`` (rounded to float32 as torchvision does)
-    acts on coordinates centred on the image, ``sx = theta0 (x - (W-1)/2) + theta1 (y - (H-1)/2) + theta2
-    + (W-1)/2``, which is where ``grid_sample(align_corners=False)`` reads output pixel (x, y).
+def geometric_matrices(op: torch.Tensor, magnitude: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """float32 ``[N, 6]`` output pixel -> input coordinate maps of the geometric ops (global op ids
+    ``op``, signed magnitudes) as torchvision applies them, the identity for the other ops:
+    ShearX/Y ``F.affine(shear=(degrees(atan(m)), 0) or (0, ...), center=[0, 0])``, TranslateX/Y
+    ``F.affine(translate=(int(m), 0) or (0, int(m)))``, Rotate ``F.rotate(m)`` (``affine(-m % 360)``
+    about the centre); through :func:`gpupipe.augment.affine_matrices`.
     """
     zero = torch.zeros_like(magnitude)
     shear = torch.rad2deg(torch.atan(magnitude))
-    corner_x = torch.full_like(magnitude, -0.5 * width)  # center=[0, 0]: the top-left corner
-    corner_y = torch.full_like(magnitude, -0.5 * height)
     is_shear = (op == _OP["ShearX"]) | (op == _OP["ShearY"])
-    rotate = op == _OP["Rotate"]
-    angle = torch.where(rotate, -torch.remainder(magnitude, 360.0), zero)  # F.rotate: angle % 360, then -angle
-    theta = _inverse_affine(
-        angle,
-        torch.where(op == _OP["TranslateX"], torch.trunc(magnitude), zero),  # int(magnitude)
-        torch.where(op == _OP["TranslateY"], torch.trunc(magnitude), zero),
-        torch.where(op == _OP["ShearX"], shear, zero),
-        torch.where(op == _OP["ShearY"], shear, zero),
-        torch.where(is_shear, corner_x, zero),
-        torch.where(is_shear, corner_y, zero),
-    ).to(torch.float32).to(torch.float64)
-    ox, oy = (width - 1) / 2, (height - 1) / 2
-    m = theta.clone()
-    m[:, 2] = theta[:, 2] + ox - theta[:, 0] * ox - theta[:, 1] * oy
-    m[:, 5] = theta[:, 5] + oy - theta[:, 3] * ox - theta[:, 4] * oy
-    return m.to(torch.float32)
+    translate = torch.trunc(magnitude)  # int(magnitude)
+    centre = torch.tensor([width / 2, height / 2], dtype=torch.float64)
+    m = affine_matrices(
+        torch.where(op == _OP["Rotate"], -torch.remainder(magnitude, 360.0), zero),  # rotate: angle % 360, then -angle
+        torch.stack([torch.where(op == _OP["TranslateX"], translate, zero),
+                     torch.where(op == _OP["TranslateY"], translate, zero)], dim=1),
+        1.0,
+        torch.stack([torch.where(op == _OP["ShearX"], shear, zero), torch.where(op == _OP["ShearY"], shear, zero)], dim=1),
+        torch.where(is_shear[:, None], torch.zeros(2, dtype=torch.float64), centre),  # shears about the corner
+        size=(height, width),
+    )
+    return m.reshape(-1, 6).to(torch.float32)
 
 
 def slot_arguments(op: torch.Tensor, magnitude: torch.Tensor, height: int, width: int):
-    """The kernel's (kinds int32, params float64, matrices float32) for one slot: global op ids
+    """The kernel's (kinds int64, params float64, matrices float32) for one slot: global op ids
     ``op`` (int64 [N], indices of :data:`OP_NAMES`) with signed magnitudes (float64 [N])."""
     kinds = _OP_KINDS[op]
     factor = 1.0 + magnitude
     params = torch.where(op == _OP["Posterize"], torch.trunc(magnitude),
                          torch.where(op == _OP["Solarize"], 255.0 * magnitude, factor))
-    return kinds, params, affine_matrices(op, magnitude, height, width)
+    return kinds, params, geometric_matrices(op, magnitude, height, width)
 
 
 class PolicyBase(nn.Module):
@@ -258,11 +236,11 @@ class PolicyBase(nn.Module):
         params = check_params(params, n, shapes, dtypes)
         self.last_params = params
         height, width = x.shape[2], x.shape[3]
-        fill = None if self._fill is None else self._fill.to(x.device)
         for op, magnitude in self._slots(params, height, width):
             kinds, p, matrices = slot_arguments(op, magnitude, height, width)
             dev = x.device
-            x = policy_apply(x, kinds.to(dev), p.to(dev), matrices.to(dev), self.interpolation, fill)
+            x = policy_apply(x, kinds.to(dev, non_blocking=True), p.to(dev, non_blocking=True),
+                             matrices.to(dev, non_blocking=True), self.interpolation, self._fill)
         return x
 
     def _signed(self, op_index: torch.Tensor, bins: torch.Tensor, negate: torch.Tensor, height: int,
@@ -276,7 +254,7 @@ class PolicyBase(nn.Module):
     @staticmethod
     def _check_range(params: dict, key: str, high: int) -> None:
         v = params[key]
-        if bool(((v < 0) | (v >= high)).any()):
+        if not torch.compiler.is_compiling() and bool(((v < 0) | (v >= high)).any()):  # a data-dependent guard
             raise ValueError(f"params[{key!r}] must lie in [0, {high})")
 
     def extra_repr(self) -> str:
@@ -299,4 +277,4 @@ def check_bins(num_magnitude_bins: Any) -> int:
     return num_magnitude_bins
 
 
-__all__ = ["OP_NAMES", "PolicyBase", "affine_matrices", "magnitude_table", "slot_arguments"]
+__all__ = ["OP_NAMES", "PolicyBase", "geometric_matrices", "magnitude_table", "slot_arguments"]

@@ -1,10 +1,11 @@
 """The policies' kernel as a torch op: ``gpupipe::policy_apply``, one op slot of a batch.
 
-Sample ``i`` of a uint8 ``[N, 3, H, W]`` batch undergoes ``kinds[i]`` (``KINDS``, from
+Sample ``i`` of a uint8 ``[N, 3, H, W]`` batch undergoes ``kinds[i]`` (:data:`KINDS`, from
 csrc/policy_ops.h) with ``params[i]`` (factor, bits or threshold) or, for ``KINDS["affine"]``,
-``matrices[i]``. CPU tensors run the host kernels (csrc/policy_cpu.cpp) on gpupipe's thread pool,
-``torch.get_num_threads()`` threads, the GIL released once per call. A fake kernel makes the op
-traceable by ``torch.compile``.
+``matrices[i]`` (the warp of :func:`gpupipe.augment.warp_affine`). CPU tensors run the host kernels
+(csrc/policy_cpu.cpp) on gpupipe's thread pool, ``torch.get_num_threads()`` threads, the GIL released
+once per call; CUDA tensors the CUDA kernels (cuda/policy_ops.cu) on torch's current stream. A fake
+kernel makes the op traceable by ``torch.compile``.
 """
 
 from __future__ import annotations
@@ -14,36 +15,49 @@ from typing import Optional
 import torch
 
 from gpupipe import _C
+from gpupipe.augment import _kernels
 
 KINDS: dict = dict(_C.policy_kinds())
 INTERPOLATIONS = {"nearest": 0, "bilinear": 1}
 
 
-def _check(x, kinds, params, matrices, fill):
-    n = x.shape[0]
+def _check(x, kinds, params, matrices):
     if x.dim() != 4 or x.shape[1] != 3 or x.dtype != torch.uint8:
         raise ValueError(f"x must be uint8 [N, 3, H, W], got {x.dtype} {tuple(x.shape)}")
-    for name, t, shape, dtype in (("kinds", kinds, (n,), torch.int32), ("params", params, (n,), torch.float64),
+    n = x.shape[0]
+    for name, t, shape, dtype in (("kinds", kinds, (n,), torch.int64), ("params", params, (n,), torch.float64),
                                   ("matrices", matrices, (n, 6), torch.float32)):
-        if tuple(t.shape) != shape or t.dtype != dtype:
-            raise ValueError(f"{name} must be {dtype} {list(shape)}, got {t.dtype} {tuple(t.shape)}")
-    if fill is not None and (tuple(fill.shape) != (3,) or fill.dtype != torch.float32):
-        raise ValueError(f"fill must be float32 [3], got {fill.dtype} {tuple(fill.shape)}")
+        if tuple(t.shape) != shape or t.dtype != dtype or t.device != x.device:
+            raise ValueError(f"{name} must be {dtype} {list(shape)} on {x.device}, got {t.dtype} {tuple(t.shape)} "
+                             f"on {t.device}")
+
+
+def _buffers(x, out, kinds, params, matrices) -> list:
+    return [_kernels.buffer(t) for t in (x, out, kinds.contiguous(), params.contiguous(), matrices.contiguous())]
 
 
 @torch.library.custom_op("gpupipe::policy_apply", mutates_args=())
 def _policy_apply_op(x: torch.Tensor, kinds: torch.Tensor, params: torch.Tensor, matrices: torch.Tensor,
-                     interpolation: int, fill: Optional[torch.Tensor]) -> torch.Tensor:
+                     interpolation: int, fill: Optional[list[float]]) -> torch.Tensor:
     raise NotImplementedError(f"gpupipe::policy_apply has no kernel for device {x.device}")
 
 
 @_policy_apply_op.register_kernel("cpu")
 def _(x, kinds, params, matrices, interpolation, fill):
-    _check(x, kinds, params, matrices, fill)
+    _check(x, kinds, params, matrices)
     out = torch.empty_like(x)  # the input's memory format (channels-last stays channels-last)
-    _C.policy_apply(x.numpy(), out.numpy(), kinds.contiguous().numpy(), params.contiguous().numpy(),
-                    matrices.contiguous().numpy(), interpolation,
-                    None if fill is None else fill.contiguous().numpy(), torch.get_num_threads())
+    _C.policy_apply(*_buffers(x, out, kinds, params, matrices), interpolation, fill, _kernels.num_threads())
+    return out
+
+
+@_policy_apply_op.register_kernel("cuda")
+def _(x, kinds, params, matrices, interpolation, fill):
+    cuda = _kernels.cuda_module()
+    _check(x, kinds, params, matrices)
+    out = torch.empty_like(x)
+    with torch.cuda.device(x.device):
+        cuda.policy_apply(*_buffers(x, out, kinds, params, matrices), interpolation, fill,
+                          _kernels.current_stream(x.device))
     return out
 
 
@@ -53,18 +67,18 @@ def _(x, kinds, params, matrices, interpolation, fill):
 
 
 def policy_apply(x: torch.Tensor, kinds: torch.Tensor, params: torch.Tensor, matrices: torch.Tensor,
-                 interpolation: str = "nearest", fill: Optional[torch.Tensor] = None) -> torch.Tensor:
+                 interpolation: str = "nearest", fill: Optional[list] = None) -> torch.Tensor:
     """One op slot: ``out[i] = op(kinds[i], params[i], matrices[i])(x[i])``, uint8 in, uint8 out.
 
     Args:
-        x: uint8 ``[N, 3, H, W]``, any strides, on the CPU.
-        kinds: int32 ``[N]``, values of :data:`KINDS`.
+        x: uint8 ``[N, 3, H, W]``, any strides, CPU or CUDA.
+        kinds: int64 ``[N]``, values of :data:`KINDS`, on x's device.
         params: float64 ``[N]``: the factor (brightness, color, contrast, sharpness), the bits
             (posterize) or the threshold on the 0..255 scale (solarize); ignored otherwise.
         matrices: float32 ``[N, 6]``: for affine samples, the output pixel -> input coordinate map
             ``sx = m0 x + m1 y + m2, sy = m3 x + m4 y + m5`` (pixel centres at integers).
         interpolation: ``"nearest"`` or ``"bilinear"`` (affine samples).
-        fill: float32 ``[3]`` on the 0..255 scale, or None (torchvision's ``fill=None``: zeros).
+        fill: 3 floats on the 0..255 scale, or None (torchvision's ``fill=None``: zeros).
 
     Returns:
         uint8 ``[N, 3, H, W]`` in x's memory format, on x's device.

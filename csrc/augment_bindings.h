@@ -1,0 +1,78 @@
+// Binding glue of the augmentation kernels, shared by gpupipe._C (bindings.cpp) and gpupipe._C_cuda
+// (cuda/bindings_cuda.cpp): turns the integers a binding receives into validated launch arguments.
+// Every check runs here, before the GIL is released and before any kernel runs; a failure is an
+// InvalidArgument (ValueError in Python) naming the argument.
+#pragma once
+
+#include <math.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "augment_kernels.h"
+#include "strided_buffer.h"
+
+namespace gpupipe {
+
+// Coordinates are floats: sizes up to 2^24 keep every pixel index exact.
+constexpr int64_t kMaxAugmentSide = int64_t{1} << 24;
+
+inline void require_contiguous(const StridedBuffer& b, const char* name) {
+  int64_t expected = 1;
+  for (int d = b.ndim - 1; d >= 0; --d) {
+    if (b.shape[d] != 1 && b.strides[d] != expected) throw InvalidArgument(std::string(name) + " must be contiguous");
+    expected *= b.shape[d];
+  }
+}
+
+inline Batch8 batch8(const StridedBuffer& b) {
+  Batch8 out;
+  out.data = b.as<const uint8_t>();
+  out.n = b.shape[0];
+  out.h = b.shape[2];
+  out.w = b.shape[3];
+  for (int d = 0; d < 4; ++d) out.stride[d] = b.strides[d];
+  if (out.h >= kMaxAugmentSide || out.w >= kMaxAugmentSide)
+    throw InvalidArgument("x: height and width must be below 2^24");
+  return out;
+}
+
+inline pixel::Fill fill_arg(const std::optional<std::vector<double>>& fill, double hi) {
+  pixel::Fill f{false, {0.0f, 0.0f, 0.0f}};
+  if (!fill) return f;
+  if (fill->size() != 3) throw InvalidArgument("fill must have 3 values (one per channel)");
+  for (int c = 0; c < 3; ++c) {
+    const double v = (*fill)[c];
+    if (!(v >= 0.0 && v <= hi)) throw InvalidArgument("fill values must be within [0, " + std::to_string(hi) + "]");
+    f.value[c] = static_cast<float>(v);
+  }
+  f.enabled = true;
+  return f;
+}
+
+inline WarpArgs warp_args(const std::vector<int64_t>& input, const std::vector<int64_t>& matrices,
+                          const std::vector<int64_t>& output, int out_type, int interpolation,
+                          const std::optional<std::vector<double>>& fill) {
+  const StridedBuffer in = parse_buffer(input, "x", kUInt8, {-1, 3, -1, -1});
+  const int64_t n = in.shape[0], h = in.shape[2], w = in.shape[3];
+  const StridedBuffer m = parse_buffer(matrices, "matrix", kFloat32, {n, 2, 3});
+  require_contiguous(m, "matrix");
+  if (out_type != kUInt8 && out_type != kFloat32) throw InvalidArgument("out_dtype must be uint8 or float32");
+  const StridedBuffer out = parse_buffer(output, "out", out_type, {n, 3, h, w});
+  check_disjoint(out, "out", in, "x");
+  check_disjoint(out, "out", m, "matrix");
+  if (interpolation != pixel::kNearest && interpolation != pixel::kBilinear)
+    throw InvalidArgument("interpolation must be 0 (nearest) or 1 (bilinear)");
+  WarpArgs a;
+  a.input = batch8(in);
+  a.matrices = m.as<const float>();
+  a.interpolation = interpolation;
+  a.fill = fill_arg(fill, 255.0);
+  a.output = reinterpret_cast<void*>(out.address);
+  a.out_type = out_type;
+  for (int d = 0; d < 4; ++d) a.out_stride[d] = out.strides[d];
+  return a;
+}
+
+}  // namespace gpupipe

@@ -1,0 +1,13 @@
+// Launchers of the augmentation CUDA kernels: plain pointers and a stream handle, no torch ABI.
+// Each enqueues on `stream` (a cudaStream_t, e.g. torch's current stream) and returns the
+// cudaError_t of the launch (0 = success). All pointers in the arguments are device pointers.
+#pragma once
+
+#include "augment_kernels.h"
+
+namespace gpupipe {
+
+int warp_affine_cuda(const WarpArgs& args, void* stream);
+const char* cuda_error_string(int code);
+
+}  // namespace gpupipe

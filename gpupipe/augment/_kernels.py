@@ -1,0 +1,44 @@
+"""Plumbing shared by the augmentation ops: tensors described to the C++/CUDA bindings as plain
+integers (no torch ABI in C++), the element-type codes the bindings export, and the CUDA module."""
+
+from __future__ import annotations
+
+import torch
+
+from gpupipe import _C
+
+try:
+    from gpupipe import _C_cuda
+except ImportError:  # built without a CUDA compiler
+    _C_cuda = None
+
+# torch dtype -> the bindings' element-type code (defined once, in csrc/elem_type.h)
+ELEM_TYPES = {getattr(torch, name): code for name, code in _C.ELEM_TYPES.items()}
+
+
+def cuda_kernel_available() -> bool:
+    """True when the CUDA kernels were built (a CUDA compiler was found at build time)."""
+    return _C_cuda is not None
+
+
+def buffer(t: torch.Tensor) -> list:
+    """``[address, extent, type, ndim, *shape, *strides]`` of a tensor: ``extent`` is the bytes of
+    its storage from ``data_ptr()`` on, so the binding can check every reachable element lies inside."""
+    extent = t.untyped_storage().nbytes() - t.storage_offset() * t.element_size()
+    return [t.data_ptr(), extent, ELEM_TYPES.get(t.dtype, -1), t.dim(), *t.shape, *t.stride()]
+
+
+def cuda_module():
+    if _C_cuda is None:
+        raise RuntimeError("gpupipe was built without CUDA kernels (no CUDA compiler at build time); "
+                           "rebuild with nvcc on PATH")
+    return _C_cuda
+
+
+def current_stream(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def num_threads() -> int:
+    """Threads for a host kernel: torch's intra-op setting, so one knob governs both."""
+    return torch.get_num_threads()
