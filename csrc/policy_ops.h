@@ -73,24 +73,22 @@ GPUPIPE_HD float fma_small(float a, float b, float c) {
 #endif
 }
 
-// torch's `.clamp_(0, 255).to(torch.uint8)`: clamp, then truncate toward zero.
+// torch's `.clamp_(0, 255).to(torch.uint8)`: clamp, then truncate toward zero (through int32, which
+// the compiler vectorises).
 GPUPIPE_HD uint8_t clamp_trunc_u8(float v) {
   v = v < 0.0f ? 0.0f : v;
   v = v > 255.0f ? 255.0f : v;
-  return static_cast<uint8_t>(v);
+  return static_cast<uint8_t>(static_cast<int32_t>(v));
 }
 
 // floor of torchvision's gray level r * 0.2989 + g * 0.587 + b * 0.114
 // (`r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114)`, then `.floor_()`).
+// The level is never negative, so the floor is a truncation (vectorised, no libm call).
 GPUPIPE_HD float gray_floor(float r, float g, float b) {
   const float t = r * 0.2989f;
   const float u = fma_small(g, 0.587f, t);
   const float v = fma_small(b, 0.114f, u);
-#if defined(__CUDA_ARCH__)
-  return floorf(v);
-#else
-  return std::floor(v);
-#endif
+  return static_cast<float>(static_cast<int32_t>(v));
 }
 
 // torchvision's `_blend(image, other, ratio)` for one uint8 value and the other image's float value:
@@ -118,6 +116,23 @@ GPUPIPE_HD uint8_t sharpen_pixel(int32_t sum9, int32_t center, float alpha) {
   return clamp_trunc_u8(fma_small(static_cast<float>(blur - center), alpha, static_cast<float>(center)));
 }
 
+// The point ops that need no statistics and treat the channels alike, one level at a time: they fill
+// these kinds' lookup tables, and the host kernel also evaluates them straight over contiguous
+// bytes (the same function, so the same values; the loop vectorises where a table lookup cannot).
+GPUPIPE_HD bool is_direct_kind(int32_t k) {
+  return k == kBrightness || k == kPosterize || k == kSolarize || k == kInvert;
+}
+GPUPIPE_HD uint8_t brightness_level(uint8_t v, float factor) {  // image.mul(factor).clamp_(0, 255).to(uint8)
+  return clamp_trunc_u8(static_cast<float>(v) * factor);
+}
+GPUPIPE_HD uint8_t posterize_mask(double bits) {  // image & mask, identity from 8 bits
+  const int b = static_cast<int>(bits);
+  return static_cast<uint8_t>(b >= 8 ? 0xff : ((1 << b) - 1) << (8 - b));
+}
+GPUPIPE_HD uint8_t solarize_level(uint8_t v, float threshold) {  // where(image >= threshold, 255 - image, image), in float32
+  return static_cast<float>(v) >= threshold ? static_cast<uint8_t>(255 - v) : v;
+}
+
 // Per-sample statistics a LUT op needs, from the stats pass.
 struct Stats {
   const uint32_t* hist = nullptr;  // [3][256] channel histograms (autocontrast, equalize)
@@ -131,9 +146,9 @@ GPUPIPE_HD void build_lut(int32_t kind, double param, const Stats& s, uint8_t* l
     uint8_t* l = lut + 256 * c;
     const uint32_t* h = s.hist ? s.hist + 256 * c : nullptr;
     switch (kind) {
-      case kBrightness: {  // image.mul(factor).clamp_(0, 255).to(uint8)
+      case kBrightness: {
         const float f = static_cast<float>(param);
-        for (int v = 0; v < 256; ++v) l[v] = clamp_trunc_u8(static_cast<float>(v) * f);
+        for (int v = 0; v < 256; ++v) l[v] = brightness_level(static_cast<uint8_t>(v), f);
         break;
       }
       case kContrast: {  // _blend(image, mean(gray_floor), factor); torch's float32 mean
@@ -142,15 +157,14 @@ GPUPIPE_HD void build_lut(int32_t kind, double param, const Stats& s, uint8_t* l
         for (int v = 0; v < 256; ++v) l[v] = clamp_trunc_u8(fma_rn(mean, b.alpha, static_cast<float>(v) * b.ratio));
         break;
       }
-      case kPosterize: {  // image & mask, identity from 8 bits
-        const int bits = static_cast<int>(param);
-        const int mask = bits >= 8 ? 0xff : ((1 << bits) - 1) << (8 - bits);
+      case kPosterize: {
+        const uint8_t mask = posterize_mask(param);
         for (int v = 0; v < 256; ++v) l[v] = static_cast<uint8_t>(v & mask);
         break;
       }
-      case kSolarize: {  // torch.where(image >= threshold, 255 - image, image), compared in float32
+      case kSolarize: {
         const float t = static_cast<float>(param);
-        for (int v = 0; v < 256; ++v) l[v] = static_cast<uint8_t>(static_cast<float>(v) >= t ? 255 - v : v);
+        for (int v = 0; v < 256; ++v) l[v] = solarize_level(static_cast<uint8_t>(v), t);
         break;
       }
       case kInvert:

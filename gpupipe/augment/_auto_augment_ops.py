@@ -172,17 +172,35 @@ def slot_arguments(op: torch.Tensor, magnitude: torch.Tensor, height: int, width
     return kinds, params, geometric_matrices(op, magnitude, height, width)
 
 
+class SlotTable:
+    """Everything a slot needs, for every (op, bin, sign) a module can draw, at one image size: the
+    draws are discrete, so a batch only gathers rows (no per-batch trigonometry). Row
+    ``(op * bins + bin) * 2 + negate`` (negate only counts for signed ops); the last row is the
+    identity (AutoAugment's steps that do not apply)."""
+
+    def __init__(self, space: dict, num_bins: int, height: int, width: int, op_ids: torch.Tensor):
+        magnitudes, signed = magnitude_table(space, num_bins, height, width)  # [O, B], [O]
+        sign = torch.tensor([1.0, -1.0], dtype=torch.float64)
+        magnitude = magnitudes[:, :, None] * torch.where(signed[:, None, None], sign, 1.0)  # [O, B, 2]
+        op = op_ids[:, None, None].expand(magnitude.shape)
+        self.op = torch.cat([op.reshape(-1), torch.tensor([_OP["Identity"]])])
+        self.magnitude = torch.cat([magnitude.reshape(-1), torch.zeros(1, dtype=torch.float64)])
+        self.kinds, self.params, self.matrices = slot_arguments(self.op, self.magnitude, height, width)
+        self.identity = self.op.shape[0] - 1
+
+
 class PolicyBase(nn.Module):
     """Shared by the policy modules: keyed parameters, checks, and the slots' kernel calls.
 
-    A subclass sets ``_space`` (its ops in torchvision's order), ``_stream_name`` and implements
-    ``_draws`` (uniforms per sample), ``_params_from_uniforms``, ``_param_spec``,
-    ``_identity_params`` and ``_slots``.
+    A subclass sets ``_space`` (its ops in torchvision's order), ``_stream_name``, ``_num_bins`` and
+    implements ``_draws`` (uniforms per sample), ``_params_from_uniforms``, ``_param_spec``,
+    ``_identity_params`` and ``_slot_rows`` (per slot, the :class:`SlotTable` row of each sample).
     """
 
     _space: dict
     _stream_name: str
     _draws: int
+    _num_bins: int
 
     def __init__(self, interpolation: Any, fill: Any, generator: Any):
         super().__init__()
@@ -191,6 +209,7 @@ class PolicyBase(nn.Module):
         self._fill = parse_fill(fill)
         self.generator = as_generator(generator)
         self._op_ids = torch.tensor([_OP[name] for name in self._space], dtype=torch.int64)
+        self._signed = torch.tensor([signed for _, signed in self._space.values()])
         self._tables: dict = {}
         self.last_params: Optional[dict] = None
 
@@ -211,13 +230,17 @@ class PolicyBase(nn.Module):
                           indices=indices)
         return self._params_from_uniforms(u)
 
-    def _table(self, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _table(self, height: int, width: int) -> SlotTable:
         key = (height, width)
         if key not in self._tables:
             if len(self._tables) > 16:
                 self._tables.clear()
-            self._tables[key] = magnitude_table(self._space, self._num_bins, height, width)
+            self._tables[key] = SlotTable(self._space, self._num_bins, height, width, self._op_ids)
         return self._tables[key]
+
+    def _row(self, op_index: torch.Tensor, bins: torch.Tensor, negate: torch.Tensor) -> torch.Tensor:
+        """The SlotTable row of (op, bin, sign) draws (the sign counts for signed ops only)."""
+        return (op_index * self._num_bins + bins) * 2 + (negate & self._signed[op_index]).to(torch.int64)
 
     def forward(self, x: torch.Tensor, params: Optional[dict] = None) -> torch.Tensor:
         """Augments a batch: uint8 ``[N, 3, H, W]`` -> uint8 ``[N, 3, H, W]``, same device and memory format.
@@ -235,21 +258,17 @@ class PolicyBase(nn.Module):
         shapes, dtypes = self._param_spec()
         params = check_params(params, n, shapes, dtypes)
         self.last_params = params
-        height, width = x.shape[2], x.shape[3]
-        for op, magnitude in self._slots(params, height, width):
-            kinds, p, matrices = slot_arguments(op, magnitude, height, width)
-            dev = x.device
-            x = policy_apply(x, kinds.to(dev, non_blocking=True), p.to(dev, non_blocking=True),
-                             matrices.to(dev, non_blocking=True), self.interpolation, self._fill)
+        table = self._table(x.shape[2], x.shape[3])
+        dev = x.device
+        for rows in self._slot_rows(params):
+            x = policy_apply(x, table.kinds[rows].to(dev, non_blocking=True), table.params[rows].to(dev, non_blocking=True),
+                             table.matrices[rows].to(dev, non_blocking=True), self.interpolation, self._fill)
         return x
 
-    def _signed(self, op_index: torch.Tensor, bins: torch.Tensor, negate: torch.Tensor, height: int,
-                width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(global op ids, signed magnitudes) of a slot from the module's op indices, bins and signs."""
-        table, signed = self._table(height, width)
-        magnitude = table[op_index, bins]
-        magnitude = torch.where(negate & signed[op_index], -magnitude, magnitude)
-        return self._op_ids[op_index], magnitude
+    def _slots(self, params: dict, height: int, width: int) -> list:
+        """Per slot, (global op ids [N], signed magnitudes [N]): what each sample undergoes."""
+        table = self._table(height, width)
+        return [(table.op[rows], table.magnitude[rows]) for rows in self._slot_rows(params)]
 
     @staticmethod
     def _check_range(params: dict, key: str, high: int) -> None:

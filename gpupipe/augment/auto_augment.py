@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from gpupipe.augment._auto_augment_ops import AUTO_AUGMENT_SPACE, OP_NAMES, PolicyBase, negate_draw, uniform_index
+from gpupipe.augment._auto_augment_ops import AUTO_AUGMENT_SPACE, PolicyBase, negate_draw, uniform_index
 from gpupipe.augment._keyed_params import GeneratorLike
 
 # torchvision.transforms.v2 AutoAugment._get_policies: per data set, 25 sub-policies of two
@@ -95,9 +95,6 @@ POLICIES: dict = {
     ],
 }
 
-_IDENTITY = OP_NAMES.index("Identity")
-
-
 class AutoAugment(PolicyBase):
     """torchvision's ``AutoAugment``, batched: each sample draws its own sub-policy and steps.
 
@@ -160,16 +157,13 @@ class AutoAugment(PolicyBase):
         return {"policy": torch.zeros(n, dtype=torch.int64), "apply": torch.zeros(n, 2, dtype=torch.bool),
                 "negate": torch.zeros(n, 2, dtype=torch.bool)}
 
-    def _slots(self, params: dict, height: int, width: int) -> list:
+    def _slot_rows(self, params: dict) -> list:
         self._check_range(params, "policy", len(self._step_op))
         policy = params["policy"]
-        slots = []
-        for k in range(2):
-            op, magnitude = self._signed(self._step_op[policy, k], self._step_bin[policy, k], params["negate"][:, k],
-                                         height, width)
-            applied = params["apply"][:, k]
-            slots.append((torch.where(applied, op, _IDENTITY), torch.where(applied, magnitude, 0.0)))
-        return slots
+        identity = len(self._space) * self._num_bins * 2  # SlotTable's last row: steps that do not apply
+        return [torch.where(params["apply"][:, k],
+                            self._row(self._step_op[policy, k], self._step_bin[policy, k], params["negate"][:, k]),
+                            identity) for k in range(2)]
 
     def extra_repr(self) -> str:
         return f"policy={self.policy!r}, " + super().extra_repr()

@@ -76,11 +76,11 @@ class RandAugment(PolicyBase):
         return {"op": torch.zeros(n, self.num_ops, dtype=torch.int64),
                 "negate": torch.zeros(n, self.num_ops, dtype=torch.bool)}
 
-    def _slots(self, params: dict, height: int, width: int) -> list:
+    def _slot_rows(self, params: dict) -> list:
         self._check_range(params, "op", len(self._space))
         op, negate = params["op"], params["negate"]
         bins = torch.full((op.shape[0],), self.magnitude, dtype=torch.int64)
-        return [self._signed(op[:, k], bins, negate[:, k], height, width) for k in range(self.num_ops)]
+        return [self._row(op[:, k], bins, negate[:, k]) for k in range(self.num_ops)]
 
     def extra_repr(self) -> str:
         return (f"num_ops={self.num_ops}, magnitude={self.magnitude}, num_magnitude_bins={self._num_bins}, "

@@ -77,10 +77,10 @@ class TrivialAugmentWide(PolicyBase):
         zero = torch.zeros(n, dtype=torch.int64)
         return {"op": zero, "bin": zero.clone(), "negate": torch.zeros(n, dtype=torch.bool)}
 
-    def _slots(self, params: dict, height: int, width: int) -> list:
+    def _slot_rows(self, params: dict) -> list:
         self._check_range(params, "op", len(self._space))
         self._check_range(params, "bin", self._num_bins)
-        return [self._signed(params["op"], params["bin"], params["negate"], height, width)]
+        return [self._row(params["op"], params["bin"], params["negate"])]
 
     def extra_repr(self) -> str:
         return f"num_magnitude_bins={self._num_bins}, " + super().extra_repr()
