@@ -45,8 +45,9 @@ inline const uint8_t* input_row(const PolicyArgs& a, int64_t n, int64_t y) {
 // Two histograms (even and odd pixels), summed by the caller: runs of equal values then do not
 // serialise on one counter.
 template <typename L>
-GPUPIPE_MULTIVERSION void histogram_row(const uint8_t* __restrict__ row, L l, int64_t w, uint32_t* __restrict__ hist) {
-  uint32_t* odd = hist + 768;
+GPUPIPE_MULTIVERSION void histogram_row(const uint8_t* __restrict__ row, L l, int64_t w,
+                                        unsigned long long* __restrict__ hist) {
+  unsigned long long* odd = hist + 768;
   int64_t x = 0;
   for (; x + 2 <= w; x += 2) {
     const uint8_t* p = pixel_at(row, l, x);
@@ -78,7 +79,7 @@ GPUPIPE_MULTIVERSION int64_t gray_sum_row(const uint8_t* __restrict__ row, L l, 
 }
 
 template <typename L>
-void sample_stats(const PolicyArgs& a, int64_t n, L l, int32_t kind, uint32_t* hist, int64_t* gray_sum) {
+void sample_stats(const PolicyArgs& a, int64_t n, L l, int32_t kind, unsigned long long* hist, int64_t* gray_sum) {
   for (int64_t y = 0; y < a.input.h; ++y) {
     if (needs_histogram(kind)) histogram_row(input_row(a, n, y), l, a.input.w, hist);
     else *gray_sum += gray_sum_row(input_row(a, n, y), l, a.input.w);
@@ -90,7 +91,7 @@ void sample_table(const PolicyArgs& a, int64_t n, uint8_t* lut) {
   if (!is_lut_kind(kind)) return;
   Stats s;
   s.pixels = a.input.h * a.input.w;
-  uint32_t hist[2 * 3 * 256];
+  unsigned long long hist[2 * 3 * 256];
   if (needs_histogram(kind) || needs_gray_sum(kind)) {
     std::memset(hist, 0, sizeof(hist));
     const int64_t sc = a.input.stride[1], sw = a.input.stride[3];

@@ -9,9 +9,7 @@
 
 #include <stdint.h>
 
-#if !defined(__CUDACC__)
 #include <cmath>
-#endif
 
 #ifndef GPUPIPE_HD
 #if defined(__CUDACC__)
@@ -135,7 +133,7 @@ GPUPIPE_HD uint8_t solarize_level(uint8_t v, float threshold) {  // where(image 
 
 // Per-sample statistics a LUT op needs, from the stats pass.
 struct Stats {
-  const uint32_t* hist = nullptr;  // [3][256] channel histograms (autocontrast, equalize)
+  const unsigned long long* hist = nullptr;  // [3][256] channel histograms (autocontrast, equalize)
   int64_t gray_sum = 0;            // sum of gray_floor over the image (contrast)
   int64_t pixels = 0;
 };
@@ -144,7 +142,7 @@ struct Stats {
 GPUPIPE_HD void build_lut(int32_t kind, double param, const Stats& s, uint8_t* lut) {
   for (int c = 0; c < 3; ++c) {
     uint8_t* l = lut + 256 * c;
-    const uint32_t* h = s.hist ? s.hist + 256 * c : nullptr;
+    const unsigned long long* h = s.hist ? s.hist + 256 * c : nullptr;
     switch (kind) {
       case kBrightness: {
         const float f = static_cast<float>(param);

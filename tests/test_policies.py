@@ -432,3 +432,14 @@ def test_binding_checks_buffers(batch):
     short[1] -= 1  # one byte less storage than the shape needs
     with pytest.raises(ValueError, match="the buffer holds"):
         _C.policy_apply(buffer(x), short, buffer(kinds), buffer(params), buffer(matrices), 0, None, 1)
+
+
+def test_cuda_kernel_is_built_when_nvcc_was_found():
+    """The CUDA kernels must compile wherever nvcc is on PATH (they run only on a GPU machine)."""
+    import shutil
+
+    from gpupipe.augment import _kernels
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("no nvcc on PATH: the CUDA kernels are not built here")
+    assert _kernels.cuda_kernel_available() and hasattr(_kernels._C_cuda, "policy_apply")

@@ -55,9 +55,14 @@ def _(x, kinds, params, matrices, interpolation, fill):
     cuda = _kernels.cuda_module()
     _check(x, kinds, params, matrices)
     out = torch.empty_like(x)
+    n = x.shape[0]
+    # workspace: per-sample channel histograms and gray sums (zeroed), lookup tables
+    hist = torch.zeros((n, 768), dtype=torch.int64, device=x.device)
+    gray_sum = torch.zeros((n,), dtype=torch.int64, device=x.device)
+    luts = torch.empty((n, 768), dtype=torch.uint8, device=x.device)
     with torch.cuda.device(x.device):
-        cuda.policy_apply(*_buffers(x, out, kinds, params, matrices), interpolation, fill,
-                          _kernels.current_stream(x.device))
+        cuda.policy_apply(*_buffers(x, out, kinds, params, matrices), _kernels.buffer(hist), _kernels.buffer(gray_sum),
+                          _kernels.buffer(luts), interpolation, fill, _kernels.current_stream(x.device))
     return out
 
 
