@@ -8,4 +8,7 @@ namespace gpupipe {
 
 void warp_affine_cpu(const WarpArgs& args, int num_threads);
 
+// BatchAugment's engine: two passes over the input at most (contrast's image means, then the output).
+void augment_cpu(const AugmentArgs& args, int num_threads);
+
 }  // namespace gpupipe

@@ -31,4 +31,130 @@ struct WarpArgs {
   int64_t out_stride[4] = {0, 0, 0, 0};
 };
 
+// The color model of BatchAugment's engine.
+enum ColorModel : int {
+  kColorTorchvision = 0,  // torchvision v2's float ops, clamps between ops, HSV hue, per-sample order
+  kColorLinear = 1,       // one 3x4 matrix per sample (DALI-like), see gpupipe/augment/color_linear.py
+};
+
+// Per-sample parameters, float32 [n, kCount], built on the CPU by gpupipe/augment/batch_augment.py
+// and copied to the device in one transfer.
+namespace param {
+constexpr int kMatrix = 0;  // 6: the inverse 2x3 map, output pixel -> input coordinate (flips folded)
+// color = kColorTorchvision:
+constexpr int kFactors = 6;    // 4: brightness, contrast, saturation, hue (ColorOp order)
+constexpr int kOrder = 10;     // 4: the op ids in the sample's order (ColorJitter's fn_idx), as floats
+constexpr int kGrayscale = 14; // 1: 0 or 1
+// color = kColorLinear: out = A @ rgb + t + mean * u, rgb on the 0..255 scale, normalisation
+// folded in, mean = the warped image's mean BT.601 luma in [0, 1]
+constexpr int kLinearA = 6;     // 9, row-major
+constexpr int kLinearT = 15;    // 3
+constexpr int kLinearU = 18;    // 3
+constexpr int kLinearMean = 21; // 1: 1 when the mean is needed (a contrast factor != 1)
+constexpr int kCount = 24;
+}  // namespace param
+
+// Blocks per sample of the CUDA reduction pass (its partial sums: n x kMeanBlocks int64).
+constexpr int kMeanBlocks = 64;
+
+// BatchAugment's one-pass engine: per output pixel, sample the warped input, run the color chain,
+// grayscale, normalise, store. Contrast's image mean comes from a first, reduction-only pass.
+struct AugmentArgs {
+  Batch8 input;
+  const float* params = nullptr;  // n x param::kCount
+  int interpolation = pixel::kNearest;
+  pixel::Fill fill{false, {0.0f, 0.0f, 0.0f}};
+  int color = kColorTorchvision;
+  float mean[3] = {0.0f, 0.0f, 0.0f};     // normalisation (color = kColorTorchvision)
+  float inv_std[3] = {1.0f, 1.0f, 1.0f};
+  void* output = nullptr;  // [n, 3, h, w]: float32 / bfloat16 / float16, any strides
+  int out_type = kFloat32;
+  int64_t out_stride[4] = {0, 0, 0, 0};
+  int64_t* mean_partials = nullptr;  // CUDA only: n x kMeanBlocks, written by pass 1, read by pass 2
+};
+
+// True when sample i needs the mean luma of its warped image (a contrast op that is not identity).
+GPUPIPE_HD bool needs_mean(const AugmentArgs& a, int64_t i) {
+  const float* p = a.params + i * param::kCount;
+  return a.color == kColorLinear ? p[param::kLinearMean] != 0.0f : p[param::kFactors + pixel::kContrast] != 1.0f;
+}
+
+// --- the chain of one pixel (the CUDA kernel runs these per pixel; the host kernel runs the same
+// pixel:: functions over rows, op by op, in the same order) -----------------------------------------
+
+// color = kColorLinear: the BT.601 luma of the old one-matrix model, on the 0..255 scale.
+GPUPIPE_HD float linear_luma(float r, float g, float b) {
+  return pixel::add(pixel::add(pixel::mul(r, 0.299f), pixel::mul(g, 0.587f)), pixel::mul(b, 0.114f));
+}
+
+// The k-th op of a sample's order; any value outside 0..3 (only reachable by bypassing the
+// bindings' checks) reads as brightness rather than outside the sample's parameters.
+GPUPIPE_HD int order_op(const float* P, int k) {
+  const float v = P[param::kOrder + k];
+  return v >= 1.0f && v <= 3.0f ? static_cast<int>(v) : 0;
+}
+
+// Whether op `op` of a sample changes anything: factors 1 (hue 0) are skipped, bit-exact identities
+// for brightness, contrast and saturation on values in [0, 1] (hue's RGB -> HSV -> RGB round trip
+// would move values by an ULP).
+GPUPIPE_HD bool op_active(int op, float factor) { return op == pixel::kHue ? factor != 0.0f : factor != 1.0f; }
+
+// Pass 1: the luma, in [0, 1], that contrast's image mean averages: after the ops that precede
+// contrast in the sample's order. rgb: the sampled pixel on the 0..255 scale.
+GPUPIPE_HD float luma_for_mean(const AugmentArgs& a, const float* P, float r, float g, float b) {
+  if (a.color == kColorLinear) return pixel::mul(linear_luma(r, g, b), pixel::kInv255);
+  r = pixel::mul(r, pixel::kInv255);
+  g = pixel::mul(g, pixel::kInv255);
+  b = pixel::mul(b, pixel::kInv255);
+  for (int k = 0; k < 4; ++k) {
+    const int op = order_op(P, k);
+    if (op == pixel::kContrast) break;
+    const float f = P[param::kFactors + op];
+    if (op_active(op, f)) pixel::color_op(op, &r, &g, &b, f, 0.0f);
+  }
+  return pixel::luma(r, g, b);
+}
+
+// The per-sample constant of the chain that depends on the image mean: contrast's blend term
+// (torchvision) or the mean's share of the offset (linear), per channel.
+struct MeanTerms {
+  float v[3];
+};
+GPUPIPE_HD MeanTerms mean_terms(const AugmentArgs& a, const float* P, float mean) {
+  MeanTerms m;
+  if (a.color == kColorLinear) {
+    for (int c = 0; c < 3; ++c)
+      m.v[c] = pixel::add(P[param::kLinearT + c], pixel::mul(mean, P[param::kLinearU + c]));
+  } else {
+    m.v[0] = m.v[1] = m.v[2] = pixel::blend_term(P[param::kFactors + pixel::kContrast], mean);
+  }
+  return m;
+}
+
+// color = kColorLinear: out = A @ rgb + term, rgb on the 0..255 scale.
+GPUPIPE_HD void linear_color(const float* A, const MeanTerms& terms, float r, float g, float b, float out[3]) {
+  for (int c = 0; c < 3; ++c)
+    out[c] = pixel::add(pixel::add(pixel::add(pixel::mul(A[3 * c], r), pixel::mul(A[3 * c + 1], g)),
+                                   pixel::mul(A[3 * c + 2], b)), terms.v[c]);
+}
+
+// Pass 2: the whole color chain of one pixel, rgb on the 0..255 scale in, the output values out.
+GPUPIPE_HD void color_chain(const AugmentArgs& a, const float* P, const MeanTerms& terms, float rgb[3]) {
+  if (a.color == kColorLinear) {
+    linear_color(P + param::kLinearA, terms, rgb[0], rgb[1], rgb[2], rgb);
+    return;
+  }
+  float r = pixel::mul(rgb[0], pixel::kInv255), g = pixel::mul(rgb[1], pixel::kInv255),
+        b = pixel::mul(rgb[2], pixel::kInv255);
+  for (int k = 0; k < 4; ++k) {
+    const int op = order_op(P, k);
+    const float f = P[param::kFactors + op];
+    if (op_active(op, f)) pixel::color_op(op, &r, &g, &b, f, terms.v[0]);
+  }
+  if (P[param::kGrayscale] != 0.0f) r = g = b = pixel::luma(r, g, b);
+  rgb[0] = pixel::normalize(r, a.mean[0], a.inv_std[0]);
+  rgb[1] = pixel::normalize(g, a.mean[1], a.inv_std[1]);
+  rgb[2] = pixel::normalize(b, a.mean[2], a.inv_std[2]);
+}
+
 }  // namespace gpupipe

@@ -150,5 +150,161 @@ GPUPIPE_HD void sample(const Image8& im, int interpolation, const Fill& fill, fl
 // (float.round_().to(uint8)); values are within [0, 255] for fills within [0, 255].
 GPUPIPE_HD uint8_t to_uint8(float v) { return static_cast<uint8_t>(round_even(v)); }
 
+// --- color: torchvision.transforms.v2.functional's float path on values in [0, 1] ---------------
+
+constexpr float kInv255 = 1.0f / 255.0f;  // to_dtype(float32, scale=True): u8 * float(1 / 255)
+
+// rgb_to_grayscale: 0.2989 r + 0.587 g + 0.114 b.
+GPUPIPE_HD float luma(float r, float g, float b) {
+  return add(add(mul(r, 0.2989f), mul(g, 0.587f)), mul(b, 0.114f));
+}
+
+// adjust_brightness: clamp(v * f, 0, 1).
+GPUPIPE_HD float brightness(float v, float f) { return clamp01(mul(v, f)); }
+
+// _blend(v, other, ratio) = clamp(v * ratio + (1 - ratio) * other, 0, 1); `term` = (1 - ratio) * other.
+GPUPIPE_HD float blend(float v, float ratio, float term) { return clamp01(add(mul(v, ratio), term)); }
+GPUPIPE_HD float blend_term(float ratio, float other) { return mul(sub(1.0f, ratio), other); }
+
+// adjust_contrast blends towards the image's mean luma (one value per image: contrast_term(c, mean)).
+// adjust_saturation blends towards the pixel's own luma.
+GPUPIPE_HD void saturation(float* r, float* g, float* b, float s) {
+  const float term = blend_term(s, luma(*r, *g, *b));
+  *r = blend(*r, s, term);
+  *g = blend(*g, s, term);
+  *b = blend(*b, s, term);
+}
+
+// The value of sector i of torchvision's _hsv_to_rgb select table (rows r, g, b; i in 0..5), as a
+// chain of two-way selects.
+GPUPIPE_HD float hsv_pick(float i, float v0, float v1, float v2, float v3, float v4, float v5) {
+  float v = v5;
+  v = i == 4.0f ? v4 : v;
+  v = i == 3.0f ? v3 : v;
+  v = i == 2.0f ? v2 : v;
+  v = i == 1.0f ? v1 : v;
+  return i == 0.0f ? v0 : v;
+}
+
+// adjust_hue: RGB -> HSV (torchvision's _rgb_to_hsv, after Pillow), h = (h + hue) mod 1, HSV -> RGB
+// (_hsv_to_rgb), branch-free: every candidate computed, then selected (host loops vectorise).
+// Two differences in the order of operations, both within an ULP of torchvision: the three
+// divisions by the chroma range are one reciprocal and three products, and torchvision's masked
+// sum hr + hg + hb (one term non-zero) is a selection.
+GPUPIPE_HD void hue(float* r, float* g, float* b, float hue_shift) {
+  const float R = *r, G = *g, B = *b;
+  const float maxc = max(max(R, G), B), minc = min(min(R, G), B);
+  const float range = sub(maxc, minc);
+  const float s = div(range, maxc == minc ? 1.0f : maxc);
+  const float inv = div(1.0f, maxc == minc ? 1.0f : range);
+  const float rc = mul(sub(maxc, R), inv), gc = mul(sub(maxc, G), inv), bc = mul(sub(maxc, B), inv);
+  const float hr = sub(bc, gc), hg = sub(add(rc, 2.0f), bc), hb = sub(add(gc, 4.0f), rc);
+  float h = maxc == R ? hr : (maxc == G ? hg : hb);
+  h = add(mul(h, 1.0f / 6.0f), 1.0f);   // in [5/6, 11/6]
+  const float wrapped = sub(h, 1.0f);
+  h = h >= 1.0f ? wrapped : h;          // fmod(h, 1): exact
+  h = add(h, hue_shift);
+  h = sub(h, floor(h));                 // remainder(h, 1)
+  // _hsv_to_rgb
+  const float h6 = mul(h, 6.0f);
+  float i = floor(h6);
+  const float f = sub(h6, i);
+  i = i == 6.0f ? 0.0f : i;  // i % 6 (h is in [0, 1])
+  const float v = maxc;
+  const float sf = mul(s, f), one_minus_s = sub(1.0f, s);
+  const float q = clamp01(mul(sub(1.0f, sf), v));
+  const float t = clamp01(mul(add(sf, one_minus_s), v));
+  const float p = clamp01(mul(one_minus_s, v));
+  *r = hsv_pick(i, v, q, p, p, t, v);
+  *g = hsv_pick(i, t, v, v, q, p, p);
+  *b = hsv_pick(i, p, p, t, v, v, q);
+}
+
+// The color ops' ids in a sample's order: torchvision ColorJitter's fn_idx.
+enum ColorOp : int { kBrightness = 0, kContrast = 1, kSaturation = 2, kHue = 3 };
+
+// One color op on one pixel; `contrast_term` = blend_term(contrast factor, the image's mean luma).
+GPUPIPE_HD void color_op(int op, float* r, float* g, float* b, float factor, float contrast_term) {
+  switch (op) {
+    case kBrightness:
+      *r = brightness(*r, factor);
+      *g = brightness(*g, factor);
+      *b = brightness(*b, factor);
+      break;
+    case kContrast:
+      *r = blend(*r, factor, contrast_term);
+      *g = blend(*g, factor, contrast_term);
+      *b = blend(*b, factor, contrast_term);
+      break;
+    case kSaturation:
+      saturation(r, g, b, factor);
+      break;
+    default:
+      hue(r, g, b, factor);
+      break;
+  }
+}
+
+// --- the image mean for contrast, exact and order-independent -----------------------------------
+// A luma in [0, 1] as a 2^-24 fixed-point integer (rounded half to even): sums of these are exact
+// in any order, so the mean is the same bits on any thread count, on the host and on the device.
+constexpr float kMeanScale = 16777216.0f;  // 2^24
+
+GPUPIPE_HD int32_t mean_fixed(float luma_value) {
+  return static_cast<int32_t>(round_even(mul(luma_value, kMeanScale)));
+}
+GPUPIPE_HD float mean_from_sum(int64_t sum, int64_t count) {
+  return static_cast<float>(static_cast<double>(sum) / (static_cast<double>(count) * 16777216.0));
+}
+
+// --- normalise and store ---------------------------------------------------------------------
+
+// (v - mean) * (1 / std): within 1.5 ULP of torchvision's (v - mean) / std.
+GPUPIPE_HD float normalize(float v, float mean, float inv_std) { return mul(sub(v, mean), inv_std); }
+
+GPUPIPE_HD uint32_t float_bits(float f) {
+  union {
+    float f;
+    uint32_t u;
+  } v;
+  v.f = f;
+  return v.u;
+}
+
+// float -> bfloat16 bits, round to nearest even (NaN stays NaN), as torch's conversion.
+GPUPIPE_HD uint16_t to_bfloat16_bits(float f) {
+  uint32_t u = float_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// float -> IEEE half bits, round to nearest even, overflow to inf, subnormals kept. Branch-free
+// (every case computed, one selected), so host loops vectorise.
+GPUPIPE_HD uint16_t to_float16_bits(float f) {
+  const uint32_t u = float_bits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t abs = u & 0x7fffffffu;
+  // normal: rebias the exponent 127 -> 15 (in the float's bit positions), round 13 bits to even
+  uint32_t normal = abs - 0x38000000u;
+  normal = (normal + 0xfffu + ((normal >> 13) & 1u)) >> 13;
+  // subnormal (2^-25 <= |f| < 2^-14): value / 2^-24 = mantissa24 * 2^(exp - 126), drop (126 - exp)
+  // bits rounding to even; the shift is clamped to stay defined where this case is not selected
+  const int e = static_cast<int>(abs >> 23);
+  int drop = 126 - e;
+  drop = drop < 1 ? 1 : drop;
+  drop = drop > 31 ? 31 : drop;
+  const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+  const uint32_t sub_normal = (mant + ((1u << (drop - 1)) - 1u) + ((mant >> drop) & 1u)) >> drop;
+  // bit-mask selects (the compiler would merge ternaries back into one many-way branch)
+  auto pick = [](bool cond, uint32_t a, uint32_t b) { const uint32_t m = 0u - static_cast<uint32_t>(cond); return (a & m) | (b & ~m); };
+  uint32_t h = normal;
+  h = pick(abs < 0x38800000u, sub_normal, h);  // below the smallest normal half
+  h = pick(abs < 0x33000000u, 0u, h);          // < 2^-25: 0
+  h = pick(abs >= 0x477ff000u, 0x7c00u, h);    // >= 65520: inf
+  h = pick(abs > 0x7f800000u, 0x7e00u, h);     // NaN
+  return static_cast<uint16_t>(sign | h);
+}
+
 }  // namespace pixel
 }  // namespace gpupipe

@@ -18,7 +18,6 @@
 #include "augment_cpu.h"
 #include "batch_decode.h"
 #include "errors.h"
-#include "fused_augment_cpu.h"
 #include "jpeg_decoder.h"
 #include "jpeg_encoder.h"
 #include "policy_bindings.h"
@@ -316,33 +315,18 @@ void register_augment(py::module_& m) {
       "Host kernel of gpupipe.augment.warp_affine. Buffers are [address, extent, type, ndim, "
       "shape..., strides...] lists (gpupipe.augment._kernels.buffer).");
   m.def(
-      "fused_color_affine",
-      [](uintptr_t input, bool input_is_uint8, int64_t n, int64_t h, int64_t w,
-         std::vector<int64_t> strides, uintptr_t matrices, uintptr_t hflip, uintptr_t vflip,
-         uintptr_t output, int out_dtype, int num_threads) {
-        if (strides.size() != 4) throw InvalidArgument("strides must have 4 entries (N, C, H, W)");
-        const FusedArgs a = fused::make_args(input, input_is_uint8, n, h, w, strides.data(), matrices,
-                                             hflip, vflip, output, out_dtype);
+      "augment",
+      [](std::vector<int64_t> input, std::vector<int64_t> params, std::vector<int64_t> output, int out_type,
+         int interpolation, std::optional<std::vector<double>> fill, int color, std::vector<double> mean,
+         std::vector<double> std_dev, int num_threads) {
+        const AugmentArgs a =
+            augment_args(input, params, output, out_type, interpolation, fill, color, mean, std_dev, std::nullopt);
         py::gil_scoped_release release;
-        fused_color_affine_cpu(a, num_threads);
+        augment_cpu(a, num_threads);
       },
-      py::arg("input"), py::arg("input_is_uint8"), py::arg("n"), py::arg("h"), py::arg("w"),
-      py::arg("strides"), py::arg("matrices"), py::arg("hflip"), py::arg("vflip"),
-      py::arg("output"), py::arg("out_dtype"), py::arg("num_threads"),
-      "Host kernel of the fused augmentation. Addresses are tensors' data_ptr(); the Python "
-      "wrapper (gpupipe.augment) validates shapes, dtypes and devices.");
-  m.def(
-      "channel_sums",
-      [](uintptr_t input, bool input_is_uint8, int64_t n, int64_t h, int64_t w,
-         std::vector<int64_t> strides, uintptr_t out, int num_threads) {
-        if (strides.size() != 4) throw InvalidArgument("strides must have 4 entries (N, C, H, W)");
-        const FusedArgs a = fused::make_args(input, input_is_uint8, n, h, w, strides.data(), 0, 0, 0, 0, 0);
-        py::gil_scoped_release release;
-        channel_sums_cpu(a, reinterpret_cast<double*>(out), num_threads);
-      },
-      py::arg("input"), py::arg("input_is_uint8"), py::arg("n"), py::arg("h"), py::arg("w"),
-      py::arg("strides"), py::arg("out"), py::arg("num_threads"),
-      "Per-sample channel sums (float64 [N, 3] at out) of a uint8/float32 [N, 3, H, W] tensor.");
+      py::arg("input"), py::arg("params"), py::arg("output"), py::arg("out_type"), py::arg("interpolation"),
+      py::arg("fill"), py::arg("color"), py::arg("mean"), py::arg("std"), py::arg("num_threads"),
+      "Host kernel of BatchAugment's engine (gpupipe.augment.fused).");
 }
 
 

@@ -1,5 +1,6 @@
 // CUDA kernels of gpupipe's augmentations: one thread per output pixel, the per-pixel math of
-// csrc/augment_pixel.h (shared with the host build in csrc/augment_cpu.cpp, and rounded alike).
+// csrc/augment_pixel.h and csrc/augment_kernels.h (shared with the host build in
+// csrc/augment_cpu.cpp, and rounded alike: _rn intrinsics, built with --fmad=false).
 #include <cuda_runtime.h>
 
 #include "augment_cuda.h"
@@ -9,9 +10,9 @@ namespace {
 
 constexpr int kThreads = 256;
 
-int blocks_for(int64_t total) {
+int blocks_for(int64_t total, int64_t cap) {
   const int64_t blocks = (total + kThreads - 1) / kThreads;
-  return static_cast<int>(blocks < 65535 * 16 ? blocks : 65535 * 16);
+  return static_cast<int>(blocks < cap ? blocks : cap);
 }
 
 template <typename Out>
@@ -31,6 +32,117 @@ __global__ void warp_affine_kernel(WarpArgs a, Out* __restrict__ out) {
   }
 }
 
+// The engine's blocks are 32 x 8 tiles of one sample's output (blockIdx.y = the sample): no index
+// division per pixel, 2-D locality for the warped reads, and per-sample values shared by the block.
+constexpr int kTileW = 32, kTileH = 8;
+
+// Sums an int64 over the block; the result is valid in thread 0. Integer sums: any order, same bits.
+__device__ int64_t block_sum(int64_t v) {
+  __shared__ int64_t warp_sums[kThreads / 32];
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
+  const int t = threadIdx.y * blockDim.x + threadIdx.x, lane = t & 31, warp = t >> 5;
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  v = 0;
+  if (warp == 0) {
+    v = lane < kThreads / 32 ? warp_sums[lane] : 0;
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
+  }
+  return v;
+}
+
+// The sample's parameter row, copied to shared memory once per block.
+__device__ void load_params(const AugmentArgs& a, int64_t i, float* shared) {
+  const int t = threadIdx.y * blockDim.x + threadIdx.x;
+  if (t < param::kCount) shared[t] = a.params[i * param::kCount + t];
+  __syncthreads();
+}
+
+// Calls fn(x, y) for every output pixel of the sample, tile by tile (tiles strided by gridDim.x).
+template <typename Fn>
+__device__ void for_each_pixel(int64_t h, int64_t w, Fn&& fn) {
+  const int64_t tiles_x = (w + kTileW - 1) / kTileW, tiles = tiles_x * ((h + kTileH - 1) / kTileH);
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t ty = t / tiles_x, tx = t - ty * tiles_x;
+    const int64_t x = tx * kTileW + threadIdx.x, y = ty * kTileH + threadIdx.y;
+    if (x < w && y < h) fn(x, y);
+  }
+}
+
+// Output pixel (x, y) of sample P: its warped input on the 0..255 scale.
+__device__ void warped_pixel(const AugmentArgs& a, const float* P, const pixel::Image8& im, int64_t x, int64_t y,
+                             float v[3]) {
+  float sx, sy;
+  pixel::affine_source(P + param::kMatrix, static_cast<float>(x), static_cast<float>(y), &sx, &sy);
+  pixel::sample(im, a.interpolation, a.fill, sx, sy, v);
+}
+
+// Pass 1, grid (kMeanBlocks, n): partial sums of mean_fixed(luma_for_mean) per sample.
+__global__ void mean_kernel(AugmentArgs a) {
+  const int64_t i = blockIdx.y;
+  __shared__ float P[param::kCount];
+  load_params(a, i, P);
+  int64_t sum = 0;
+  if (needs_mean(a, i)) {
+    const pixel::Image8 im = a.input.sample(i);
+    for_each_pixel(a.input.h, a.input.w, [&](int64_t x, int64_t y) {
+      float v[3];
+      warped_pixel(a, P, im, x, y, v);
+      sum += pixel::mean_fixed(luma_for_mean(a, P, v[0], v[1], v[2]));
+    });
+  }
+  sum = block_sum(sum);
+  if (threadIdx.x == 0 && threadIdx.y == 0) a.mean_partials[i * kMeanBlocks + blockIdx.x] = sum;
+}
+
+struct StoreF32 {
+  __device__ float operator()(float v) const { return v; }
+};
+struct StoreBF16 {
+  __device__ uint16_t operator()(float v) const { return pixel::to_bfloat16_bits(v); }
+};
+struct StoreF16 {
+  __device__ uint16_t operator()(float v) const { return pixel::to_float16_bits(v); }
+};
+
+// Pass 2, grid (tiles, n): every output pixel of sample blockIdx.y.
+template <typename Out, typename Store>
+__global__ void augment_kernel(AugmentArgs a, Out* __restrict__ out, Store store) {
+  const int64_t i = blockIdx.y;
+  __shared__ float P[param::kCount];
+  __shared__ MeanTerms terms;
+  load_params(a, i, P);
+  if (threadIdx.x == 0 && threadIdx.y == 0) {
+    float mean = 0.0f;
+    if (needs_mean(a, i)) {
+      int64_t sum = 0;
+      for (int k = 0; k < kMeanBlocks; ++k) sum += a.mean_partials[i * kMeanBlocks + k];
+      mean = pixel::mean_from_sum(sum, a.input.h * a.input.w);
+    }
+    terms = mean_terms(a, P, mean);
+  }
+  __syncthreads();
+  const pixel::Image8 im = a.input.sample(i);
+  const int64_t* os = a.out_stride;
+  Out* base = out + i * os[0];
+  for_each_pixel(a.input.h, a.input.w, [&](int64_t x, int64_t y) {
+    float v[3];
+    warped_pixel(a, P, im, x, y, v);
+    color_chain(a, P, terms, v);
+    Out* o = base + y * os[2] + x * os[3];
+    o[0] = store(v[0]);
+    o[os[1]] = store(v[1]);
+    o[2 * os[1]] = store(v[2]);
+  });
+}
+
+template <typename Out, typename Store>
+void launch_augment(const AugmentArgs& a, cudaStream_t s, Store store) {
+  const int64_t tiles = ((a.input.w + kTileW - 1) / kTileW) * ((a.input.h + kTileH - 1) / kTileH);
+  const dim3 grid(static_cast<unsigned>(tiles < 4096 ? tiles : 4096), static_cast<unsigned>(a.input.n));
+  augment_kernel<<<grid, dim3(kTileW, kTileH), 0, s>>>(a, static_cast<Out*>(a.output), store);
+}
+
 }  // namespace
 
 int warp_affine_cuda(const WarpArgs& a, void* stream) {
@@ -38,9 +150,23 @@ int warp_affine_cuda(const WarpArgs& a, void* stream) {
   if (total == 0) return 0;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (a.out_type == kUInt8)
-    warp_affine_kernel<<<blocks_for(total), kThreads, 0, s>>>(a, static_cast<uint8_t*>(a.output));
+    warp_affine_kernel<<<blocks_for(total, 65535 * 16), kThreads, 0, s>>>(a, static_cast<uint8_t*>(a.output));
   else
-    warp_affine_kernel<<<blocks_for(total), kThreads, 0, s>>>(a, static_cast<float*>(a.output));
+    warp_affine_kernel<<<blocks_for(total, 65535 * 16), kThreads, 0, s>>>(a, static_cast<float*>(a.output));
+  return static_cast<int>(cudaGetLastError());
+}
+
+int augment_cuda(const AugmentArgs& a, void* stream) {
+  if (a.input.n == 0 || a.input.h == 0 || a.input.w == 0) return 0;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  mean_kernel<<<dim3(kMeanBlocks, static_cast<unsigned>(a.input.n)), dim3(kTileW, kTileH), 0, s>>>(a);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return static_cast<int>(err);
+  switch (a.out_type) {
+    case kFloat32: launch_augment<float>(a, s, StoreF32{}); break;
+    case kBFloat16: launch_augment<uint16_t>(a, s, StoreBF16{}); break;
+    default: launch_augment<uint16_t>(a, s, StoreF16{}); break;
+  }
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -8,6 +8,10 @@
 namespace gpupipe {
 
 int warp_affine_cuda(const WarpArgs& args, void* stream);
+
+// Two launches: contrast's image means (partial sums into args.mean_partials), then the output.
+int augment_cuda(const AugmentArgs& args, void* stream);
+
 const char* cuda_error_string(int code);
 
 }  // namespace gpupipe

@@ -1,17 +1,16 @@
-// pybind11 module gpupipe._C_cuda: the CUDA launcher, called with tensors' data_ptr()s and
-// torch.cuda.current_stream().cuda_stream. Every launch error becomes a RuntimeError.
+// pybind11 module gpupipe._C_cuda: the CUDA launchers, called with buffer descriptions of tensors
+// (gpupipe.augment._kernels.buffer) and torch.cuda.current_stream().cuda_stream. Every buffer is
+// validated (augment_bindings.h) before a launch; every launch error becomes a RuntimeError.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include <optional>
-
 #include "augment_bindings.h"
 #include "augment_cuda.h"
-#include "fused_augment_cuda.h"
 
 namespace py = pybind11;
 
@@ -30,23 +29,7 @@ void check_launch(const char* what, int err) {
 
 PYBIND11_MODULE(_C_cuda, m) {
   m.doc() = "gpupipe's CUDA kernels (private; use gpupipe.augment).";
-  m.def(
-      "fused_color_affine",
-      [](uintptr_t input, bool input_is_uint8, int64_t n, int64_t h, int64_t w,
-         std::vector<int64_t> strides, uintptr_t matrices, uintptr_t hflip, uintptr_t vflip,
-         uintptr_t output, int out_dtype, uintptr_t stream) {
-        if (strides.size() != 4) throw std::invalid_argument("strides must have 4 entries");
-        if (out_dtype < 0 || out_dtype > 2) throw std::invalid_argument("unknown output dtype");
-        const gpupipe::fused::FusedArgs a = gpupipe::fused::make_args(
-            input, input_is_uint8, n, h, w, strides.data(), matrices, hflip, vflip, output, out_dtype);
-        int err = gpupipe::fused_color_affine_cuda(a, reinterpret_cast<void*>(stream));
-        if (err != 0)
-          throw std::runtime_error(std::string("fused_color_affine CUDA launch failed: ") +
-                                   gpupipe::cuda_error_string(err));
-      },
-      py::arg("input"), py::arg("input_is_uint8"), py::arg("n"), py::arg("h"), py::arg("w"),
-      py::arg("strides"), py::arg("matrices"), py::arg("hflip"), py::arg("vflip"),
-      py::arg("output"), py::arg("out_dtype"), py::arg("stream"));
+  m.attr("MEAN_BLOCKS") = gpupipe::kMeanBlocks;  // the workspace holds n * MEAN_BLOCKS int64
   m.def(
       "warp_affine",
       [](std::vector<int64_t> input, std::vector<int64_t> matrices, std::vector<int64_t> output,
@@ -56,5 +39,18 @@ PYBIND11_MODULE(_C_cuda, m) {
       },
       py::arg("input"), py::arg("matrices"), py::arg("output"), py::arg("out_type"),
       py::arg("interpolation"), py::arg("fill"), py::arg("stream"));
+  m.def(
+      "augment",
+      [](std::vector<int64_t> input, std::vector<int64_t> params, std::vector<int64_t> output, int out_type,
+         int interpolation, std::optional<std::vector<double>> fill, int color, std::vector<double> mean,
+         std::vector<double> std_dev, std::vector<int64_t> workspace, uintptr_t stream) {
+        using namespace gpupipe;
+        // device memory: the parameters' values cannot be read here (the kernels clamp op ids)
+        const AugmentArgs a = augment_args(input, params, output, out_type, interpolation, fill, color, mean,
+                                           std_dev, std::optional<std::vector<int64_t>>(workspace));
+        check_launch("augment", augment_cuda(a, reinterpret_cast<void*>(stream)));
+      },
+      py::arg("input"), py::arg("params"), py::arg("output"), py::arg("out_type"), py::arg("interpolation"),
+      py::arg("fill"), py::arg("color"), py::arg("mean"), py::arg("std"), py::arg("workspace"), py::arg("stream"));
   gpupipe::register_policies_cuda(m);
 }

@@ -260,15 +260,35 @@ def test_random_choice_frequencies_keys_and_replay(images):
 # --- Compose ----------------------------------------------------------------------------------------
 
 
+class UnkeyedFlip(torch.nn.Module):
+    """A module of the first protocol: ``sample_params(n)`` from its own generator, no keys."""
+
+    def __init__(self):
+        super().__init__()
+        self.generator = torch.Generator().manual_seed(0)
+        self.last_params = None
+
+    def sample_params(self, n):
+        return {"flip": torch.rand(n, generator=self.generator) < 0.5}
+
+    def forward(self, x, params=None):
+        params = self.sample_params(x.shape[0]) if params is None else params
+        self.last_params = params
+        return torch.where(params["flip"][:, None, None, None], x.flip(-1), x)
+
+
 def test_compose_is_keyed_and_replays():
     x = torch.randint(0, 256, (6, 3, 45, 53), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
-    chain = Compose([TrivialAugmentWide(), RandAugment(num_ops=1), BatchAugment(hflip=0.5, brightness=0.3, generator=0),
-                     RandomErasing(p=0.5)])
+    chain = Compose([TrivialAugmentWide(), RandAugment(num_ops=1), UnkeyedFlip(),
+                     BatchAugment(hflip=0.5, brightness=0.3, generator=0), RandomErasing(p=0.5)])
     p = chain.sample_params(6, seed=9, epoch=1, indices=range(60, 66))
-    assert sorted(p) == ["0", "1", "2", "3"]
-    # keyed children draw from derived seeds; the old-protocol BatchAugment from its generator
+    assert sorted(p) == ["0", "1", "2", "3", "4"]
+    # keyed children draw from derived seeds; the first-protocol child from its generator
     assert torch.equal(p["0"]["op"], TrivialAugmentWide().sample_params(6, seed=_derive(9, 0), epoch=1,
                                                                          indices=range(60, 66))["op"])
+    assert all(torch.equal(a, b) for a, b in zip(
+        p["3"].values(), BatchAugment(hflip=0.5, brightness=0.3).sample_params(6, seed=_derive(9, 3), epoch=1,
+                                                                                indices=range(60, 66)).values()))
     y = chain(x, params=p)
     assert y.dtype == torch.float32 and y.shape == (6, 3, 45, 53)
     assert torch.equal(chain(x, params=chain.last_params), y)

@@ -1,10 +1,10 @@
-"""Batched augmentation on the device: one ``nn.Module`` for flip, rotation, color jitter,
-grayscale and normalisation, with per-sample parameters.
+"""Batched augmentation on the device, with torchvision's semantics and per-sample parameters.
 
-- :class:`BatchAugment` (``engine="fused"`` or ``"kornia"``)
-- :func:`color_matrices`: the per-sample 3x4 color matrices of the fused engine
-- :func:`warp_affine` / :func:`affine_matrices`: per-sample affine resampling with torchvision's semantics
-- :func:`fused_color_affine`: the single-pass kernel (CUDA on CUDA tensors, C++ on CPU)
+- :class:`BatchAugment`: rotation / affine, flips, color jitter, grayscale and normalisation as one
+  module, run in one pass per output pixel (``engine="fused"``) or op by op (``engine="kornia"``)
+- :func:`warp_affine` / :func:`affine_matrices`: per-sample affine resampling with torchvision's
+  sampling and fill semantics
+- :func:`linear_color_params`: the per-sample matrices of ``color="linear"``
 
 torchvision's recipes, batched and keyed to (seed, epoch, sample index):
 
@@ -16,8 +16,8 @@ torchvision's recipes, batched and keyed to (seed, epoch, sample index):
 
 from gpupipe.augment.affine_matrix import affine_matrices
 from gpupipe.augment.batch_augment import IMAGENET_MEAN, IMAGENET_STD, BatchAugment
-from gpupipe.augment.color_matrix import color_matrices
-from gpupipe.augment.fused import cuda_kernel_available, fused_color_affine
+from gpupipe.augment.color_linear import linear_color_params
+from gpupipe.augment.fused import cuda_kernel_available
 from gpupipe.augment.warp_affine import warp_affine
 
 from gpupipe.augment.auto_augment import AutoAugment
@@ -29,6 +29,6 @@ from gpupipe.augment.random_choice import RandomChoice
 from gpupipe.augment.random_erasing import RandomErasing
 from gpupipe.augment.trivial_augment_wide import TrivialAugmentWide
 
-__all__ = ["warp_affine", "affine_matrices", "BatchAugment", "IMAGENET_MEAN", "IMAGENET_STD", "color_matrices", "fused_color_affine", "cuda_kernel_available",
-           "TrivialAugmentWide", "RandAugment", "AutoAugment", "RandomErasing", "MixUp", "CutMix", "RandomChoice",
-           "Compose"]
+__all__ = ["BatchAugment", "IMAGENET_MEAN", "IMAGENET_STD", "warp_affine", "affine_matrices", "linear_color_params",
+           "cuda_kernel_available", "TrivialAugmentWide", "RandAugment", "AutoAugment", "RandomErasing", "MixUp",
+           "CutMix", "RandomChoice", "Compose"]

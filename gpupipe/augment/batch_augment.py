@@ -1,22 +1,34 @@
-"""BatchAugment: the per-sample PIL chain (flip, rotation, color jitter, grayscale, ToTensor,
-Normalize) as one batched ``nn.Module`` on the device."""
+"""BatchAugment: the per-sample torchvision chain (rotation / affine, flips, ColorJitter, grayscale,
+ToTensor, Normalize) as one batched ``nn.Module``, run by a one-pass engine on the input's device."""
 
 from __future__ import annotations
 
-import math
+import itertools
+import weakref
 from typing import Optional, Sequence, Union
 
+import numpy as np
 import torch
 from torch import nn
 
-from gpupipe.augment.color_matrix import color_matrices
-from gpupipe.augment.fused import OUT_DTYPES, OutputCache, channel_means, fused_color_affine, fused_color_affine_torch
+from gpupipe import keyed
+from gpupipe.augment import fused
+from gpupipe.augment.affine_matrix import affine_matrices
+from gpupipe.augment.color_linear import linear_color_params
+from gpupipe.augment.warp_affine import INTERPOLATIONS, _fill_list
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 Range = Union[float, Sequence[float]]
-PARAM_KEYS = ("hflip", "vflip", "angle", "brightness", "contrast", "saturation", "hue", "grayscale")
+PARAM_KEYS = ("hflip", "vflip", "angle", "translate", "scale", "shear", "brightness", "contrast", "saturation", "hue",
+              "order", "grayscale")
+# Columns of the per-sample uniform draws (keyed or from the generator); new draws go at the end so
+# that existing ones keep their values.
+_DRAW = {"hflip": 0, "vflip": 1, "angle": 2, "translate": 3, "scale": 5, "shear": 6, "brightness": 8,
+         "contrast": 9, "saturation": 10, "hue": 11, "order": 12, "grayscale": 16}
+DRAWS = 17
+STREAM = keyed.stream_of("BatchAugment")
 
 
 def _factor_range(value: Range, name: str) -> tuple[float, float]:
@@ -49,42 +61,116 @@ def _probability(p: float, name: str) -> float:
     return float(p)
 
 
+def _translate_range(value) -> tuple[float, float]:
+    if value is None:
+        return (0.0, 0.0)
+    a, b = (float(v) for v in value)
+    if not (0.0 <= a <= 1.0 and 0.0 <= b <= 1.0):
+        raise ValueError(f"translate must be two fractions in [0, 1] (RandomAffine's), got {value}")
+    return (a, b)
+
+
+def _scale_range(value) -> tuple[float, float]:
+    if value is None:
+        return (1.0, 1.0)
+    lo, hi = (float(v) for v in value)
+    if not 0 < lo <= hi:
+        raise ValueError(f"scale must be a (min, max) range with 0 < min <= max, got {value}")
+    return (lo, hi)
+
+
+def _shear_ranges(value) -> tuple[float, float, float, float]:
+    """RandomAffine's shear: s -> x in [-s, s]; (a, b) -> x in [a, b]; (a, b, c, d) -> x, y."""
+    if value is None:
+        return (0.0, 0.0, 0.0, 0.0)
+    if isinstance(value, (int, float)):
+        lo, hi = _symmetric_range(value, "shear")
+        r = (lo, hi, 0.0, 0.0)
+    elif len(value) == 2:
+        r = (float(value[0]), float(value[1]), 0.0, 0.0)
+    elif len(value) == 4:
+        r = tuple(float(v) for v in value)
+    else:
+        raise ValueError(f"shear must be a number or 2 or 4 numbers, got {value}")
+    if r[0] > r[1] or r[2] > r[3] or max(abs(v) for v in r) >= 90:
+        raise ValueError(f"shear ranges must be (min, max) within (-90, 90) degrees, got {value}")
+    return r
+
+
+# The generators of live modules, by slot: the draw op (an opaque custom op, so torch.compile keeps
+# one graph) finds its module's generator here.
+_GENERATORS: "weakref.WeakValueDictionary[int, torch.Generator]" = weakref.WeakValueDictionary()
+_SLOTS = itertools.count()
+
+
+@torch.library.custom_op("gpupipe::augment_uniforms", mutates_args=())
+def _uniforms_op(n: int, count: int, slot: int) -> torch.Tensor:
+    """float64 ``[n, count]`` uniforms in [0, 1) from a module's generator (slot < 0: torch's default)."""
+    g = _GENERATORS.get(slot) if slot >= 0 else None
+    return torch.rand(n, count, generator=g, dtype=torch.float64)
+
+
+@_uniforms_op.register_fake
+def _(n, count, slot):
+    return torch.empty(n, count, dtype=torch.float64)
+
+
 class BatchAugment(nn.Module):
     """Batched, per-sample augmentation and normalisation, as one module on the input's device.
 
+    The chain, per sample, in this order (torchvision's definitions; ``docs/semantics.md``):
+    rotation / affine (``F.affine(img, -angle, translate, scale, shear)``: ``F.rotate(img, angle)``
+    without the rest), horizontal flip, vertical flip, the color ops in the sample's random order
+    (ColorJitter's), grayscale, normalise. ``engine="fused"`` runs it in one pass per output pixel
+    (a CUDA kernel on CUDA, its host build on the CPU); with ``color="torchvision"`` (default) it
+    matches ``torchvision.transforms.v2.functional`` applied per sample with the same parameters to
+    0.5/255 in mean (tested on real photos).
+
     Args:
         hflip, vflip: probability of a horizontal / vertical flip per sample.
-        rotation: degrees ``d`` (uniform in [-d, d]) or a (min, max) range; bilinear, zero padding.
-        brightness, contrast, saturation: torchvision ColorJitter ranges (``v`` -> [1-v, 1+v]).
-        hue: turns, ``v`` -> [-v, v] with v <= 0.5.
+        rotation: degrees ``d`` (uniform in [-d, d]) or a (min, max) range, counter-clockwise
+            (RandomRotation's ``degrees``).
+        translate: RandomAffine's ``(a, b)``: fractions of the width / height, uniform in [-a, a],
+            [-b, b], rounded to whole pixels. None: no translation.
+        scale: RandomAffine's ``(min, max)``. None: 1.
+        shear: RandomAffine's: ``s`` (x in [-s, s]), ``(a, b)`` (x) or ``(a, b, c, d)`` (x, y), degrees.
+        interpolation: ``"nearest"`` (torchvision's default) or ``"bilinear"``.
+        fill: value(s) of pixels from outside the image on the uint8 scale (0..255), per channel;
+            0 as torchvision's RandomRotation / RandomAffine, None for plain zero padding
+            (``F.rotate(..., fill=None)``: the two differ at bilinear edges, as in torchvision).
+        brightness, contrast, saturation: ColorJitter ranges (``v`` -> [max(0, 1 - v), 1 + v]).
+        hue: turns, ``v`` -> [-v, v], v <= 0.5.
         grayscale: probability of converting a sample to gray (three equal channels).
         mean, std: normalisation per channel on the [0, 1] scale.
         out_dtype: float32, bfloat16 or float16.
-        engine: ``"fused"``: the color chain, flips and normalisation in one pass (CUDA kernel on
-            CUDA tensors, its C++ host build on CPU), see :mod:`gpupipe.augment.color_matrix` for
-            the exact math and how it differs from Kornia. Rotation, when enabled, runs first as one
-            Kornia warp. ``"kornia"``: Kornia's functional ops with Kornia's (= torchvision's)
-            semantics, clamping between ops, HSV hue; the reference.
-        generator: a ``torch.Generator`` (CPU) or an int seed, for reproducible parameters.
-        reuse_outputs: on the CPU, hand out again output buffers nothing references any more (no
-            reference, view or DLPack export left), saving the page faults of a fresh allocation
-            per batch. A batch you keep is never overwritten.
+        out_memory_format: ``torch.contiguous_format`` or ``torch.channels_last``.
+        color: ``"torchvision"``: torchvision v2's float ops (clamps between ops, HSV hue,
+            per-sample op order). ``"linear"``: the chain folded into one 3x4 matrix per sample
+            (no clamps between ops, YIQ hue, fixed order; DALI-like, faster on hue-heavy chains;
+            :mod:`gpupipe.augment.color_linear`).
+        engine: ``"fused"`` (default) or ``"kornia"``: the same chain with Kornia's warp and color
+            functions, op by op on float tensors (the slow reference).
+        generator: a ``torch.Generator`` (CPU) or an int seed for the draws of ``forward(x)``
+            without parameters; :meth:`sample_params` with ``seed=`` ignores it.
+        reuse_outputs: on the CPU, hand out again output buffers nothing references any more.
 
     Shapes:
-        input: uint8 ``[N, 3, H, W]`` (any memory format; channels-last is gpupipe's decode output)
-        or float in [0, 1], on any device. Output: ``out_dtype`` ``[N, 3, H, W]`` contiguous,
-        normalised, on the same device.
+        input: uint8 ``[N, 3, H, W]``, any memory format (channels-last is gpupipe's decode output),
+        CPU or CUDA. Output: ``out_dtype`` ``[N, 3, H, W]`` in ``out_memory_format`` on the same device.
 
-    ``train()`` samples new per-sample parameters every call, stored in ``last_params`` (a dict of
-    ``(N,)`` CPU tensors); ``module(x, params=p)`` replays them. ``eval()`` only converts and
-    normalises, so the module can sit in a model's ``forward``.
+    ``train()`` samples new per-sample parameters every call, kept in ``last_params``;
+    ``module(x, params=p)`` replays ``p`` exactly (see :meth:`sample_params`); ``eval()`` only
+    converts and normalises, so the module can sit in a model's ``forward``, also under
+    ``torch.compile(fullgraph=True)``.
 
     Example:
         >>> import torch
         >>> from gpupipe.augment import BatchAugment
-        >>> aug = BatchAugment(hflip=0.5, brightness=0.4, contrast=0.4, saturation=0.4, generator=0)
+        >>> aug = BatchAugment(hflip=0.5, rotation=25, interpolation="bilinear", brightness=0.4,
+        ...                    contrast=0.4, saturation=0.4, hue=0.1)
         >>> x = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
-        >>> y = aug(x)
+        >>> p = aug.sample_params(8, seed=0, epoch=3, indices=range(100, 108))
+        >>> y = aug(x, params=p)
         >>> y.shape, y.dtype
         (torch.Size([8, 3, 32, 32]), torch.float32)
         >>> torch.equal(aug(x, params=aug.last_params), y)
@@ -97,6 +183,11 @@ class BatchAugment(nn.Module):
         hflip: float = 0.5,
         vflip: float = 0.0,
         rotation: Range = 0.0,
+        translate: Optional[Sequence[float]] = None,
+        scale: Optional[Sequence[float]] = None,
+        shear: Union[None, float, Sequence[float]] = None,
+        interpolation: str = "nearest",
+        fill: Union[None, float, Sequence[float]] = 0,
         brightness: Range = 0.0,
         contrast: Range = 0.0,
         saturation: Range = 0.0,
@@ -105,6 +196,8 @@ class BatchAugment(nn.Module):
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
         out_dtype: torch.dtype = torch.float32,
+        out_memory_format: torch.memory_format = torch.contiguous_format,
+        color: str = "torchvision",
         engine: str = "fused",
         generator: Union[torch.Generator, int, None] = None,
         reuse_outputs: bool = True,
@@ -112,14 +205,25 @@ class BatchAugment(nn.Module):
         super().__init__()
         if engine not in ("fused", "kornia"):
             raise ValueError(f"engine must be 'fused' or 'kornia', got {engine!r}")
-        if out_dtype not in OUT_DTYPES:
-            raise ValueError(f"out_dtype must be one of {list(OUT_DTYPES)}, got {out_dtype}")
+        if color not in fused.COLOR_MODELS:
+            raise ValueError(f"color must be 'torchvision' or 'linear', got {color!r}")
+        if interpolation not in INTERPOLATIONS:
+            raise ValueError(f"interpolation must be 'nearest' or 'bilinear', got {interpolation!r}")
+        if out_dtype not in fused.OUT_DTYPES:
+            raise ValueError(f"out_dtype must be one of {list(fused.OUT_DTYPES)}, got {out_dtype}")
+        if out_memory_format not in (torch.contiguous_format, torch.channels_last):
+            raise ValueError(f"out_memory_format must be torch.contiguous_format or torch.channels_last, got {out_memory_format}")
         if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
             raise ValueError("mean and std need 3 entries, std > 0")
         self.hflip = _probability(hflip, "hflip")
         self.vflip = _probability(vflip, "vflip")
         self.grayscale = _probability(grayscale, "grayscale")
         self.rotation = _symmetric_range(rotation, "rotation")
+        self.translate = _translate_range(translate)
+        self.scale = _scale_range(scale)
+        self.shear = _shear_ranges(shear)
+        self.interpolation = interpolation
+        self.fill = _fill_list(fill)
         self.brightness = _factor_range(brightness, "brightness")
         self.contrast = _factor_range(contrast, "contrast")
         self.saturation = _factor_range(saturation, "saturation")
@@ -127,130 +231,177 @@ class BatchAugment(nn.Module):
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)
         self.out_dtype = out_dtype
+        self.out_memory_format = out_memory_format
+        self.color = color
         self.engine = engine
         if isinstance(generator, int):
             generator = torch.Generator().manual_seed(generator)
         self.generator = generator
+        self._slot = -1
+        if generator is not None:
+            self._slot = next(_SLOTS)
+            _GENERATORS[self._slot] = generator
         self.reuse_outputs = reuse_outputs
-        self._outputs = OutputCache()
+        self._outputs = fused.OutputCache()
         self.last_params: Optional[dict] = None
-        self.last_path: Optional[str] = None  # which implementation ran: "cuda-kernel", "cpu-kernel", "torch", "kornia"
+        self.last_path: Optional[str] = None  # which implementation ran: "cuda-kernel", "cpu-kernel", "kornia"
 
     # --- parameters -------------------------------------------------------------------------------
 
-    def sample_params(self, n: int) -> dict:
-        """Per-sample parameters for a batch of n: a dict of ``(n,)`` CPU tensors."""
-        g = self.generator
+    def sample_params(self, n: int, *, seed: Optional[int] = None, epoch: Optional[int] = None,
+                      indices=None) -> dict:
+        """Per-sample parameters for a batch of ``n``: a dict of CPU tensors with leading dim ``n``.
 
-        def uniform(lo, hi):
-            return lo + (hi - lo) * torch.rand(n, generator=g, dtype=torch.float64)
+        With ``seed``: a pure function of ``(seed, epoch, indices[i])`` through
+        :func:`gpupipe.keyed.uniforms` on this module's stream (``keyed.stream_of("BatchAugment")``),
+        so a sample's parameters never depend on the batch it is in, the thread count or what ran
+        before (``epoch`` defaults to 0, ``indices`` to ``range(n)``). Without: from ``generator``.
 
+        Keys: ``hflip, vflip, grayscale`` bool ``[n]``; ``angle`` (degrees, counter-clockwise),
+        ``scale``, ``brightness, contrast, saturation, hue`` float64 ``[n]``; ``translate`` float64
+        ``[n, 2]`` (fractions of W and H; the shift is ``round(translate * (W, H))`` pixels),
+        ``shear`` float64 ``[n, 2]`` (degrees, x and y); ``order`` int64 ``[n, 4]`` (ColorJitter's
+        ``fn_idx``: 0 brightness, 1 contrast, 2 saturation, 3 hue).
+        """
+        if seed is not None:
+            idx = np.arange(n) if indices is None else np.asarray(list(indices) if not isinstance(indices, (np.ndarray, torch.Tensor)) else indices)
+            if idx.shape != (n,):
+                raise ValueError(f"indices must have {n} entries, got shape {tuple(idx.shape)}")
+            u = torch.from_numpy(keyed.uniforms(seed, 0 if epoch is None else epoch, idx, DRAWS, stream=STREAM))
+        else:
+            u = torch.ops.gpupipe.augment_uniforms(n, DRAWS, self._slot)
+        return self._params_from_uniforms(u)
+
+    def _params_from_uniforms(self, u: torch.Tensor) -> dict:
+        def between(lo_hi, col):
+            lo, hi = lo_hi
+            return lo + (hi - lo) * u[:, col]
+
+        d = _DRAW
+        translate = (2 * u[:, d["translate"]:d["translate"] + 2] - 1) * torch.tensor(self.translate, dtype=torch.float64)
+        shear = torch.stack([between(self.shear[:2], d["shear"]), between(self.shear[2:], d["shear"] + 1)], 1)
         return {
-            "hflip": torch.rand(n, generator=g) < self.hflip,
-            "vflip": torch.rand(n, generator=g) < self.vflip,
-            "angle": uniform(*self.rotation),
-            "brightness": uniform(*self.brightness),
-            "contrast": uniform(*self.contrast),
-            "saturation": uniform(*self.saturation),
-            "hue": uniform(*self.hue),
-            "grayscale": torch.rand(n, generator=g) < self.grayscale,
+            "hflip": u[:, d["hflip"]] < self.hflip,
+            "vflip": u[:, d["vflip"]] < self.vflip,
+            "angle": between(self.rotation, d["angle"]),
+            "translate": translate,
+            "scale": between(self.scale, d["scale"]),
+            "shear": shear,
+            "brightness": between(self.brightness, d["brightness"]),
+            "contrast": between(self.contrast, d["contrast"]),
+            "saturation": between(self.saturation, d["saturation"]),
+            "hue": between(self.hue, d["hue"]),
+            "order": torch.argsort(u[:, d["order"]:d["order"] + 4], dim=1, stable=True),  # a uniform permutation
+            "grayscale": u[:, d["grayscale"]] < self.grayscale,
         }
 
     @staticmethod
     def identity_params(n: int) -> dict:
+        """Parameters that change nothing (``eval()``): the chain reduces to convert + normalise."""
         false = torch.zeros(n, dtype=torch.bool)
         zero = torch.zeros(n, dtype=torch.float64)
         one = torch.ones(n, dtype=torch.float64)
-        return {"hflip": false, "vflip": false.clone(), "angle": zero, "brightness": one, "contrast": one.clone(),
-                "saturation": one.clone(), "hue": zero.clone(), "grayscale": false.clone()}
+        return {"hflip": false, "vflip": false, "angle": zero, "translate": torch.zeros(n, 2, dtype=torch.float64),
+                "scale": one, "shear": torch.zeros(n, 2, dtype=torch.float64), "brightness": one, "contrast": one,
+                "saturation": one, "hue": zero, "order": torch.arange(4).expand(n, 4), "grayscale": false}
+
+    @staticmethod
+    def check_params(params: dict, n: int) -> None:
+        """Raises ``ValueError`` / ``TypeError`` naming the key for parameters that are not a batch of
+        ``n`` valid draws (shapes and dtypes always; values in eager mode, not under torch.compile)."""
+        if not isinstance(params, dict):
+            raise TypeError(f"params must be a dict, got {type(params).__name__}")
+        missing = [k for k in PARAM_KEYS if k not in params]
+        if missing:
+            raise ValueError(f"params lack {missing}")
+        for k in PARAM_KEYS:
+            v = params[k]
+            if not isinstance(v, torch.Tensor):
+                raise TypeError(f"params[{k!r}] must be a tensor, got {type(v).__name__}")
+            shape = (n, 2) if k in ("translate", "shear") else (n, 4) if k == "order" else (n,)
+            if tuple(v.shape) != shape:
+                raise ValueError(f"params[{k!r}] must have shape {list(shape)} for a batch of {n}, got {list(v.shape)}")
+            if k in ("hflip", "vflip", "grayscale"):
+                if v.dtype != torch.bool:
+                    raise TypeError(f"params[{k!r}] must be bool, got {v.dtype}")
+            elif k == "order":
+                if v.dtype != torch.int64:
+                    raise TypeError(f"params['order'] must be int64, got {v.dtype}")
+            elif not v.is_floating_point():
+                raise TypeError(f"params[{k!r}] must be floating point, got {v.dtype}")
+        if torch.compiler.is_compiling():
+            return
+        p = {k: params[k].cpu() for k in PARAM_KEYS}
+        for k in ("angle", "translate", "shear", "scale", "brightness", "contrast", "saturation", "hue"):
+            if not bool(torch.isfinite(p[k]).all()):
+                raise ValueError(f"params[{k!r}] must be finite")
+        for k in ("brightness", "contrast", "saturation"):
+            if bool((p[k] < 0).any()):
+                raise ValueError(f"params[{k!r}] must be >= 0")
+        if bool((p["hue"].abs() > 0.5).any()):
+            raise ValueError("params['hue'] must be within [-0.5, 0.5]")
+        if bool((p["scale"] <= 0).any()):
+            raise ValueError("params['scale'] must be > 0")
+        if bool((p["shear"].abs() >= 90).any()):
+            raise ValueError("params['shear'] must be within (-90, 90) degrees")
+        if not bool((p["order"].sort(dim=1).values == torch.arange(4)).all()):
+            raise ValueError("params['order'] rows must be permutations of 0, 1, 2, 3")
+
+    def pack_params(self, params: dict, height: int, width: int) -> torch.Tensor:
+        """float32 ``[N, 24]`` on the CPU: the engine's per-sample rows (``csrc/augment_kernels.h``)."""
+        f64 = torch.float64
+        n = params["angle"].shape[0]
+        p = {k: params[k].cpu() for k in PARAM_KEYS}
+        shift = torch.round(p["translate"].to(f64) * torch.tensor([width, height], dtype=f64))
+        m = affine_matrices(-p["angle"].to(f64), shift, p["scale"].to(f64), p["shear"].to(f64), None, p["hflip"], p["vflip"],
+                            size=(height, width)).reshape(n, 6)
+        if self.color == "linear":
+            color = linear_color_params(p, self.mean, self.std)
+        else:
+            factors = torch.stack([p[k].to(f64) for k in ("brightness", "contrast", "saturation", "hue")], 1)
+            color = torch.cat([factors, p["order"].to(f64), p["grayscale"].to(f64)[:, None]], 1)
+        packed = torch.cat([m, color], 1)
+        return torch.nn.functional.pad(packed, (0, fused.PARAM_COUNT - packed.shape[1])).to(torch.float32)
 
     # --- forward ----------------------------------------------------------------------------------
 
     def forward(self, x: torch.Tensor, params: Optional[dict] = None) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a tensor, got {type(x).__name__}")
         if x.dim() != 4 or x.shape[1] != 3:
-            raise ValueError(f"expected [N, 3, H, W] images, got shape {tuple(x.shape)}")
-        if x.dtype != torch.uint8 and not x.is_floating_point():
-            raise ValueError(f"expected uint8 or floating-point images, got {x.dtype}")
-        n = x.shape[0]
+            raise ValueError(f"x must be [N, 3, H, W] images, got shape {tuple(x.shape)}")
+        if x.dtype != torch.uint8:
+            raise TypeError(f"x must be uint8 (gpupipe's decode output; convert float images in [0, 1] with "
+                            f"(x * 255).round().to(torch.uint8)), got {x.dtype}")
+        n, _, h, w = x.shape
         if params is None:
             params = self.sample_params(n) if self.training else self.identity_params(n)
-        missing = set(PARAM_KEYS) - set(params)
-        if missing:
-            raise ValueError(f"params lack {sorted(missing)}")
-        if any(params[k].shape != (n,) for k in PARAM_KEYS):
-            raise ValueError(f"every param must have shape ({n},)")
+        self.check_params(params, n)
         self.last_params = params
-        p = {k: v.to(x.device) for k, v in params.items()}
         if self.engine == "kornia":
+            from gpupipe.augment.kornia_engine import kornia_augment
+
             self.last_path = "kornia"
-            return self._kornia(x, p)
-        return self._fused(x, p)
-
-    def _to_unit_float(self, x: torch.Tensor) -> torch.Tensor:
-        return x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
-
-    def _fused(self, x: torch.Tensor, p: dict) -> torch.Tensor:
-        hflip, vflip = p["hflip"], p["vflip"]
-        if bool((p["angle"] != 0).any()):
-            # Rotation is a resampling, not a color op: one Kornia warp on [0, 1] floats (after the
-            # flips, as the Kornia engine orders them), then the color pass without flips.
-            import kornia
-
-            x = self._to_unit_float(x)
-            x = torch.where(hflip[:, None, None, None], x.flip(-1), x)
-            x = torch.where(vflip[:, None, None, None], x.flip(-2), x)
-            x = kornia.geometry.transform.rotate(x, p["angle"].to(x.dtype), padding_mode="zeros")
-            hflip = torch.zeros_like(hflip)
-            vflip = torch.zeros_like(vflip)
-        scale = 1 / 255 if x.dtype == torch.uint8 else 1.0
-        if x.dtype not in (torch.uint8, torch.float32):
-            x = x.float()
-        means = None
-        if bool((p["contrast"] != 1).any()):
-            means = channel_means(x)
-        m = color_matrices(p, self.mean, self.std, input_scale=scale, channel_means=means).to(torch.float32)
+            return kornia_augment(self, x, params)
+        packed = self.pack_params(params, h, w)
+        if x.device.type == "cuda":
+            if not torch.compiler.is_compiling():
+                packed = packed.pin_memory()
+            packed = packed.to(x.device, non_blocking=True)  # the one transfer of the batch
+        elif x.device.type != "cpu":
+            raise ValueError(f"x must be on a CPU or CUDA device for engine='fused', got {x.device}")
+        out = None
         if x.device.type == "cpu" and self.reuse_outputs and not torch.compiler.is_compiling():
-            self.last_path = "cpu-kernel"
-            out = self._outputs.get((x.shape[0], 3, x.shape[2], x.shape[3]), self.out_dtype)
-            torch.ops.gpupipe.fused_color_affine_out(x, m, hflip, vflip, out)
-            return out
-        if x.device.type in ("cpu", "cuda"):
-            self.last_path = f"{x.device.type}-kernel"
-            return fused_color_affine(x, m, hflip, vflip, self.out_dtype)
-        self.last_path = "torch"
-        return fused_color_affine_torch(x, m, hflip, vflip, self.out_dtype)
-
-    def _kornia(self, x: torch.Tensor, p: dict) -> torch.Tensor:
-        import kornia
-        from kornia.enhance import (adjust_brightness_accumulative, adjust_contrast_with_mean_subtraction,
-                                    adjust_hue, adjust_saturation_with_gray_subtraction)
-
-        x = self._to_unit_float(x)
-        x = torch.where(p["hflip"][:, None, None, None], x.flip(-1), x)
-        x = torch.where(p["vflip"][:, None, None, None], x.flip(-2), x)
-        if bool((p["angle"] != 0).any()):
-            x = kornia.geometry.transform.rotate(x, p["angle"].to(x.dtype), padding_mode="zeros")
-        f = {k: p[k].to(x.dtype) for k in ("brightness", "contrast", "saturation", "hue")}
-        # kornia.augmentation.ColorJitter(order=(0, 1, 2, 3)): clamp, then each step; a step whose
-        # factors are all neutral is skipped, as Kornia does.
-        x = x.clamp(0, 1)
-        if bool((f["brightness"] != 1).any()):
-            x = adjust_brightness_accumulative(x, f["brightness"]).clamp(0, 1)
-        if bool((f["contrast"] != 1).any()):
-            x = adjust_contrast_with_mean_subtraction(x, f["contrast"]).clamp(0, 1)
-        if bool((f["saturation"] != 1).any()):
-            x = adjust_saturation_with_gray_subtraction(x, f["saturation"]).clamp(0, 1)
-        if bool((f["hue"] != 0).any()):
-            x = adjust_hue(x, f["hue"] * 2 * math.pi)
-        x = x.clamp(0, 1)
-        if bool(p["grayscale"].any()):
-            gray = kornia.color.rgb_to_grayscale(x).expand_as(x)
-            x = torch.where(p["grayscale"][:, None, None, None], gray, x)
-        mean = torch.tensor(self.mean, dtype=x.dtype, device=x.device)[None, :, None, None]
-        std = torch.tensor(self.std, dtype=x.dtype, device=x.device)[None, :, None, None]
-        return ((x - mean) / std).to(self.out_dtype).contiguous()
+            out = self._outputs.get(tuple(x.shape), self.out_dtype, self.out_memory_format)
+        self.last_path = f"{x.device.type}-kernel"
+        return fused.augment_batch(x, packed, interpolation=INTERPOLATIONS[self.interpolation], fill=self.fill,
+                                   color=fused.COLOR_MODELS[self.color], mean=self.mean, std=self.std,
+                                   out_dtype=self.out_dtype, channels_last=self.out_memory_format == torch.channels_last,
+                                   out=out)
 
     def extra_repr(self) -> str:
-        return (f"engine={self.engine!r}, hflip={self.hflip}, vflip={self.vflip}, rotation={self.rotation}, "
-                f"brightness={self.brightness}, contrast={self.contrast}, saturation={self.saturation}, "
-                f"hue={self.hue}, grayscale={self.grayscale}, out_dtype={self.out_dtype}")
+        return (f"engine={self.engine!r}, color={self.color!r}, hflip={self.hflip}, vflip={self.vflip}, "
+                f"rotation={self.rotation}, translate={self.translate}, scale={self.scale}, shear={self.shear}, "
+                f"interpolation={self.interpolation!r}, fill={self.fill}, brightness={self.brightness}, "
+                f"contrast={self.contrast}, saturation={self.saturation}, hue={self.hue}, grayscale={self.grayscale}, "
+                f"out_dtype={self.out_dtype}, out_memory_format={self.out_memory_format}")

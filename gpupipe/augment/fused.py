@@ -1,127 +1,91 @@
-"""The fused single-pass kernel as a torch op: ``gpupipe::fused_color_affine``.
+"""The one-pass engine of :class:`BatchAugment` as torch ops: ``gpupipe::augment_batch`` (and
+``gpupipe::augment_batch_out``, writing into a caller's buffer).
 
-CUDA tensors run the CUDA kernel (cuda/fused_augment.cu) on PyTorch's current stream; CPU tensors
-run its host build (the same per-pixel math, csrc/fused_augment_cpu.cpp) on gpupipe's thread pool.
-A fake kernel makes the op traceable by ``torch.compile``. :func:`fused_color_affine_torch` is the
-same computation in plain torch (the fallback when no kernel is built, and a reference).
+Per output pixel: inverse-map through the sample's 2x3 matrix (rotation, affine, flips), sample the
+uint8 input (nearest / bilinear, per-channel fill), run the color chain, grayscale, normalise, store
+float32 / bfloat16 / float16 in ``contiguous_format`` or ``channels_last``. Contrast's image mean
+comes from a first pass over the same warped samples (reduction only: nothing is materialised).
+
+CUDA tensors run the CUDA kernels (``cuda/augment.cu``: two launches, the reduction and the output)
+on PyTorch's current stream; CPU tensors run their host build (``csrc/augment_cpu.cpp``) on gpupipe's
+thread pool. Both share the per-pixel math (``csrc/augment_pixel.h``) and round alike. Fake kernels
+make the ops traceable by ``torch.compile``.
+
+``params`` is float32 ``[N, 24]``, one row per sample (layout: ``csrc/augment_kernels.h``,
+``namespace param``), built on the CPU by :func:`pack_params` and copied to the device in one
+transfer.
 """
 
 from __future__ import annotations
 
-import sys
+from typing import Optional, Sequence
 
 import torch
 
-from gpupipe import _C
+from gpupipe.augment import _kernels
+from gpupipe.augment._kernels import cuda_kernel_available  # noqa: F401  (re-exported)
 
-try:
-    from gpupipe import _C_cuda
-except ImportError:  # built without a CUDA compiler
-    _C_cuda = None
-
-OUT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-_DTYPE_CODES = {v: k for k, v in OUT_DTYPES.items()}
+OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+COLOR_MODELS = {"torchvision": 0, "linear": 1}
+PARAM_COUNT = 24  # param::kCount
 
 
-def cuda_kernel_available() -> bool:
-    """True when the CUDA kernel was built (a CUDA compiler was found at build time)."""
-    return _C_cuda is not None
+def _empty_out(x: torch.Tensor, out_dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    return torch.empty(x.shape, dtype=out_dtype, device=x.device, memory_format=fmt)
 
 
-def _check(x, matrices, hflip, vflip):
-    if x.dim() != 4 or x.shape[1] != 3:
-        raise ValueError(f"x must be [N, 3, H, W], got {tuple(x.shape)}")
-    if x.dtype not in (torch.uint8, torch.float32):
-        raise ValueError(f"x must be uint8 or float32, got {x.dtype}")
-    n = x.shape[0]
-    if matrices.shape != (n, 3, 4) or matrices.dtype != torch.float32:
-        raise ValueError(f"matrices must be float32 [{n}, 3, 4], got {matrices.dtype} {tuple(matrices.shape)}")
-    for name, m in (("hflip", hflip), ("vflip", vflip)):
-        if m.shape != (n,) or m.dtype != torch.bool:
-            raise ValueError(f"{name} must be bool [{n}], got {m.dtype} {tuple(m.shape)}")
-    devices = {t.device for t in (x, matrices, hflip, vflip)}
-    if len(devices) != 1:
-        raise ValueError(f"all inputs must be on one device, got {devices}")
+@torch.library.custom_op("gpupipe::augment_batch", mutates_args=())
+def _augment_op(x: torch.Tensor, params: torch.Tensor, interpolation: int, fill: Optional[list[float]], color: int,
+                mean: list[float], std: list[float], out_dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
+    raise NotImplementedError  # per-device kernels below
 
 
-@torch.library.custom_op("gpupipe::fused_color_affine", mutates_args=())
-def _fused_op(x: torch.Tensor, matrices: torch.Tensor, hflip: torch.Tensor, vflip: torch.Tensor, out_dtype: int) -> torch.Tensor:
-    raise NotImplementedError  # per-device implementations below
+def _run(x, params, interpolation, fill, color, mean, std, out):
+    args = (_kernels.buffer(x), _kernels.buffer(params), _kernels.buffer(out), _kernels.ELEM_TYPES[out.dtype],
+            interpolation, fill, color, mean, std)
+    if x.device.type == "cuda":
+        cuda = _kernels.cuda_module()
+        workspace = torch.empty(x.shape[0] * cuda.MEAN_BLOCKS, dtype=torch.int64, device=x.device)  # partial sums
+        with torch.cuda.device(x.device):
+            cuda.augment(*args, _kernels.buffer(workspace), _kernels.current_stream(x.device))
+    else:
+        _kernels._C.augment(*args, _kernels.num_threads())
 
 
-def _launch_args(x, matrices, hflip, vflip, out):
-    return (x.data_ptr(), x.dtype == torch.uint8, x.shape[0], x.shape[2], x.shape[3], list(x.stride()),
-            matrices.data_ptr(), hflip.data_ptr(), vflip.data_ptr(), out.data_ptr(), OUT_DTYPES[out.dtype])
-
-
-@_fused_op.register_kernel("cpu")
-def _(x, matrices, hflip, vflip, out_dtype):
-    _check(x, matrices, hflip, vflip)
-    out = torch.empty((x.shape[0], 3, x.shape[2], x.shape[3]), dtype=_DTYPE_CODES[out_dtype])
-    m, h, v = matrices.contiguous(), hflip.contiguous(), vflip.contiguous()
-    _C.fused_color_affine(*_launch_args(x, m, h, v, out), torch.get_num_threads())
+@_augment_op.register_kernel(("cpu", "cuda"))
+def _(x, params, interpolation, fill, color, mean, std, out_dtype, channels_last):
+    out = _empty_out(x, out_dtype, channels_last)
+    _run(x, params, interpolation, fill, color, mean, std, out)
     return out
 
 
-@_fused_op.register_kernel("cuda")
-def _(x, matrices, hflip, vflip, out_dtype):
-    if _C_cuda is None:
-        raise RuntimeError("gpupipe was built without CUDA kernels (no CUDA compiler at build time); "
-                           "rebuild with nvcc on PATH or use engine='kornia'")
-    _check(x, matrices, hflip, vflip)
-    out = torch.empty((x.shape[0], 3, x.shape[2], x.shape[3]), dtype=_DTYPE_CODES[out_dtype], device=x.device)
-    m, h, v = matrices.contiguous(), hflip.contiguous(), vflip.contiguous()
-    with torch.cuda.device(x.device):
-        stream = torch.cuda.current_stream(x.device).cuda_stream
-        _C_cuda.fused_color_affine(*_launch_args(x, m, h, v, out), stream)
-    return out
+@_augment_op.register_fake
+def _(x, params, interpolation, fill, color, mean, std, out_dtype, channels_last):
+    return _empty_out(x, out_dtype, channels_last)
 
 
-@_fused_op.register_fake
-def _(x, matrices, hflip, vflip, out_dtype):
-    return x.new_empty((x.shape[0], 3, x.shape[2], x.shape[3]), dtype=_DTYPE_CODES[out_dtype])
-
-
-@torch.library.custom_op("gpupipe::channel_means", mutates_args=())
-def _channel_means_op(x: torch.Tensor) -> torch.Tensor:
-    """float64 [N, 3]: per-image channel means of a uint8/float32 [N, 3, H, W] tensor."""
-    return x.sum(dim=(2, 3), dtype=torch.float64) / (x.shape[2] * x.shape[3])  # devices without a kernel
-
-
-@_channel_means_op.register_kernel("cpu")
-def _(x):
-    # torch's strided uint8 -> float64 reduction over (H, W) of a channels-last tensor is ~10x slower
-    # than the pixel pass itself; the C++ pass sums exactly in integers.
-    if x.dtype not in (torch.uint8, torch.float32):
-        x = x.float()
-    out = torch.empty((x.shape[0], 3), dtype=torch.float64)
-    _C.channel_sums(x.data_ptr(), x.dtype == torch.uint8, x.shape[0], x.shape[2], x.shape[3], list(x.stride()),
-                    out.data_ptr(), torch.get_num_threads())
-    return out / (x.shape[2] * x.shape[3])
-
-
-@_channel_means_op.register_fake
-def _(x):
-    return x.new_empty((x.shape[0], 3), dtype=torch.float64)
-
-
-def channel_means(x: torch.Tensor) -> torch.Tensor:
-    """float64 ``[N, 3]`` per-image channel means (on x's own value scale)."""
-    return torch.ops.gpupipe.channel_means(x)
-
-
-@torch.library.custom_op("gpupipe::fused_color_affine_out", mutates_args=("out",))
-def _fused_out_op(x: torch.Tensor, matrices: torch.Tensor, hflip: torch.Tensor, vflip: torch.Tensor, out: torch.Tensor) -> None:
+@torch.library.custom_op("gpupipe::augment_batch_out", mutates_args=("out",))
+def _augment_out_op(x: torch.Tensor, params: torch.Tensor, interpolation: int, fill: Optional[list[float]],
+                    color: int, mean: list[float], std: list[float], out: torch.Tensor) -> None:
     raise NotImplementedError
 
 
-@_fused_out_op.register_kernel("cpu")
-def _(x, matrices, hflip, vflip, out):
-    _check(x, matrices, hflip, vflip)
-    if out.shape != (x.shape[0], 3, x.shape[2], x.shape[3]) or not out.is_contiguous() or out.dtype not in OUT_DTYPES:
-        raise ValueError(f"out must be a contiguous float32/bfloat16/float16 [N, 3, H, W], got {out.dtype} {tuple(out.shape)}")
-    m, h, v = matrices.contiguous(), hflip.contiguous(), vflip.contiguous()
-    _C.fused_color_affine(*_launch_args(x, m, h, v, out), torch.get_num_threads())
+@_augment_out_op.register_kernel(("cpu", "cuda"))
+def _(x, params, interpolation, fill, color, mean, std, out):
+    _run(x, params, interpolation, fill, color, mean, std, out)
+
+
+def augment_batch(x: torch.Tensor, params: torch.Tensor, *, interpolation: int, fill: Optional[list],
+                  color: int, mean: Sequence[float], std: Sequence[float], out_dtype: torch.dtype,
+                  channels_last: bool, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Runs the engine on ``x`` (uint8 ``[N, 3, H, W]``, any strides) with packed ``params``
+    (float32 ``[N, 24]`` on x's device); the C++ bindings validate every buffer before any kernel."""
+    mean, std = [float(m) for m in mean], [float(s) for s in std]
+    if out is not None:
+        torch.ops.gpupipe.augment_batch_out(x, params, interpolation, fill, color, mean, std, out)
+        return out
+    return torch.ops.gpupipe.augment_batch(x, params, interpolation, fill, color, mean, std, out_dtype, channels_last)
 
 
 class OutputCache:
@@ -137,12 +101,12 @@ class OutputCache:
         self.capacity = capacity
         self.buffers: list = []
 
-    def get(self, shape, dtype) -> torch.Tensor:
+    def get(self, shape, dtype, memory_format=torch.contiguous_format) -> torch.Tensor:
         if _BASELINE is not None:
-            for i in range(len(self.buffers)):
-                if self._unreferenced(i) and self.buffers[i].shape == shape and self.buffers[i].dtype == dtype:
+            for i in range(len(self.buffers)):  # (no local name for a buffer: it would count as a reference)
+                if self._unreferenced(i) and self._fits(i, shape, dtype, memory_format):
                     return self.buffers[i]
-        t = torch.empty(shape, dtype=dtype)
+        t = torch.empty(shape, dtype=dtype, memory_format=memory_format)
         if _BASELINE is not None:
             if len(self.buffers) < self.capacity:
                 self.buffers.append(t)
@@ -152,11 +116,17 @@ class OutputCache:
                     self.buffers[free[0]] = t
         return t
 
+    def _fits(self, i: int, shape, dtype, memory_format) -> bool:
+        return (self.buffers[i].shape == shape and self.buffers[i].dtype == dtype
+                and self.buffers[i].is_contiguous(memory_format=memory_format))
+
     def _unreferenced(self, i: int) -> bool:
         return _counts(self.buffers, i) == _BASELINE
 
 
 def _counts(buffers: list, i: int):
+    import sys
+
     t = buffers[i]
     return (sys.getrefcount(buffers[i]), t._use_count(), torch._C._storage_Use_Count(t.untyped_storage()._cdata))
 
@@ -165,29 +135,3 @@ try:  # the reference counts of a buffer held by the cache alone (private torch 
     _BASELINE = _counts([torch.empty(1)], 0)
 except Exception:  # pragma: no cover - a torch without them: always allocate
     _BASELINE = None
-
-
-def fused_color_affine(x: torch.Tensor, matrices: torch.Tensor, hflip: torch.Tensor, vflip: torch.Tensor,
-                       out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """``out[n, :, y, x] = matrices[n, :, :3] @ in[n, :, sy, sx] + matrices[n, :, 3]`` in one pass.
-
-    Args:
-        x: uint8 or float32 ``[N, 3, H, W]``, any strides (channels-last is the decode output).
-        matrices: float32 ``[N, 3, 4]``; hflip, vflip: bool ``[N]`` (``sx = W-1-x`` where flipped).
-        out_dtype: float32, bfloat16 or float16.
-
-    Returns:
-        ``[N, 3, H, W]`` contiguous, ``out_dtype``, on x's device.
-    """
-    if out_dtype not in OUT_DTYPES:
-        raise ValueError(f"out_dtype must be one of {list(OUT_DTYPES)}, got {out_dtype}")
-    return torch.ops.gpupipe.fused_color_affine(x, matrices, hflip, vflip, OUT_DTYPES[out_dtype])
-
-
-def fused_color_affine_torch(x, matrices, hflip, vflip, out_dtype=torch.float32):
-    """The same computation in plain torch (a few passes), for devices without a kernel."""
-    xf = x.to(torch.float32)
-    xf = torch.where(hflip[:, None, None, None], xf.flip(-1), xf)
-    xf = torch.where(vflip[:, None, None, None], xf.flip(-2), xf)
-    out = torch.einsum("nck,nkhw->nchw", matrices[:, :, :3], xf) + matrices[:, :, 3, None, None]
-    return out.to(out_dtype).contiguous()
