@@ -18,7 +18,7 @@ from gpupipe import augment
 def _policy_rows(name: str, ours, tv, kornia_module, x: torch.Tensor, repeats: int) -> list:
     methods, skipped, notes = {}, {}, {}
     methods["gpupipe"] = lambda: ours(x)
-    notes["gpupipe"] = "per-sample ops and magnitudes, one kernel call per op slot"
+    notes["gpupipe"] = "per-sample ops and magnitudes, one kernel call"
     planar = x.contiguous()  # per-sample tensors as a Dataset hands them over: contiguous CHW
     methods["torchvision v2 (per sample)"] = lambda: torch.stack([tv(img) for img in planar])
     methods["torchvision v2 (batch)"] = lambda: tv(x)

@@ -16,6 +16,21 @@ namespace {
 
 using namespace policy;
 
+// The row kernels whose math is fused multiply-adds (color, contrast's gray sum, sharpness) are also
+// built for AVX2 with FMA and picked at run time: the FMA instruction gives the bits the baseline
+// build computes through double (policy_ops.h, fma_small), in a third of the instructions.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define POLICY_FMA_BUILD __attribute__((target("avx2,fma")))
+inline bool cpu_has_fma() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+#else
+#define POLICY_FMA_BUILD
+inline bool cpu_has_fma() { return false; }
+#endif
+#define POLICY_INLINE inline __attribute__((always_inline))
+
 // Rows are read and written in place, whatever the layout: pixel x of a row has its channels at
 // x * sw + c * sc. The row kernels are templates on the layout, instantiated for channels-last rows
 // (sc = 1, sw = 3, the decoder's output: compile-time strides, so the loops vectorise over
@@ -36,11 +51,7 @@ inline uint8_t* pixel_at(uint8_t* row, L l, int64_t x) {
   return row + x * l.sw;
 }
 
-inline const uint8_t* input_row(const PolicyArgs& a, int64_t n, int64_t y) {
-  return a.input.data + n * a.input.stride[0] + y * a.input.stride[2];
-}
-
-// --- pass 1: per-sample statistics and lookup tables ---------------------------------------------
+// --- statistics rows ----------------------------------------------------------------------------------
 
 // Two histograms (even and odd pixels), summed by the caller: runs of equal values then do not
 // serialise on one counter.
@@ -68,42 +79,58 @@ GPUPIPE_MULTIVERSION void histogram_row(const uint8_t* __restrict__ row, L l, in
 }
 
 // Sum of gray_floor over a row: gray levels are integers 0..255, so the sum is exact.
-template <typename L>
-GPUPIPE_MULTIVERSION int64_t gray_sum_row(const uint8_t* __restrict__ row, L l, int64_t w) {
+template <typename L, bool kFma>
+POLICY_INLINE int64_t gray_sum_impl(const uint8_t* __restrict__ row, L l, int64_t w) {
   int32_t sum = 0;  // at most 255 * w < 2^31 for w < 2^23
   for (int64_t x = 0; x < w; ++x) {
     const uint8_t* p = pixel_at(row, l, x);
-    sum += static_cast<int32_t>(gray_floor(p[0], p[l.sc], p[2 * l.sc]));
+    sum += static_cast<int32_t>(gray_floor<kFma>(p[0], p[l.sc], p[2 * l.sc]));
   }
   return sum;
 }
-
 template <typename L>
-void sample_stats(const PolicyArgs& a, int64_t n, L l, int32_t kind, unsigned long long* hist, int64_t* gray_sum) {
-  for (int64_t y = 0; y < a.input.h; ++y) {
-    if (needs_histogram(kind)) histogram_row(input_row(a, n, y), l, a.input.w, hist);
-    else *gray_sum += gray_sum_row(input_row(a, n, y), l, a.input.w);
+POLICY_FMA_BUILD int64_t gray_sum_fma(const uint8_t* row, L l, int64_t w) { return gray_sum_impl<L, true>(row, l, w); }
+template <typename L>
+GPUPIPE_MULTIVERSION int64_t gray_sum_plain(const uint8_t* row, L l, int64_t w) { return gray_sum_impl<L, false>(row, l, w); }
+template <typename L>
+int64_t gray_sum_row(const uint8_t* row, L l, int64_t w) {
+  return cpu_has_fma() ? gray_sum_fma(row, l, w) : gray_sum_plain(row, l, w);
+}
+
+// Per-channel min and max of a row, folded into lo[3], hi[3]. Channels-last rows are scanned as
+// bytes with 96 running minima and maxima (a byte's channel is its position mod 3), which vectorises.
+template <typename L>
+GPUPIPE_MULTIVERSION void range_row(const uint8_t* __restrict__ row, L l, int64_t w, uint8_t* __restrict__ lo,
+                                    uint8_t* __restrict__ hi) {
+  int64_t x = 0;
+  if constexpr (std::is_same<L, ChannelsLast>::value) {
+    uint8_t mn[96], mx[96];
+    for (int k = 0; k < 96; ++k) {
+      mn[k] = lo[k % 3];
+      mx[k] = hi[k % 3];
+    }
+    for (; x + 32 <= w; x += 32)
+      for (int k = 0; k < 96; ++k) {
+        const uint8_t v = row[3 * x + k];
+        mn[k] = v < mn[k] ? v : mn[k];
+        mx[k] = v > mx[k] ? v : mx[k];
+      }
+    for (int k = 0; k < 96; ++k) {
+      lo[k % 3] = mn[k] < lo[k % 3] ? mn[k] : lo[k % 3];
+      hi[k % 3] = mx[k] > hi[k % 3] ? mx[k] : hi[k % 3];
+    }
+  }
+  for (; x < w; ++x) {
+    const uint8_t* p = pixel_at(row, l, x);
+    for (int c = 0; c < 3; ++c) {
+      const uint8_t v = p[c * l.sc];
+      lo[c] = v < lo[c] ? v : lo[c];
+      hi[c] = v > hi[c] ? v : hi[c];
+    }
   }
 }
 
-void sample_table(const PolicyArgs& a, int64_t n, uint8_t* lut) {
-  const int32_t kind = static_cast<int32_t>(a.kinds[n]);
-  if (!is_lut_kind(kind)) return;
-  Stats s;
-  s.pixels = a.input.h * a.input.w;
-  unsigned long long hist[2 * 3 * 256];
-  if (needs_histogram(kind) || needs_gray_sum(kind)) {
-    std::memset(hist, 0, sizeof(hist));
-    const int64_t sc = a.input.stride[1], sw = a.input.stride[3];
-    if (sc == 1 && sw == 3) sample_stats(a, n, ChannelsLast{}, kind, hist, &s.gray_sum);
-    else sample_stats(a, n, AnyStrides{sc, sw}, kind, hist, &s.gray_sum);
-    for (int i = 0; i < 768; ++i) hist[i] += hist[768 + i];
-    s.hist = hist;
-  }
-  build_lut(kind, a.params[n], s, lut);
-}
-
-// --- pass 2: output rows ---------------------------------------------------------------------------
+// --- output rows -------------------------------------------------------------------------------------
 
 template <typename L>
 GPUPIPE_MULTIVERSION void copy_row(const uint8_t* __restrict__ in, L li, uint8_t* __restrict__ out, L lo, int64_t w) {
@@ -126,11 +153,12 @@ GPUPIPE_MULTIVERSION void lut_row(const uint8_t* __restrict__ in, L li, uint8_t*
     // through partial registers, which stalls.
     for (; x + 4 <= w; x += 4) {
       const uint8_t* p = in + 3 * x;
-      const uint32_t words[3] = {
-          l0[p[0]] | uint32_t{l1[p[1]]} << 8 | uint32_t{l2[p[2]]} << 16 | uint32_t{l0[p[3]]} << 24,
-          l1[p[4]] | uint32_t{l2[p[5]]} << 8 | uint32_t{l0[p[6]]} << 16 | uint32_t{l1[p[7]]} << 24,
-          l2[p[8]] | uint32_t{l0[p[9]]} << 8 | uint32_t{l1[p[10]]} << 16 | uint32_t{l2[p[11]]} << 24};
-      std::memcpy(out + 3 * x, words, 12);  // little-endian byte order, as the layout
+      const uint32_t w0 = l0[p[0]] | uint32_t{l1[p[1]]} << 8 | uint32_t{l2[p[2]]} << 16 | uint32_t{l0[p[3]]} << 24;
+      const uint32_t w1 = l1[p[4]] | uint32_t{l2[p[5]]} << 8 | uint32_t{l0[p[6]]} << 16 | uint32_t{l1[p[7]]} << 24;
+      const uint32_t w2 = l2[p[8]] | uint32_t{l0[p[9]]} << 8 | uint32_t{l1[p[10]]} << 16 | uint32_t{l2[p[11]]} << 24;
+      std::memcpy(out + 3 * x, &w0, 4);  // little-endian byte order, as the layout
+      std::memcpy(out + 3 * x + 4, &w1, 4);
+      std::memcpy(out + 3 * x + 8, &w2, 4);
     }
   }
   for (; x < w; ++x) {
@@ -167,31 +195,44 @@ GPUPIPE_MULTIVERSION void direct_bytes(int32_t kind, double param, const uint8_t
 }
 
 // adjust_saturation: each channel blended with the pixel's floored gray level.
-template <typename L>
-GPUPIPE_MULTIVERSION void color_row(const uint8_t* __restrict__ in, L li, uint8_t* __restrict__ out, L lo, int64_t w,
-                                    Blend bl) {
+template <typename L, bool kFma>
+POLICY_INLINE void color_impl(const uint8_t* __restrict__ in, L li, uint8_t* __restrict__ out, L lo, int64_t w,
+                              Blend bl) {
   for (int64_t x = 0; x < w; ++x) {
     const uint8_t* p = pixel_at(in, li, x);
     uint8_t* q = pixel_at(out, lo, x);
     const float r = p[0], g = p[li.sc], b = p[2 * li.sc];
-    const float gray = gray_floor(r, g, b);
-    q[0] = blend_pixel(bl, r, gray);
-    q[lo.sc] = blend_pixel(bl, g, gray);
-    q[2 * lo.sc] = blend_pixel(bl, b, gray);
+    const float gray = gray_floor<kFma>(r, g, b);
+    q[0] = blend_pixel<kFma>(bl, r, gray);
+    q[lo.sc] = blend_pixel<kFma>(bl, g, gray);
+    q[2 * lo.sc] = blend_pixel<kFma>(bl, b, gray);
   }
+}
+template <typename L>
+POLICY_FMA_BUILD void color_fma(const uint8_t* in, L li, uint8_t* out, L lo, int64_t w, Blend bl) {
+  color_impl<L, true>(in, li, out, lo, w, bl);
+}
+template <typename L>
+GPUPIPE_MULTIVERSION void color_plain(const uint8_t* in, L li, uint8_t* out, L lo, int64_t w, Blend bl) {
+  color_impl<L, false>(in, li, out, lo, w, bl);
+}
+template <typename L>
+void color_row(const uint8_t* in, L li, uint8_t* out, L lo, int64_t w, Blend bl) {
+  if (cpu_has_fma()) color_fma(in, li, out, lo, w, bl);
+  else color_plain(in, li, out, lo, w, bl);
 }
 
 // adjust_sharpness on an interior row (above, mid, below: its three input rows); the first and last
 // pixels keep their values. A channel's horizontal neighbours are one pixel stride away.
-template <typename L>
-GPUPIPE_MULTIVERSION void sharpen_row(const uint8_t* __restrict__ above, const uint8_t* __restrict__ mid,
-                                      const uint8_t* __restrict__ below, L li, uint8_t* __restrict__ out, L lo,
-                                      int64_t w, float alpha) {
+template <typename L, bool kFma>
+POLICY_INLINE void sharpen_impl(const uint8_t* __restrict__ above, const uint8_t* __restrict__ mid,
+                                const uint8_t* __restrict__ below, L li, uint8_t* __restrict__ out, L lo, int64_t w,
+                                float alpha) {
   if constexpr (std::is_same<L, ChannelsLast>::value) {  // interleaved: one flat loop over the bytes
     for (int64_t o = 3; o < 3 * (w - 1); ++o) {
       const int32_t sum9 = above[o - 3] + above[o] + above[o + 3] + mid[o - 3] + mid[o] + mid[o + 3] +
                            below[o - 3] + below[o] + below[o + 3];
-      out[o] = sharpen_pixel(sum9, mid[o], alpha);
+      out[o] = sharpen_pixel<kFma>(sum9, mid[o], alpha);
     }
   } else {
     for (int c = 0; c < 3; ++c) {
@@ -200,12 +241,29 @@ GPUPIPE_MULTIVERSION void sharpen_row(const uint8_t* __restrict__ above, const u
         const int64_t o = x * s + c * li.sc;
         const int32_t sum9 = above[o - s] + above[o] + above[o + s] + mid[o - s] + mid[o] + mid[o + s] +
                              below[o - s] + below[o] + below[o + s];
-        out[x * lo.sw + c * lo.sc] = sharpen_pixel(sum9, mid[o], alpha);
+        out[x * lo.sw + c * lo.sc] = sharpen_pixel<kFma>(sum9, mid[o], alpha);
       }
     }
   }
   for (int64_t x : {int64_t{0}, w - 1})
     for (int c = 0; c < 3; ++c) out[x * lo.sw + c * lo.sc] = mid[x * li.sw + c * li.sc];
+}
+
+template <typename L>
+POLICY_FMA_BUILD void sharpen_fma(const uint8_t* above, const uint8_t* mid, const uint8_t* below, L li, uint8_t* out,
+                                  L lo, int64_t w, float alpha) {
+  sharpen_impl<L, true>(above, mid, below, li, out, lo, w, alpha);
+}
+template <typename L>
+GPUPIPE_MULTIVERSION void sharpen_plain(const uint8_t* above, const uint8_t* mid, const uint8_t* below, L li,
+                                        uint8_t* out, L lo, int64_t w, float alpha) {
+  sharpen_impl<L, false>(above, mid, below, li, out, lo, w, alpha);
+}
+template <typename L>
+void sharpen_row(const uint8_t* above, const uint8_t* mid, const uint8_t* below, L li, uint8_t* out, L lo, int64_t w,
+                 float alpha) {
+  if (cpu_has_fma()) sharpen_fma(above, mid, below, li, out, lo, w, alpha);
+  else sharpen_plain(above, mid, below, li, out, lo, w, alpha);
 }
 
 template <typename L>
@@ -242,11 +300,10 @@ inline void touch_image(const pixel::Image8& im) {
 // (augment_pixel.h, the warp shared with warp_affine and the CUDA kernels). Nearest, the common
 // case, in two loops: the row's source pixels (vectorised), then the gather.
 template <typename L>
-GPUPIPE_MULTIVERSION void affine_row(const PolicyArgs& a, int64_t n, int64_t y, uint8_t* __restrict__ out, L lo,
-                                     int32_t* __restrict__ columns, int32_t* __restrict__ rows) {
-  const pixel::Image8 im = a.input.sample(n);
-  const float* m = a.matrices + 6 * n;
-  const int32_t w = static_cast<int32_t>(a.input.w);  // < 2^24 (augment_bindings.h)
+GPUPIPE_MULTIVERSION void affine_row(const PolicyArgs& a, const pixel::Image8& im, const float* m, int64_t y,
+                                     uint8_t* __restrict__ out, L lo, int32_t* __restrict__ columns,
+                                     int32_t* __restrict__ rows) {
+  const int32_t w = static_cast<int32_t>(im.w);  // < 2^24 (augment_bindings.h)
   const float fy = static_cast<float>(y);
   uint8_t fill[3];
   for (int c = 0; c < 3; ++c) fill[c] = a.fill.enabled ? pixel::to_uint8(a.fill.value[c]) : 0;
@@ -254,16 +311,20 @@ GPUPIPE_MULTIVERSION void affine_row(const PolicyArgs& a, int64_t n, int64_t y, 
     // TranslateX/Y: every coordinate is an exact integer (x + m2, y + m5), so the warp is a shifted copy.
     const int64_t dx = static_cast<int64_t>(m[2]), sy = y + static_cast<int64_t>(m[5]);
     const int64_t begin = std::clamp<int64_t>(-dx, 0, w), end = std::clamp<int64_t>(w - dx, begin, w);
-    const bool row_inside = sy >= 0 && sy < a.input.h;
+    const bool row_inside = sy >= 0 && sy < im.h;
     const uint8_t* src = im.data + sy * im.sy;
     const int64_t first = row_inside ? begin : w, last = row_inside ? end : w;
     for (int64_t x = 0; x < first; ++x) store_pixel(pixel_at(out, lo, x), lo, fill);
-    for (int64_t x = first; x < last; ++x) {
-      const uint8_t* p = src + (x + dx) * im.sx;
-      uint8_t* q = pixel_at(out, lo, x);
-      q[0] = p[0];
-      q[lo.sc] = p[im.sc];
-      q[2 * lo.sc] = p[2 * im.sc];
+    if (std::is_same<L, ChannelsLast>::value && im.sc == 1 && im.sx == 3) {
+      if (last > first) std::memcpy(out + 3 * first, src + 3 * (first + dx), static_cast<size_t>(3 * (last - first)));
+    } else {
+      for (int64_t x = first; x < last; ++x) {
+        const uint8_t* p = src + (x + dx) * im.sx;
+        uint8_t* q = pixel_at(out, lo, x);
+        q[0] = p[0];
+        q[lo.sc] = p[im.sc];
+        q[2 * lo.sc] = p[2 * im.sc];
+      }
     }
     for (int64_t x = last; x < w; ++x) store_pixel(pixel_at(out, lo, x), lo, fill);
     return;
@@ -274,7 +335,23 @@ GPUPIPE_MULTIVERSION void affine_row(const PolicyArgs& a, int64_t n, int64_t y, 
       pixel::affine_source(m, static_cast<float>(x), fy, &sx, &sy);
       pixel::nearest_pixel(im, sx, sy, columns + x, rows + x);
     }
-    for (int32_t x = 0; x < w; ++x) {
+    int32_t x = 0;
+    if (std::is_same<L, ChannelsLast>::value && im.sc == 1 && im.sx == 3) {
+      // Pixels move as 4-byte words (the 4th byte is the next pixel's, rewritten next), except
+      // reads of an input row's last pixel and the output row's last write, which stay in bounds.
+      uint32_t fill_word = 0;
+      std::memcpy(&fill_word, fill, 3);
+      for (; x + 1 < w; ++x) {
+        uint32_t v = fill_word;
+        if (columns[x] >= 0) {
+          const uint8_t* p = im.data + static_cast<int64_t>(rows[x]) * im.sy + 3 * static_cast<int64_t>(columns[x]);
+          if (columns[x] + 1 < w) std::memcpy(&v, p, 4);
+          else v = uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16;
+        }
+        std::memcpy(out + 3 * x, &v, 4);
+      }
+    }
+    for (; x < w; ++x) {
       uint8_t* q = pixel_at(out, lo, x);
       if (columns[x] >= 0) {
         const uint8_t* p = im.data + static_cast<int64_t>(rows[x]) * im.sy + static_cast<int64_t>(columns[x]) * im.sx;
@@ -298,27 +375,163 @@ GPUPIPE_MULTIVERSION void affine_row(const PolicyArgs& a, int64_t n, int64_t y, 
   }
 }
 
+// --- per-sample pipelines ------------------------------------------------------------------------------
+
+// A 3-channel uint8 image a pass writes: a sample's output, or a scratch image (channels-last).
+struct Target {
+  uint8_t* data;
+  int64_t sc, sy, sx;
+  uint8_t* row(int64_t y) const { return data + y * sy; }
+};
+
+// Two channels-last images a sample's intermediate results alternate between.
+struct Scratch {
+  std::vector<uint8_t> images[2];
+  std::vector<int32_t> ints;
+};
+
+// One pass over a sample: its steps [first, last), either a run of table ops folded into one table
+// (lut), or one other op (color, sharpness, a warp).
+struct Pass {
+  int64_t first, last;
+  bool lut;
+};
+
+// Splits a sample's steps into passes. Consecutive table ops fold into one pass: the histogram of a
+// table's output is its input histogram remapped, so equalize and autocontrast after another table
+// op need no pass of their own; contrast, whose table needs the gray mean of its input, only starts
+// a run. Identity steps need nothing.
+void plan(const int64_t* kinds, int64_t slots, std::vector<Pass>& passes) {
+  passes.clear();
+  for (int64_t i = 0; i < slots;) {
+    const int32_t k = static_cast<int32_t>(kinds[i]);
+    if (k == kIdentity) {
+      ++i;
+    } else if (is_lut_kind(k)) {
+      int64_t j = i + 1;
+      while (j < slots && is_lut_kind(static_cast<int32_t>(kinds[j])) && kinds[j] != kContrast) ++j;
+      passes.push_back({i, j, true});
+      i = j;
+    } else {
+      passes.push_back({i, i + 1, false});
+      ++i;
+    }
+  }
+}
+
 template <typename L>
-void output_row(const PolicyArgs& a, const uint8_t* luts, int64_t n, int64_t y, L li, L lo,
-                std::vector<int32_t>& scratch) {
-  const int64_t w = a.input.w, h = a.input.h;
-  const int32_t kind = static_cast<int32_t>(a.kinds[n]);
-  const uint8_t* in = input_row(a, n, y);
-  uint8_t* out = a.output_row(n, y);
-  if (kind == kAffine) {
-    scratch.resize(static_cast<size_t>(2 * w));
-    affine_row(a, n, y, out, lo, scratch.data(), scratch.data() + w);
-  } else if (kind == kSharpness && y > 0 && y + 1 < h && w > 2) {
-    sharpen_row(input_row(a, n, y - 1), in, input_row(a, n, y + 1), li, out, lo, w,
-                static_cast<float>(1.0 - a.params[n]));
-  } else if (is_direct_kind(kind) && std::is_same<L, ChannelsLast>::value) {
-    direct_bytes(kind, a.params[n], in, out, 3 * w);
-  } else if (is_lut_kind(kind) && kind != kIdentity) {
-    lut_row(in, li, out, lo, w, luts + 768 * n);
-  } else if (kind == kColor) {
-    color_row(in, li, out, lo, w, make_blend(a.params[n]));
-  } else {  // kIdentity, and kSharpness on border rows: the input row as is
-    copy_row(in, li, out, lo, w);
+void stats_rows(const pixel::Image8& im, L l, bool hist, bool gray, unsigned long long* counts, int64_t* gray_sum) {
+  for (int64_t y = 0; y < im.h; ++y) {
+    const uint8_t* row = im.data + y * im.sy;
+    if (hist) histogram_row(row, l, im.w, counts);
+    if (gray) *gray_sum += gray_sum_row(row, l, im.w);
+  }
+}
+
+// The folded table of a run of table ops over `im`: the statistics of `im` once, then each op's
+// table from the statistics of its own input (the histogram remapped through the tables before it).
+void fold_tables(const pixel::Image8& im, const int64_t* kinds, const double* params, const Pass& p, uint8_t* lut) {
+  bool hist = false;
+  for (int64_t i = p.first; i < p.last; ++i)
+    hist |= needs_histogram(static_cast<int32_t>(kinds[i])) || needs_range(static_cast<int32_t>(kinds[i]));
+  const bool gray = kinds[p.first] == kContrast;
+  unsigned long long counts[2 * 768] = {};  // two halves (histogram_row), summed below
+  Stats s;
+  s.pixels = im.h * im.w;
+  if (hist || gray) {
+    if (im.sc == 1 && im.sx == 3) stats_rows(im, ChannelsLast{}, hist, gray, counts, &s.gray_sum);
+    else stats_rows(im, AnyStrides{im.sc, im.sx}, hist, gray, counts, &s.gray_sum);
+    for (int i = 0; i < 768; ++i) counts[i] += counts[768 + i];
+  }
+  for (int i = 0; i < 768; ++i) lut[i] = static_cast<uint8_t>(i & 255);
+  uint8_t step[768];
+  for (int64_t i = p.first; i < p.last; ++i) {
+    const int32_t k = static_cast<int32_t>(kinds[i]);
+    if (needs_range(k)) range_from_histogram(counts, &s);
+    s.hist = counts;
+    build_lut(k, params[i], s, step);
+    for (int c = 0; c < 3; ++c)
+      for (int v = 0; v < 256; ++v) lut[256 * c + v] = step[256 * c + lut[256 * c + v]];
+    if (hist && i + 1 < p.last) {  // the next op's input histogram: this op's output's
+      unsigned long long next[768] = {};
+      for (int c = 0; c < 3; ++c)
+        for (int v = 0; v < 256; ++v) next[256 * c + step[256 * c + v]] += counts[256 * c + v];
+      std::memcpy(counts, next, sizeof(next));
+    }
+  }
+}
+
+// Rows [y0, y1) of one pass from `im` into `dst`: a table (lut), a direct point op, or one op.
+template <typename L>
+void pass_rows(const PolicyArgs& a, const pixel::Image8& im, const Target& dst, L li, L lo, int32_t kind, double param,
+               const float* matrix, const uint8_t* lut, bool direct, int64_t y0, int64_t y1, std::vector<int32_t>& ints) {
+  const int64_t w = im.w, h = im.h;
+  for (int64_t y = y0; y < y1; ++y) {
+    const uint8_t* in = im.data + y * im.sy;
+    uint8_t* out = dst.row(y);
+    if (direct) {
+      direct_bytes(kind, param, in, out, 3 * w);
+    } else if (lut != nullptr) {
+      lut_row(in, li, out, lo, w, lut);
+    } else if (kind == kAffine) {
+      ints.resize(static_cast<size_t>(2 * w));
+      affine_row(a, im, matrix, y, out, lo, ints.data(), ints.data() + w);
+    } else if (kind == kColor) {
+      color_row(in, li, out, lo, w, make_blend(param));
+    } else if (kind == kSharpness && y > 0 && y + 1 < h && w > 2) {
+      sharpen_row(in - im.sy, in, in + im.sy, li, out, lo, w, static_cast<float>(1.0 - param));
+    } else {  // sharpness on border rows, identity
+      copy_row(in, li, out, lo, w);
+    }
+  }
+}
+
+// A sample's rows, run by `rows(h, fn)`: fn(y0, y1, ints) over [0, h), inline or shared out.
+template <typename Rows>
+void run_pass(const PolicyArgs& a, const pixel::Image8& im, const Target& dst, const int64_t* kinds,
+              const double* params, const float* matrices, const Pass& p, Rows&& rows) {
+  const bool channels_last = im.sc == 1 && im.sx == 3 && dst.sc == 1 && dst.sx == 3;
+  const int32_t kind = p.lut ? kIdentity : static_cast<int32_t>(kinds[p.first]);
+  const int32_t first = static_cast<int32_t>(kinds[p.first]);
+  const bool direct = p.lut && p.last - p.first == 1 && is_direct_kind(first) && channels_last;
+  uint8_t lut[768];
+  if (p.lut && !direct) fold_tables(im, kinds, params, p, lut);
+  const float* matrix = matrices + 6 * p.first;
+  if (kind == kAffine && reads_across_rows(matrix)) touch_image(im);
+  const uint8_t* table = p.lut && !direct ? lut : nullptr;
+  const int32_t row_kind = direct ? first : kind;
+  rows(im.h, [&](int64_t y0, int64_t y1, std::vector<int32_t>& ints) {
+    if (channels_last)
+      pass_rows(a, im, dst, ChannelsLast{}, ChannelsLast{}, row_kind, params[p.first], matrix, table, direct, y0, y1,
+                ints);
+    else
+      pass_rows(a, im, dst, AnyStrides{im.sc, im.sx}, AnyStrides{dst.sc, dst.sx}, row_kind, params[p.first], matrix,
+                table, false, y0, y1, ints);
+  });
+}
+
+// All of sample n's steps, pass after pass: the first reads its input, the last writes its output,
+// those between go through the two scratch images. No pass (every step the identity): a copy.
+template <typename Rows>
+void run_sample(const PolicyArgs& a, int64_t n, Scratch& scratch, std::vector<Pass>& passes, Rows&& rows) {
+  const int64_t slots = a.slots;
+  const int64_t* kinds = a.kinds + n * slots;
+  const double* params = a.params + n * slots;
+  const float* matrices = a.matrices + 6 * n * slots;
+  const pixel::Image8 input = a.input.sample(n);
+  const Target output{a.output + n * a.out_stride[0], a.out_stride[1], a.out_stride[2], a.out_stride[3]};
+  plan(kinds, slots, passes);
+  if (passes.empty()) passes.push_back({0, 0, false});  // kinds[0] is the identity: copies
+  pixel::Image8 src = input;
+  for (size_t k = 0; k < passes.size(); ++k) {
+    Target dst = output;
+    if (k + 1 < passes.size()) {
+      std::vector<uint8_t>& image = scratch.images[k % 2];
+      image.resize(static_cast<size_t>(3 * input.h * input.w));
+      dst = Target{image.data(), 1, 3 * input.w, 3};
+    }
+    run_pass(a, src, dst, kinds, params, matrices, passes[k], rows);
+    src = pixel::Image8{dst.data, input.h, input.w, dst.sc, dst.sy, dst.sx};
   }
 }
 
@@ -327,27 +540,14 @@ void output_row(const PolicyArgs& a, const uint8_t* luts, int64_t n, int64_t y, 
 void policy_apply_cpu(const PolicyArgs& a, int num_threads) {
   const int64_t n = a.input.n, h = a.input.h;
   if (n == 0 || h == 0 || a.input.w == 0) return;
-  std::vector<uint8_t> luts(static_cast<size_t>(n) * 768);
-  const int64_t* is = a.input.stride;
-  const int64_t* os = a.out_stride;
-  const bool channels_last = is[1] == 1 && is[3] == 3 && os[1] == 1 && os[3] == 3;
-  // Rows [begin, end) of the batch (row r: sample r / h, row r % h).
-  auto rows = [&](int64_t begin, int64_t end) {
-    thread_local std::vector<int32_t> scratch;
-    for (int64_t r = begin; r < end; ++r) {
-      if ((r == begin || r % h == 0) && a.kinds[r / h] == kAffine && reads_across_rows(a.matrices + 6 * (r / h)))
-        touch_image(a.input.sample(r / h));
-      if (channels_last) output_row(a, luts.data(), r / h, r % h, ChannelsLast{}, ChannelsLast{}, scratch);
-      else output_row(a, luts.data(), r / h, r % h, AnyStrides{is[1], is[3]}, AnyStrides{os[1], os[3]}, scratch);
-    }
-  };
-  auto table = [&](size_t i) { sample_table(a, static_cast<int64_t>(i), luts.data() + 768 * i); };
+  if (a.slots < 1) throw InvalidArgument("a policy needs at least one op slot");
   if (num_threads <= 1 || n >= 4LL * num_threads) {
-    // Enough samples to share out: one task per sample, its statistics then its rows, so a
-    // histogram op reads its image a second time from the cache, not from memory.
+    // Enough samples to share out: one task per sample, all its passes, its image in the cache.
     auto sample = [&](size_t i) {
-      table(i);
-      rows(static_cast<int64_t>(i) * h, static_cast<int64_t>(i + 1) * h);
+      thread_local Scratch scratch;
+      thread_local std::vector<Pass> passes;
+      run_sample(a, static_cast<int64_t>(i), scratch, passes,
+                 [&](int64_t rows, auto&& fn) { fn(int64_t{0}, rows, scratch.ints); });
     };
     if (num_threads <= 1) {
       for (int64_t i = 0; i < n; ++i) sample(static_cast<size_t>(i));
@@ -356,9 +556,16 @@ void policy_apply_cpu(const PolicyArgs& a, int num_threads) {
     }
     return;
   }
-  // Few, large samples: the tables first, then the rows of all samples shared out.
-  get_pool(num_threads)->parallel_for(static_cast<size_t>(n), table);
-  parallel_rows(n * h, num_threads, rows);
+  // Few, large samples: one after the other, the rows of each pass shared out on the pool.
+  Scratch scratch;
+  std::vector<Pass> passes;
+  for (int64_t i = 0; i < n; ++i)
+    run_sample(a, i, scratch, passes, [&](int64_t rows, auto&& fn) {
+      parallel_rows(rows, num_threads, [&](int64_t y0, int64_t y1) {
+        thread_local std::vector<int32_t> ints;
+        fn(y0, y1, ints);
+      });
+    });
 }
 
 }  // namespace gpupipe

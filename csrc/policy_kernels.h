@@ -13,9 +13,10 @@ struct PolicyArgs {
   Batch8 input;
   uint8_t* output = nullptr;              // [n, 3, h, w], any strides
   int64_t out_stride[4] = {0, 0, 0, 0};   // N, C, H, W
-  const int64_t* kinds = nullptr;         // [n] policy::Kind
-  const double* params = nullptr;         // [n] the kind's parameter (factor, bits, threshold)
-  const float* matrices = nullptr;        // [n][6] output pixel -> input coordinate (kAffine samples)
+  int64_t slots = 1;                      // ops per sample, applied in order
+  const int64_t* kinds = nullptr;         // [n][slots] policy::Kind
+  const double* params = nullptr;         // [n][slots] the kind's parameter (factor, bits, threshold)
+  const float* matrices = nullptr;        // [n][slots][6] output pixel -> input coordinate (kAffine)
   int interpolation = pixel::kNearest;    // kAffine samples
   pixel::Fill fill{false, {0.0f, 0.0f, 0.0f}};
 

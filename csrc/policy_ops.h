@@ -45,7 +45,8 @@ GPUPIPE_HD bool is_lut_kind(int32_t k) {
   return k == kIdentity || k == kBrightness || k == kContrast || k == kPosterize ||
          k == kSolarize || k == kAutoContrast || k == kEqualize || k == kInvert;
 }
-GPUPIPE_HD bool needs_histogram(int32_t k) { return k == kAutoContrast || k == kEqualize; }
+GPUPIPE_HD bool needs_histogram(int32_t k) { return k == kEqualize; }
+GPUPIPE_HD bool needs_range(int32_t k) { return k == kAutoContrast; }  // per-channel min and max
 GPUPIPE_HD bool needs_gray_sum(int32_t k) { return k == kContrast; }
 
 // a * b + c rounded once, as torch's vectorised fmadd. Host: glibc's fma (hardware where the CPU
@@ -58,15 +59,17 @@ GPUPIPE_HD float fma_rn(float a, float b, float c) {
 #endif
 }
 
-// a * b + c rounded once, for per-pixel loops: through double, which is exact (hence equal to the
-// fused result) when the exact value spans at most 53 bits: here a is an integer below 512 in
-// magnitude, |b| < 1, c < 2^10, and b (the gray weights, 1 - factor) is 0 or at least 2^-19, which
-// holds for the policies' magnitudes (|1 - factor| >= 1/30 unless 0). Plain arithmetic, so the
-// loops vectorise.
+// a * b + c rounded once, for per-pixel loops. Host code built with FMA instructions (kHardware:
+// the policies' "avx2,fma" row kernels) uses them; else the value goes through double, which is
+// exact (hence equal) when it spans at most 53 bits: here a is an integer below 512 in magnitude,
+// |b| < 1, c < 2^10, and b (the gray weights, 1 - factor) is 0 or at least 2^-19, which holds for
+// the policies' magnitudes (|1 - factor| >= 1/30 unless 0). Plain arithmetic, so loops vectorise.
+template <bool kHardware = false>
 GPUPIPE_HD float fma_small(float a, float b, float c) {
 #if defined(__CUDA_ARCH__)
   return __fmaf_rn(a, b, c);
 #else
+  if constexpr (kHardware) return __builtin_fmaf(a, b, c);
   return static_cast<float>(static_cast<double>(a) * static_cast<double>(b) + static_cast<double>(c));
 #endif
 }
@@ -82,10 +85,11 @@ GPUPIPE_HD uint8_t clamp_trunc_u8(float v) {
 // floor of torchvision's gray level r * 0.2989 + g * 0.587 + b * 0.114
 // (`r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114)`, then `.floor_()`).
 // The level is never negative, so the floor is a truncation (vectorised, no libm call).
+template <bool kHardware = false>
 GPUPIPE_HD float gray_floor(float r, float g, float b) {
   const float t = r * 0.2989f;
-  const float u = fma_small(g, 0.587f, t);
-  const float v = fma_small(b, 0.114f, u);
+  const float u = fma_small<kHardware>(g, 0.587f, t);
+  const float v = fma_small<kHardware>(b, 0.114f, u);
   return static_cast<float>(static_cast<int32_t>(v));
 }
 
@@ -101,17 +105,19 @@ GPUPIPE_HD Blend make_blend(double ratio) {
   b.alpha = static_cast<float>(1.0 - ratio);
   return b;
 }
+template <bool kHardware = false>
 GPUPIPE_HD uint8_t blend_pixel(const Blend& b, float value, float other) {
-  return clamp_trunc_u8(fma_small(other, b.alpha, value * b.ratio));
+  return clamp_trunc_u8(fma_small<kHardware>(other, b.alpha, value * b.ratio));
 }
 
 // adjust_sharpness at an interior pixel: the 3x3 blur (1s around a 5, over 13) rounded half to
 // even, which for integer input is exactly round(sum / 13) (a sum over 13 is never a half), then
 // `x + (1 - factor) * (blur - x)` as one fused multiply-add. sum9 is the plain sum of the 3x3 window.
+template <bool kHardware = false>
 GPUPIPE_HD uint8_t sharpen_pixel(int32_t sum9, int32_t center, float alpha) {
   const int32_t s = sum9 + 4 * center;
   const int32_t blur = (2 * s + 13) / 26;
-  return clamp_trunc_u8(fma_small(static_cast<float>(blur - center), alpha, static_cast<float>(center)));
+  return clamp_trunc_u8(fma_small<kHardware>(static_cast<float>(blur - center), alpha, static_cast<float>(center)));
 }
 
 // The point ops that need no statistics and treat the channels alike, one level at a time: they fill
@@ -133,10 +139,23 @@ GPUPIPE_HD uint8_t solarize_level(uint8_t v, float threshold) {  // where(image 
 
 // Per-sample statistics a LUT op needs, from the stats pass.
 struct Stats {
-  const unsigned long long* hist = nullptr;  // [3][256] channel histograms (autocontrast, equalize)
-  int64_t gray_sum = 0;            // sum of gray_floor over the image (contrast)
+  const unsigned long long* hist = nullptr;  // [3][256] channel histograms (equalize)
+  uint8_t lo[3] = {0, 0, 0}, hi[3] = {0, 0, 0};  // channel ranges (autocontrast)
+  int64_t gray_sum = 0;                       // sum of gray_floor over the image (contrast)
   int64_t pixels = 0;
 };
+
+// A channel range from its histogram (the CUDA kernels count histograms, the host takes min / max).
+GPUPIPE_HD void range_from_histogram(const unsigned long long* hist, Stats* s) {
+  for (int c = 0; c < 3; ++c) {
+    const unsigned long long* h = hist + 256 * c;
+    int lo = 0, hi = 255;
+    while (lo < 255 && h[lo] == 0) ++lo;
+    while (hi > 0 && h[hi] == 0) --hi;
+    s->lo[c] = static_cast<uint8_t>(lo);
+    s->hi[c] = static_cast<uint8_t>(hi);
+  }
+}
 
 // Fills lut[3][256] for one sample of a LUT kind (is_lut_kind).
 GPUPIPE_HD void build_lut(int32_t kind, double param, const Stats& s, uint8_t* lut) {
@@ -169,9 +188,7 @@ GPUPIPE_HD void build_lut(int32_t kind, double param, const Stats& s, uint8_t* l
         for (int v = 0; v < 256; ++v) l[v] = static_cast<uint8_t>(255 - v);
         break;
       case kAutoContrast: {  // (x - min) / ((max - min) * (1 / 255)) per channel, float32
-        int lo = 0, hi = 255;
-        while (lo < 255 && h[lo] == 0) ++lo;
-        while (hi > 0 && h[hi] == 0) --hi;
+        const int lo = s.lo[c], hi = s.hi[c];
         if (hi <= lo) {  // constant channel (or empty image): unchanged
           for (int v = 0; v < 256; ++v) l[v] = static_cast<uint8_t>(v);
           break;

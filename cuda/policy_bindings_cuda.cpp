@@ -24,6 +24,7 @@ void register_policies_cuda(py::module_& m) {
          std::vector<int64_t> gray_sum, std::vector<int64_t> luts, int interpolation,
          std::optional<std::vector<double>> fill, uintptr_t stream) {
         const PolicyArgs a = policy_args(input, output, kinds, params, matrices, interpolation, fill, false);
+        if (a.slots != 1) throw InvalidArgument("the CUDA kernels take one op slot per launch");
         const int64_t n = a.input.n;
         // The workspace: int64 histograms and gray sums (counted as their unsigned twins), uint8 tables.
         const StridedBuffer h = parse_buffer(hist, "hist", kInt64, {n, 768});

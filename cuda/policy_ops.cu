@@ -19,7 +19,8 @@ constexpr int64_t kMaxGrid = 65535;
 __global__ void stats_kernel(PolicyArgs a, int64_t first, PolicyWorkspace work) {
   const int64_t n = first + blockIdx.y;
   const int32_t kind = static_cast<int32_t>(a.kinds[n]);
-  if (!needs_histogram(kind) && !needs_gray_sum(kind)) return;
+  const bool counts = needs_histogram(kind) || needs_range(kind);  // ranges come from the histograms here
+  if (!counts && !needs_gray_sum(kind)) return;
   __shared__ uint32_t hist[768];
   __shared__ unsigned long long gray;
   for (int i = threadIdx.x; i < 768; i += blockDim.x) hist[i] = 0;
@@ -32,7 +33,7 @@ __global__ void stats_kernel(PolicyArgs a, int64_t first, PolicyWorkspace work) 
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t y = i / im.w, x = i - y * im.w;
     const uint8_t* p = im.data + y * im.sy + x * im.sx;
-    if (needs_histogram(kind)) {
+    if (counts) {
       atomicAdd(&hist[p[0]], 1u);
       atomicAdd(&hist[256 + p[im.sc]], 1u);
       atomicAdd(&hist[512 + p[2 * im.sc]], 1u);
@@ -56,6 +57,7 @@ __global__ void table_kernel(PolicyArgs a, PolicyWorkspace work) {
   s.hist = work.hist + 768 * n;
   s.gray_sum = static_cast<int64_t>(work.gray_sum[n]);
   s.pixels = a.input.h * a.input.w;
+  if (needs_range(kind)) range_from_histogram(s.hist, &s);
   build_lut(kind, a.params[n], s, work.luts + 768 * n);
 }
 

@@ -240,7 +240,8 @@ def check_steps(module, x: torch.Tensor, params: dict) -> None:
     current = x
     for op, magnitude in module._slots(params, height, width):
         kinds, p, matrices = ops.slot_arguments(op, magnitude, height, width)
-        step = ops.policy_apply(current, kinds, p, matrices, module.interpolation, module._fill)
+        step = ops.policy_apply(current, kinds[:, None], p[:, None], matrices[:, None], module.interpolation,
+                                module._fill)
         names = [ops.OP_NAMES[int(k)] for k in op]
         ref = reference(tv, current, [[(names[i], float(magnitude[i]))] for i in range(x.shape[0])])
         for i, name in enumerate(names):
@@ -456,7 +457,7 @@ def test_binding_checks_buffers(batch):
 
     x = batch.contiguous()
     out = torch.empty_like(x)
-    kinds, params, matrices = torch.zeros(4, dtype=torch.int64), torch.zeros(4, dtype=torch.float64), torch.zeros(4, 6)
+    kinds, params, matrices = torch.zeros(4, 1, dtype=torch.int64), torch.zeros(4, 1, dtype=torch.float64), torch.zeros(4, 1, 6)
 
     def call(*tensors, fill=None):
         return _C.policy_apply(*[buffer(t) for t in tensors], 0, fill, 1)
@@ -467,8 +468,10 @@ def test_binding_checks_buffers(batch):
         call(x, out, params, params, matrices)
     with pytest.raises(ValueError, match="kinds: dimension 0 must be 4"):
         call(x, out, kinds[:3], params, matrices)
+    with pytest.raises(ValueError, match="params: dimension 1 must be 1"):
+        call(x, out, kinds, torch.zeros(4, 2, dtype=torch.float64), matrices)
     with pytest.raises(ValueError, match="not a policy op"):
-        call(x, out, torch.full((4,), 99), params, matrices)
+        call(x, out, torch.full((4, 1), 99), params, matrices)
     with pytest.raises(ValueError, match="x: must be uint8"):
         call(x.float(), out, kinds, params, matrices)
     with pytest.raises(ValueError, match="fill"):
@@ -488,3 +491,31 @@ def test_cuda_kernel_is_built_when_nvcc_was_found():
     if shutil.which("nvcc") is None:
         pytest.skip("no nvcc on PATH: the CUDA kernels are not built here")
     assert _kernels.cuda_kernel_available() and hasattr(_kernels._C_cuda, "policy_apply")
+
+
+def test_table_runs_fold_as_slot_by_slot():
+    """Consecutive table ops run as one pass (histograms remapped through the tables before them):
+    the result is each slot applied in turn, for every memory format and both thread paths."""
+    names = list(ops.RAND_AUGMENT_SPACE)
+    sequences = [("Solarize", "Equalize", "AutoContrast", "Posterize"), ("Posterize", "Contrast", "Equalize", "Identity"),
+                 ("Equalize", "Identity", "Equalize", "Brightness"), ("Contrast", "Contrast", "Solarize", "AutoContrast"),
+                 ("Rotate", "Equalize", "Color", "AutoContrast"), ("Identity", "Identity", "Identity", "Identity"),
+                 ("AutoContrast", "Sharpness", "Equalize", "TranslateX"), ("Brightness", "Posterize", "Solarize", "Equalize")]
+    module = RandAugment(num_ops=4, magnitude=17)
+    x = photos(61, 83).repeat(2, 1, 1, 1)
+    params = {"op": torch.tensor([[names.index(s) for s in seq] for seq in sequences]),
+              "negate": torch.rand(8, 4, generator=torch.Generator().manual_seed(0)) < 0.5}
+    current = x
+    for op, magnitude in module._slots(params, 61, 83):
+        kinds, p, matrices = ops.slot_arguments(op, magnitude, 61, 83)
+        current = ops.policy_apply(current, kinds[:, None], p[:, None], matrices[:, None])
+    threads = torch.get_num_threads()
+    try:
+        for n_threads in (1, 2):  # a task per sample; with 2 threads and 4 samples, each pass's rows shared out
+            torch.set_num_threads(n_threads)
+            for images in (x, x.contiguous()):
+                assert torch.equal(module(images, params=params), current)
+                half = {k: v[:4] for k, v in params.items()}
+                assert torch.equal(module(images[:4], params=half), current[:4])
+    finally:
+        torch.set_num_threads(threads)

@@ -259,11 +259,14 @@ class PolicyBase(nn.Module):
         params = check_params(params, n, shapes, dtypes)
         self.last_params = params
         table = self._table(x.shape[2], x.shape[3])
-        dev = x.device
-        for rows in self._slot_rows(params):
-            x = policy_apply(x, table.kinds[rows].to(dev, non_blocking=True), table.params[rows].to(dev, non_blocking=True),
-                             table.matrices[rows].to(dev, non_blocking=True), self.interpolation, self._fill)
-        return x
+        slot_rows = self._slot_rows(params)
+        if not slot_rows:  # RandAugment(num_ops=0): torchvision returns the input
+            return x
+        rows = torch.stack(slot_rows, dim=1)  # [N, slots]: every step in one kernel call
+        kinds, p, matrices = table.kinds[rows], table.params[rows], table.matrices[rows]
+        if x.device.type != "cpu":
+            kinds, p, matrices = (t.to(x.device, non_blocking=True) for t in (kinds, p, matrices))
+        return policy_apply(x, kinds, p, matrices, self.interpolation, self._fill)
 
     def _slots(self, params: dict, height: int, width: int) -> list:
         """Per slot, (global op ids [N], signed magnitudes [N]): what each sample undergoes."""

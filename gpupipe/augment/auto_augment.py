@@ -144,6 +144,10 @@ class AutoAugment(PolicyBase):
         self._step_op = torch.tensor([[ops.index(step[0]) for step in sub] for sub in table], dtype=torch.int64)
         self._step_p = torch.tensor([[step[1] for step in sub] for sub in table], dtype=torch.float64)
         self._step_bin = torch.tensor([[step[2] or 0 for step in sub] for sub in table], dtype=torch.int64)
+        # the SlotTable row of every (sub-policy, step, sign); the last row of the table: not applied
+        signs = torch.tensor([False, True])
+        self._step_rows = self._row(self._step_op[:, :, None], self._step_bin[:, :, None], signs)  # [25, 2, 2]
+        self._not_applied = len(self._space) * self._num_bins * 2
 
     def _params_from_uniforms(self, u: torch.Tensor) -> dict:
         policy = uniform_index(u[:, 0], len(self._step_op))
@@ -159,11 +163,9 @@ class AutoAugment(PolicyBase):
 
     def _slot_rows(self, params: dict) -> list:
         self._check_range(params, "policy", len(self._step_op))
-        policy = params["policy"]
-        identity = len(self._space) * self._num_bins * 2  # SlotTable's last row: steps that do not apply
-        return [torch.where(params["apply"][:, k],
-                            self._row(self._step_op[policy, k], self._step_bin[policy, k], params["negate"][:, k]),
-                            identity) for k in range(2)]
+        rows = self._step_rows[params["policy"][:, None], torch.arange(2), params["negate"].long()]  # [N, 2]
+        rows = torch.where(params["apply"], rows, self._not_applied)
+        return [rows[:, 0], rows[:, 1]]
 
     def extra_repr(self) -> str:
         return f"policy={self.policy!r}, " + super().extra_repr()
