@@ -78,9 +78,14 @@ def _erasing_rows(x: torch.Tensor, repeats: int) -> list:
     tv = v2.RandomErasing(p=0.5)
     methods = {"gpupipe": lambda: ours(f), "torchvision v2 (per sample)": lambda: torch.stack([tv(img) for img in f]),
                "torchvision v2 (batch)": lambda: tv(f)}
-    notes = {"gpupipe": "a box per sample, one mask", "torchvision v2 (batch)": "one box for the whole batch"}
-    return run_side_by_side(f"RandomErasing(0.5) {n}x3x{h}x{w} float32, 1 thread", methods, n, repeats=repeats,
+    notes = {"gpupipe": "a box per sample, one kernel call", "torchvision v2 (batch)": "one box for the whole batch"}
+    rows = run_side_by_side(f"RandomErasing(0.5) {n}x3x{h}x{w} float32, 1 thread", methods, n, repeats=repeats,
                             notes=notes)
+    ours_inplace = augment.RandomErasing(p=0.5, inplace=True, generator=0)
+    tv_inplace = v2.RandomErasing(p=0.5, inplace=True)
+    methods = {"gpupipe": lambda: ours_inplace(f), "torchvision v2 (per sample)": lambda: [tv_inplace(img) for img in f]}
+    return rows + run_side_by_side(f"RandomErasing(0.5, inplace=True) {n}x3x{h}x{w} float32, 1 thread", methods, n,
+                                   repeats=repeats)
 
 
 def _mix_rows(x: torch.Tensor, repeats: int) -> list:

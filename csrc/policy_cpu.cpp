@@ -189,8 +189,11 @@ GPUPIPE_MULTIVERSION void direct_bytes(int32_t kind, double param, const uint8_t
       for (int64_t i = 0; i < n; ++i) out[i] = solarize_level(in[i], t);
       break;
     }
-    default:  // kInvert
+    case kInvert:
       for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(255 - in[i]);
+      break;
+    default:  // kIdentity inside a run
+      std::memcpy(out, in, static_cast<size_t>(n));
   }
 }
 
@@ -461,16 +464,35 @@ void fold_tables(const pixel::Image8& im, const int64_t* kinds, const double* pa
   }
 }
 
-// Rows [y0, y1) of one pass from `im` into `dst`: a table (lut), a direct point op, or one op.
+// A run of direct point ops (run[i] = {kind, param}) over a row of n bytes: each op one vectorised
+// loop, the intermediate rows in two small buffers.
+void direct_run(const int64_t* kinds, const double* params, int64_t count, const uint8_t* in, uint8_t* out, int64_t n) {
+  thread_local std::vector<uint8_t> rows[2];
+  const uint8_t* src = in;
+  for (int64_t i = 0; i < count; ++i) {
+    uint8_t* dst = out;
+    if (i + 1 < count) {
+      rows[i % 2].resize(static_cast<size_t>(n));
+      dst = rows[i % 2].data();
+    }
+    direct_bytes(static_cast<int32_t>(kinds[i]), params[i], src, dst, n);
+    src = dst;
+  }
+}
+
+// Rows [y0, y1) of one pass from `im` into `dst`: a run of direct point ops (direct: its first
+// `direct` steps), a table (lut), or one op.
 template <typename L>
-void pass_rows(const PolicyArgs& a, const pixel::Image8& im, const Target& dst, L li, L lo, int32_t kind, double param,
-               const float* matrix, const uint8_t* lut, bool direct, int64_t y0, int64_t y1, std::vector<int32_t>& ints) {
+void pass_rows(const PolicyArgs& a, const pixel::Image8& im, const Target& dst, L li, L lo, int32_t kind,
+               const int64_t* kinds, const double* params, const float* matrix, const uint8_t* lut, int64_t direct,
+               int64_t y0, int64_t y1, std::vector<int32_t>& ints) {
   const int64_t w = im.w, h = im.h;
+  const double param = params[0];
   for (int64_t y = y0; y < y1; ++y) {
     const uint8_t* in = im.data + y * im.sy;
     uint8_t* out = dst.row(y);
     if (direct) {
-      direct_bytes(kind, param, in, out, 3 * w);
+      direct_run(kinds, params, direct, in, out, 3 * w);
     } else if (lut != nullptr) {
       lut_row(in, li, out, lo, w, lut);
     } else if (kind == kAffine) {
@@ -492,21 +514,24 @@ void run_pass(const PolicyArgs& a, const pixel::Image8& im, const Target& dst, c
               const double* params, const float* matrices, const Pass& p, Rows&& rows) {
   const bool channels_last = im.sc == 1 && im.sx == 3 && dst.sc == 1 && dst.sx == 3;
   const int32_t kind = p.lut ? kIdentity : static_cast<int32_t>(kinds[p.first]);
-  const int32_t first = static_cast<int32_t>(kinds[p.first]);
-  const bool direct = p.lut && p.last - p.first == 1 && is_direct_kind(first) && channels_last;
+  // A run of only direct point ops (and identities) over contiguous rows: evaluated per byte, in order.
+  bool all_direct = p.lut && channels_last;
+  for (int64_t i = p.first; i < p.last && all_direct; ++i)
+    all_direct = is_direct_kind(static_cast<int32_t>(kinds[i])) || kinds[i] == kIdentity;
+  const int64_t direct = all_direct ? p.last - p.first : 0;
   uint8_t lut[768];
   if (p.lut && !direct) fold_tables(im, kinds, params, p, lut);
   const float* matrix = matrices + 6 * p.first;
   if (kind == kAffine && reads_across_rows(matrix)) touch_image(im);
   const uint8_t* table = p.lut && !direct ? lut : nullptr;
-  const int32_t row_kind = direct ? first : kind;
+  const int64_t* k = kinds + p.first;
+  const double* q = params + p.first;
   rows(im.h, [&](int64_t y0, int64_t y1, std::vector<int32_t>& ints) {
     if (channels_last)
-      pass_rows(a, im, dst, ChannelsLast{}, ChannelsLast{}, row_kind, params[p.first], matrix, table, direct, y0, y1,
-                ints);
+      pass_rows(a, im, dst, ChannelsLast{}, ChannelsLast{}, kind, k, q, matrix, table, direct, y0, y1, ints);
     else
-      pass_rows(a, im, dst, AnyStrides{im.sc, im.sx}, AnyStrides{dst.sc, dst.sx}, row_kind, params[p.first], matrix,
-                table, false, y0, y1, ints);
+      pass_rows(a, im, dst, AnyStrides{im.sc, im.sx}, AnyStrides{dst.sc, dst.sx}, kind, k, q, matrix, table, 0, y0,
+                y1, ints);
   });
 }
 

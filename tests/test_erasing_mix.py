@@ -311,3 +311,14 @@ def test_compose_calls_plain_callables():
     assert p["0"] is None
     y = chain(x, params=p)
     assert ((y == 2) | (y == 0)).all() and (y == 0).any()
+
+
+def test_erasing_select_path_equals_the_kernel(images):
+    """Other devices and torch.compile take a select over the batch; the CPU takes the box kernel."""
+    erase = RandomErasing(p=0.8, value=(1.0, -2.0, 0.5))
+    params = erase.sample_params(16, seed=6)
+    eager = erase(images, params=params)
+    compiled = torch.compile(erase, fullgraph=True, backend="eager")(images, params=params)
+    assert torch.equal(compiled, eager)
+    as_int16 = erase((images * 10).to(torch.int16), params=params)  # no kernel for int16: the select
+    assert torch.equal(as_int16, erase((images * 10).to(torch.float32), params=params).to(torch.int16))

@@ -500,11 +500,13 @@ def test_table_runs_fold_as_slot_by_slot():
     sequences = [("Solarize", "Equalize", "AutoContrast", "Posterize"), ("Posterize", "Contrast", "Equalize", "Identity"),
                  ("Equalize", "Identity", "Equalize", "Brightness"), ("Contrast", "Contrast", "Solarize", "AutoContrast"),
                  ("Rotate", "Equalize", "Color", "AutoContrast"), ("Identity", "Identity", "Identity", "Identity"),
-                 ("AutoContrast", "Sharpness", "Equalize", "TranslateX"), ("Brightness", "Posterize", "Solarize", "Equalize")]
+                 ("AutoContrast", "Sharpness", "Equalize", "TranslateX"), ("Brightness", "Posterize", "Solarize", "Equalize"),
+                 ("Posterize", "Solarize", "Identity", "Brightness"), ("Solarize", "Brightness", "Color", "Posterize"),
+                 ("Posterize", "Posterize", "ShearY", "Brightness"), ("Contrast", "Brightness", "Sharpness", "Solarize")]
     module = RandAugment(num_ops=4, magnitude=17)
-    x = photos(61, 83).repeat(2, 1, 1, 1)
+    x = photos(61, 83).repeat(3, 1, 1, 1)
     params = {"op": torch.tensor([[names.index(s) for s in seq] for seq in sequences]),
-              "negate": torch.rand(8, 4, generator=torch.Generator().manual_seed(0)) < 0.5}
+              "negate": torch.rand(12, 4, generator=torch.Generator().manual_seed(0)) < 0.5}
     current = x
     for op, magnitude in module._slots(params, 61, 83):
         kinds, p, matrices = ops.slot_arguments(op, magnitude, 61, 83)

@@ -10,9 +10,9 @@ by ``int(magnitude)`` pixels), Rotate is ``F.rotate``; Brightness, Color, Contra
 copied (tests/test_policies.py holds them equal to torchvision's).
 
 A batch runs as a few *op slots* (one for TrivialAugmentWide, ``num_ops`` for RandAugment, two for
-AutoAugment); in a slot every sample undergoes its own op, all in one kernel call
-(:func:`gpupipe.augment._policy_kernels.policy_apply`). Everything per sample is a tensor: no Python
-loop over samples.
+AutoAugment); in each slot every sample undergoes its own op. All slots go to one kernel call
+(:func:`gpupipe.augment._policy_kernels.policy_apply`), which runs each sample's ops in order.
+Everything per sample is a tensor: no Python loop over samples.
 """
 
 from __future__ import annotations
@@ -208,6 +208,7 @@ class PolicyBase(nn.Module):
         self.fill = fill
         self._fill = parse_fill(fill)
         self.generator = as_generator(generator)
+        self._stream = keyed.stream_of(self._stream_name)  # computed once: torch.compile cannot trace crc32
         self._op_ids = torch.tensor([_OP[name] for name in self._space], dtype=torch.int64)
         self._signed = torch.tensor([signed for _, signed in self._space.values()])
         self._tables: dict = {}
@@ -216,7 +217,7 @@ class PolicyBase(nn.Module):
     @property
     def stream(self) -> int:
         """This module's stream of :func:`gpupipe.keyed.uniforms`."""
-        return keyed.stream_of(self._stream_name)
+        return self._stream
 
     def sample_params(self, n: int, *, seed: Optional[int] = None, epoch: Optional[int] = None,
                       indices: Any = None) -> dict:

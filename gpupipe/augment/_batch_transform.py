@@ -64,11 +64,12 @@ class BatchTransformBase(nn.Module):
         self.alpha = check_alpha(alpha)
         self.num_classes = check_num_classes(num_classes)
         self.generator = as_generator(generator)
+        self._stream = keyed.stream_of(self._stream_name)  # computed once: torch.compile cannot trace crc32
         self.last_params: Optional[dict] = None
 
     @property
     def stream(self) -> int:
-        return keyed.stream_of(self._stream_name)
+        return self._stream
 
     def _rng(self, n: int, seed, epoch, indices) -> np.random.Generator:
         return batch_rng(self.stream, n, self.generator, seed, epoch, indices)

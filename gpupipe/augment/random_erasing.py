@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from gpupipe import keyed
+from gpupipe.augment import _kernels
 from gpupipe.augment._keyed_params import GeneratorLike, as_generator, check_params, draw_uniforms
 
 _TRIES = 10  # torchvision's attempts at a box that fits
@@ -45,8 +46,9 @@ class RandomErasing(nn.Module):
     tries of an area ``H * W * uniform(scale)`` and an aspect ratio ``exp(uniform(log(ratio)))``;
     the first box with ``h = round(sqrt(area * ratio)) < H`` and ``w = round(sqrt(area / ratio)) < W``
     is placed uniformly (top in ``[0, H - h]``, left in ``[0, W - w]``) and set to ``value``; when no
-    try fits, the sample is left as is. The boxes become one mask over the batch (no Python loop
-    over samples).
+    try fits, the sample is left as is. No Python loop over samples: on the CPU one kernel call writes
+    every box (only the boxes' elements, after a copy of the batch unless ``inplace``); elsewhere, and
+    under ``torch.compile``, one select over the batch with a mask built from the boxes.
 
     Args:
         p: probability of erasing a sample.
@@ -107,11 +109,12 @@ class RandomErasing(nn.Module):
         self.value = value
         self.inplace = bool(inplace)
         self.generator = as_generator(generator)
+        self._stream = keyed.stream_of("RandomErasing")  # computed once: torch.compile cannot trace crc32
         self.last_params: Optional[dict] = None
 
     @property
     def stream(self) -> int:
-        return keyed.stream_of("RandomErasing")
+        return self._stream
 
     def sample_params(self, n: int, *, seed: Optional[int] = None, epoch: Optional[int] = None,
                       indices: Any = None) -> dict:
@@ -170,27 +173,33 @@ class RandomErasing(nn.Module):
             params = self.sample_params(n)
         params = check_params(params, n, self._SHAPES, self._DTYPES)
         self.last_params = params
-        erased, box = self.boxes(params, height, width)
-        out = x if self.inplace else x.clone()
-        ys = torch.arange(height)[None, :, None]
-        xs = torch.arange(width)[None, None, :]
-        top, left, h, w = (v[:, None, None] for v in box.unbind(1))
-        mask = erased[:, None, None] & (ys >= top) & (ys < top + h) & (xs >= left) & (xs < left + w)  # [N, H, W]
-        mask = mask[:, None]  # [N, 1, H, W], broadcast over channels
+        erased, box = self.boxes(params, height, width)  # box: zeros where not erased
+        values = None if self._values is None else self._values * (c // len(self._values))
+        if values is not None and x.device.type == "cpu" and x.dtype in _kernels.ELEM_TYPES and \
+                not torch.compiler.is_compiling():
+            # the boxes' elements only (after a copy of x unless inplace), as torchvision writes a slice
+            out = x if self.inplace else x.clone()
+            fill = torch.tensor(values, dtype=torch.float64).to(x.dtype)
+            _kernels._C.erase_boxes(_kernels.buffer(out), _kernels.buffer(box.contiguous()), _kernels.buffer(fill),
+                                    _kernels.num_threads())
+            return out
+        # [N, 1, H, W], broadcast over channels: rows and columns inside each sample's box
+        top, left, h, w = (v[:, None, None, None] for v in box.unbind(1))
+        rows = torch.arange(height)[None, None, :, None]
+        cols = torch.arange(width)[None, None, None, :]
+        mask = erased[:, None, None, None] & (rows >= top) & (rows < top + h) & (cols >= left) & (cols < left + w)
         if self._values is None:
+            out = x if self.inplace else x.clone()
             sample, ch, yy, xx = mask.expand(n, c, height, width).nonzero(as_tuple=True)
             # torchvision fills the box from a [C, h, w] normal tensor: count positions in that order
             counter = (ch * box[sample, 2] + (yy - box[sample, 0])) * box[sample, 3] + (xx - box[sample, 1])
             noise = _normal_noise(params["noise_key"], sample, counter).to(device=x.device, dtype=x.dtype)
             out[sample.to(x.device), ch.to(x.device), yy.to(x.device), xx.to(x.device)] = noise
             return out
-        mask = mask.to(x.device)
-        if len(self._values) == 1:
-            out.masked_fill_(mask, self._values[0])
-        else:
-            for k, v in enumerate(self._values):  # per channel, not per sample
-                out[:, k : k + 1].masked_fill_(mask, v)
-        return out
+        # other devices, and under torch.compile: a select over the batch from the mask
+        fill = torch.tensor(values, dtype=torch.float64).to(x.dtype).to(x.device, non_blocking=True)
+        out = torch.where(mask.to(x.device, non_blocking=True), fill[None, :, None, None], x)
+        return x.copy_(out) if self.inplace else out
 
     def extra_repr(self) -> str:
         return f"p={self.p}, scale={self.scale}, ratio={self.ratio}, value={self.value!r}, inplace={self.inplace}"
