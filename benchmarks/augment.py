@@ -43,12 +43,10 @@ def _chain_methods(x: torch.Tensor, rotation: bool) -> tuple[dict, dict, dict]:
     common = dict(hflip=0.5, vflip=0.5, brightness=b, contrast=c, saturation=s, hue=h, **geo)
     fused = BatchAugment(**common)
     linear = BatchAugment(**common, color="linear")
-    kengine = BatchAugment(**common, engine="kornia")
-    methods["gpupipe"] = lambda: fused(x)
-    notes["gpupipe"] = "BatchAugment, color='torchvision', one pass per pixel"
+    methods["gpupipe fused"] = lambda: fused(x)
+    notes["gpupipe fused"] = "BatchAugment, color='torchvision', one pass per pixel"
     methods["gpupipe color='linear'"] = lambda: linear(x)
     notes["gpupipe color='linear'"] = "one 3x4 matrix per sample, DALI-like"
-    methods["gpupipe engine='kornia'"] = lambda: kengine(x)
     mean, std = torch.tensor(IMAGENET_MEAN)[None, :, None, None], torch.tensor(IMAGENET_STD)[None, :, None, None]
     methods["bare normalise"] = lambda: x.float().div(255).sub(mean).div(std)
     notes["bare normalise"] = "x.float().div(255).sub(mean).div(std), no augmentation"
@@ -79,8 +77,8 @@ def _chain_methods(x: torch.Tensor, rotation: bool) -> tuple[dict, dict, dict]:
     rot1 = [T.RandomRotation(25, interpolation=InterpolationMode.BILINEAR)] if rotation else []
     pil = T.Compose([T.ToPILImage()] + rot1 + [T.RandomHorizontalFlip(), T.RandomVerticalFlip(), T.ColorJitter(b, c, s, h),
                                                T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
-    methods["PIL chain per sample"] = lambda: torch.stack([pil(img) for img in x])
-    notes["PIL chain per sample"] = "ToPILImage..Normalize"
+    methods["PIL chain (per sample)"] = lambda: torch.stack([pil(img) for img in x])
+    notes["PIL chain (per sample)"] = "ToPILImage..Normalize"
     return methods, skipped, notes
 
 

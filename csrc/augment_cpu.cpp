@@ -27,10 +27,12 @@ namespace {
 struct Row {
   std::vector<float> floats;
   std::vector<uint32_t> gathered;  // 2 per pixel: two rows' neighbour pairs, or one pixel
-  std::vector<int32_t> offsets;    // byte offsets of the gathered neighbours
+  std::vector<int32_t> offsets;    // byte offsets of the gathered neighbours, or kOutside / kPartial
+  std::vector<int32_t> partials;   // the pixels with some neighbours outside the image
   float *r = nullptr, *g = nullptr, *b = nullptr, *sx = nullptr, *sy = nullptr, *spare = nullptr;
   uint32_t *top = nullptr, *bottom = nullptr;
   int32_t* offset = nullptr;
+  int32_t* partial = nullptr;
 
   // Rows are sampled into and colored in r, g, b: the row's own buffers, or rows of a sample's
   // plane (write_to) that the second pass reads back.
@@ -45,6 +47,8 @@ struct Row {
     gathered.resize(static_cast<size_t>(4 * w));
     offsets.resize(static_cast<size_t>(w));
     offset = offsets.data();
+    partials.resize(static_cast<size_t>(w));
+    partial = partials.data();
     r = floats.data();
     g = r + w;
     b = g + w;
@@ -230,9 +234,13 @@ GPUPIPE_MULTIVERSION void sample_gathered(const pixel::Image8& im, const float* 
   const bool nearest = interpolation == pixel::kNearest;
   gather_offsets(sx, sy, w, im, nearest, row.offset);
   const int32_t* __restrict__ offset = row.offset;
+  int32_t* partial = row.partial;  // the pixels pixel::sample takes, collected while gathering
+  int64_t partials = 0;
   if (nearest) {  // (separate loops: a constant memcpy size is one load and one store)
-    for (int64_t x = 0; x < w; ++x)
+    for (int64_t x = 0; x < w; ++x) {
       if (offset[x] >= 0) memcpy(&top[2 * x], im.data + offset[x], 4);
+      else if (offset[x] == kPartial) partial[partials++] = static_cast<int32_t>(x);
+    }
     for (int64_t x = 0; x < w; ++x) {
       const uint32_t v = top[2 * x];
       r[x] = static_cast<float>(static_cast<int32_t>(v & 255u));
@@ -245,14 +253,16 @@ GPUPIPE_MULTIVERSION void sample_gathered(const pixel::Image8& im, const float* 
       if (offset[x] >= 0) {
         memcpy(&top[2 * x], im.data + offset[x], 8);
         memcpy(&bottom[2 * x], im.data + offset[x] + below, 8);
+      } else if (offset[x] == kPartial) {
+        partial[partials++] = static_cast<int32_t>(x);
       }
     }
     blend_gathered(sx, sy, top, bottom, w, r, g, b);
     if (fill.enabled) fill_gathered(sx, sy, w, fill, r, g, b);
   }
   fill_outside(offset, w, fill, r, g, b);
-  for (int64_t x = 0; x < w; ++x) {
-    if (offset[x] != kPartial) continue;
+  for (int64_t k = 0; k < partials; ++k) {
+    const int64_t x = partial[k];
     float v[3];
     pixel::sample(im, interpolation, fill, sx[x], sy[x], v);
     r[x] = v[0];

@@ -35,6 +35,7 @@ __global__ void warp_affine_kernel(WarpArgs a, Out* __restrict__ out) {
 // The engine's blocks are 32 x 8 tiles of one sample's output (blockIdx.y = the sample): no index
 // division per pixel, 2-D locality for the warped reads, and per-sample values shared by the block.
 constexpr int kTileW = 32, kTileH = 8;
+static_assert(kTileW * kTileH == kThreads, "block_sum assumes kThreads threads per block");
 
 // Sums an int64 over the block; the result is valid in thread 0. Integer sums: any order, same bits.
 __device__ int64_t block_sum(int64_t v) {

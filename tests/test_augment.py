@@ -201,6 +201,23 @@ def test_generator_draws_are_reproducible_and_replay_is_exact():
     assert torch.equal(a(x, params=p), first)
 
 
+def test_copies_draw_from_their_own_generator():
+    """deepcopy / pickle give the copy its own generator, also inside torch.compile (where the draws
+    go through an op that finds the generator by the module's slot)."""
+    import copy
+    import pickle
+
+    aug = BatchAugment(**FULL, generator=3)
+    twin = copy.deepcopy(aug)
+    assert twin._slot != aug._slot and pickle.loads(pickle.dumps(aug))._slot not in (aug._slot, twin._slot)
+    assert torch.equal(twin.sample_params(6)["angle"], aug.sample_params(6)["angle"])  # the same state, copied
+    before = aug.generator.get_state()
+    x = photo_batch(6, 16, 16, seed=30)
+    torch.compile(twin, fullgraph=True, backend="aot_eager")(x)
+    assert torch.equal(aug.generator.get_state(), before)  # the twin's compiled draws left aug's generator alone
+    assert not torch.equal(twin.generator.get_state(), before)
+
+
 def test_output_does_not_depend_on_the_thread_count():
     x = photo_batch(16, 64, 80, seed=16)
     aug = BatchAugment(**FULL, interpolation="bilinear")
@@ -374,6 +391,12 @@ def test_binding_validates_buffers():
     shared_params = storage[:48].view(2, 24).copy_(packed)
     with pytest.raises(ValueError, match="out overlaps params"):
         _C.augment(b(x), b(shared_params), b(storage[10:394].view(2, 3, 8, 8)), f32, *common)
+    raw = torch.zeros(4 * 384, dtype=torch.uint8)  # x and an output sharing bytes
+    with pytest.raises(ValueError, match="out overlaps x"):
+        _C.augment(b(raw[:384].view(2, 3, 8, 8)), b(packed), b(raw.view(torch.float32).view(2, 3, 8, 8)), f32, *common)
+    with pytest.raises(ValueError, match="out overlaps x"):  # also through the out= op
+        torch.ops.gpupipe.augment_batch_out(raw[:384].view(2, 3, 8, 8), packed, 0, None, 0, list(aug.mean), list(aug.std),
+                                            raw.view(torch.float32).view(2, 3, 8, 8))
     with pytest.raises(ValueError, match="params: dimension 1 must be 24"):
         _C.augment(b(x), b(packed[:, :20]), b(out), f32, *common)
     bad = packed.clone()

@@ -237,14 +237,22 @@ class BatchAugment(nn.Module):
         if isinstance(generator, int):
             generator = torch.Generator().manual_seed(generator)
         self.generator = generator
-        self._slot = -1
-        if generator is not None:
-            self._slot = next(_SLOTS)
-            _GENERATORS[self._slot] = generator
+        self._register_generator()
         self.reuse_outputs = reuse_outputs
         self._outputs = fused.OutputCache()
         self.last_params: Optional[dict] = None
         self.last_path: Optional[str] = None  # which implementation ran: "cuda-kernel", "cpu-kernel", "kornia"
+
+    def _register_generator(self) -> None:
+        """Gives the generator a slot the draw op can find it by (under torch.compile)."""
+        self._slot = -1
+        if self.generator is not None:
+            self._slot = next(_SLOTS)
+            _GENERATORS[self._slot] = self.generator
+
+    def __setstate__(self, state):  # copies (pickle, deepcopy) draw from their own generator
+        super().__setstate__(state)
+        self._register_generator()
 
     # --- parameters -------------------------------------------------------------------------------
 
@@ -268,8 +276,10 @@ class BatchAugment(nn.Module):
             if idx.shape != (n,):
                 raise ValueError(f"indices must have {n} entries, got shape {tuple(idx.shape)}")
             u = torch.from_numpy(keyed.uniforms(seed, 0 if epoch is None else epoch, idx, DRAWS, stream=STREAM))
-        else:
+        elif torch.compiler.is_compiling():  # the generator is opaque to the compiler: draw in an op
             u = torch.ops.gpupipe.augment_uniforms(n, DRAWS, self._slot)
+        else:
+            u = torch.rand(n, DRAWS, generator=self.generator, dtype=torch.float64)
         return self._params_from_uniforms(u)
 
     def _params_from_uniforms(self, u: torch.Tensor) -> dict:
