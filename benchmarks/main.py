@@ -10,10 +10,10 @@ import argparse
 import time
 from pathlib import Path
 
-from benchmarks import augment, batch_decode, datasets, decode_crop, loader, seed_experiment
+from benchmarks import augment, batch_decode, datasets, decode_crop, loader, policies, seed_experiment
 from benchmarks.harness import environment, save, table
 
-WORKLOADS = ("decode_crop", "restart", "batch_threads", "rrc", "backends", "augment", "loader", "seed")
+WORKLOADS = ("decode_crop", "restart", "batch_threads", "rrc", "backends", "augment", "policies", "loader", "seed")
 
 
 def main(argv=None) -> Path:
@@ -43,6 +43,8 @@ def main(argv=None) -> Path:
     if "augment" in args.workloads:
         rows += augment.run(threads=1, repeats=repeats)
         rows += augment.run(threads=2, repeats=repeats)
+    if "policies" in args.workloads:
+        rows += policies.run(repeats=repeats)
     if "loader" in args.workloads:
         rows += loader.run(repeats=1 if args.quick else 3, n=256 if args.quick else 512)
     extra = ""

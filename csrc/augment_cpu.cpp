@@ -21,25 +21,10 @@
 
 #include "errors.h"
 #include "multiversion.h"
-#include "thread_pool.h"
+#include "parallel_rows.h"
 
 namespace gpupipe {
 namespace {
-
-// Runs fn(begin, end) over [0, rows) in chunks: inline for one thread or few rows, else one
-// parallel_for on the pool of num_threads.
-template <typename Fn>
-void for_row_chunks(int64_t rows, int num_threads, Fn&& fn) {
-  if (rows <= 0) return;
-  if (num_threads <= 1 || rows < 16) {
-    fn(int64_t{0}, rows);
-    return;
-  }
-  const int64_t chunks = std::min<int64_t>(rows, 8LL * num_threads);
-  get_pool(num_threads)->parallel_for(static_cast<size_t>(chunks), [&](size_t c) {
-    fn(rows * static_cast<int64_t>(c) / chunks, rows * static_cast<int64_t>(c + 1) / chunks);
-  });
-}
 
 // Row buffers of one thread.
 struct Row {
@@ -472,7 +457,7 @@ GPUPIPE_MULTIVERSION void store_warped(const Row& row, int64_t w, Out* __restric
 void warp_affine_cpu(const WarpArgs& a, int num_threads) {
   if (a.out_type != kUInt8 && a.out_type != kFloat32) throw InvalidArgument("warp_affine: unknown output type");
   const int64_t h = a.input.h, w = a.input.w;
-  for_row_chunks(a.input.n * h, num_threads, [&](int64_t begin, int64_t end) {
+  parallel_rows(a.input.n * h, num_threads, [&](int64_t begin, int64_t end) {
     Row& row = thread_row(w);
     for (int64_t rr = begin; rr < end; ++rr) {
       const int64_t i = rr / h, y = rr % h;
@@ -502,7 +487,7 @@ constexpr int64_t kPlaneBytes = int64_t{16} << 20;
 
 void augment_by_samples(const AugmentArgs& a, int num_threads) {
   const int64_t h = a.input.h, w = a.input.w;
-  for_row_chunks(a.input.n, num_threads, [&](int64_t begin, int64_t end) {
+  parallel_rows(a.input.n, num_threads, [&](int64_t begin, int64_t end) {
     Row& row = thread_row(w);
     thread_local std::vector<float> plane;
     for (int64_t i = begin; i < end; ++i) {
@@ -549,7 +534,7 @@ void augment_by_rows(const AugmentArgs& a, int num_threads) {
     if (needs_mean(a, i)) active.push_back(i);
   std::unique_ptr<std::atomic<int64_t>[]> sums(new std::atomic<int64_t>[static_cast<size_t>(n)]);
   for (int64_t i = 0; i < n; ++i) sums[i].store(0, std::memory_order_relaxed);
-  for_row_chunks(static_cast<int64_t>(active.size()) * h, num_threads, [&](int64_t begin, int64_t end) {
+  parallel_rows(static_cast<int64_t>(active.size()) * h, num_threads, [&](int64_t begin, int64_t end) {
     Row& row = thread_row(w);
     int64_t current = -1, sum = 0;
     for (int64_t rr = begin; rr < end; ++rr) {
@@ -571,7 +556,7 @@ void augment_by_rows(const AugmentArgs& a, int num_threads) {
     const float mean = needs_mean(a, i) ? pixel::mean_from_sum(sums[i].load(), h * w) : 0.0f;
     terms[static_cast<size_t>(i)] = mean_terms(a, a.params + i * param::kCount, mean);
   }
-  for_row_chunks(n * h, num_threads, [&](int64_t begin, int64_t end) {
+  parallel_rows(n * h, num_threads, [&](int64_t begin, int64_t end) {
     Row& row = thread_row(w);
     for (int64_t rr = begin; rr < end; ++rr) {
       const int64_t i = rr / h, y = rr % h;

@@ -91,16 +91,28 @@ struct Fill {
   float value[3];  // per channel, on the input's 0..255 scale
 };
 
+// The pixel nearest input coordinate (sx, sy): column rint(sx), row rint(sy) (half to even, as
+// grid_sample's nearbyint), or column -1 when it lies outside the image. Branch-free, so a row loop
+// of it vectorises (the policies' host kernel computes a row of these, then gathers).
+GPUPIPE_HD void nearest_pixel(const Image8& im, float sx, float sy, int32_t* column, int32_t* row) {
+  const float fx = round_even(sx), fy = round_even(sy);
+  const bool inside = (fx >= 0.0f) & (fx <= static_cast<float>(im.w - 1)) & (fy >= 0.0f) &
+                      (fy <= static_cast<float>(im.h - 1));  // false for NaN too
+  *column = inside ? static_cast<int32_t>(fx) : -1;
+  *row = inside ? static_cast<int32_t>(fy) : 0;
+}
+
 // Samples the 3 channels at input coordinate (sx, sy), on the 0..255 scale (not rounded).
-// Nearest: the pixel at (rint(sx), rint(sy)) (half to even, as grid_sample's nearbyint).
+// Nearest: the pixel at (rint(sx), rint(sy)) (nearest_pixel).
 // Bilinear: the 4 neighbours weighted by (1 - fx, fx) x (1 - fy, fy), neighbours outside weigh 0.
 GPUPIPE_HD void sample(const Image8& im, int interpolation, const Fill& fill, float sx, float sy,
                        float out[3]) {
   const float last_x = static_cast<float>(im.w - 1), last_y = static_cast<float>(im.h - 1);
   if (interpolation == kNearest) {
-    const float fx = round_even(sx), fy = round_even(sy);
-    if (fx >= 0.0f && fx <= last_x && fy >= 0.0f && fy <= last_y) {  // false for NaN too
-      const uint8_t* p = im.data + static_cast<int64_t>(fy) * im.sy + static_cast<int64_t>(fx) * im.sx;
+    int32_t column, row;
+    nearest_pixel(im, sx, sy, &column, &row);
+    if (column >= 0) {
+      const uint8_t* p = im.data + static_cast<int64_t>(row) * im.sy + static_cast<int64_t>(column) * im.sx;
       out[0] = p[0];
       out[1] = p[im.sc];
       out[2] = p[2 * im.sc];

@@ -24,6 +24,9 @@
 #include "errors.h"
 #include "jpeg_decoder.h"
 #include "jpeg_encoder.h"
+#include "erase_cpu.h"
+#include "policy_bindings.h"
+#include "policy_cpu.h"
 #include "restart.h"
 #include "thread_pool.h"
 
@@ -503,6 +506,72 @@ void register_augment(py::module_& m) {
       "Host kernel of BatchAugment's engine (gpupipe.augment.fused).");
 }
 
+
+// --- augmentation policies -------------------------------------------------------------------------
+
+void register_policies(py::module_& m) {
+  m.def("policy_kinds", [] {
+    using namespace policy;
+    py::dict d;
+    const std::pair<const char*, Kind> kinds[] = {
+        {"identity", kIdentity}, {"brightness", kBrightness}, {"color", kColor}, {"contrast", kContrast},
+        {"sharpness", kSharpness}, {"posterize", kPosterize}, {"solarize", kSolarize},
+        {"autocontrast", kAutoContrast}, {"equalize", kEqualize}, {"invert", kInvert}, {"affine", kAffine}};
+    for (const auto& [name, kind] : kinds) d[name] = static_cast<int>(kind);
+    return d;
+  }, "The op kinds of policy_apply (csrc/policy_ops.h), name -> number.");
+  m.def(
+      "policy_apply",
+      [](std::vector<int64_t> input, std::vector<int64_t> output, std::vector<int64_t> kinds,
+         std::vector<int64_t> params, std::vector<int64_t> matrices, int interpolation,
+         std::optional<std::vector<double>> fill, int num_threads) {
+        const PolicyArgs a = policy_args(input, output, kinds, params, matrices, interpolation, fill, true);
+        py::gil_scoped_release release;
+        policy_apply_cpu(a, num_threads);
+      },
+      py::arg("input"), py::arg("output"), py::arg("kinds"), py::arg("params"), py::arg("matrices"),
+      py::arg("interpolation"), py::arg("fill"), py::arg("num_threads"),
+      "The op slots of an augmentation policy on a uint8 [N, 3, H, W] batch: sample i undergoes "
+      "kinds[i, s] (policy_kinds()) with params[i, s] or matrices[i, s], s = 0, 1, ... Buffers are "
+      "[address, extent, type, ndim, shape..., strides...] lists (gpupipe.augment._kernels.buffer).");
+  m.def(
+      "erase_boxes",
+      [](std::vector<int64_t> images, std::vector<int64_t> boxes, std::vector<int64_t> values, int num_threads) {
+        const int type = images.size() > 2 ? static_cast<int>(images[2]) : -1;
+        if (type == kInt64 || elem_size(type) == 0)
+          throw InvalidArgument("x: must be uint8, float32, bfloat16, float16 or float64");
+        const StridedBuffer x = parse_buffer(images, "x", type, {-1, -1, -1, -1});
+        const int64_t n = x.shape[0], c = x.shape[1], h = x.shape[2], w = x.shape[3];
+        const StridedBuffer b = parse_buffer(boxes, "boxes", kInt64, {n, 4});
+        const StridedBuffer v = parse_buffer(values, "values", x.type, {c});
+        require_contiguous(b, "boxes");
+        require_contiguous(v, "values");
+        check_disjoint(x, "x", b, "boxes");
+        check_disjoint(x, "x", v, "values");
+        const int64_t* box = b.as<const int64_t>();
+        for (int64_t i = 0; i < n; ++i)  // an erased box must lie inside its image
+          if (box[4 * i + 2] > 0 && (box[4 * i] < 0 || box[4 * i + 1] < 0 || box[4 * i + 3] < 0 ||
+                                     box[4 * i] + box[4 * i + 2] > h || box[4 * i + 1] + box[4 * i + 3] > w))
+            throw InvalidArgument("boxes[" + std::to_string(i) + "] is not inside the " + std::to_string(h) + "x" +
+                                  std::to_string(w) + " image");
+        EraseArgs a;
+        a.data = x.as<uint8_t>();
+        a.n = n;
+        a.c = c;
+        a.h = h;
+        a.w = w;
+        for (int d = 0; d < 4; ++d) a.stride[d] = x.strides[d];
+        a.elem_size = elem_size(x.type);
+        a.boxes = box;
+        a.values = v.as<const uint8_t>();
+        py::gil_scoped_release release;
+        erase_boxes_cpu(a, num_threads);
+      },
+      py::arg("x"), py::arg("boxes"), py::arg("values"), py::arg("num_threads"),
+      "RandomErasing's host kernel: sets each box (top, left, height, width; height 0: none) of x, in "
+      "place, to values (one element of x's type per channel).");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -514,4 +583,5 @@ PYBIND11_MODULE(_C, m) {
   register_encode(m);
   register_augment(m);
   register_restarts(m);
+  register_policies(m);
 }

@@ -14,6 +14,10 @@
 
 namespace py = pybind11;
 
+namespace gpupipe {
+void register_policies_cuda(py::module_& m);  // cuda/policy_bindings_cuda.cpp
+}  // namespace gpupipe
+
 namespace {
 
 void check_launch(const char* what, int err) {
@@ -48,4 +52,5 @@ PYBIND11_MODULE(_C_cuda, m) {
       },
       py::arg("input"), py::arg("params"), py::arg("output"), py::arg("out_type"), py::arg("interpolation"),
       py::arg("fill"), py::arg("color"), py::arg("mean"), py::arg("std"), py::arg("workspace"), py::arg("stream"));
+  gpupipe::register_policies_cuda(m);
 }

@@ -1,0 +1,596 @@
+#include "policy_cpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "errors.h"
+#include "multiversion.h"
+#include "parallel_rows.h"
+#include "thread_pool.h"
+
+namespace gpupipe {
+namespace {
+
+using namespace policy;
+
+// The row kernels whose math is fused multiply-adds (color, contrast's gray sum, sharpness) are also
+// built for AVX2 with FMA and picked at run time: the FMA instruction gives the bits the baseline
+// build computes through double (policy_ops.h, fma_small), in a third of the instructions.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define POLICY_FMA_BUILD __attribute__((target("avx2,fma")))
+inline bool cpu_has_fma() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+#else
+#define POLICY_FMA_BUILD
+inline bool cpu_has_fma() { return false; }
+#endif
+#define POLICY_INLINE inline __attribute__((always_inline))
+
+// Rows are read and written in place, whatever the layout: pixel x of a row has its channels at
+// x * sw + c * sc. The row kernels are templates on the layout, instantiated for channels-last rows
+// (sc = 1, sw = 3, the decoder's output: compile-time strides, so the loops vectorise over
+// interleaved pixels) and for any other strides.
+struct ChannelsLast {
+  static constexpr int64_t sc = 1, sw = 3;
+};
+struct AnyStrides {
+  int64_t sc, sw;
+};
+
+template <typename L>
+inline const uint8_t* pixel_at(const uint8_t* row, L l, int64_t x) {
+  return row + x * l.sw;
+}
+template <typename L>
+inline uint8_t* pixel_at(uint8_t* row, L l, int64_t x) {
+  return row + x * l.sw;
+}
+
+// --- statistics rows ----------------------------------------------------------------------------------
+
+// Two histograms (even and odd pixels), summed by the caller: runs of equal values then do not
+// serialise on one counter.
+template <typename L>
+GPUPIPE_MULTIVERSION void histogram_row(const uint8_t* __restrict__ row, L l, int64_t w,
+                                        unsigned long long* __restrict__ hist) {
+  unsigned long long* odd = hist + 768;
+  int64_t x = 0;
+  for (; x + 2 <= w; x += 2) {
+    const uint8_t* p = pixel_at(row, l, x);
+    const uint8_t* q = pixel_at(row, l, x + 1);
+    ++hist[p[0]];
+    ++hist[256 + p[l.sc]];
+    ++hist[512 + p[2 * l.sc]];
+    ++odd[q[0]];
+    ++odd[256 + q[l.sc]];
+    ++odd[512 + q[2 * l.sc]];
+  }
+  for (; x < w; ++x) {
+    const uint8_t* p = pixel_at(row, l, x);
+    ++hist[p[0]];
+    ++hist[256 + p[l.sc]];
+    ++hist[512 + p[2 * l.sc]];
+  }
+}
+
+// Sum of gray_floor over a row: gray levels are integers 0..255, so the sum is exact.
+template <typename L, bool kFma>
+POLICY_INLINE int64_t gray_sum_impl(const uint8_t* __restrict__ row, L l, int64_t w) {
+  int32_t sum = 0;  // at most 255 * w < 2^31 for w < 2^23
+  for (int64_t x = 0; x < w; ++x) {
+    const uint8_t* p = pixel_at(row, l, x);
+    sum += static_cast<int32_t>(gray_floor<kFma>(p[0], p[l.sc], p[2 * l.sc]));
+  }
+  return sum;
+}
+template <typename L>
+POLICY_FMA_BUILD int64_t gray_sum_fma(const uint8_t* row, L l, int64_t w) { return gray_sum_impl<L, true>(row, l, w); }
+template <typename L>
+GPUPIPE_MULTIVERSION int64_t gray_sum_plain(const uint8_t* row, L l, int64_t w) { return gray_sum_impl<L, false>(row, l, w); }
+template <typename L>
+int64_t gray_sum_row(const uint8_t* row, L l, int64_t w) {
+  return cpu_has_fma() ? gray_sum_fma(row, l, w) : gray_sum_plain(row, l, w);
+}
+
+// Per-channel min and max of a row, folded into lo[3], hi[3]. Channels-last rows are scanned as
+// bytes with 96 running minima and maxima (a byte's channel is its position mod 3), which vectorises.
+template <typename L>
+GPUPIPE_MULTIVERSION void range_row(const uint8_t* __restrict__ row, L l, int64_t w, uint8_t* __restrict__ lo,
+                                    uint8_t* __restrict__ hi) {
+  int64_t x = 0;
+  if constexpr (std::is_same<L, ChannelsLast>::value) {
+    uint8_t mn[96], mx[96];
+    for (int k = 0; k < 96; ++k) {
+      mn[k] = lo[k % 3];
+      mx[k] = hi[k % 3];
+    }
+    for (; x + 32 <= w; x += 32)
+      for (int k = 0; k < 96; ++k) {
+        const uint8_t v = row[3 * x + k];
+        mn[k] = v < mn[k] ? v : mn[k];
+        mx[k] = v > mx[k] ? v : mx[k];
+      }
+    for (int k = 0; k < 96; ++k) {
+      lo[k % 3] = mn[k] < lo[k % 3] ? mn[k] : lo[k % 3];
+      hi[k % 3] = mx[k] > hi[k % 3] ? mx[k] : hi[k % 3];
+    }
+  }
+  for (; x < w; ++x) {
+    const uint8_t* p = pixel_at(row, l, x);
+    for (int c = 0; c < 3; ++c) {
+      const uint8_t v = p[c * l.sc];
+      lo[c] = v < lo[c] ? v : lo[c];
+      hi[c] = v > hi[c] ? v : hi[c];
+    }
+  }
+}
+
+// --- output rows -------------------------------------------------------------------------------------
+
+template <typename L>
+GPUPIPE_MULTIVERSION void copy_row(const uint8_t* __restrict__ in, L li, uint8_t* __restrict__ out, L lo, int64_t w) {
+  for (int64_t x = 0; x < w; ++x) {
+    const uint8_t* p = pixel_at(in, li, x);
+    uint8_t* q = pixel_at(out, lo, x);
+    q[0] = p[0];
+    q[lo.sc] = p[li.sc];
+    q[2 * lo.sc] = p[2 * li.sc];
+  }
+}
+
+template <typename L>
+GPUPIPE_MULTIVERSION void lut_row(const uint8_t* __restrict__ in, L li, uint8_t* __restrict__ out, L lo, int64_t w,
+                                  const uint8_t* __restrict__ lut) {
+  const uint8_t *l0 = lut, *l1 = lut + 256, *l2 = lut + 512;
+  int64_t x = 0;
+  if constexpr (std::is_same<L, ChannelsLast>::value) {
+    // 4 pixels at a time, stored as 3 words: byte stores of neighbouring channels would be merged
+    // through partial registers, which stalls.
+    for (; x + 4 <= w; x += 4) {
+      const uint8_t* p = in + 3 * x;
+      const uint32_t w0 = l0[p[0]] | uint32_t{l1[p[1]]} << 8 | uint32_t{l2[p[2]]} << 16 | uint32_t{l0[p[3]]} << 24;
+      const uint32_t w1 = l1[p[4]] | uint32_t{l2[p[5]]} << 8 | uint32_t{l0[p[6]]} << 16 | uint32_t{l1[p[7]]} << 24;
+      const uint32_t w2 = l2[p[8]] | uint32_t{l0[p[9]]} << 8 | uint32_t{l1[p[10]]} << 16 | uint32_t{l2[p[11]]} << 24;
+      std::memcpy(out + 3 * x, &w0, 4);  // little-endian byte order, as the layout
+      std::memcpy(out + 3 * x + 4, &w1, 4);
+      std::memcpy(out + 3 * x + 8, &w2, 4);
+    }
+  }
+  for (; x < w; ++x) {
+    const uint8_t* p = pixel_at(in, li, x);
+    uint8_t* q = pixel_at(out, lo, x);
+    q[0] = l0[p[0]];
+    q[lo.sc] = l1[p[li.sc]];
+    q[2 * lo.sc] = l2[p[2 * li.sc]];
+  }
+}
+
+// The direct point ops (is_direct_kind) over n contiguous bytes: one vectorised loop per kind.
+GPUPIPE_MULTIVERSION void direct_bytes(int32_t kind, double param, const uint8_t* __restrict__ in,
+                                       uint8_t* __restrict__ out, int64_t n) {
+  switch (kind) {
+    case kBrightness: {
+      const float f = static_cast<float>(param);
+      for (int64_t i = 0; i < n; ++i) out[i] = brightness_level(in[i], f);
+      break;
+    }
+    case kPosterize: {
+      const uint8_t mask = posterize_mask(param);
+      for (int64_t i = 0; i < n; ++i) out[i] = in[i] & mask;
+      break;
+    }
+    case kSolarize: {
+      const float t = static_cast<float>(param);
+      for (int64_t i = 0; i < n; ++i) out[i] = solarize_level(in[i], t);
+      break;
+    }
+    case kInvert:
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(255 - in[i]);
+      break;
+    default:  // kIdentity inside a run
+      std::memcpy(out, in, static_cast<size_t>(n));
+  }
+}
+
+// adjust_saturation: each channel blended with the pixel's floored gray level.
+template <typename L, bool kFma>
+POLICY_INLINE void color_impl(const uint8_t* __restrict__ in, L li, uint8_t* __restrict__ out, L lo, int64_t w,
+                              Blend bl) {
+  for (int64_t x = 0; x < w; ++x) {
+    const uint8_t* p = pixel_at(in, li, x);
+    uint8_t* q = pixel_at(out, lo, x);
+    const float r = p[0], g = p[li.sc], b = p[2 * li.sc];
+    const float gray = gray_floor<kFma>(r, g, b);
+    q[0] = blend_pixel<kFma>(bl, r, gray);
+    q[lo.sc] = blend_pixel<kFma>(bl, g, gray);
+    q[2 * lo.sc] = blend_pixel<kFma>(bl, b, gray);
+  }
+}
+template <typename L>
+POLICY_FMA_BUILD void color_fma(const uint8_t* in, L li, uint8_t* out, L lo, int64_t w, Blend bl) {
+  color_impl<L, true>(in, li, out, lo, w, bl);
+}
+template <typename L>
+GPUPIPE_MULTIVERSION void color_plain(const uint8_t* in, L li, uint8_t* out, L lo, int64_t w, Blend bl) {
+  color_impl<L, false>(in, li, out, lo, w, bl);
+}
+template <typename L>
+void color_row(const uint8_t* in, L li, uint8_t* out, L lo, int64_t w, Blend bl) {
+  if (cpu_has_fma()) color_fma(in, li, out, lo, w, bl);
+  else color_plain(in, li, out, lo, w, bl);
+}
+
+// adjust_sharpness on an interior row (above, mid, below: its three input rows); the first and last
+// pixels keep their values. A channel's horizontal neighbours are one pixel stride away.
+template <typename L, bool kFma>
+POLICY_INLINE void sharpen_impl(const uint8_t* __restrict__ above, const uint8_t* __restrict__ mid,
+                                const uint8_t* __restrict__ below, L li, uint8_t* __restrict__ out, L lo, int64_t w,
+                                float alpha) {
+  if constexpr (std::is_same<L, ChannelsLast>::value) {  // interleaved: one flat loop over the bytes
+    for (int64_t o = 3; o < 3 * (w - 1); ++o) {
+      const int32_t sum9 = above[o - 3] + above[o] + above[o + 3] + mid[o - 3] + mid[o] + mid[o + 3] +
+                           below[o - 3] + below[o] + below[o + 3];
+      out[o] = sharpen_pixel<kFma>(sum9, mid[o], alpha);
+    }
+  } else {
+    for (int c = 0; c < 3; ++c) {
+      const int64_t s = li.sw;
+      for (int64_t x = 1; x + 1 < w; ++x) {
+        const int64_t o = x * s + c * li.sc;
+        const int32_t sum9 = above[o - s] + above[o] + above[o + s] + mid[o - s] + mid[o] + mid[o + s] +
+                             below[o - s] + below[o] + below[o + s];
+        out[x * lo.sw + c * lo.sc] = sharpen_pixel<kFma>(sum9, mid[o], alpha);
+      }
+    }
+  }
+  for (int64_t x : {int64_t{0}, w - 1})
+    for (int c = 0; c < 3; ++c) out[x * lo.sw + c * lo.sc] = mid[x * li.sw + c * li.sc];
+}
+
+template <typename L>
+POLICY_FMA_BUILD void sharpen_fma(const uint8_t* above, const uint8_t* mid, const uint8_t* below, L li, uint8_t* out,
+                                  L lo, int64_t w, float alpha) {
+  sharpen_impl<L, true>(above, mid, below, li, out, lo, w, alpha);
+}
+template <typename L>
+GPUPIPE_MULTIVERSION void sharpen_plain(const uint8_t* above, const uint8_t* mid, const uint8_t* below, L li,
+                                        uint8_t* out, L lo, int64_t w, float alpha) {
+  sharpen_impl<L, false>(above, mid, below, li, out, lo, w, alpha);
+}
+template <typename L>
+void sharpen_row(const uint8_t* above, const uint8_t* mid, const uint8_t* below, L li, uint8_t* out, L lo, int64_t w,
+                 float alpha) {
+  if (cpu_has_fma()) sharpen_fma(above, mid, below, li, out, lo, w, alpha);
+  else sharpen_plain(above, mid, below, li, out, lo, w, alpha);
+}
+
+template <typename L>
+inline void store_pixel(uint8_t* q, L l, const uint8_t* value) {
+  q[0] = value[0];
+  q[l.sc] = value[1];
+  q[2 * l.sc] = value[2];
+}
+
+// A map that only translates by whole pixels (|shift| < 2^24, where floats are exact integers).
+inline bool integer_shift(const float* m) {
+  return m[0] == 1.0f && m[1] == 0.0f && m[3] == 0.0f && m[4] == 1.0f && std::fabs(m[2]) < 16777216.0f &&
+         std::fabs(m[5]) < 16777216.0f && m[2] == std::nearbyint(m[2]) && m[5] == std::nearbyint(m[5]);
+}
+
+// Whether a map reads other input rows than the output row's (not a horizontal shear or shift),
+// which makes its reads leave the hardware prefetcher's sequential pattern.
+inline bool reads_across_rows(const float* m) {
+  return !(m[3] == 0.0f && m[4] == 1.0f && m[5] == 0.0f) && !integer_shift(m);
+}
+
+// Reads a sample's image into the cache (one byte per line, in order, which the hardware prefetcher
+// follows) before a warp reads it out of order: a rotation reads along slanted lines, and those
+// misses cost more than this scan. Prefetch instructions alone were measured to help less.
+inline void touch_image(const pixel::Image8& im) {
+  const int64_t row_bytes = (im.w - 1) * im.sx + 2 * im.sc + 1;
+  uint8_t acc = 0;
+  for (int64_t y = 0; y < im.h; ++y)
+    for (int64_t o = 0; o < row_bytes; o += 64) acc ^= im.data[y * im.sy + o];
+  asm volatile("" : : "r"(acc));  // keep the loads
+}
+
+// The geometric ops: each output pixel samples the input through the sample's inverse affine map
+// (augment_pixel.h, the warp shared with warp_affine and the CUDA kernels). Nearest, the common
+// case, in two loops: the row's source pixels (vectorised), then the gather.
+template <typename L>
+GPUPIPE_MULTIVERSION void affine_row(const PolicyArgs& a, const pixel::Image8& im, const float* m, int64_t y,
+                                     uint8_t* __restrict__ out, L lo, int32_t* __restrict__ columns,
+                                     int32_t* __restrict__ rows) {
+  const int32_t w = static_cast<int32_t>(im.w);  // < 2^24 (augment_bindings.h)
+  const float fy = static_cast<float>(y);
+  uint8_t fill[3];
+  for (int c = 0; c < 3; ++c) fill[c] = a.fill.enabled ? pixel::to_uint8(a.fill.value[c]) : 0;
+  if (a.interpolation == pixel::kNearest && integer_shift(m)) {
+    // TranslateX/Y: every coordinate is an exact integer (x + m2, y + m5), so the warp is a shifted copy.
+    const int64_t dx = static_cast<int64_t>(m[2]), sy = y + static_cast<int64_t>(m[5]);
+    const int64_t begin = std::clamp<int64_t>(-dx, 0, w), end = std::clamp<int64_t>(w - dx, begin, w);
+    const bool row_inside = sy >= 0 && sy < im.h;
+    const uint8_t* src = im.data + sy * im.sy;
+    const int64_t first = row_inside ? begin : w, last = row_inside ? end : w;
+    for (int64_t x = 0; x < first; ++x) store_pixel(pixel_at(out, lo, x), lo, fill);
+    if (std::is_same<L, ChannelsLast>::value && im.sc == 1 && im.sx == 3) {
+      if (last > first) std::memcpy(out + 3 * first, src + 3 * (first + dx), static_cast<size_t>(3 * (last - first)));
+    } else {
+      for (int64_t x = first; x < last; ++x) {
+        const uint8_t* p = src + (x + dx) * im.sx;
+        uint8_t* q = pixel_at(out, lo, x);
+        q[0] = p[0];
+        q[lo.sc] = p[im.sc];
+        q[2 * lo.sc] = p[2 * im.sc];
+      }
+    }
+    for (int64_t x = last; x < w; ++x) store_pixel(pixel_at(out, lo, x), lo, fill);
+    return;
+  }
+  if (a.interpolation == pixel::kNearest) {
+    for (int32_t x = 0; x < w; ++x) {
+      float sx, sy;
+      pixel::affine_source(m, static_cast<float>(x), fy, &sx, &sy);
+      pixel::nearest_pixel(im, sx, sy, columns + x, rows + x);
+    }
+    int32_t x = 0;
+    if (std::is_same<L, ChannelsLast>::value && im.sc == 1 && im.sx == 3) {
+      // Pixels move as 4-byte words (the 4th byte is the next pixel's, rewritten next), except
+      // reads of an input row's last pixel and the output row's last write, which stay in bounds.
+      uint32_t fill_word = 0;
+      std::memcpy(&fill_word, fill, 3);
+      for (; x + 1 < w; ++x) {
+        uint32_t v = fill_word;
+        if (columns[x] >= 0) {
+          const uint8_t* p = im.data + static_cast<int64_t>(rows[x]) * im.sy + 3 * static_cast<int64_t>(columns[x]);
+          if (columns[x] + 1 < w) std::memcpy(&v, p, 4);
+          else v = uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16;
+        }
+        std::memcpy(out + 3 * x, &v, 4);
+      }
+    }
+    for (; x < w; ++x) {
+      uint8_t* q = pixel_at(out, lo, x);
+      if (columns[x] >= 0) {
+        const uint8_t* p = im.data + static_cast<int64_t>(rows[x]) * im.sy + static_cast<int64_t>(columns[x]) * im.sx;
+        q[0] = p[0];
+        q[lo.sc] = p[im.sc];
+        q[2 * lo.sc] = p[2 * im.sc];
+      } else {
+        store_pixel(q, lo, fill);
+      }
+    }
+    return;
+  }
+  for (int32_t x = 0; x < w; ++x) {
+    float sx, sy, v[3];
+    pixel::affine_source(m, static_cast<float>(x), fy, &sx, &sy);
+    pixel::sample(im, a.interpolation, a.fill, sx, sy, v);
+    uint8_t* q = pixel_at(out, lo, x);
+    q[0] = pixel::to_uint8(v[0]);
+    q[lo.sc] = pixel::to_uint8(v[1]);
+    q[2 * lo.sc] = pixel::to_uint8(v[2]);
+  }
+}
+
+// --- per-sample pipelines ------------------------------------------------------------------------------
+
+// A 3-channel uint8 image a pass writes: a sample's output, or a scratch image (channels-last).
+struct Target {
+  uint8_t* data;
+  int64_t sc, sy, sx;
+  uint8_t* row(int64_t y) const { return data + y * sy; }
+};
+
+// Two channels-last images a sample's intermediate results alternate between.
+struct Scratch {
+  std::vector<uint8_t> images[2];
+  std::vector<int32_t> ints;
+};
+
+// One pass over a sample: its steps [first, last), either a run of table ops folded into one table
+// (lut), or one other op (color, sharpness, a warp).
+struct Pass {
+  int64_t first, last;
+  bool lut;
+};
+
+// Splits a sample's steps into passes. Consecutive table ops fold into one pass: the histogram of a
+// table's output is its input histogram remapped, so equalize and autocontrast after another table
+// op need no pass of their own; contrast, whose table needs the gray mean of its input, only starts
+// a run. Identity steps need nothing.
+void plan(const int64_t* kinds, int64_t slots, std::vector<Pass>& passes) {
+  passes.clear();
+  for (int64_t i = 0; i < slots;) {
+    const int32_t k = static_cast<int32_t>(kinds[i]);
+    if (k == kIdentity) {
+      ++i;
+    } else if (is_lut_kind(k)) {
+      int64_t j = i + 1;
+      while (j < slots && is_lut_kind(static_cast<int32_t>(kinds[j])) && kinds[j] != kContrast) ++j;
+      passes.push_back({i, j, true});
+      i = j;
+    } else {
+      passes.push_back({i, i + 1, false});
+      ++i;
+    }
+  }
+}
+
+template <typename L>
+void stats_rows(const pixel::Image8& im, L l, bool hist, bool gray, unsigned long long* counts, int64_t* gray_sum) {
+  for (int64_t y = 0; y < im.h; ++y) {
+    const uint8_t* row = im.data + y * im.sy;
+    if (hist) histogram_row(row, l, im.w, counts);
+    if (gray) *gray_sum += gray_sum_row(row, l, im.w);
+  }
+}
+
+// The folded table of a run of table ops over `im`: the statistics of `im` once, then each op's
+// table from the statistics of its own input (the histogram remapped through the tables before it).
+void fold_tables(const pixel::Image8& im, const int64_t* kinds, const double* params, const Pass& p, uint8_t* lut) {
+  bool hist = false;
+  for (int64_t i = p.first; i < p.last; ++i)
+    hist |= needs_histogram(static_cast<int32_t>(kinds[i])) || needs_range(static_cast<int32_t>(kinds[i]));
+  const bool gray = kinds[p.first] == kContrast;
+  unsigned long long counts[2 * 768] = {};  // two halves (histogram_row), summed below
+  Stats s;
+  s.pixels = im.h * im.w;
+  if (hist || gray) {
+    if (im.sc == 1 && im.sx == 3) stats_rows(im, ChannelsLast{}, hist, gray, counts, &s.gray_sum);
+    else stats_rows(im, AnyStrides{im.sc, im.sx}, hist, gray, counts, &s.gray_sum);
+    for (int i = 0; i < 768; ++i) counts[i] += counts[768 + i];
+  }
+  for (int i = 0; i < 768; ++i) lut[i] = static_cast<uint8_t>(i & 255);
+  uint8_t step[768];
+  for (int64_t i = p.first; i < p.last; ++i) {
+    const int32_t k = static_cast<int32_t>(kinds[i]);
+    if (needs_range(k)) range_from_histogram(counts, &s);
+    s.hist = counts;
+    build_lut(k, params[i], s, step);
+    for (int c = 0; c < 3; ++c)
+      for (int v = 0; v < 256; ++v) lut[256 * c + v] = step[256 * c + lut[256 * c + v]];
+    if (hist && i + 1 < p.last) {  // the next op's input histogram: this op's output's
+      unsigned long long next[768] = {};
+      for (int c = 0; c < 3; ++c)
+        for (int v = 0; v < 256; ++v) next[256 * c + step[256 * c + v]] += counts[256 * c + v];
+      std::memcpy(counts, next, sizeof(next));
+    }
+  }
+}
+
+// A run of direct point ops (run[i] = {kind, param}) over a row of n bytes: each op one vectorised
+// loop, the intermediate rows in two small buffers.
+void direct_run(const int64_t* kinds, const double* params, int64_t count, const uint8_t* in, uint8_t* out, int64_t n) {
+  thread_local std::vector<uint8_t> rows[2];
+  const uint8_t* src = in;
+  for (int64_t i = 0; i < count; ++i) {
+    uint8_t* dst = out;
+    if (i + 1 < count) {
+      rows[i % 2].resize(static_cast<size_t>(n));
+      dst = rows[i % 2].data();
+    }
+    direct_bytes(static_cast<int32_t>(kinds[i]), params[i], src, dst, n);
+    src = dst;
+  }
+}
+
+// Rows [y0, y1) of one pass from `im` into `dst`: a run of direct point ops (direct: its first
+// `direct` steps), a table (lut), or one op.
+template <typename L>
+void pass_rows(const PolicyArgs& a, const pixel::Image8& im, const Target& dst, L li, L lo, int32_t kind,
+               const int64_t* kinds, const double* params, const float* matrix, const uint8_t* lut, int64_t direct,
+               int64_t y0, int64_t y1, std::vector<int32_t>& ints) {
+  const int64_t w = im.w, h = im.h;
+  const double param = params[0];
+  for (int64_t y = y0; y < y1; ++y) {
+    const uint8_t* in = im.data + y * im.sy;
+    uint8_t* out = dst.row(y);
+    if (direct) {
+      direct_run(kinds, params, direct, in, out, 3 * w);
+    } else if (lut != nullptr) {
+      lut_row(in, li, out, lo, w, lut);
+    } else if (kind == kAffine) {
+      ints.resize(static_cast<size_t>(2 * w));
+      affine_row(a, im, matrix, y, out, lo, ints.data(), ints.data() + w);
+    } else if (kind == kColor) {
+      color_row(in, li, out, lo, w, make_blend(param));
+    } else if (kind == kSharpness && y > 0 && y + 1 < h && w > 2) {
+      sharpen_row(in - im.sy, in, in + im.sy, li, out, lo, w, static_cast<float>(1.0 - param));
+    } else {  // sharpness on border rows, identity
+      copy_row(in, li, out, lo, w);
+    }
+  }
+}
+
+// A sample's rows, run by `rows(h, fn)`: fn(y0, y1, ints) over [0, h), inline or shared out.
+template <typename Rows>
+void run_pass(const PolicyArgs& a, const pixel::Image8& im, const Target& dst, const int64_t* kinds,
+              const double* params, const float* matrices, const Pass& p, Rows&& rows) {
+  const bool channels_last = im.sc == 1 && im.sx == 3 && dst.sc == 1 && dst.sx == 3;
+  const int32_t kind = p.lut ? kIdentity : static_cast<int32_t>(kinds[p.first]);
+  // A run of only direct point ops (and identities) over contiguous rows: evaluated per byte, in order.
+  bool all_direct = p.lut && channels_last;
+  for (int64_t i = p.first; i < p.last && all_direct; ++i)
+    all_direct = is_direct_kind(static_cast<int32_t>(kinds[i])) || kinds[i] == kIdentity;
+  const int64_t direct = all_direct ? p.last - p.first : 0;
+  uint8_t lut[768];
+  if (p.lut && !direct) fold_tables(im, kinds, params, p, lut);
+  const float* matrix = matrices + 6 * p.first;
+  if (kind == kAffine && reads_across_rows(matrix)) touch_image(im);
+  const uint8_t* table = p.lut && !direct ? lut : nullptr;
+  const int64_t* k = kinds + p.first;
+  const double* q = params + p.first;
+  rows(im.h, [&](int64_t y0, int64_t y1, std::vector<int32_t>& ints) {
+    if (channels_last)
+      pass_rows(a, im, dst, ChannelsLast{}, ChannelsLast{}, kind, k, q, matrix, table, direct, y0, y1, ints);
+    else
+      pass_rows(a, im, dst, AnyStrides{im.sc, im.sx}, AnyStrides{dst.sc, dst.sx}, kind, k, q, matrix, table, 0, y0,
+                y1, ints);
+  });
+}
+
+// All of sample n's steps, pass after pass: the first reads its input, the last writes its output,
+// those between go through the two scratch images. No pass (every step the identity): a copy.
+template <typename Rows>
+void run_sample(const PolicyArgs& a, int64_t n, Scratch& scratch, std::vector<Pass>& passes, Rows&& rows) {
+  const int64_t slots = a.slots;
+  const int64_t* kinds = a.kinds + n * slots;
+  const double* params = a.params + n * slots;
+  const float* matrices = a.matrices + 6 * n * slots;
+  const pixel::Image8 input = a.input.sample(n);
+  const Target output{a.output + n * a.out_stride[0], a.out_stride[1], a.out_stride[2], a.out_stride[3]};
+  plan(kinds, slots, passes);
+  if (passes.empty()) passes.push_back({0, 0, false});  // kinds[0] is the identity: copies
+  pixel::Image8 src = input;
+  for (size_t k = 0; k < passes.size(); ++k) {
+    Target dst = output;
+    if (k + 1 < passes.size()) {
+      std::vector<uint8_t>& image = scratch.images[k % 2];
+      image.resize(static_cast<size_t>(3 * input.h * input.w));
+      dst = Target{image.data(), 1, 3 * input.w, 3};
+    }
+    run_pass(a, src, dst, kinds, params, matrices, passes[k], rows);
+    src = pixel::Image8{dst.data, input.h, input.w, dst.sc, dst.sy, dst.sx};
+  }
+}
+
+}  // namespace
+
+void policy_apply_cpu(const PolicyArgs& a, int num_threads) {
+  const int64_t n = a.input.n, h = a.input.h;
+  if (n == 0 || h == 0 || a.input.w == 0) return;
+  if (a.slots < 1) throw InvalidArgument("a policy needs at least one op slot");
+  if (num_threads <= 1 || n >= 4LL * num_threads) {
+    // Enough samples to share out: one task per sample, all its passes, its image in the cache.
+    auto sample = [&](size_t i) {
+      thread_local Scratch scratch;
+      thread_local std::vector<Pass> passes;
+      run_sample(a, static_cast<int64_t>(i), scratch, passes,
+                 [&](int64_t rows, auto&& fn) { fn(int64_t{0}, rows, scratch.ints); });
+    };
+    if (num_threads <= 1) {
+      for (int64_t i = 0; i < n; ++i) sample(static_cast<size_t>(i));
+    } else {
+      get_pool(num_threads)->parallel_for(static_cast<size_t>(n), sample);
+    }
+    return;
+  }
+  // Few, large samples: one after the other, the rows of each pass shared out on the pool.
+  Scratch scratch;
+  std::vector<Pass> passes;
+  for (int64_t i = 0; i < n; ++i)
+    run_sample(a, i, scratch, passes, [&](int64_t rows, auto&& fn) {
+      parallel_rows(rows, num_threads, [&](int64_t y0, int64_t y1) {
+        thread_local std::vector<int32_t> ints;
+        fn(y0, y1, ints);
+      });
+    });
+}
+
+}  // namespace gpupipe

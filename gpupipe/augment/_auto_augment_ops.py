@@ -1,0 +1,303 @@
+"""The op table of torchvision's automatic augmentation policies, and the machinery the policy modules
+(:class:`~gpupipe.augment.TrivialAugmentWide`, :class:`~gpupipe.augment.RandAugment`,
+:class:`~gpupipe.augment.AutoAugment`) share.
+
+Each op is torchvision.transforms.v2's ``_AutoAugmentBase._apply_image_or_video_transform`` with the
+same magnitude: ShearX/Y and TranslateX/Y are ``F.affine`` (shear about the top-left corner, translate
+by ``int(magnitude)`` pixels), Rotate is ``F.rotate``; Brightness, Color, Contrast and Sharpness take
+``1 + magnitude`` as their factor; Posterize ``int(magnitude)`` bits; Solarize the threshold
+``255 * magnitude``. The magnitude spaces below are torchvision's ``_AUGMENTATION_SPACE`` lambdas,
+copied (tests/test_policies.py holds them equal to torchvision's).
+
+A batch runs as a few *op slots* (one for TrivialAugmentWide, ``num_ops`` for RandAugment, two for
+AutoAugment); in each slot every sample undergoes its own op. All slots go to one kernel call
+(:func:`gpupipe.augment._policy_kernels.policy_apply`), which runs each sample's ops in order.
+Everything per sample is a tensor: no Python loop over samples.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from gpupipe import keyed
+from gpupipe.augment._keyed_params import as_generator, check_params, draw_uniforms
+from gpupipe.augment.affine_matrix import affine_matrices
+from gpupipe.augment._policy_kernels import INTERPOLATIONS, KINDS, policy_apply
+
+MagnitudeFn = Callable[[int, int, int], Optional[torch.Tensor]]
+
+# Every op of the three policies; a module's ops are indices into this tuple.
+OP_NAMES = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast",
+            "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert")
+_KIND_OF_OP = {"Identity": "identity", "ShearX": "affine", "ShearY": "affine", "TranslateX": "affine",
+               "TranslateY": "affine", "Rotate": "affine", "Brightness": "brightness", "Color": "color",
+               "Contrast": "contrast", "Sharpness": "sharpness", "Posterize": "posterize", "Solarize": "solarize",
+               "AutoContrast": "autocontrast", "Equalize": "equalize", "Invert": "invert"}
+_OP_KINDS = torch.tensor([KINDS[_KIND_OF_OP[name]] for name in OP_NAMES], dtype=torch.int64)
+_OP = {name: i for i, name in enumerate(OP_NAMES)}
+
+
+def _none(num_bins: int, height: int, width: int) -> None:
+    return None
+
+
+def _linspace(end: float) -> MagnitudeFn:
+    return lambda num_bins, height, width: torch.linspace(0.0, end, num_bins)
+
+
+def _posterize(max_drop: int) -> MagnitudeFn:
+    return lambda num_bins, height, width: (8 - (torch.arange(num_bins) / ((num_bins - 1) / max_drop))).round().int()
+
+
+def _solarize(num_bins: int, height: int, width: int) -> torch.Tensor:
+    return torch.linspace(1.0, 0.0, num_bins)
+
+
+# torchvision.transforms.v2 TrivialAugmentWide._AUGMENTATION_SPACE: name -> (magnitudes, signed)
+TRIVIAL_AUGMENT_WIDE_SPACE: dict = {
+    "Identity": (_none, False),
+    "ShearX": (_linspace(0.99), True),
+    "ShearY": (_linspace(0.99), True),
+    "TranslateX": (_linspace(32.0), True),
+    "TranslateY": (_linspace(32.0), True),
+    "Rotate": (_linspace(135.0), True),
+    "Brightness": (_linspace(0.99), True),
+    "Color": (_linspace(0.99), True),
+    "Contrast": (_linspace(0.99), True),
+    "Sharpness": (_linspace(0.99), True),
+    "Posterize": (_posterize(6), False),
+    "Solarize": (_solarize, False),
+    "AutoContrast": (_none, False),
+    "Equalize": (_none, False),
+}
+
+# torchvision.transforms.v2 RandAugment._AUGMENTATION_SPACE (AutoAugment's: the same without
+# Identity, with Invert).
+_RAND_AUGMENT_SPACE_BASE: dict = {
+    "ShearX": (_linspace(0.3), True),
+    "ShearY": (_linspace(0.3), True),
+    "TranslateX": (lambda num_bins, height, width: torch.linspace(0.0, 150.0 / 331.0 * width, num_bins), True),
+    "TranslateY": (lambda num_bins, height, width: torch.linspace(0.0, 150.0 / 331.0 * height, num_bins), True),
+    "Rotate": (_linspace(30.0), True),
+    "Brightness": (_linspace(0.9), True),
+    "Color": (_linspace(0.9), True),
+    "Contrast": (_linspace(0.9), True),
+    "Sharpness": (_linspace(0.9), True),
+    "Posterize": (_posterize(4), False),
+    "Solarize": (_solarize, False),
+    "AutoContrast": (_none, False),
+    "Equalize": (_none, False),
+}
+RAND_AUGMENT_SPACE: dict = {"Identity": (_none, False), **_RAND_AUGMENT_SPACE_BASE}
+AUTO_AUGMENT_SPACE: dict = {**_RAND_AUGMENT_SPACE_BASE, "Invert": (_none, False)}
+
+
+def parse_interpolation(interpolation: Any) -> str:
+    """"nearest" or "bilinear" from a string or a torchvision ``InterpolationMode``."""
+    value = getattr(interpolation, "value", interpolation)
+    if value not in INTERPOLATIONS:
+        raise ValueError(f"interpolation must be 'nearest' or 'bilinear' (or the InterpolationMode of one), "
+                         f"got {interpolation!r}")
+    return value
+
+
+def parse_fill(fill: Union[None, float, Sequence[float]]) -> Optional[list]:
+    """torchvision's ``fill`` (None, a number, or one value per channel) as 3 floats on 0..255."""
+    if fill is None:
+        return None
+    values = [fill] if isinstance(fill, (int, float)) and not isinstance(fill, bool) else list(fill)
+    if len(values) not in (1, 3) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        raise ValueError(f"fill must be None, a number or a sequence of 1 or 3 numbers, got {fill!r}")
+    if not all(0 <= v <= 255 for v in values):
+        raise ValueError(f"fill must lie in [0, 255] for uint8 images, got {fill!r}")
+    return [float(v) for v in values] * (3 // len(values))
+
+
+def check_images(x: Any) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != torch.uint8:
+        raise TypeError(f"x must be uint8 (the policies' ops are defined on uint8 images, as torchvision's), "
+                        f"got {x.dtype}: apply them before converting to float")
+    if x.dim() != 4 or x.shape[1] != 3:
+        raise ValueError(f"x must be [N, 3, H, W], got shape {tuple(x.shape)}")
+    return x
+
+
+def magnitude_table(space: dict, num_bins: int, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 ``[ops, num_bins]`` magnitudes (0 for ops without) and bool ``[ops]`` signed, for a
+    space's ops in order, exactly torchvision's values (float32 linspace read back as Python floats)."""
+    rows, signed = [], []
+    for fn, is_signed in space.values():
+        m = fn(num_bins, height, width)
+        rows.append(torch.zeros(num_bins, dtype=torch.float64) if m is None else m.to(torch.float64))
+        signed.append(is_signed)
+    return torch.stack(rows), torch.tensor(signed)
+
+
+def geometric_matrices(op: torch.Tensor, magnitude: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """float32 ``[N, 6]`` output pixel -> input coordinate maps of the geometric ops (global op ids
+    ``op``, signed magnitudes) as torchvision applies them, the identity for the other ops:
+    ShearX/Y ``F.affine(shear=(degrees(atan(m)), 0) or (0, ...), center=[0, 0])``, TranslateX/Y
+    ``F.affine(translate=(int(m), 0) or (0, int(m)))``, Rotate ``F.rotate(m)`` (``affine(-m % 360)``
+    about the centre); through :func:`gpupipe.augment.affine_matrices`.
+    """
+    zero = torch.zeros_like(magnitude)
+    shear = torch.rad2deg(torch.atan(magnitude))
+    is_shear = (op == _OP["ShearX"]) | (op == _OP["ShearY"])
+    translate = torch.trunc(magnitude)  # int(magnitude)
+    centre = torch.tensor([width / 2, height / 2], dtype=torch.float64)
+    m = affine_matrices(
+        torch.where(op == _OP["Rotate"], -torch.remainder(magnitude, 360.0), zero),  # rotate: angle % 360, then -angle
+        torch.stack([torch.where(op == _OP["TranslateX"], translate, zero),
+                     torch.where(op == _OP["TranslateY"], translate, zero)], dim=1),
+        1.0,
+        torch.stack([torch.where(op == _OP["ShearX"], shear, zero), torch.where(op == _OP["ShearY"], shear, zero)], dim=1),
+        torch.where(is_shear[:, None], torch.zeros(2, dtype=torch.float64), centre),  # shears about the corner
+        size=(height, width),
+    )
+    return m.reshape(-1, 6).to(torch.float32)
+
+
+def slot_arguments(op: torch.Tensor, magnitude: torch.Tensor, height: int, width: int):
+    """The kernel's (kinds int64, params float64, matrices float32) for one slot: global op ids
+    ``op`` (int64 [N], indices of :data:`OP_NAMES`) with signed magnitudes (float64 [N])."""
+    kinds = _OP_KINDS[op]
+    factor = 1.0 + magnitude
+    params = torch.where(op == _OP["Posterize"], torch.trunc(magnitude),
+                         torch.where(op == _OP["Solarize"], 255.0 * magnitude, factor))
+    return kinds, params, geometric_matrices(op, magnitude, height, width)
+
+
+class SlotTable:
+    """Everything a slot needs, for every (op, bin, sign) a module can draw, at one image size: the
+    draws are discrete, so a batch only gathers rows (no per-batch trigonometry). Row
+    ``(op * bins + bin) * 2 + negate`` (negate only counts for signed ops); the last row is the
+    identity (AutoAugment's steps that do not apply)."""
+
+    def __init__(self, space: dict, num_bins: int, height: int, width: int, op_ids: torch.Tensor):
+        magnitudes, signed = magnitude_table(space, num_bins, height, width)  # [O, B], [O]
+        sign = torch.tensor([1.0, -1.0], dtype=torch.float64)
+        magnitude = magnitudes[:, :, None] * torch.where(signed[:, None, None], sign, 1.0)  # [O, B, 2]
+        op = op_ids[:, None, None].expand(magnitude.shape)
+        self.op = torch.cat([op.reshape(-1), torch.tensor([_OP["Identity"]])])
+        self.magnitude = torch.cat([magnitude.reshape(-1), torch.zeros(1, dtype=torch.float64)])
+        self.kinds, self.params, self.matrices = slot_arguments(self.op, self.magnitude, height, width)
+        self.identity = self.op.shape[0] - 1
+
+
+class PolicyBase(nn.Module):
+    """Shared by the policy modules: keyed parameters, checks, and the slots' kernel calls.
+
+    A subclass sets ``_space`` (its ops in torchvision's order), ``_stream_name``, ``_num_bins`` and
+    implements ``_draws`` (uniforms per sample), ``_params_from_uniforms``, ``_param_spec``,
+    ``_identity_params`` and ``_slot_rows`` (per slot, the :class:`SlotTable` row of each sample).
+    """
+
+    _space: dict
+    _stream_name: str
+    _draws: int
+    _num_bins: int
+
+    def __init__(self, interpolation: Any, fill: Any, generator: Any):
+        super().__init__()
+        self.interpolation = parse_interpolation(interpolation)
+        self.fill = fill
+        self._fill = parse_fill(fill)
+        self.generator = as_generator(generator)
+        self._stream = keyed.stream_of(self._stream_name)  # computed once: torch.compile cannot trace crc32
+        self._op_ids = torch.tensor([_OP[name] for name in self._space], dtype=torch.int64)
+        self._signed = torch.tensor([signed for _, signed in self._space.values()])
+        self._tables: dict = {}
+        self.last_params: Optional[dict] = None
+
+    @property
+    def stream(self) -> int:
+        """This module's stream of :func:`gpupipe.keyed.uniforms`."""
+        return self._stream
+
+    def sample_params(self, n: int, *, seed: Optional[int] = None, epoch: Optional[int] = None,
+                      indices: Any = None) -> dict:
+        """Per-sample parameters for a batch of ``n``: a dict of CPU tensors with leading dim ``n``.
+
+        With ``seed``, a pure function of (seed, epoch, sample index) (``indices``: the samples'
+        dataset indices, default ``0..n-1``) on this module's stream of :mod:`gpupipe.keyed`;
+        without, drawn from the module's ``generator``.
+        """
+        u = draw_uniforms(n, self._draws, stream=self.stream, generator=self.generator, seed=seed, epoch=epoch,
+                          indices=indices)
+        return self._params_from_uniforms(u)
+
+    def _table(self, height: int, width: int) -> SlotTable:
+        key = (height, width)
+        if key not in self._tables:
+            if len(self._tables) > 16:
+                self._tables.clear()
+            self._tables[key] = SlotTable(self._space, self._num_bins, height, width, self._op_ids)
+        return self._tables[key]
+
+    def _row(self, op_index: torch.Tensor, bins: torch.Tensor, negate: torch.Tensor) -> torch.Tensor:
+        """The SlotTable row of (op, bin, sign) draws (the sign counts for signed ops only)."""
+        return (op_index * self._num_bins + bins) * 2 + (negate & self._signed[op_index]).to(torch.int64)
+
+    def forward(self, x: torch.Tensor, params: Optional[dict] = None) -> torch.Tensor:
+        """Augments a batch: uint8 ``[N, 3, H, W]`` -> uint8 ``[N, 3, H, W]``, same device and memory format.
+
+        ``params=None`` draws new parameters in ``train()`` mode and applies none in ``eval()``
+        mode (x is returned as is); ``params=p`` (e.g. ``last_params``) replays exactly.
+        """
+        x = check_images(x)
+        n = x.shape[0]
+        if params is None:
+            if not self.training:
+                self.last_params = self._identity_params(n)
+                return x
+            params = self.sample_params(n)
+        shapes, dtypes = self._param_spec()
+        params = check_params(params, n, shapes, dtypes)
+        self.last_params = params
+        table = self._table(x.shape[2], x.shape[3])
+        slot_rows = self._slot_rows(params)
+        if not slot_rows:  # RandAugment(num_ops=0): torchvision returns the input
+            return x
+        rows = torch.stack(slot_rows, dim=1)  # [N, slots]: every step in one kernel call
+        kinds, p, matrices = table.kinds[rows], table.params[rows], table.matrices[rows]
+        if x.device.type != "cpu":
+            kinds, p, matrices = (t.to(x.device, non_blocking=True) for t in (kinds, p, matrices))
+        return policy_apply(x, kinds, p, matrices, self.interpolation, self._fill)
+
+    def _slots(self, params: dict, height: int, width: int) -> list:
+        """Per slot, (global op ids [N], signed magnitudes [N]): what each sample undergoes."""
+        table = self._table(height, width)
+        return [(table.op[rows], table.magnitude[rows]) for rows in self._slot_rows(params)]
+
+    @staticmethod
+    def _check_range(params: dict, key: str, high: int) -> None:
+        v = params[key]
+        if not torch.compiler.is_compiling() and bool(((v < 0) | (v >= high)).any()):  # a data-dependent guard
+            raise ValueError(f"params[{key!r}] must lie in [0, {high})")
+
+    def extra_repr(self) -> str:
+        return f"interpolation={self.interpolation!r}, fill={self.fill!r}"
+
+
+def uniform_index(u: torch.Tensor, count: int) -> torch.Tensor:
+    """Integers uniform in [0, count) from uniforms in [0, 1) (as torch.randint's distribution)."""
+    return torch.clamp((u * count).to(torch.int64), max=count - 1)
+
+
+def negate_draw(u: torch.Tensor) -> torch.Tensor:
+    """torchvision's ``torch.rand(()) <= 0.5``: negate a signed magnitude."""
+    return u <= 0.5
+
+
+def check_bins(num_magnitude_bins: Any) -> int:
+    if isinstance(num_magnitude_bins, bool) or not isinstance(num_magnitude_bins, int) or num_magnitude_bins < 2:
+        raise ValueError(f"num_magnitude_bins must be an int >= 2, got {num_magnitude_bins!r}")
+    return num_magnitude_bins
+
+
+__all__ = ["OP_NAMES", "PolicyBase", "geometric_matrices", "magnitude_table", "slot_arguments"]

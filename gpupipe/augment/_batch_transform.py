@@ -1,0 +1,132 @@
+"""Shared by the batch transforms (:class:`~gpupipe.augment.MixUp`, :class:`~gpupipe.augment.CutMix`,
+:class:`~gpupipe.augment.RandomChoice`): the keyed per-batch random generator and the labels.
+
+A batch transform draws once per batch. With a ``seed``, its draws come from
+``numpy.random.default_rng(keyed.derive_seed(seed, epoch, first, stream))``, ``first`` being the
+batch's first sample index and ``stream`` the module's :func:`gpupipe.keyed.stream_of` its class
+name: a pure function of (seed, epoch, the batch's first index), so ``Loader.set_epoch(e)`` replays
+epoch ``e`` in any process. Without a seed, the numpy generator is seeded from the module's
+``generator`` (torch's global one by default).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpupipe import keyed
+from gpupipe.augment._keyed_params import GeneratorLike, as_generator, check_count
+
+
+def batch_rng(stream: int, n: int, generator: Optional[torch.Generator], seed: Optional[int], epoch: Optional[int],
+              indices: Any) -> np.random.Generator:
+    """The numpy generator of one batch's draws (see the module docstring)."""
+    n = check_count(n)
+    if seed is None:
+        if epoch is not None or indices is not None:
+            raise ValueError("epoch and indices key the draws to a seed: pass seed as well")
+        return np.random.default_rng(int(torch.randint(0, 2**62, (), generator=generator)))
+    if indices is None:
+        first = 0
+    else:
+        idx = np.asarray(indices.cpu() if isinstance(indices, torch.Tensor) else indices, dtype=np.int64).reshape(-1)
+        if idx.shape[0] != n:
+            raise ValueError(f"indices has {idx.shape[0]} entries for n={n} samples")
+        first = int(idx[0]) if n else 0
+    return np.random.default_rng(keyed.derive_seed(int(seed), 0 if epoch is None else int(epoch), first, stream))
+
+
+def check_alpha(alpha: Any) -> float:
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
+        raise ValueError(f"alpha must be a positive number (the Beta(alpha, alpha) parameter), got {alpha!r}")
+    return float(alpha)
+
+
+def check_num_classes(num_classes: Any) -> Optional[int]:
+    if num_classes is None:
+        return None
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+        raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
+    return num_classes
+
+
+class BatchTransformBase(nn.Module):
+    """Batch transform on ``(images, labels)``: per-batch parameters, keyed; soft labels out."""
+
+    _stream_name: str
+
+    def __init__(self, alpha: float, num_classes: Optional[int], generator: GeneratorLike):
+        super().__init__()
+        self.alpha = check_alpha(alpha)
+        self.num_classes = check_num_classes(num_classes)
+        self.generator = as_generator(generator)
+        self._stream = keyed.stream_of(self._stream_name)  # computed once: torch.compile cannot trace crc32
+        self.last_params: Optional[dict] = None
+
+    @property
+    def stream(self) -> int:
+        return self._stream
+
+    def _rng(self, n: int, seed, epoch, indices) -> np.random.Generator:
+        return batch_rng(self.stream, n, self.generator, seed, epoch, indices)
+
+    def _check(self, images: Any, labels: Any, params: Optional[dict]) -> int:
+        if not isinstance(images, torch.Tensor) or images.dim() != 4:
+            raise ValueError(f"images must be a batched [N, C, H, W] tensor, got "
+                             f"{getattr(images, 'shape', type(images).__name__)}")
+        n = images.shape[0]
+        if not isinstance(labels, torch.Tensor) or labels.dim() not in (1, 2):
+            raise ValueError(f"labels must be class indices [N] or probabilities [N, num_classes], got "
+                             f"{getattr(labels, 'shape', type(labels).__name__)}")
+        if labels.shape[0] != n:
+            raise ValueError(f"labels hold {labels.shape[0]} samples, images {n}")
+        if labels.dim() == 1:
+            if self.num_classes is None:
+                raise ValueError("num_classes must be given when labels are class indices [N]")
+            if labels.dtype.is_floating_point or labels.dtype == torch.bool:
+                raise TypeError(f"labels [N] must be integer class indices, got {labels.dtype}")
+            if n and not torch.compiler.is_compiling():
+                lo, hi = int(labels.min()), int(labels.max())
+                if lo < 0:
+                    raise ValueError(f"labels must be non-negative class indices, got {lo}")
+                if hi >= self.num_classes:
+                    raise ValueError(f"num_classes={self.num_classes} is smaller than a label ({hi}): labels must "
+                                     f"lie in [0, num_classes)")
+        elif self.num_classes is not None and labels.shape[1] != self.num_classes:
+            raise ValueError(f"labels [N, C] must have C = num_classes = {self.num_classes}, got {labels.shape[1]}")
+        if params is not None:
+            if not isinstance(params, dict) or "n" not in params:
+                raise ValueError("params must be a dict from sample_params (with 'n')")
+            if int(params["n"]) != n:
+                raise ValueError(f"params were drawn for a batch of {int(params['n'])}, this batch has {n}")
+        return n
+
+    def soft_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """float ``[N, num_classes]``: one-hot of class indices, or the given probabilities as float."""
+        if labels.dim() == 1:
+            labels = F.one_hot(labels.long(), num_classes=self.num_classes)
+        return labels if labels.dtype.is_floating_point else labels.float()
+
+    def mix_labels(self, labels: torch.Tensor, lam: float) -> torch.Tensor:
+        """torchvision's ``_mixup_label``: ``lam * label + (1 - lam) * label.roll(1, 0)``."""
+        label = self.soft_labels(labels)
+        return label.roll(1, 0).mul_(1.0 - lam).add_(label.mul(lam))
+
+    def forward(self, images: torch.Tensor, labels: torch.Tensor, params: Optional[dict] = None):
+        """``(images, labels)`` -> ``(images, soft labels [N, num_classes])``.
+
+        ``params=None`` draws in ``train()`` mode and mixes nothing in ``eval()`` mode (the labels
+        still come out as soft labels); ``params=p`` replays exactly.
+        """
+        n = self._check(images, labels, params)
+        if params is None:
+            if not self.training:
+                self.last_params = None
+                return images, self.soft_labels(labels)
+            params = self.sample_params(n)
+        self.last_params = params
+        return self._apply(images, labels, params)

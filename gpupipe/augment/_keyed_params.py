@@ -1,0 +1,71 @@
+"""Drawing and checking the per-sample parameters of the keyed augmentation modules.
+
+Every module draws its parameters from uniforms in [0, 1): with a ``seed``, from
+:func:`gpupipe.keyed.uniforms` on the module's own stream (a pure function of (seed, epoch, sample
+index)); without, from the module's ``generator``. The mapping from uniforms to parameters is the
+same either way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Union
+
+import numpy as np
+import torch
+
+from gpupipe import keyed
+
+GeneratorLike = Union[torch.Generator, int, None]
+
+
+def as_generator(generator: GeneratorLike) -> Optional[torch.Generator]:
+    """A CPU ``torch.Generator`` from a generator, an int seed or None (torch's global generator)."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return generator
+    if isinstance(generator, int) and not isinstance(generator, bool):
+        return torch.Generator().manual_seed(generator)
+    raise TypeError(f"generator must be a torch.Generator, an int seed or None, got {type(generator).__name__}")
+
+
+def check_count(n: Any) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError(f"n must be a non-negative int, got {n!r}")
+    return int(n)
+
+
+def draw_uniforms(n: int, count: int, *, stream: int, generator: Optional[torch.Generator], seed: Optional[int],
+                  epoch: Optional[int], indices: Any) -> torch.Tensor:
+    """float64 ``[n, count]`` uniforms in [0, 1) on the CPU (see the module docstring)."""
+    n = check_count(n)
+    if seed is None:
+        if epoch is not None or indices is not None:
+            raise ValueError("epoch and indices key the draws to a seed: pass seed as well")
+        return torch.rand((n, count), generator=generator, dtype=torch.float64)
+    if indices is None:
+        idx = np.arange(n, dtype=np.int64)
+    else:
+        idx = np.asarray(indices.cpu() if isinstance(indices, torch.Tensor) else indices, dtype=np.int64).reshape(-1)
+        if idx.shape[0] != n:
+            raise ValueError(f"indices has {idx.shape[0]} entries for n={n} samples")
+    u = keyed.uniforms(int(seed), 0 if epoch is None else int(epoch), idx, count, stream=stream)
+    return torch.from_numpy(u)
+
+
+def check_params(params: Any, n: int, shapes: Mapping[str, tuple], dtypes: Mapping[str, torch.dtype]) -> dict:
+    """``params`` as a dict holding every key of ``shapes`` with shape ``(n, *shapes[key])`` and the
+    dtype of ``dtypes[key]``; a clear ValueError otherwise (e.g. params from another batch size)."""
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be a dict of tensors (a module's last_params), got {type(params).__name__}")
+    missing = [k for k in shapes if k not in params]
+    if missing:
+        raise ValueError(f"params lack {missing} (expected the keys {list(shapes)})")
+    for k, tail in shapes.items():
+        v = params[k]
+        if not isinstance(v, torch.Tensor):
+            raise TypeError(f"params[{k!r}] must be a tensor, got {type(v).__name__}")
+        if tuple(v.shape) != (n, *tail):
+            raise ValueError(f"params[{k!r}] has shape {tuple(v.shape)}, expected {(n, *tail)}: params from "
+                             f"another batch size or module?")
+        if v.dtype != dtypes[k]:
+            raise ValueError(f"params[{k!r}] must be {dtypes[k]}, got {v.dtype}")
+    return dict(params)

@@ -1,0 +1,67 @@
+"""MixUp: the batch blended with itself rolled by one, labels alike."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from gpupipe.augment._batch_transform import BatchTransformBase
+from gpupipe.augment._keyed_params import GeneratorLike
+
+
+class MixUp(BatchTransformBase):
+    """torchvision v2's ``MixUp`` on ``(images, labels)``, keyed per batch.
+
+    As ``torchvision.transforms.v2.MixUp``: one ``lam ~ Beta(alpha, alpha)`` per batch; sample ``i``
+    is paired with sample ``i - 1`` (``roll(1, 0)``); ``images = lam * images + (1 - lam) *
+    images.roll(1, 0)`` and the same for the one-hot labels (torchvision's expressions, so equal to
+    torchvision's output bit for bit for the same ``lam``).
+
+    Args:
+        alpha: the Beta distribution's parameter (> 0).
+        num_classes: number of classes, for one-hot encoding class indices; may be None when labels
+            come as probabilities ``[N, C]``.
+        generator: ``torch.Generator`` or int seed seeding the unkeyed draws.
+
+    Shapes:
+        images: floating ``[N, C, H, W]``, any device. labels: int64 class indices ``[N]`` or
+        probabilities ``[N, num_classes]``. Returns ``(images, soft labels)``: the images' shape and
+        dtype, float ``[N, num_classes]`` on the labels' device.
+
+    Parameters (``sample_params``, ``last_params``): ``n`` (batch size), ``lam`` (float64 scalars).
+    With a ``seed`` they are a pure function of (seed, epoch, the batch's first index), drawn from
+    ``numpy.random.default_rng(keyed.derive_seed(seed, epoch, first, keyed.stream_of("MixUp")))``.
+
+    Example:
+        >>> import torch
+        >>> from gpupipe.augment import MixUp
+        >>> mix = MixUp(alpha=0.2, num_classes=10)
+        >>> images, labels = torch.rand(4, 3, 8, 8), torch.tensor([0, 3, 3, 9])
+        >>> p = mix.sample_params(4, seed=0, epoch=2, indices=[40, 41, 42, 43])
+        >>> out, soft = mix(images, labels, params=p)
+        >>> soft.shape, torch.allclose(soft.sum(1), torch.ones(4))
+        (torch.Size([4, 10]), True)
+    """
+
+    _stream_name = "MixUp"
+
+    def __init__(self, alpha: float = 1.0, num_classes: Optional[int] = None, generator: GeneratorLike = None):
+        super().__init__(alpha, num_classes, generator)
+
+    def sample_params(self, n: int, *, seed: Optional[int] = None, epoch: Optional[int] = None,
+                      indices: Any = None) -> dict:
+        """The batch's ``lam`` (see the class docstring for the keyed draw)."""
+        rng = self._rng(n, seed, epoch, indices)
+        return {"n": torch.tensor(n, dtype=torch.int64),
+                "lam": torch.tensor(rng.beta(self.alpha, self.alpha), dtype=torch.float64)}
+
+    def _apply(self, images: torch.Tensor, labels: torch.Tensor, params: dict):
+        if not images.is_floating_point():
+            raise TypeError(f"images must be floating point for MixUp (a blend of two images), got {images.dtype}")
+        lam = float(params["lam"])
+        mixed = images.roll(1, 0).mul_(1.0 - lam).add_(images.mul(lam))
+        return mixed, self.mix_labels(labels, lam)
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}, num_classes={self.num_classes}"

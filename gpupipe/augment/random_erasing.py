@@ -1,0 +1,205 @@
+"""RandomErasing: a random rectangle per sample set to a value, on the (normalised) batch."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+import torch
+from torch import nn
+
+from gpupipe import keyed
+from gpupipe.augment import _kernels
+from gpupipe.augment._keyed_params import GeneratorLike, as_generator, check_params, draw_uniforms
+
+_TRIES = 10  # torchvision's attempts at a box that fits
+
+
+def _pair(value: Any, name: str, low: float, high: float) -> tuple[float, float]:
+    try:
+        lo, hi = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a (min, max) pair of numbers, got {value!r}") from None
+    if not low <= lo <= hi <= high:
+        raise ValueError(f"{name} must satisfy {low} <= min <= max <= {high}, got {value!r}")
+    return lo, hi
+
+
+def _normal_noise(keys: torch.Tensor, sample: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+    """float32 standard normal values, a pure function of (keys[sample], counter): Box-Muller on two
+    53-bit uniforms of gpupipe.keyed's SplitMix64 hash."""
+    key = keys.numpy().astype(np.uint64)[sample.numpy()]
+    c = counter.numpy().astype(np.uint64)
+    with np.errstate(over="ignore"):
+        k = keyed._mix(key + keyed._GOLDEN)
+        u = [(keyed._mix(k ^ keyed._mix(2 * c + np.uint64(j) + keyed._GOLDEN)) >> np.uint64(11)).astype(np.float64)
+             * (1.0 / 2**53) for j in (1, 2)]
+    z = np.sqrt(-2.0 * np.log1p(-u[0])) * np.cos(2.0 * np.pi * u[1])
+    return torch.from_numpy(z.astype(np.float32))
+
+
+class RandomErasing(nn.Module):
+    """torchvision's ``RandomErasing``, batched: each sample gets its own box, as torchvision draws it.
+
+    Per sample, as ``torchvision.transforms.v2.RandomErasing``: with probability ``p``, up to 10
+    tries of an area ``H * W * uniform(scale)`` and an aspect ratio ``exp(uniform(log(ratio)))``;
+    the first box with ``h = round(sqrt(area * ratio)) < H`` and ``w = round(sqrt(area / ratio)) < W``
+    is placed uniformly (top in ``[0, H - h]``, left in ``[0, W - w]``) and set to ``value``; when no
+    try fits, the sample is left as is. No Python loop over samples: on the CPU one kernel call writes
+    every box (only the boxes' elements, after a copy of the batch unless ``inplace``); elsewhere, and
+    under ``torch.compile``, one select over the batch with a mask built from the boxes.
+
+    Args:
+        p: probability of erasing a sample.
+        scale: (min, max) fraction of the image area to erase, within [0, 1].
+        ratio: (min, max) aspect ratio (height / width) of the box, positive.
+        value: the erased pixels' value: a number, one number per channel, or ``"random"``
+            (standard normal noise per pixel, float batches only: a pure function of the sample's
+            keyed draws, so replays and keyed runs reproduce it).
+        inplace: write into the input instead of a copy.
+        generator: ``torch.Generator`` or int seed for the unkeyed draws.
+
+    Shapes:
+        input: ``[N, C, H, W]`` of any dtype (``"random"``: floating), on any device; typically the
+        normalised float batch. Output: the same shape, dtype and device.
+
+    Parameters (``sample_params``, ``last_params``; uniforms, turned into boxes for the image size
+    at ``forward``, see :meth:`boxes`): ``erase`` bool ``[N]``, ``area``, ``log_ratio``, ``top``,
+    ``left`` float64 ``[N, 10]`` (one column per try), ``noise_key`` int64 ``[N]``. Keyed stream:
+    ``keyed.stream_of("RandomErasing")``.
+
+    Example:
+        >>> import torch
+        >>> from gpupipe.augment import RandomErasing
+        >>> erase = RandomErasing(p=1.0, value=0)
+        >>> x = torch.ones(4, 3, 32, 40)
+        >>> y = erase(x, params=erase.sample_params(4, seed=0, epoch=0, indices=[7, 8, 9, 10]))
+        >>> bool((y == 0).any()), y.shape
+        (True, torch.Size([4, 3, 32, 40]))
+        >>> apply, boxes = erase.boxes(erase.last_params, 32, 40)  # (top, left, height, width)
+        >>> boxes.shape
+        torch.Size([4, 4])
+    """
+
+    def __init__(self, p: float = 0.5, scale: Sequence[float] = (0.02, 0.33), ratio: Sequence[float] = (0.3, 3.3),
+                 value: Union[float, str, Sequence[float]] = 0.0, inplace: bool = False,
+                 generator: GeneratorLike = None):
+        super().__init__()
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+            raise ValueError(f"p must be a probability in [0, 1], got {p!r}")
+        self.p = float(p)
+        self.scale = _pair(scale, "scale", 0.0, 1.0)
+        self.ratio = _pair(ratio, "ratio", 0.0, math.inf)
+        if self.ratio[0] <= 0:
+            raise ValueError(f"ratio must be positive, got {ratio!r}")
+        if isinstance(value, str):
+            if value != "random":
+                raise ValueError(f"value must be a number, a sequence of numbers or 'random', got {value!r}")
+            self._values: Optional[list] = None
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            self._values = [float(value)]
+        else:
+            try:
+                self._values = [float(v) for v in value]
+            except (TypeError, ValueError):
+                raise TypeError(f"value must be a number, a sequence of numbers or 'random', got {value!r}") from None
+            if not self._values:
+                raise ValueError("value must not be empty")
+        self.value = value
+        self.inplace = bool(inplace)
+        self.generator = as_generator(generator)
+        self._stream = keyed.stream_of("RandomErasing")  # computed once: torch.compile cannot trace crc32
+        self.last_params: Optional[dict] = None
+
+    @property
+    def stream(self) -> int:
+        return self._stream
+
+    def sample_params(self, n: int, *, seed: Optional[int] = None, epoch: Optional[int] = None,
+                      indices: Any = None) -> dict:
+        """Per-sample draws for a batch of ``n`` (CPU tensors, leading dim ``n``): with ``seed`` a
+        pure function of (seed, epoch, sample index), else from ``generator``."""
+        u = draw_uniforms(n, 2 + 4 * _TRIES, stream=self.stream, generator=self.generator, seed=seed, epoch=epoch,
+                          indices=indices)
+        tries = u[:, 2:].reshape(-1, _TRIES, 4)
+        s0, s1 = self.scale
+        l0, l1 = math.log(self.ratio[0]), math.log(self.ratio[1])
+        return {"erase": u[:, 0] < self.p, "area": s0 + (s1 - s0) * tries[..., 0],
+                "log_ratio": l0 + (l1 - l0) * tries[..., 1], "top": tries[..., 2], "left": tries[..., 3],
+                "noise_key": (u[:, 1] * 2**53).to(torch.int64)}
+
+    _SHAPES = {"erase": (), "area": (_TRIES,), "log_ratio": (_TRIES,), "top": (_TRIES,), "left": (_TRIES,),
+               "noise_key": ()}
+    _DTYPES = {"erase": torch.bool, "area": torch.float64, "log_ratio": torch.float64, "top": torch.float64,
+               "left": torch.float64, "noise_key": torch.int64}
+
+    @staticmethod
+    def boxes(params: dict, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(erased, boxes)`` for images of ``height x width``: bool ``[N]`` (the sample is erased: it
+        was drawn and a try fitted) and int64 ``[N, 4]`` ``(top, left, h, w)`` as torchvision's
+        ``make_params`` computes them (zeros where not erased)."""
+        area = height * width * params["area"]
+        aspect = torch.exp(params["log_ratio"])
+        h = torch.round(torch.sqrt(area * aspect)).to(torch.int64)  # round half to even, as Python's round
+        w = torch.round(torch.sqrt(area / aspect)).to(torch.int64)
+        fits = (h < height) & (w < width)
+        first = torch.argmax(fits.to(torch.uint8), dim=1, keepdim=True)  # the first try that fits
+        found = fits.gather(1, first)[:, 0]
+        h, w = h.gather(1, first)[:, 0], w.gather(1, first)[:, 0]
+        top = torch.clamp((params["top"].gather(1, first)[:, 0] * (height - h + 1)).to(torch.int64), max=height - h)
+        left = torch.clamp((params["left"].gather(1, first)[:, 0] * (width - w + 1)).to(torch.int64), max=width - w)
+        erased = params["erase"] & found
+        box = torch.stack([top, left, h, w], dim=1)
+        return erased, torch.where(erased[:, None], box, 0)
+
+    def forward(self, x: torch.Tensor, params: Optional[dict] = None) -> torch.Tensor:
+        """Erases a box per drawn sample: ``[N, C, H, W]`` -> ``[N, C, H, W]``, same dtype and device.
+
+        ``params=None`` draws in ``train()`` mode and erases nothing in ``eval()`` mode; ``params=p``
+        replays exactly.
+        """
+        if not isinstance(x, torch.Tensor) or x.dim() != 4:
+            raise ValueError(f"x must be an [N, C, H, W] tensor, got {getattr(x, 'shape', type(x).__name__)}")
+        n, c, height, width = x.shape
+        if self._values is not None and len(self._values) not in (1, c):
+            raise ValueError(f"value has {len(self._values)} entries; images have {c} channels (give 1 or {c})")
+        if self._values is None and not x.is_floating_point():
+            raise TypeError(f"value='random' (normal noise) needs floating-point images, got {x.dtype}")
+        if params is None:
+            if not self.training:
+                self.last_params = {k: torch.zeros((n, *shape), dtype=self._DTYPES[k]) for k, shape in self._SHAPES.items()}
+                return x
+            params = self.sample_params(n)
+        params = check_params(params, n, self._SHAPES, self._DTYPES)
+        self.last_params = params
+        erased, box = self.boxes(params, height, width)  # box: zeros where not erased
+        values = None if self._values is None else self._values * (c // len(self._values))
+        if values is not None and x.device.type == "cpu" and x.dtype in _kernels.ELEM_TYPES and \
+                not torch.compiler.is_compiling():
+            # the boxes' elements only (after a copy of x unless inplace), as torchvision writes a slice
+            out = x if self.inplace else x.clone()
+            fill = torch.tensor(values, dtype=torch.float64).to(x.dtype)
+            _kernels._C.erase_boxes(_kernels.buffer(out), _kernels.buffer(box.contiguous()), _kernels.buffer(fill),
+                                    _kernels.num_threads())
+            return out
+        # [N, 1, H, W], broadcast over channels: rows and columns inside each sample's box
+        top, left, h, w = (v[:, None, None, None] for v in box.unbind(1))
+        rows = torch.arange(height)[None, None, :, None]
+        cols = torch.arange(width)[None, None, None, :]
+        mask = erased[:, None, None, None] & (rows >= top) & (rows < top + h) & (cols >= left) & (cols < left + w)
+        if self._values is None:
+            out = x if self.inplace else x.clone()
+            sample, ch, yy, xx = mask.expand(n, c, height, width).nonzero(as_tuple=True)
+            # torchvision fills the box from a [C, h, w] normal tensor: count positions in that order
+            counter = (ch * box[sample, 2] + (yy - box[sample, 0])) * box[sample, 3] + (xx - box[sample, 1])
+            noise = _normal_noise(params["noise_key"], sample, counter).to(device=x.device, dtype=x.dtype)
+            out[sample.to(x.device), ch.to(x.device), yy.to(x.device), xx.to(x.device)] = noise
+            return out
+        # other devices, and under torch.compile: a select over the batch from the mask
+        fill = torch.tensor(values, dtype=torch.float64).to(x.dtype).to(x.device, non_blocking=True)
+        out = torch.where(mask.to(x.device, non_blocking=True), fill[None, :, None, None], x)
+        return x.copy_(out) if self.inplace else out
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, scale={self.scale}, ratio={self.ratio}, value={self.value!r}, inplace={self.inplace}"

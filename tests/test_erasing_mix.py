@@ -1,0 +1,324 @@
+"""RandomErasing, MixUp, CutMix, RandomChoice and Compose against torchvision.transforms.v2: the same
+result for the same draws, the draws distributed as torchvision's, keyed and replayable, bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+
+from gpupipe.augment import (BatchAugment, Compose, CutMix, MixUp, RandAugment, RandomChoice, RandomErasing,
+                             TrivialAugmentWide)
+
+DEVICES = [pytest.param("cpu"),
+           pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))]
+
+
+@pytest.fixture(scope="module")
+def images() -> torch.Tensor:
+    return torch.randn(16, 3, 61, 87, generator=torch.Generator().manual_seed(0))
+
+
+def ks_same(a, b) -> None:
+    from scipy.stats import ks_2samp
+
+    p = ks_2samp(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)).pvalue
+    assert p > 1e-3, p
+
+
+# --- RandomErasing ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("value", [0.0, -1.5, (0.5, -0.25, 2.0)])
+def test_erasing_equals_torchvision_erase_with_the_same_box(images, device, value):
+    erase = RandomErasing(p=0.7, value=value)
+    x = images.to(device)
+    params = erase.sample_params(16, seed=1, epoch=0, indices=range(16))
+    out = erase(x, params=params)
+    erased, boxes = erase.boxes(params, 61, 87)
+    assert 4 <= int(erased.sum()) < 16
+    v = torch.tensor(value if isinstance(value, tuple) else [value])[:, None, None].to(device)
+    for i in range(16):
+        top, left, h, w = boxes[i].tolist()
+        ref = F.erase(x[i], top, left, h, w, v) if erased[i] else x[i]
+        assert torch.equal(out[i], ref), i
+    assert not torch.equal(out, x) and torch.equal(x, images.to(device))  # a copy, input untouched
+
+
+def test_erasing_inplace_and_uint8(images):
+    erase = RandomErasing(p=1.0, value=7, inplace=True)
+    x = (images * 40 + 128).clamp(0, 255).to(torch.uint8)
+    y = x.clone()
+    params = erase.sample_params(16, seed=2)
+    out = erase(y, params=params)
+    assert out is y and (out == 7).sum() > (x == 7).sum()
+    erased, boxes = erase.boxes(params, 61, 87)
+    for i in torch.nonzero(erased)[:, 0].tolist():
+        top, left, h, w = boxes[i].tolist()
+        assert torch.equal(out[i], F.erase(x[i], top, left, h, w, torch.tensor([7.0])[:, None, None]))
+
+
+def torchvision_boxes(module: v2.RandomErasing, height: int, width: int, calls: int) -> list:
+    torch.manual_seed(0)
+    img = torch.zeros(3, height, width)
+    boxes = []
+    for _ in range(calls):
+        if torch.rand(1) >= module.p:  # _RandomApplyTransform.forward's draw
+            boxes.append(None)
+            continue
+        p = module.make_params([img])
+        boxes.append(None if p["v"] is None else (p["i"], p["j"], p["h"], p["w"]))
+    return boxes
+
+
+@pytest.mark.parametrize("height, width, scale, ratio", [(224, 224, (0.02, 0.33), (0.3, 3.3)),
+                                                         (40, 300, (0.1, 0.9), (0.5, 4.0))])
+def test_erasing_boxes_are_distributed_as_torchvisions(height, width, scale, ratio):
+    ours_module = RandomErasing(p=0.5, scale=scale, ratio=ratio)
+    erased, boxes = ours_module.boxes(ours_module.sample_params(40000, seed=3), height, width)
+    theirs = torchvision_boxes(v2.RandomErasing(p=0.5, scale=scale, ratio=ratio), height, width, 6000)
+    found = [b for b in theirs if b is not None]
+    assert abs(float(erased.float().mean()) - len(found) / len(theirs)) < 0.03
+    ours = boxes[erased].numpy()
+    found = np.array(found)
+    for k in range(4):  # top, left, height, width
+        ks_same(ours[:, k], found[:, k])
+    ks_same(ours[:, 2] * ours[:, 3], found[:, 2] * found[:, 3])
+
+
+def test_erasing_random_noise_is_keyed_normal_and_inside_the_box(images):
+    erase = RandomErasing(p=1.0, scale=(0.2, 0.3), value="random")
+    x = torch.full((16, 3, 61, 87), 100.0)
+    params = erase.sample_params(16, seed=4, epoch=1, indices=range(16))
+    out = erase(x, params=params)
+    erased, boxes = erase.boxes(params, 61, 87)
+    noise = []
+    for i in range(16):
+        top, left, h, w = boxes[i].tolist()
+        inside = out[i, :, top : top + h, left : left + w]
+        if erased[i]:
+            noise.append(inside.flatten())
+        outside = out[i].clone()
+        outside[:, top : top + h, left : left + w] = 100.0
+        assert torch.equal(outside, x[i])
+    noise = torch.cat(noise)
+    assert noise.numel() > 10000
+    from scipy.stats import kstest
+
+    assert kstest(noise.numpy().astype(np.float64), "norm").pvalue > 1e-3
+    assert torch.equal(erase(x, params=params), out)  # replay
+    part = erase.sample_params(2, seed=4, epoch=1, indices=[5, 6])  # a sample's noise is its own
+    assert torch.equal(erase(x[5:7], params=part), out[5:7])
+
+
+def test_erasing_eval_keyed_and_errors(images):
+    erase = RandomErasing(p=1.0)
+    assert erase.eval()(images) is images
+    assert not erase.last_params["erase"].any()
+    erase.train()
+    a = erase.sample_params(8, seed=0, epoch=0, indices=range(8))
+    b = erase.sample_params(3, seed=0, epoch=0, indices=[2, 3, 4])
+    assert all(torch.equal(a[k][2:5], b[k]) for k in a)
+    with pytest.raises(ValueError, match="p must"):
+        RandomErasing(p=1.5)
+    with pytest.raises(ValueError, match="scale"):
+        RandomErasing(scale=(0.5, 0.1))
+    with pytest.raises(ValueError, match="ratio"):
+        RandomErasing(ratio=(0, 1))
+    with pytest.raises(ValueError, match="value"):
+        RandomErasing(value="noise")
+    with pytest.raises(ValueError, match="value has 2 entries"):
+        RandomErasing(value=(1, 2))(images)
+    with pytest.raises(TypeError, match="floating"):
+        RandomErasing(value="random")(images.to(torch.uint8))
+    with pytest.raises(ValueError, match="another batch size"):
+        erase(images, params=erase.sample_params(4, seed=0))
+
+
+# --- MixUp / CutMix ---------------------------------------------------------------------------------
+
+
+def torchvision_with(module, **params):
+    """torchvision's transform with make_params returning the given draws."""
+    module.make_params = lambda flat_inputs: params
+    return module
+
+
+@pytest.mark.parametrize("soft", [False, True])
+def test_mixup_equals_torchvision(images, soft):
+    labels = torch.randint(0, 10, (16,), generator=torch.Generator().manual_seed(1))
+    if soft:
+        labels = torch.softmax(torch.randn(16, 10), dim=1)
+    mix = MixUp(alpha=0.2, num_classes=10)
+    params = mix.sample_params(16, seed=0, epoch=5, indices=range(32, 48))
+    out, soft_labels = mix(images, labels, params=params)
+    tv = torchvision_with(v2.MixUp(alpha=0.2, num_classes=10), lam=float(params["lam"]))
+    ref, ref_labels = tv(images, labels)
+    assert torch.equal(out, ref) and torch.equal(soft_labels, ref_labels)
+    assert soft_labels.shape == (16, 10) and torch.allclose(soft_labels.sum(1), torch.ones(16))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.uint8])
+def test_cutmix_equals_torchvision(images, device, dtype):
+    x = (images * 50 + 100).clamp(0, 255).to(dtype).to(device)
+    labels = torch.arange(16).to(device) % 10
+    cut = CutMix(alpha=1.0, num_classes=10)
+    for seed in range(5):
+        params = cut.sample_params(16, seed=seed)
+        out, soft = cut(x, labels, params=params)
+        box, lam = cut.box(params, 61, 87)
+        tv = torchvision_with(v2.CutMix(alpha=1.0, num_classes=10), box=box, lam_adjusted=lam)
+        ref, ref_labels = tv(x, labels)
+        assert torch.equal(out, ref) and torch.equal(soft, ref_labels)
+
+
+def test_cutmix_box_is_torchvisions_make_params(monkeypatch):
+    """Our box from (lam, centre) is torchvision's make_params for the same lam and centre pixel."""
+    cut = CutMix(alpha=1.0, num_classes=3)
+    for seed in range(50):
+        params = cut.sample_params(4, seed=seed)
+        height, width = 37 + seed, 91 - seed
+        tv = v2.CutMix(alpha=1.0, num_classes=3)
+        tv._dist = type("Fixed", (), {"sample": lambda self, shape: torch.tensor([float(params["lam"])])})()
+        centre = [int(float(params["center"][0]) * width), int(float(params["center"][1]) * height)]
+        draws = iter(centre)
+        monkeypatch.setattr(torch, "randint", lambda high, size: torch.tensor([next(draws)]))
+        ref = tv.make_params([torch.zeros(1, 3, height, width)])
+        monkeypatch.undo()
+        box, lam = cut.box(params, height, width)
+        assert box == ref["box"] and lam == ref["lam_adjusted"]
+
+
+@pytest.mark.parametrize("cls", [MixUp, CutMix])
+def test_lambda_is_beta_distributed_and_keyed(cls):
+    module = cls(alpha=0.4, num_classes=5)
+    lams = [float(module.sample_params(8, seed=s, epoch=0, indices=range(8))["lam"]) for s in range(3000)]
+    torch.manual_seed(0)  # torchvision's draw: Beta(alpha, alpha) through torch.distributions
+    ref = torch.distributions.Beta(torch.tensor([0.4]), torch.tensor([0.4])).sample((3000,)).flatten()
+    ks_same(lams, ref.numpy())
+    a = module.sample_params(8, seed=1, epoch=2, indices=range(16, 24))
+    assert all(torch.equal(a[k], module.sample_params(8, seed=1, epoch=2, indices=range(16, 24))[k]) for k in a)
+    b = module.sample_params(8, seed=1, epoch=3, indices=range(16, 24))
+    assert float(a["lam"]) != float(b["lam"])
+    c = MixUp(alpha=0.4, num_classes=5) if cls is CutMix else CutMix(alpha=0.4, num_classes=5)
+    assert float(c.sample_params(8, seed=1, epoch=2, indices=range(16, 24))["lam"]) != float(a["lam"])
+
+
+def test_batch_transform_eval_and_errors(images):
+    labels = torch.arange(16) % 4
+    mix = MixUp(alpha=1.0, num_classes=4).eval()
+    out, soft = mix(images, labels)
+    assert out is images and torch.equal(soft, torch.nn.functional.one_hot(labels, 4).float())
+    mix.train()
+    with pytest.raises(ValueError, match="num_classes=4 is smaller than a label"):
+        mix(images, labels + 1)
+    with pytest.raises(ValueError, match="non-negative"):
+        mix(images, labels - 1)
+    with pytest.raises(ValueError, match="alpha"):
+        MixUp(alpha=0.0, num_classes=4)
+    with pytest.raises(ValueError, match="num_classes"):
+        CutMix(num_classes=0)
+    with pytest.raises(ValueError, match="num_classes must be given"):
+        MixUp()(images, labels)
+    with pytest.raises(ValueError, match="labels"):
+        mix(images, labels[:5])
+    with pytest.raises(ValueError, match="num_classes = 4"):
+        mix(images, torch.rand(16, 5))
+    with pytest.raises(TypeError, match="floating point"):
+        mix(images.to(torch.uint8), labels)
+    with pytest.raises(ValueError, match="images"):
+        mix(images[0], labels)
+    with pytest.raises(ValueError, match="batch of 8"):
+        mix(images, labels, params=mix.sample_params(8, seed=0))
+
+
+# --- RandomChoice -----------------------------------------------------------------------------------
+
+
+def test_random_choice_frequencies_keys_and_replay(images):
+    labels = torch.arange(16) % 10
+    choose = RandomChoice([MixUp(0.2, num_classes=10), CutMix(1.0, num_classes=10)], p=[1, 3])
+    choices = [int(choose.sample_params(16, seed=0, epoch=e, indices=range(16))["choice"]) for e in range(4000)]
+    assert abs(np.mean(choices) - 0.75) < 0.03
+    params = choose.sample_params(16, seed=0, epoch=7, indices=range(16))
+    out, soft = choose(images, labels, params=params)
+    again, soft_again = choose(images, labels, params=choose.last_params)
+    assert torch.equal(out, again) and torch.equal(soft, soft_again)
+    child = choose._transforms[int(params["choice"])]
+    direct, _ = child(images, labels, params=params["params"])
+    assert torch.equal(out, direct)
+    with pytest.raises(ValueError, match="p has"):
+        RandomChoice([MixUp(num_classes=2)], p=[0.5, 0.5])
+    with pytest.raises(ValueError, match="transforms"):
+        RandomChoice([])
+
+
+# --- Compose ----------------------------------------------------------------------------------------
+
+
+class UnkeyedFlip(torch.nn.Module):
+    """A module of the first protocol: ``sample_params(n)`` from its own generator, no keys."""
+
+    def __init__(self):
+        super().__init__()
+        self.generator = torch.Generator().manual_seed(0)
+        self.last_params = None
+
+    def sample_params(self, n):
+        return {"flip": torch.rand(n, generator=self.generator) < 0.5}
+
+    def forward(self, x, params=None):
+        params = self.sample_params(x.shape[0]) if params is None else params
+        self.last_params = params
+        return torch.where(params["flip"][:, None, None, None], x.flip(-1), x)
+
+
+def test_compose_is_keyed_and_replays():
+    x = torch.randint(0, 256, (6, 3, 45, 53), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    chain = Compose([TrivialAugmentWide(), RandAugment(num_ops=1), UnkeyedFlip(),
+                     BatchAugment(hflip=0.5, brightness=0.3, generator=0), RandomErasing(p=0.5)])
+    p = chain.sample_params(6, seed=9, epoch=1, indices=range(60, 66))
+    assert sorted(p) == ["0", "1", "2", "3", "4"]
+    # keyed children draw from derived seeds; the first-protocol child from its generator
+    assert torch.equal(p["0"]["op"], TrivialAugmentWide().sample_params(6, seed=_derive(9, 0), epoch=1,
+                                                                         indices=range(60, 66))["op"])
+    assert all(torch.equal(a, b) for a, b in zip(
+        p["3"].values(), BatchAugment(hflip=0.5, brightness=0.3).sample_params(6, seed=_derive(9, 3), epoch=1,
+                                                                                indices=range(60, 66)).values()))
+    y = chain(x, params=p)
+    assert y.dtype == torch.float32 and y.shape == (6, 3, 45, 53)
+    assert torch.equal(chain(x, params=chain.last_params), y)
+    free = chain(x)  # each child draws for itself; last_params replays that too
+    assert torch.equal(chain(x, params=chain.last_params), free)
+    with pytest.raises(ValueError, match="keys"):
+        chain(x, params={"0": None})
+
+
+def _derive(seed: int, k: int) -> int:
+    from gpupipe import keyed
+
+    return keyed.derive_seed(seed, k)
+
+
+def test_compose_calls_plain_callables():
+    chain = Compose([lambda t: t + 1, RandomErasing(p=1.0, value=0)])
+    x = torch.ones(2, 3, 20, 20)
+    p = chain.sample_params(2, seed=0)
+    assert p["0"] is None
+    y = chain(x, params=p)
+    assert ((y == 2) | (y == 0)).all() and (y == 0).any()
+
+
+def test_erasing_select_path_equals_the_kernel(images):
+    """Other devices and torch.compile take a select over the batch; the CPU takes the box kernel."""
+    erase = RandomErasing(p=0.8, value=(1.0, -2.0, 0.5))
+    params = erase.sample_params(16, seed=6)
+    eager = erase(images, params=params)
+    compiled = torch.compile(erase, fullgraph=True, backend="eager")(images, params=params)
+    assert torch.equal(compiled, eager)
+    as_int16 = erase((images * 10).to(torch.int16), params=params)  # no kernel for int16: the select
+    assert torch.equal(as_int16, erase((images * 10).to(torch.float32), params=params).to(torch.int16))

@@ -1,0 +1,523 @@
+"""TrivialAugmentWide, RandAugment and AutoAugment against torchvision.transforms.v2: the op tables,
+every op at several magnitudes on real photos (per sample, same op and magnitude), the draws'
+distributions, the keyed protocol, and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import photo
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+
+from gpupipe import _C, keyed
+from gpupipe.augment import AutoAugment, RandAugment, TrivialAugmentWide
+from gpupipe.augment import _auto_augment_ops as ops
+from gpupipe.augment.auto_augment import POLICIES
+
+DEVICES = [pytest.param("cpu"),
+           pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))]
+GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
+FACTOR_OPS = ("Brightness", "Color", "Contrast", "Sharpness")  # float blends: rounding as torch's float path
+PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")
+
+
+def photos(height: int, width: int, channels_last: bool = True) -> torch.Tensor:
+    x = torch.from_numpy(np.stack([photo(height, width, name) for name in PHOTOS])).permute(0, 3, 1, 2)
+    return x if channels_last else x.contiguous()
+
+
+@pytest.fixture(scope="module")
+def batch() -> torch.Tensor:
+    return photos(157, 203)  # neither side a multiple of 8
+
+
+def torchvision_module(module):
+    if isinstance(module, TrivialAugmentWide):
+        return v2.TrivialAugmentWide(module.num_magnitude_bins, interpolation=module.interpolation, fill=module.fill)
+    if isinstance(module, RandAugment):
+        return v2.RandAugment(module.num_ops, module.magnitude, module.num_magnitude_bins,
+                              interpolation=module.interpolation, fill=module.fill)
+    return v2.AutoAugment(v2.AutoAugmentPolicy(module.policy), interpolation=module.interpolation, fill=module.fill)
+
+
+def reference(tv, x: torch.Tensor, steps: list) -> torch.Tensor:
+    """torchvision applied per sample: steps[i] is the list of (op name, magnitude) of sample i."""
+    out = []
+    for i in range(x.shape[0]):
+        img = x[i]
+        for name, magnitude in steps[i]:
+            img = tv._apply_image_or_video_transform(img, name, magnitude, interpolation=tv.interpolation,
+                                                     fill=tv._fill)
+        out.append(img)
+    return torch.stack(out)
+
+
+def steps_of(module, params: dict, height: int, width: int) -> list:
+    """The (op name, magnitude) sequence each sample undergoes, from the module's own parameters."""
+    slots = module._slots(params, height, width)
+    n = len(params[next(iter(params))])
+    return [[(ops.OP_NAMES[int(op[i])], float(mag[i])) for op, mag in slots] for i in range(n)]
+
+
+def level_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a.int() - b.int()).abs()
+
+
+# --- the tables ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ours, theirs", [(ops.TRIVIAL_AUGMENT_WIDE_SPACE, v2.TrivialAugmentWide),
+                                          (ops.RAND_AUGMENT_SPACE, v2.RandAugment),
+                                          (ops.AUTO_AUGMENT_SPACE, v2.AutoAugment)])
+def test_magnitude_spaces_are_torchvisions(ours, theirs):
+    space = theirs._AUGMENTATION_SPACE
+    assert list(ours) == list(space)  # the order decides which op a uniform draw picks
+    for name, (fn, signed) in space.items():
+        assert ours[name][1] == signed, name
+        for bins, h, w in ((31, 157, 203), (10, 224, 224), (7, 33, 500)):
+            a, b = ours[name][0](bins, h, w), fn(bins, h, w)
+            assert (a is None) == (b is None), name
+            if a is not None:
+                assert a.dtype == b.dtype and torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("policy", ["imagenet", "cifar10", "svhn"])
+def test_autoaugment_policies_are_torchvisions(policy):
+    assert POLICIES[policy] == v2.AutoAugment(v2.AutoAugmentPolicy(policy))._policies
+
+
+def test_kinds_come_from_the_kernel():
+    kinds = _C.policy_kinds()
+    assert set(ops._KIND_OF_OP.values()) <= set(kinds)
+    assert len(set(kinds.values())) == len(kinds)
+
+
+# --- every op against torchvision, per sample --------------------------------------------------------
+
+# Tolerance per op (levels, and the fraction of values allowed to differ); docs/semantics.md "Policies".
+# Integer ops are exact. The float blends are torch's float32 steps, fused multiply-adds included; on
+# a CPU without FMA torch rounds those steps differently, hence 1 level allowed on a few values.
+EXACT = (0, 0.0)
+TOLERANCE = {name: (1, 1e-3) for name in FACTOR_OPS}
+BILINEAR_TOLERANCE = (1, 2e-3)  # the interpolated value within float rounding of a rounding boundary
+
+
+def near_pixel_boundary(matrix: torch.Tensor, height: int, width: int, eps: float = 1e-3) -> torch.Tensor:
+    """bool [H, W]: output pixels whose exact sample coordinate (float64, from the float32 map) lies
+    within eps of a pixel boundary (a half-integer), where nearest sampling is a tie that float
+    rounding decides (torchvision's float32 grid and ours round differently there)."""
+    m = matrix.double()
+    ys, xs = torch.meshgrid(torch.arange(height, dtype=torch.float64), torch.arange(width, dtype=torch.float64),
+                            indexing="ij")
+    sx, sy = m[0] * xs + m[1] * ys + m[2], m[3] * xs + m[4] * ys + m[5]
+    return (((sx - sx.floor()) - 0.5).abs() < eps) | (((sy - sy.floor()) - 0.5).abs() < eps)
+
+
+def bilinear_half_levels(image: torch.Tensor, matrix: torch.Tensor, fill, eps: float = 2e-2) -> torch.Tensor:
+    """bool [3, H, W]: values whose exact bilinear interpolation (float64, torchvision's fill
+    blend) lies within eps of a half level, where rounding to uint8 is a tie float rounding decides
+    (eps: float32 coordinates are off by ~1e-5 px, times up to 255 levels per pixel, plus margin)."""
+    _, height, width = image.shape
+    m = matrix.double()
+    ys, xs = torch.meshgrid(torch.arange(height, dtype=torch.float64), torch.arange(width, dtype=torch.float64),
+                            indexing="ij")
+    sx, sy = m[0] * xs + m[1] * ys + m[2], m[3] * xs + m[4] * ys + m[5]
+    x0, y0 = sx.floor(), sy.floor()
+    value = torch.zeros(3, height, width, dtype=torch.float64)
+    mask = torch.zeros(height, width, dtype=torch.float64)
+    img = image.double()
+    for dy in (0, 1):
+        for dx in (0, 1):
+            xx, yy = x0 + dx, y0 + dy
+            weight = (1 - (sx - x0 - dx).abs()) * (1 - (sy - y0 - dy).abs())
+            inside = (xx >= 0) & (xx < width) & (yy >= 0) & (yy < height)
+            weight = torch.where(inside, weight, 0.0)
+            pix = img[:, yy.clamp(0, height - 1).long(), xx.clamp(0, width - 1).long()]
+            value += weight * pix
+            mask += weight
+    if fill is not None:
+        f = torch.tensor(fill, dtype=torch.float64)[:, None, None]
+        value = (value - f) * mask + f
+    return ((value - value.floor()) - 0.5).abs() < eps
+
+
+def assert_op_matches(out: torch.Tensor, ref: torch.Tensor, name: str, matrix: torch.Tensor, interpolation: str,
+                      context, image=None, fill=None) -> float:
+    """One sample against torchvision, within its op's tolerance; returns the fraction that differs.
+    Geometric ops differ only at ties: nearest where the sample coordinate is on a pixel boundary
+    (near_pixel_boundary), bilinear by 1 level where the exact value is a half level."""
+    d = level_diff(out, ref)
+    frac = float((d > 0).float().mean())
+    if name in GEOMETRIC and interpolation == "nearest":
+        off_ties = (d.amax(0) > 0) & ~near_pixel_boundary(matrix, out.shape[1], out.shape[2])
+        assert not off_ties.any(), (context, int(off_ties.sum()))
+        return frac
+    if name in GEOMETRIC and image is not None:
+        off_ties = (d > 0) & ~bilinear_half_levels(image, matrix, fill)
+        assert d.max() <= 1 and not off_ties.any(), (context, int(d.max()), int(off_ties.sum()))
+        return frac
+    worst, max_frac = BILINEAR_TOLERANCE if name in GEOMETRIC else TOLERANCE.get(name, EXACT)
+    assert d.max() <= worst and frac <= max_frac, (context, int(d.max()), frac)
+    return frac
+
+
+def check_op(module, x, op_index: int, bin_: int, negate: bool):
+    n, height, width = x.shape[0], x.shape[2], x.shape[3]
+    params = {"op": torch.full((n,), op_index), "bin": torch.full((n,), bin_), "negate": torch.full((n,), negate)}
+    out = module(x, params=params)
+    ref = reference(torchvision_module(module), x, steps_of(module, params, height, width))
+    (op, magnitude), = module._slots(params, height, width)
+    matrices = ops.geometric_matrices(op, magnitude, height, width)
+    name = list(module._space)[op_index]
+    return [assert_op_matches(out[i], ref[i], name, matrices[i], module.interpolation, (name, bin_, negate, i), x[i],
+                              module._fill) for i in range(n)]
+
+
+@pytest.mark.parametrize("name", list(ops.TRIVIAL_AUGMENT_WIDE_SPACE))
+def test_trivial_augment_ops_equal_torchvision(batch, name):
+    module = TrivialAugmentWide()
+    op_index = list(module._space).index(name)
+    for bin_ in (0, 1, 13, 20, 30):  # bin 20 of Rotate is 90 degrees
+        for negate in (False, True):
+            check_op(module, batch, op_index, bin_, negate)
+
+
+@pytest.mark.parametrize("name", ["ShearX", "TranslateY", "Rotate"])
+def test_geometric_ops_on_a_square_image(name):
+    """Square images take torchvision's rot90 fast path at 90 degrees: the warp must agree."""
+    x = photos(120, 120)
+    module = TrivialAugmentWide()
+    for bin_ in (7, 20, 30):
+        for negate in (False, True):
+            check_op(module, x, list(module._space).index(name), bin_, negate)
+
+
+@pytest.mark.parametrize("name", GEOMETRIC)
+def test_geometric_ops_bilinear_with_fill(batch, name):
+    module = TrivialAugmentWide(interpolation="bilinear", fill=[10, 128, 250])
+    for bin_ in (5, 30):
+        check_op(module, batch, list(module._space).index(name), bin_, True)
+
+
+@pytest.mark.parametrize("policy", ["imagenet", "svhn"])
+def test_auto_augment_bilinear_with_fill(policy):
+    """AutoAugment's magnitudes (shear 0.1 k) put whole columns on half pixels: the bilinear ties."""
+    x = photos(89, 117).repeat(7, 1, 1, 1)
+    module = AutoAugment(policy, interpolation="bilinear", fill=(0, 90, 255))
+    params = module.sample_params(28, seed=2, epoch=0, indices=range(28))
+    params["policy"] = torch.arange(28) % 25
+    params["apply"][:] = True
+    check_steps(module, x, params)
+
+
+@pytest.mark.parametrize("name", GEOMETRIC)
+def test_geometric_ops_nearest_with_fill(batch, name):
+    module = TrivialAugmentWide(fill=77)
+    check_op(module, batch, list(module._space).index(name), 17, False)
+
+
+def test_a_mixed_batch_gives_each_sample_its_own_op():
+    """A realistic batch: every sample a different op and magnitude, one kernel call."""
+    x = photos(101, 133).repeat(4, 1, 1, 1)  # 16 samples
+    module = TrivialAugmentWide()
+    params = module.sample_params(16, seed=5, epoch=0, indices=range(16))
+    params["op"] = torch.arange(16) % 14  # every op once at least
+    out = module(x, params=params)
+    ref = reference(torchvision_module(module), x, steps_of(module, params, 101, 133))
+    (op, magnitude), = module._slots(params, 101, 133)
+    matrices = ops.geometric_matrices(op, magnitude, 101, 133)
+    for i, name in enumerate(list(module._space)[k] for k in params["op"].tolist()):
+        assert_op_matches(out[i], ref[i], name, matrices[i], "nearest", (i, name))
+
+
+def check_steps(module, x: torch.Tensor, params: dict) -> None:
+    """A sequence of ops, step by step: each slot's output against torchvision's op applied per
+    sample to the previous slot's output, within that op's tolerance; the module's output is the last."""
+    height, width = x.shape[2], x.shape[3]
+    tv = torchvision_module(module)
+    current = x
+    for op, magnitude in module._slots(params, height, width):
+        kinds, p, matrices = ops.slot_arguments(op, magnitude, height, width)
+        step = ops.policy_apply(current, kinds[:, None], p[:, None], matrices[:, None], module.interpolation,
+                                module._fill)
+        names = [ops.OP_NAMES[int(k)] for k in op]
+        ref = reference(tv, current, [[(names[i], float(magnitude[i]))] for i in range(x.shape[0])])
+        for i, name in enumerate(names):
+            assert_op_matches(step[i], ref[i], name, matrices[i], module.interpolation, (i, name, float(magnitude[i])),
+                              current[i], module._fill)
+        current = step
+    assert torch.equal(module(x, params=params), current)
+
+
+@pytest.mark.parametrize("magnitude", [0, 5, 9, 30])
+def test_rand_augment_sequences_equal_torchvision(magnitude):
+    x = photos(97, 141).repeat(3, 1, 1, 1)
+    module = RandAugment(num_ops=2, magnitude=magnitude)
+    check_steps(module, x, module.sample_params(12, seed=magnitude, epoch=3, indices=range(100, 112)))
+
+
+@pytest.mark.parametrize("policy", ["imagenet", "cifar10", "svhn"])
+def test_auto_augment_sub_policies_equal_torchvision(policy):
+    x = photos(89, 117).repeat(7, 1, 1, 1)  # 28 samples
+    module = AutoAugment(policy)
+    params = module.sample_params(28, seed=1, epoch=0, indices=range(28))
+    params["policy"] = torch.arange(28) % 25  # every sub-policy
+    params["apply"][:25] = True
+    check_steps(module, x, params)
+
+
+def test_not_applied_steps_are_identity():
+    x = photos(64, 80)
+    module = AutoAugment()
+    params = module.sample_params(4, seed=0)
+    params["apply"][:] = False
+    assert torch.equal(module(x, params=params), x)
+
+
+# --- the draws' distributions ----------------------------------------------------------------------
+
+
+def torchvision_draws(tv, calls: int, seed: int = 0) -> list:
+    """What torchvision's forward draws: per call, the (op, magnitude) steps it applies."""
+    seen, current = [], []
+
+    def record(image, transform_id, magnitude, interpolation, fill):
+        current.append((transform_id, magnitude))
+        return image
+
+    tv._apply_image_or_video_transform = record
+    torch.manual_seed(seed)
+    img = torch.zeros(3, 16, 16, dtype=torch.uint8)
+    for _ in range(calls):
+        current = []
+        tv(img)
+        seen.append(current)
+    return seen
+
+
+def frequencies(draws: list, key) -> dict:
+    counts: dict = {}
+    for d in draws:
+        k = key(d)
+        counts[k] = counts.get(k, 0) + 1
+    return counts
+
+
+def assert_same_distribution(ours: dict, theirs: dict, n_ours: int, n_theirs: int):
+    """Two-sample chi-square over the union of categories (deterministic draws: no flakiness)."""
+    from scipy.stats import chi2_contingency
+
+    keys = sorted(set(ours) | set(theirs), key=repr)
+    table = np.array([[ours.get(k, 0) for k in keys], [theirs.get(k, 0) for k in keys]])
+    assert table[0].sum() == n_ours and table[1].sum() == n_theirs
+    p = chi2_contingency(table)[1]
+    assert p > 1e-3, (p, dict(zip(map(repr, keys), table.T.tolist())))
+
+
+@pytest.mark.parametrize("module", [TrivialAugmentWide(), RandAugment(num_ops=2, magnitude=9),
+                                    RandAugment(num_ops=1, magnitude=30, num_magnitude_bins=31), AutoAugment("imagenet"),
+                                    AutoAugment("svhn")], ids=["trivial", "rand2", "rand1", "auto-imagenet", "auto-svhn"])
+def test_draws_are_distributed_as_torchvisions(module):
+    n_ours, n_theirs = 40000, 6000
+    params = module.sample_params(n_ours, seed=11, epoch=0)
+    ours = steps_of(module, params, 16, 16)
+    if isinstance(module, AutoAugment):  # torchvision skips steps that do not apply
+        ours = [[s for s, applied in zip(steps, params["apply"][i].tolist()) if applied] for i, steps in enumerate(ours)]
+    theirs = torchvision_draws(torchvision_module(module), n_theirs)
+    # the op and the signed magnitude of each step, and the number of steps per call
+    for slot in range(2):
+        key = (lambda d, s=slot: (d[s][0], round(d[s][1], 5)) if len(d) > s else None)
+        assert_same_distribution(frequencies(ours, key), frequencies(theirs, key), n_ours, n_theirs)
+    assert_same_distribution(frequencies(ours, len), frequencies(theirs, len), n_ours, n_theirs)
+
+
+def test_trivial_augment_draws_are_uniform():
+    module = TrivialAugmentWide()
+    p = module.sample_params(140000, seed=2)
+    assert torch.bincount(p["op"], minlength=14).float().div(140000 / 14).sub(1).abs().max() < 0.03
+    assert torch.bincount(p["bin"], minlength=31).float().div(140000 / 31).sub(1).abs().max() < 0.05
+    assert abs(p["negate"].float().mean() - 0.5) < 0.005
+
+
+# --- the keyed protocol ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [TrivialAugmentWide, RandAugment, AutoAugment])
+def test_keyed_params_depend_only_on_seed_epoch_index(cls):
+    module = cls()
+    whole = module.sample_params(8, seed=7, epoch=2, indices=range(10, 18))
+    part = module.sample_params(3, seed=7, epoch=2, indices=[13, 14, 15])
+    for k in whole:
+        assert torch.equal(whole[k][3:6], part[k]), k
+    other_epoch = module.sample_params(8, seed=7, epoch=3, indices=range(10, 18))
+    assert any(not torch.equal(whole[k], other_epoch[k]) for k in whole)
+    u = torch.from_numpy(keyed.uniforms(7, 2, range(10, 18), module._draws, stream=keyed.stream_of(cls.__name__)))
+    assert all(torch.equal(whole[k], v) for k, v in module._params_from_uniforms(u).items())
+
+
+def test_modules_draw_from_their_own_streams():
+    a = TrivialAugmentWide().sample_params(64, seed=0)["op"]
+    b = RandAugment(num_ops=1).sample_params(64, seed=0)["op"][:, 0]
+    assert not torch.equal(a, b)
+
+
+@pytest.mark.parametrize("cls", [TrivialAugmentWide, RandAugment, AutoAugment])
+def test_replay_is_exact_and_generator_reproducible(batch, cls):
+    module = cls(generator=3)
+    y = module(batch)
+    assert torch.equal(module(batch, params=module.last_params), y)
+    assert all(torch.equal(a, b) for a, b in zip(cls(generator=3).sample_params(4).values(),
+                                                  cls(generator=3).sample_params(4).values()))
+
+
+def test_eval_mode_is_identity(batch):
+    module = TrivialAugmentWide().eval()
+    assert module(batch) is batch
+    assert torch.equal(module.last_params["op"], torch.zeros(4, dtype=torch.int64))
+
+
+def test_memory_format_and_threads(batch):
+    module = RandAugment(num_ops=3, magnitude=20)
+    params = module.sample_params(4, seed=0)
+    cl = module(batch, params=params)
+    assert cl.is_contiguous(memory_format=torch.channels_last)
+    planar = module(batch.contiguous(), params=params)
+    assert planar.is_contiguous() and torch.equal(planar, cl)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(module(batch, params=params), cl)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_devices_agree_with_the_cpu(batch, device):
+    module = TrivialAugmentWide()
+    params = module.sample_params(4, seed=9)
+    y = module(batch.to(device), params=params)
+    assert y.device.type == device and torch.equal(y.cpu(), module(batch, params=params))
+
+
+def test_compiles(batch):
+    module = TrivialAugmentWide()
+    params = module.sample_params(4, seed=4)
+    compiled = torch.compile(module, fullgraph=True, backend="eager")
+    assert torch.equal(compiled(batch, params=params), module(batch, params=params))
+
+
+# --- bad input -------------------------------------------------------------------------------------
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="policy"):
+        AutoAugment("imagenet21k")
+    with pytest.raises(ValueError, match="magnitude"):
+        RandAugment(magnitude=31)
+    with pytest.raises(ValueError, match="magnitude"):
+        RandAugment(magnitude=-1)
+    with pytest.raises(ValueError, match="num_ops"):
+        RandAugment(num_ops=-1)
+    with pytest.raises(ValueError, match="num_magnitude_bins"):
+        TrivialAugmentWide(num_magnitude_bins=1)
+    with pytest.raises(ValueError, match="interpolation"):
+        TrivialAugmentWide(interpolation="bicubic")
+    with pytest.raises(ValueError, match="fill"):
+        TrivialAugmentWide(fill=300)
+    with pytest.raises(ValueError, match="fill"):
+        TrivialAugmentWide(fill=[1, 2])
+    with pytest.raises(TypeError, match="generator"):
+        TrivialAugmentWide(generator="seed")
+
+
+def test_bad_inputs_are_named(batch):
+    module = TrivialAugmentWide()
+    with pytest.raises(TypeError, match="x must be uint8"):
+        module(batch.float())
+    with pytest.raises(ValueError, match=r"\[N, 3, H, W\]"):
+        module(batch[:, :2])
+    with pytest.raises(ValueError, match="another batch size"):
+        module(batch, params=module.sample_params(5, seed=0))
+    with pytest.raises(ValueError, match="params lack"):
+        module(batch, params={"op": torch.zeros(4, dtype=torch.int64)})
+    bad = module.sample_params(4, seed=0)
+    bad["op"][0] = 14
+    with pytest.raises(ValueError, match=r"params\['op'\]"):
+        module(batch, params=bad)
+    with pytest.raises(ValueError, match="indices"):
+        module.sample_params(4, seed=0, indices=[1, 2])
+    with pytest.raises(ValueError, match="seed"):
+        module.sample_params(4, epoch=1)
+
+
+def test_binding_checks_buffers(batch):
+    from gpupipe.augment._kernels import buffer
+
+    x = batch.contiguous()
+    out = torch.empty_like(x)
+    kinds, params, matrices = torch.zeros(4, 1, dtype=torch.int64), torch.zeros(4, 1, dtype=torch.float64), torch.zeros(4, 1, 6)
+
+    def call(*tensors, fill=None):
+        return _C.policy_apply(*[buffer(t) for t in tensors], 0, fill, 1)
+
+    with pytest.raises(ValueError, match="out overlaps x"):
+        call(x, x, kinds, params, matrices)
+    with pytest.raises(ValueError, match="kinds: must be int64"):
+        call(x, out, params, params, matrices)
+    with pytest.raises(ValueError, match="kinds: dimension 0 must be 4"):
+        call(x, out, kinds[:3], params, matrices)
+    with pytest.raises(ValueError, match="params: dimension 1 must be 1"):
+        call(x, out, kinds, torch.zeros(4, 2, dtype=torch.float64), matrices)
+    with pytest.raises(ValueError, match="not a policy op"):
+        call(x, out, torch.full((4, 1), 99), params, matrices)
+    with pytest.raises(ValueError, match="x: must be uint8"):
+        call(x.float(), out, kinds, params, matrices)
+    with pytest.raises(ValueError, match="fill"):
+        call(x, out, kinds, params, matrices, fill=[0.0, 300.0, 0.0])
+    short = buffer(out)
+    short[1] -= 1  # one byte less storage than the shape needs
+    with pytest.raises(ValueError, match="the buffer holds"):
+        _C.policy_apply(buffer(x), short, buffer(kinds), buffer(params), buffer(matrices), 0, None, 1)
+
+
+def test_cuda_kernel_is_built_when_nvcc_was_found():
+    """The CUDA kernels must compile wherever nvcc is on PATH (they run only on a GPU machine)."""
+    import shutil
+
+    from gpupipe.augment import _kernels
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("no nvcc on PATH: the CUDA kernels are not built here")
+    assert _kernels.cuda_kernel_available() and hasattr(_kernels._C_cuda, "policy_apply")
+
+
+def test_table_runs_fold_as_slot_by_slot():
+    """Consecutive table ops run as one pass (histograms remapped through the tables before them):
+    the result is each slot applied in turn, for every memory format and both thread paths."""
+    names = list(ops.RAND_AUGMENT_SPACE)
+    sequences = [("Solarize", "Equalize", "AutoContrast", "Posterize"), ("Posterize", "Contrast", "Equalize", "Identity"),
+                 ("Equalize", "Identity", "Equalize", "Brightness"), ("Contrast", "Contrast", "Solarize", "AutoContrast"),
+                 ("Rotate", "Equalize", "Color", "AutoContrast"), ("Identity", "Identity", "Identity", "Identity"),
+                 ("AutoContrast", "Sharpness", "Equalize", "TranslateX"), ("Brightness", "Posterize", "Solarize", "Equalize"),
+                 ("Posterize", "Solarize", "Identity", "Brightness"), ("Solarize", "Brightness", "Color", "Posterize"),
+                 ("Posterize", "Posterize", "ShearY", "Brightness"), ("Contrast", "Brightness", "Sharpness", "Solarize")]
+    module = RandAugment(num_ops=4, magnitude=17)
+    x = photos(61, 83).repeat(3, 1, 1, 1)
+    params = {"op": torch.tensor([[names.index(s) for s in seq] for seq in sequences]),
+              "negate": torch.rand(12, 4, generator=torch.Generator().manual_seed(0)) < 0.5}
+    current = x
+    for op, magnitude in module._slots(params, 61, 83):
+        kinds, p, matrices = ops.slot_arguments(op, magnitude, 61, 83)
+        current = ops.policy_apply(current, kinds[:, None], p[:, None], matrices[:, None])
+    threads = torch.get_num_threads()
+    try:
+        for n_threads in (1, 2):  # a task per sample; with 2 threads and 4 samples, each pass's rows shared out
+            torch.set_num_threads(n_threads)
+            for images in (x, x.contiguous()):
+                assert torch.equal(module(images, params=params), current)
+                half = {k: v[:4] for k, v in params.items()}
+                assert torch.equal(module(images[:4], params=half), current[:4])
+    finally:
+        torch.set_num_threads(threads)
