@@ -37,7 +37,7 @@ def tiles() -> list:
     files = [folder / f"{i:05d}.jpg" for i in range(SPEC.count)]
     if not all(f.exists() for f in files):
         folder.mkdir(parents=True, exist_ok=True)
-        photos = datasets._photos()
+        photos = datasets.bundled_photos()
         for i, f in enumerate(files):
             f.write_bytes(datasets.render(SPEC, i, photos))
     return [f.read_bytes() for f in files]

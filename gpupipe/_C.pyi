@@ -113,27 +113,47 @@ def encode_jpeg(
     restart_rows: int = 0,
     restart_blocks: int = 0,
 ) -> bytes: ...
-def fused_color_affine(
-    input: int,
-    input_is_uint8: bool,
-    n: int,
-    h: int,
-    w: int,
-    strides: Sequence[int],
-    matrices: int,
-    hflip: int,
-    vflip: int,
-    output: int,
-    out_dtype: int,
+# The augmentation kernels' host builds. A buffer argument is a sequence of ints describing a
+# tensor (address, dtype code of ELEM_TYPES, shape, strides, ...): gpupipe.augment builds them and
+# the bindings check every one (csrc/strided_buffer.h) before the GIL is released.
+ELEM_TYPES: dict
+
+def augment(
+    input: Sequence[int],
+    params: Sequence[int],
+    output: Sequence[int],
+    out_type: int,
+    interpolation: int,
+    fill: Sequence[float] | None,
+    color: int,
+    mean: Sequence[float],
+    std: Sequence[float],
     num_threads: int,
-) -> None: ...
-def channel_sums(
-    input: int,
-    input_is_uint8: bool,
-    n: int,
-    h: int,
-    w: int,
-    strides: Sequence[int],
-    out: int,
+) -> None:
+    """BatchAugment's one-pass chain (warp, flips, color ops, grayscale, normalise) on the host."""
+
+def warp_affine(
+    input: Sequence[int],
+    matrices: Sequence[int],
+    output: Sequence[int],
+    out_type: int,
+    interpolation: int,
+    fill: Sequence[float] | None,
     num_threads: int,
-) -> None: ...
+) -> None:
+    """Per-sample inverse affine resampling of a uint8 batch on the host."""
+
+def policy_apply(
+    input: Sequence[int],
+    output: Sequence[int],
+    kinds: Sequence[int],
+    params: Sequence[int],
+    matrices: Sequence[int],
+    interpolation: int,
+    fill: Sequence[float] | None,
+    num_threads: int,
+) -> None:
+    """The auto-augment policies' per-sample ops (one call per batch) on the host."""
+
+def policy_kinds() -> dict: ...
+def erase_boxes(x: Sequence[int], boxes: Sequence[int], values: Sequence[int], num_threads: int) -> None: ...

@@ -2,18 +2,42 @@
 # was found. Private: use gpupipe.augment. tests/test_stubs.py checks it against the built module.
 from collections.abc import Sequence
 
-def fused_color_affine(
-    input: int,
-    input_is_uint8: bool,
-    n: int,
-    h: int,
-    w: int,
-    strides: Sequence[int],
-    matrices: int,
-    hflip: int,
-    vflip: int,
-    output: int,
-    out_dtype: int,
+MEAN_BLOCKS: int
+
+def augment(
+    input: Sequence[int],
+    params: Sequence[int],
+    output: Sequence[int],
+    out_type: int,
+    interpolation: int,
+    fill: Sequence[float] | None,
+    color: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    workspace: Sequence[int],
     stream: int,
 ) -> None:
-    """Launches the fused augmentation kernel on ``stream`` (torch.cuda.current_stream().cuda_stream)."""
+    """BatchAugment's chain on ``stream`` (torch.cuda.current_stream().cuda_stream): two launches."""
+
+def warp_affine(
+    input: Sequence[int],
+    matrices: Sequence[int],
+    output: Sequence[int],
+    out_type: int,
+    interpolation: int,
+    fill: Sequence[float] | None,
+    stream: int,
+) -> None: ...
+def policy_apply(
+    input: Sequence[int],
+    output: Sequence[int],
+    kinds: Sequence[int],
+    params: Sequence[int],
+    matrices: Sequence[int],
+    hist: Sequence[int],
+    gray_sum: Sequence[int],
+    luts: Sequence[int],
+    interpolation: int,
+    fill: Sequence[float] | None,
+    stream: int,
+) -> None: ...

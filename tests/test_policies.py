@@ -7,9 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import photo
+from helpers import photo
 from torchvision.transforms import v2
-from torchvision.transforms.v2 import functional as F
 
 from gpupipe import _C, keyed
 from gpupipe.augment import AutoAugment, RandAugment, TrivialAugmentWide
