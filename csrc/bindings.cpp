@@ -25,6 +25,7 @@
 #include "jpeg_decoder.h"
 #include "jpeg_encoder.h"
 #include "erase_cpu.h"
+#include "mix_cpu.h"
 #include "policy_bindings.h"
 #include "policy_cpu.h"
 #include "restart.h"
@@ -570,6 +571,22 @@ void register_policies(py::module_& m) {
       py::arg("x"), py::arg("boxes"), py::arg("values"), py::arg("num_threads"),
       "RandomErasing's host kernel: sets each box (top, left, height, width; height 0: none) of x, in "
       "place, to values (one element of x's type per channel).");
+  m.def(
+      "mixup_rolled",
+      [](std::vector<int64_t> images, std::vector<int64_t> output, double lam, int num_threads) {
+        const StridedBuffer x = parse_buffer(images, "images", kFloat32, {-1, -1, -1, -1});
+        const StridedBuffer out = parse_buffer(output, "out", kFloat32, {x.shape[0], x.shape[1], x.shape[2], x.shape[3]});
+        require_contiguous(x, "images");
+        require_contiguous(out, "out");
+        check_disjoint(out, "out", x, "images");
+        if (!(lam >= 0.0 && lam <= 1.0)) throw InvalidArgument("lam must be within [0, 1]");
+        const int64_t per_sample = x.shape[1] * x.shape[2] * x.shape[3];
+        py::gil_scoped_release release;
+        mixup_rolled_cpu(x.as<const float>(), out.as<float>(), x.shape[0], per_sample, lam, num_threads);
+      },
+      py::arg("images"), py::arg("out"), py::arg("lam"), py::arg("num_threads"),
+      "MixUp's host kernel: out[i] = images[i - 1] * (1 - lam) + images[i] * lam (i - 1 mod N) for a "
+      "contiguous float32 [N, C, H, W] batch, rounded as torchvision's expression.");
 }
 
 }  // namespace

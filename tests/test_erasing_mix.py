@@ -322,3 +322,16 @@ def test_erasing_select_path_equals_the_kernel(images):
     assert torch.equal(compiled, eager)
     as_int16 = erase((images * 10).to(torch.int16), params=params)  # no kernel for int16: the select
     assert torch.equal(as_int16, erase((images * 10).to(torch.float32), params=params).to(torch.int16))
+
+
+def test_mixup_host_kernel_is_torchvisions_expression_bit_for_bit():
+    """The one-pass blend (csrc/mix_cpu.cpp) rounds as roll().mul_(1 - lam).add_(images.mul(lam))."""
+    from gpupipe.augment import MixUp
+
+    g = torch.Generator().manual_seed(0)
+    for shape in ((5, 3, 17, 23), (64, 3, 40, 40), (1, 1, 1, 1)):
+        x = torch.randn(shape, generator=g) * 3
+        for lam in (0.0, 0.123456789, 0.5, 0.987654321, 1.0):
+            out, _ = MixUp(alpha=1.0, num_classes=4)(x, torch.zeros(shape[0], dtype=torch.int64),
+                                                     params={"n": torch.tensor(shape[0]), "lam": torch.tensor(lam, dtype=torch.float64)})
+            assert torch.equal(out, x.roll(1, 0).mul_(1.0 - lam).add_(x.mul(lam))), (shape, lam)

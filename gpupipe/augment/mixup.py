@@ -6,6 +6,7 @@ from typing import Any, Optional
 
 import torch
 
+from gpupipe.augment import _kernels
 from gpupipe.augment._batch_transform import BatchTransformBase
 from gpupipe.augment._keyed_params import GeneratorLike
 
@@ -60,7 +61,13 @@ class MixUp(BatchTransformBase):
         if not images.is_floating_point():
             raise TypeError(f"images must be floating point for MixUp (a blend of two images), got {images.dtype}")
         lam = float(params["lam"])
-        mixed = images.roll(1, 0).mul_(1.0 - lam).add_(images.mul(lam))
+        if images.device.type == "cpu" and images.dtype == torch.float32 and images.is_contiguous() and \
+                not torch.compiler.is_compiling():
+            # one pass, no temporaries, the same rounding as the expression below (csrc/mix_cpu.cpp)
+            mixed = torch.empty_like(images)
+            _kernels._C.mixup_rolled(_kernels.buffer(images), _kernels.buffer(mixed), lam, _kernels.num_threads())
+        else:
+            mixed = images.roll(1, 0).mul_(1.0 - lam).add_(images.mul(lam))
         return mixed, self.mix_labels(labels, lam)
 
     def extra_repr(self) -> str:

@@ -1,0 +1,36 @@
+#include "mix_cpu.h"
+
+#include "multiversion.h"
+#include "parallel_rows.h"
+
+namespace gpupipe {
+namespace {
+
+GPUPIPE_MULTIVERSION void blend(const float* __restrict__ other, const float* __restrict__ self, float* __restrict__ out,
+                                int64_t count, float a, float b) {
+  for (int64_t k = 0; k < count; ++k) {
+    const float p = other[k] * a;  // torchvision: images.roll(1, 0).mul_(1 - lam)
+    const float q = self[k] * b;   //              .add_(images.mul(lam))
+    out[k] = p + q;
+  }
+}
+
+}  // namespace
+
+void mixup_rolled_cpu(const float* x, float* out, int64_t n, int64_t per_sample, double lam, int num_threads) {
+  if (n <= 0 || per_sample <= 0) return;
+  // The scalars as torch applies them to a float32 tensor: 1 - lam in double, then each to float.
+  const float a = static_cast<float>(1.0 - lam), b = static_cast<float>(lam);
+  const int64_t chunk = 1 << 14;  // floats per task: a few per sample, so both threads stay busy
+  const int64_t per_chunks = (per_sample + chunk - 1) / chunk;
+  parallel_rows(n * per_chunks, num_threads, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t i = r / per_chunks, k0 = (r % per_chunks) * chunk;
+      const int64_t count = per_sample - k0 < chunk ? per_sample - k0 : chunk;
+      const int64_t prev = i == 0 ? n - 1 : i - 1;
+      blend(x + prev * per_sample + k0, x + i * per_sample + k0, out + i * per_sample + k0, count, a, b);
+    }
+  });
+}
+
+}  // namespace gpupipe
