@@ -167,6 +167,47 @@ def run(repeats: int = 3, n: int = 512, threads: int = 2) -> list:
     return rows
 
 
+def recipe(repeats: int = 3, n: int = 512, threads: int = 2, name: str = "train-ta") -> list:
+    """torchvision's classification reference recipe end to end (issue 14): decode + RRC 176 + flip +
+    TrivialAugmentWide + normalise + RandomErasing(0.1) + MixUp(0.2)/CutMix(1.0), the gpupipe Loader
+    against DataLoader(num_workers=threads) with the torchvision transforms, on the same files."""
+    from gpupipe.bench import recipes
+
+    root = image_folder(n)
+    torch.set_num_threads(threads)
+    workload = f"train recipe ({name}): {n} x 800x533 -> RRC 176 + flip + TrivialAugmentWide + normalise + erasing + MixUp/CutMix, batch {BATCH}, {threads} cores"
+    rows = [Row(workload, "gpupipe Loader", n, note="keyed Compose + RandomChoice(MixUp, CutMix)"),
+            Row(workload, f"DataLoader ({threads} workers)", n, note="ImageFolder + torchvision transforms (PIL) + collate MixUp/CutMix")]
+    missing = recipes.train_ta_missing()
+    if missing:
+        for row in rows:
+            row.skipped = missing
+        return rows
+    import gpupipe
+    from torchvision import datasets as tvd
+
+    classes = len([d for d in Path(root).iterdir() if d.is_dir()])
+    parts = recipes.get(name).build(classes)
+    loader = gpupipe.Loader(gpupipe.sources.ImageFolder(root), batch_size=BATCH, crop=parts.crop, augment=parts.augment,
+                            batch_transform=parts.batch_transform, num_threads=threads, seed=0)
+    state = {"epoch": 0}
+
+    def gpupipe_epoch():
+        loader.set_epoch(state["epoch"])
+        state["epoch"] += 1
+        return loader
+
+    dl = torch.utils.data.DataLoader(tvd.ImageFolder(str(root), transform=parts.torchvision), batch_size=BATCH, shuffle=True,
+                                     num_workers=threads, persistent_workers=True, prefetch_factor=2,
+                                     collate_fn=parts.torchvision_collate)
+    for row, make in zip(rows, (gpupipe_epoch, lambda: dl)):
+        try:
+            row.times = _epochs(make, n, repeats)
+        except Exception as e:  # a broken pipeline is reported, not fatal to the run
+            row.skipped = f"failed: {type(e).__name__}: {e}"[:200]
+    return rows
+
+
 def _spdl_ffmpeg_missing():
     try:
         import spdl.io

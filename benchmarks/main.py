@@ -13,7 +13,8 @@ from pathlib import Path
 from benchmarks import augment, batch_decode, datasets, decode_crop, loader, policies, seed_experiment
 from benchmarks.harness import environment, save, table
 
-WORKLOADS = ("decode_crop", "restart", "batch_threads", "rrc", "backends", "augment", "policies", "loader", "seed")
+WORKLOADS = ("decode_crop", "restart", "batch_threads", "rrc", "backends", "augment", "policies", "loader", "recipe",
+             "seed")
 
 
 def main(argv=None) -> Path:
@@ -47,6 +48,8 @@ def main(argv=None) -> Path:
         rows += policies.run(repeats=repeats)
     if "loader" in args.workloads:
         rows += loader.run(repeats=1 if args.quick else 3, n=256 if args.quick else 512)
+    if "recipe" in args.workloads:
+        rows += loader.recipe(repeats=1 if args.quick else 3, n=256 if args.quick else 512)
     extra = ""
     if "seed" in args.workloads:
         _, extra = seed_experiment.run(steps=6 if args.quick else 12, n=512 if args.quick else 1024)

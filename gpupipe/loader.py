@@ -20,6 +20,7 @@ import dataclasses
 import inspect
 import itertools
 import math
+import os
 import threading
 import time
 import weakref
@@ -30,7 +31,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from gpupipe import backends
+from gpupipe import _C, backends
 from gpupipe._backends.base import BatchStatus, DecodeOptions, HeaderInfos, Route
 from gpupipe.crops import CropSampler
 from gpupipe.engine import Closed, Engine, StageTimes
@@ -39,6 +40,10 @@ from gpupipe.routing import decode_into, plan_batch
 from gpupipe.sources import MapSource, Sample, Source, distributed_indices
 
 STAGES = ("read", "plan", "decode", "transfer", "augment")
+
+# torch built with OpenMP (its Linux wheels) keeps the intra-op thread count per thread: the CPU
+# augment stage can then run with fewer threads than the training loop without touching it.
+_PER_THREAD_TORCH_THREADS = "OpenMP" in torch.__config__.parallel_info()
 
 
 @dataclasses.dataclass
@@ -188,6 +193,11 @@ class Loader:
         rank, world_size: default to the ``torch.distributed`` process group's.
         progress: show a tqdm bar.
         io_threads: threads reading files.
+        augment_threads: torch's intra-op threads in the augment stage when ``device`` is the CPU (its
+            ops and gpupipe's host kernels run beside the decode threads): default ``cores -
+            num_threads``, or half the cores when the decode takes them all (on 2 cores: 1;
+            oversubscribing costs ~20% on the recipe benchmark, measured). Set on the stage's own
+            thread, so the training loop keeps its setting (torch's OpenMP builds).
         apply_exif_orientation: crop in the displayed frame (``PIL.ImageOps.exif_transpose``):
             boxes are drawn from displayed sizes and crops come out upright.
 
@@ -214,7 +224,7 @@ class Loader:
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False, num_threads: Optional[int] = None,
                  prefetch: int = 2, on_error: str = "skip", rank: Optional[int] = None,
                  world_size: Optional[int] = None, progress: bool = False, io_threads: int = 4,
-                 apply_exif_orientation: bool = False):
+                 augment_threads: Optional[int] = None, apply_exif_orientation: bool = False):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if not isinstance(crop, CropSampler):
@@ -244,6 +254,11 @@ class Loader:
             raise ValueError(f"rank {self.rank} is not in [0, {self.world_size})")
         self.progress = progress
         self.io_threads = max(1, int(io_threads))
+        if augment_threads is not None and augment_threads < 1:
+            raise ValueError(f"augment_threads must be >= 1, got {augment_threads}")
+        cores = len(os.sched_getaffinity(0))
+        decode = num_threads or _C.default_num_threads()
+        self.augment_threads = augment_threads or (cores - decode if decode < cores else max(1, cores // 2))
         self.options = DecodeOptions(size=crop.size, resize=crop.resize, window=crop.window, dct_scaling=crop.dct_scaling,
                                      num_threads=num_threads or 0, apply_exif_orientation=apply_exif_orientation,
                                      backend=self.backend,
@@ -431,6 +446,16 @@ class _Epoch:
         labels = labels.to(l.device, non_blocking=True)
         l._stats.times.add("transfer", time.perf_counter() - t0)
         t0 = time.perf_counter()
+        if l.device.type == "cpu" and _PER_THREAD_TORCH_THREADS:  # this is the augment stage's own thread
+            torch.set_num_threads(l.augment_threads)  # torch's ops and gpupipe's kernels both follow it
+        images, labels = self._augment(batch, images, labels, indices, params)
+        if l.augment is not None or l.batch_transform is not None:
+            l._stats.times.add("augment", time.perf_counter() - t0)
+        return _Finished(images, labels, batch)
+
+    def _augment(self, batch: Batch, images, labels, indices, params):
+        """augment, then batch_transform, each keyed when it follows the protocol."""
+        l = self.l
         if l.augment is not None:
             images = l.augment(images, params=params) if self.augment_keyed else l.augment(images)
             if batch.slot is not None and images.untyped_storage().data_ptr() == batch.images.untyped_storage().data_ptr():
@@ -442,9 +467,7 @@ class _Epoch:
                 images, labels = l.batch_transform(images, labels, params=p)
             else:
                 images, labels = l.batch_transform(images, labels)
-        if l.augment is not None or l.batch_transform is not None:
-            l._stats.times.add("augment", time.perf_counter() - t0)
-        return _Finished(images, labels, batch)
+        return images, labels
 
     def _kept(self, batch: Batch):
         """The batch's images (NCHW view of the NHWC slot), labels, indices and augmentation

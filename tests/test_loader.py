@@ -377,3 +377,27 @@ def test_stats_count_what_was_delivered_and_an_all_failed_batch_is_empty(messy):
     shapes = [x.shape[0] for x, _ in it]
     assert shapes.count(0) == 3  # the three failed samples: empty batches keep ranks in step
     del it
+
+
+def test_the_cpu_augment_stage_runs_with_its_own_thread_budget(folder):
+    """augment_threads is set on the augment stage's thread only: the training loop's torch setting
+    stays (torch's OpenMP builds keep it per thread)."""
+    from gpupipe import loader as loader_module
+
+    root, _ = folder
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            seen.append(torch.get_num_threads())
+            return x.float()
+
+    before = torch.get_num_threads()
+    loader = gpupipe.Loader(sources.ImageFolder(root), batch_size=32, crop=crops.CenterCrop(32), augment=Probe(),
+                            augment_threads=1, num_threads=2)
+    list(loader)
+    assert torch.get_num_threads() == before
+    if loader_module._PER_THREAD_TORCH_THREADS:
+        assert set(seen) == {1}
+    with pytest.raises(ValueError, match="augment_threads"):
+        gpupipe.Loader(sources.ImageFolder(root), batch_size=4, crop=crops.CenterCrop(8), augment_threads=0)

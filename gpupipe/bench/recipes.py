@@ -123,8 +123,8 @@ def train(num_classes: int) -> RecipeParts:
         torchvision=T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4),
                                T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]),
         dali=dali,
-        notes=["gpupipe and DALI apply the color jitter as one color matrix per sample, without torchvision's "
-               "clamps between the ops or its random op order (docs/semantics.md)"],
+        notes=["DALI applies the color jitter as one color matrix per sample, without torchvision's clamps "
+               "between the ops or its random op order; gpupipe follows torchvision's (docs/semantics.md)"],
     )
 
 
@@ -222,7 +222,8 @@ def train_ta(num_classes: int) -> RecipeParts:
         crop=crops.RandomResizedCrop(176),
         # Flip after TrivialAugmentWide: its geometric ops draw symmetric signs, so the order does
         # not change the distribution; BatchAugment flips and normalises in one pass.
-        augment=torch.nn.Sequential(A.TrivialAugmentWide(), BatchAugment(hflip=0.5, generator=0), A.RandomErasing(p=0.1)),
+        # keyed; erasing in place: it writes into BatchAugment's fresh output, which nothing else holds
+        augment=A.Compose([A.TrivialAugmentWide(), BatchAugment(hflip=0.5), A.RandomErasing(p=0.1, inplace=True)]),
         batch_transform=A.RandomChoice([A.MixUp(alpha=0.2, num_classes=num_classes),
                                         A.CutMix(alpha=1.0, num_classes=num_classes)]),
         torchvision=T.Compose([T.RandomResizedCrop(176), T.RandomHorizontalFlip(), T.TrivialAugmentWide(),
