@@ -110,7 +110,11 @@ def _dist_defaults(rank, world_size):
 
 
 def _keyed(module: Any) -> bool:
-    """Whether a module follows the keyed protocol: ``sample_params(n, *, seed, epoch, indices)``."""
+    """Whether a module follows the keyed protocol (``sample_params(n, *, seed, epoch, indices)``)
+    and is in training mode: a module in ``eval()`` is called plainly, and applies what its eval
+    mode applies (BatchAugment: conversion and normalisation only)."""
+    if not getattr(module, "training", True):
+        return False
     sample = getattr(module, "sample_params", None)
     if sample is None:
         return False

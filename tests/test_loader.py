@@ -401,3 +401,20 @@ def test_the_cpu_augment_stage_runs_with_its_own_thread_budget(folder):
         assert set(seen) == {1}
     with pytest.raises(ValueError, match="augment_threads"):
         gpupipe.Loader(sources.ImageFolder(root), batch_size=4, crop=crops.CenterCrop(8), augment_threads=0)
+
+
+def test_a_module_in_eval_mode_is_called_plainly(folder):
+    """Keyed parameters are drawn only in training mode: BatchAugment().eval() in the Loader (the
+    evaluation recipe) converts and normalises only, as it does when called directly."""
+    root, _ = folder
+    aug = gpupipe.augment.BatchAugment(hflip=1.0, brightness=0.5)
+    plain = gpupipe.Loader(sources.ImageFolder(root), batch_size=20, crop=crops.CenterCrop(32), shuffle=False)
+    raw = torch.cat([x for x, _ in plain])
+    aug.eval()
+    evaluated = gpupipe.Loader(sources.ImageFolder(root), batch_size=20, crop=crops.CenterCrop(32), shuffle=False,
+                               augment=aug)
+    assert torch.equal(torch.cat([x for x, _ in evaluated]), aug(raw))
+    aug.train()
+    trained = gpupipe.Loader(sources.ImageFolder(root), batch_size=20, crop=crops.CenterCrop(32), shuffle=False,
+                             augment=aug)
+    assert not torch.equal(torch.cat([x for x, _ in trained]), aug.eval()(raw))
