@@ -171,7 +171,7 @@ void register_errors(py::module_& m) {
 
 // Columns of read_header_infos (exported as _C.INFO_COLUMNS).
 const char* const kInfoColumns[] = {"height", "width", "colorspace", "channels", "orientation", "progressive",
-                                    "scans", "error"};
+                                    "scans", "eoi", "error"};
 constexpr size_t kInfoWidth = sizeof(kInfoColumns) / sizeof(kInfoColumns[0]);
 
 // SOS markers in a progressive file (a scan bomb has thousands); FF DA cannot occur inside
@@ -187,6 +187,10 @@ int64_t count_scans(const uint8_t* d, size_t n) {
   }
   return scans;
 }
+
+// Whether the file ends with its EOI marker: a truncated file does not. GPU decoders decode such
+// a file without a word, so the GPU backends leave it to the CPU core (which reports it).
+int64_t ends_with_eoi(const uint8_t* d, size_t n) { return n >= 2 && d[n - 2] == 0xFF && d[n - 1] == 0xD9; }
 
 void register_header(py::module_& m) {
   py::tuple colorspaces(std::size(kColorSpaces)), subsamplings(std::size(kSubsamplings)), columns(kInfoWidth);
@@ -239,10 +243,11 @@ void register_header(py::module_& m) {
               row[4] = info.orientation;
               row[5] = info.progressive;
               row[6] = info.progressive ? count_scans(views[i].data(), views[i].size()) : 1;
-              row[7] = static_cast<int64_t>(ErrorKind::kNone);
+              row[7] = ends_with_eoi(views[i].data(), views[i].size());
+              row[8] = static_cast<int64_t>(ErrorKind::kNone);
             } catch (const DecodeError& e) {
               for (size_t c = 0; c + 1 < kInfoWidth; ++c) row[c] = -1;
-              row[7] = static_cast<int64_t>(e.kind);
+              row[kInfoWidth - 1] = static_cast<int64_t>(e.kind);
               failures.emplace_back(i, e.kind, e.what());
             }
           }

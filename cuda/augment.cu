@@ -59,16 +59,29 @@ __device__ void load_params(const AugmentArgs& a, int64_t i, float* shared) {
   __syncthreads();
 }
 
-// Calls fn(x, y) for every output pixel of the sample, tile by tile (tiles strided by gridDim.x).
+// Calls fn(x, y) for every output pixel of the sample: block b takes the tile rows b, b + gridDim.x,
+// ..., each 32 x 8 tile of the row in turn. No index division per pixel, and the block's per-sample
+// setup (parameters, contrast mean) is paid once for many tiles.
 template <typename Fn>
 __device__ void for_each_pixel(int64_t h, int64_t w, Fn&& fn) {
-  const int64_t tiles_x = (w + kTileW - 1) / kTileW, tiles = tiles_x * ((h + kTileH - 1) / kTileH);
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int64_t ty = t / tiles_x, tx = t - ty * tiles_x;
-    const int64_t x = tx * kTileW + threadIdx.x, y = ty * kTileH + threadIdx.y;
-    if (x < w && y < h) fn(x, y);
+  for (int64_t y = blockIdx.x * static_cast<int64_t>(kTileH) + threadIdx.y; y - threadIdx.y < h;
+       y += static_cast<int64_t>(gridDim.x) * kTileH) {
+    for (int64_t x = threadIdx.x; x - threadIdx.x < w; x += kTileW) {
+      if (x < w && y < h) fn(x, y);
+    }
   }
 }
+
+// Tile-row blocks per sample for the output pass: enough blocks in all to fill the device a few
+// times over, each taking as many tile rows as that allows.
+unsigned row_blocks(int64_t n, int64_t h) {
+  const int64_t tile_rows = (h + kTileH - 1) / kTileH;
+  int64_t per_sample = (16384 + n - 1) / n;
+  per_sample = per_sample < tile_rows ? per_sample : tile_rows;
+  return static_cast<unsigned>(per_sample < 1 ? 1 : per_sample);
+}
+
+constexpr unsigned kMaxGridY = 65535;  // samples beyond it are taken by the same blocks in turn
 
 // Output pixel (x, y) of sample P: its warped input on the 0..255 scale.
 __device__ void warped_pixel(const AugmentArgs& a, const float* P, const pixel::Image8& im, int64_t x, int64_t y,
@@ -80,20 +93,34 @@ __device__ void warped_pixel(const AugmentArgs& a, const float* P, const pixel::
 
 // Pass 1, grid (kMeanBlocks, n): partial sums of mean_fixed(luma_for_mean) per sample.
 __global__ void mean_kernel(AugmentArgs a) {
-  const int64_t i = blockIdx.y;
   __shared__ float P[param::kCount];
-  load_params(a, i, P);
-  int64_t sum = 0;
-  if (needs_mean(a, i)) {
-    const pixel::Image8 im = a.input.sample(i);
-    for_each_pixel(a.input.h, a.input.w, [&](int64_t x, int64_t y) {
-      float v[3];
-      warped_pixel(a, P, im, x, y, v);
-      sum += pixel::mean_fixed(luma_for_mean(a, P, v[0], v[1], v[2]));
-    });
+  for (int64_t i = blockIdx.y; i < a.input.n; i += gridDim.y) {
+    load_params(a, i, P);
+    int64_t sum = 0;
+    if (needs_mean(a, i)) {
+      const pixel::Image8 im = a.input.sample(i);
+      for_each_pixel(a.input.h, a.input.w, [&](int64_t x, int64_t y) {
+        float v[3];
+        warped_pixel(a, P, im, x, y, v);
+        sum += pixel::mean_fixed(luma_for_mean(a, P, v[0], v[1], v[2]));
+      });
+    }
+    sum = block_sum(sum);
+    if (threadIdx.x == 0 && threadIdx.y == 0) a.mean_partials[i * kMeanBlocks + blockIdx.x] = sum;
+    __syncthreads();  // P and the block sum's scratch are reused by the next sample
   }
-  sum = block_sum(sum);
-  if (threadIdx.x == 0 && threadIdx.y == 0) a.mean_partials[i * kMeanBlocks + blockIdx.x] = sum;
+}
+
+// The sample's contrast mean from its kMeanBlocks partial sums, by the block's first warp (integer
+// sums: any order, same bits); valid in thread 0.
+__device__ float sample_mean(const AugmentArgs& a, int64_t i) {
+  int64_t sum = 0;
+  const int lane = threadIdx.x;
+  if (threadIdx.y == 0) {
+    for (int k = lane; k < kMeanBlocks; k += 32) sum += a.mean_partials[i * kMeanBlocks + k];
+    for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, offset);
+  }
+  return pixel::mean_from_sum(sum, a.input.h * a.input.w);
 }
 
 struct StoreF32 {
@@ -109,38 +136,33 @@ struct StoreF16 {
 // Pass 2, grid (tiles, n): every output pixel of sample blockIdx.y.
 template <typename Out, typename Store>
 __global__ void augment_kernel(AugmentArgs a, Out* __restrict__ out, Store store) {
-  const int64_t i = blockIdx.y;
   __shared__ float P[param::kCount];
   __shared__ MeanTerms terms;
-  load_params(a, i, P);
-  if (threadIdx.x == 0 && threadIdx.y == 0) {
-    float mean = 0.0f;
-    if (needs_mean(a, i)) {
-      int64_t sum = 0;
-      for (int k = 0; k < kMeanBlocks; ++k) sum += a.mean_partials[i * kMeanBlocks + k];
-      mean = pixel::mean_from_sum(sum, a.input.h * a.input.w);
-    }
-    terms = mean_terms(a, P, mean);
+  for (int64_t i = blockIdx.y; i < a.input.n; i += gridDim.y) {
+    load_params(a, i, P);
+    const bool mean_needed = needs_mean(a, i);  // block-uniform
+    const float mean = mean_needed ? sample_mean(a, i) : 0.0f;
+    if (threadIdx.x == 0 && threadIdx.y == 0) terms = mean_terms(a, P, mean);
+    __syncthreads();
+    const pixel::Image8 im = a.input.sample(i);
+    const int64_t* os = a.out_stride;
+    Out* base = out + i * os[0];
+    for_each_pixel(a.input.h, a.input.w, [&](int64_t x, int64_t y) {
+      float v[3];
+      warped_pixel(a, P, im, x, y, v);
+      color_chain(a, P, terms, v);
+      Out* o = base + y * os[2] + x * os[3];
+      o[0] = store(v[0]);
+      o[os[1]] = store(v[1]);
+      o[2 * os[1]] = store(v[2]);
+    });
+    __syncthreads();  // P and terms are reused by the next sample
   }
-  __syncthreads();
-  const pixel::Image8 im = a.input.sample(i);
-  const int64_t* os = a.out_stride;
-  Out* base = out + i * os[0];
-  for_each_pixel(a.input.h, a.input.w, [&](int64_t x, int64_t y) {
-    float v[3];
-    warped_pixel(a, P, im, x, y, v);
-    color_chain(a, P, terms, v);
-    Out* o = base + y * os[2] + x * os[3];
-    o[0] = store(v[0]);
-    o[os[1]] = store(v[1]);
-    o[2 * os[1]] = store(v[2]);
-  });
 }
 
 template <typename Out, typename Store>
 void launch_augment(const AugmentArgs& a, cudaStream_t s, Store store) {
-  const int64_t tiles = ((a.input.w + kTileW - 1) / kTileW) * ((a.input.h + kTileH - 1) / kTileH);
-  const dim3 grid(static_cast<unsigned>(tiles < 4096 ? tiles : 4096), static_cast<unsigned>(a.input.n));
+  const dim3 grid(row_blocks(a.input.n, a.input.h), static_cast<unsigned>(a.input.n < kMaxGridY ? a.input.n : kMaxGridY));
   augment_kernel<<<grid, dim3(kTileW, kTileH), 0, s>>>(a, static_cast<Out*>(a.output), store);
 }
 
@@ -160,7 +182,8 @@ int warp_affine_cuda(const WarpArgs& a, void* stream) {
 int augment_cuda(const AugmentArgs& a, void* stream) {
   if (a.input.n == 0 || a.input.h == 0 || a.input.w == 0) return 0;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  mean_kernel<<<dim3(kMeanBlocks, static_cast<unsigned>(a.input.n)), dim3(kTileW, kTileH), 0, s>>>(a);
+  const unsigned samples = static_cast<unsigned>(a.input.n < kMaxGridY ? a.input.n : kMaxGridY);
+  mean_kernel<<<dim3(kMeanBlocks, samples), dim3(kTileW, kTileH), 0, s>>>(a);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return static_cast<int>(err);
   switch (a.out_type) {

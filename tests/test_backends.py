@@ -7,13 +7,10 @@ import torch
 
 import gpupipe
 from gpupipe._backends import dali as dali_backend
-from helpers import BACKEND_DEVICES, encode, patch_sof, photo
+from helpers import BACKEND_DEVICES, assert_close_to_core, encode, patch_sof, photo
 
 AVAILABLE = gpupipe.backends_available()
 CASES = [c for c in BACKEND_DEVICES if c.id != "cpu-cpu"]  # each against the CPU core on the CPU
-# Pixel tolerance against the CPU core, per backend and device: libjpeg-turbo based paths are exact;
-# nvJPEG's IDCT and chroma upsampling differ slightly (mean < 1 level, max <= 12).
-EXACT = {("dali", "cpu"), ("cpu", "cuda")}
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +36,6 @@ def edge_boxes(datas, h, w, seed=0):
         else:
             boxes.append((int(rng.integers(0, H - h + 1)), int(rng.integers(0, W - w + 1)), h, w))
     return np.array(boxes)
-
-
-def assert_close_to_core(got, ref, backend, device):
-    diff = (got.cpu().int() - ref.int()).abs()
-    if (backend, device) in EXACT:
-        assert diff.max() == 0
-    else:
-        assert diff.float().mean() < 1.0 and diff.max() <= 12
 
 
 @pytest.mark.parametrize("backend,device", CASES)
@@ -161,6 +150,23 @@ def test_what_gpu_decoders_cannot_honour_goes_to_the_cpu_core(photos, backend, d
     boxes = edge_boxes(photos, 64, 64).astype(np.float64) + [0.5, 0.25, -1.0, -0.5]
     ref = gpupipe.decode_crop_jpegs(photos, boxes, size=32, window=True, dct_scaling=False)
     got = gpupipe.decode_crop_jpegs(photos, boxes, size=32, window=True, dct_scaling=False, backend=backend, device=device)
-    assert got.routes == ["cpu-fallback"] * len(photos) and torch.equal(got.images.cpu(), ref.images)
+    route = "cpu" if backend == "cpu" else "cpu-fallback"  # the CPU core with CUDA outputs falls back from nothing
+    assert got.routes == [route] * len(photos) and torch.equal(got.images.cpu(), ref.images)
     strict = gpupipe.decode_crop_jpegs(photos, edge_boxes(photos, 16, 16), strict=True, backend=backend, device=device)
-    assert set(strict.routes) == {"cpu-fallback"}
+    assert set(strict.routes) == {route}
+
+
+def test_gpu_decoders_get_only_files_that_end_with_their_eoi(photos):
+    """nvJPEG decodes a truncated file without a word: such files (and any without EOI at the end)
+    are the CPU core's, which reports them. Runs without a GPU: the routing decision itself."""
+    from gpupipe._backends import hybrid
+    from gpupipe._backends.base import DecodeOptions
+    from gpupipe.routing import probe
+
+    datas = list(photos[:4])
+    datas[1] = datas[1][: len(datas[1]) // 2]
+    datas[2] = datas[2] + b"\0" * 8  # data after EOI: libjpeg ignores it; the CPU core takes it all the same
+    infos = probe(datas, DecodeOptions(size=None))
+    assert infos.column("eoi").tolist() == [1, 0, 0, 1]
+    eligible = hybrid.gpu_eligible(infos, edge_boxes(datas, 16, 16), DecodeOptions(size=None))
+    assert eligible.tolist() == [True, False, False, True]

@@ -9,8 +9,7 @@ import torch
 
 import gpupipe
 from gpupipe import _C
-from helpers import BACKEND_DEVICES, encode, photo, stress
-from test_backends import assert_close_to_core
+from helpers import BACKEND_DEVICES, assert_close_to_core, encode, photo, stress
 
 
 @pytest.fixture(scope="module")

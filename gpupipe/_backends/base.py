@@ -132,7 +132,8 @@ class HeaderInfos:
 
     Attributes:
         table: int64 ``[N, len(_C.INFO_COLUMNS)]``: height, width, colorspace, channels,
-            orientation, progressive, scans, error (``-1`` fields where unreadable).
+            orientation, progressive, scans, eoi (1: the file ends with its EOI marker), error
+            (``-1`` fields where unreadable).
         messages: ``{index: message}`` for unreadable headers.
         pillow: ``{index: (height, width, orientation)}`` of non-JPEG files Pillow reads.
     """

@@ -19,7 +19,8 @@ GPU_COLORSPACES = tuple(_C.COLORSPACES.index(c) for c in ("gray", "ycbcr", "rgb"
 def gpu_eligible(infos: HeaderInfos, boxes: np.ndarray, options: DecodeOptions) -> np.ndarray:
     """bool [N]: samples a GPU decoder can take with our semantics. The rest (unreadable headers,
     CMYK/YCCK, images over max_pixels or with more scans than max_scans, boxes outside the image or
-    fractional) go to the CPU core, which gives each its exact result or its exact error: gpupipe's
+    fractional, files that do not end with their EOI marker: nvJPEG decodes a truncated file
+    without a word) go to the CPU core, which gives each its exact result or its exact error: gpupipe's
     limits hold whatever the backend. So does every sample of a ``window`` resize (the GPU resizers
     crop first) and of a ``strict`` decode (nvJPEG does not report recoverable corruption)."""
     if options.window or options.strict:
@@ -30,7 +31,7 @@ def gpu_eligible(infos: HeaderInfos, boxes: np.ndarray, options: DecodeOptions) 
     whole = (np.floor(boxes) == boxes).all(axis=1)
     limits = get_limits()
     return ((h > 0) & np.isin(infos.column("colorspace"), GPU_COLORSPACES) & (h * w <= limits.max_pixels)
-            & (infos.column("scans") <= limits.max_scans) & inside & whole)
+            & (infos.column("scans") <= limits.max_scans) & (infos.column("eoi") == 1) & inside & whole)
 
 
 def decode_with_fallback(name: str, gpu_decode: Callable[[np.ndarray], None], buffers: Sequence, boxes: np.ndarray,
@@ -41,7 +42,7 @@ def decode_with_fallback(name: str, gpu_decode: Callable[[np.ndarray], None], bu
     status = BatchStatus.empty(n)
     eligible = gpu_eligible(infos, boxes, options)
     reasons = {int(i): f"not decodable by {name} with gpupipe's semantics (header, color space, a limit, the box, "
-                       "a window resize or strict)" for i in np.flatnonzero(~eligible)}
+                       "no EOI marker at the end, a window resize or strict)" for i in np.flatnonzero(~eligible)}
     gpu_idx = np.flatnonzero(eligible)
     if len(gpu_idx):
         try:

@@ -98,8 +98,9 @@ def _shear_ranges(value) -> tuple[float, float, float, float]:
 
 
 # The generators of live modules, by slot: the draw op (an opaque custom op, so torch.compile keeps
-# one graph) finds its module's generator here.
-_GENERATORS: "weakref.WeakValueDictionary[int, torch.Generator]" = weakref.WeakValueDictionary()
+# one graph) finds its module's generator here. A plain dict emptied by a finalizer of the module:
+# torch.Generator takes no weak references in some torch versions (2.11).
+_GENERATORS: "dict[int, torch.Generator]" = {}
 _SLOTS = itertools.count()
 
 
@@ -249,6 +250,7 @@ class BatchAugment(nn.Module):
         if self.generator is not None:
             self._slot = next(_SLOTS)
             _GENERATORS[self._slot] = self.generator
+            weakref.finalize(self, _GENERATORS.pop, self._slot, None)
 
     def __setstate__(self, state):  # copies (pickle, deepcopy) draw from their own generator
         super().__setstate__(state)
