@@ -242,7 +242,8 @@ void register_header(py::module_& m) {
               row[3] = info.channels;
               row[4] = info.orientation;
               row[5] = info.progressive;
-              row[6] = info.progressive ? count_scans(views[i].data(), views[i].size()) : 1;
+              // every file: a baseline file may also hold many scans (one component each)
+              row[6] = count_scans(views[i].data(), views[i].size());
               row[7] = ends_with_eoi(views[i].data(), views[i].size());
               row[8] = static_cast<int64_t>(ErrorKind::kNone);
             } catch (const DecodeError& e) {
@@ -555,9 +556,10 @@ void register_policies(py::module_& m) {
         check_disjoint(x, "x", b, "boxes");
         check_disjoint(x, "x", v, "values");
         const int64_t* box = b.as<const int64_t>();
-        for (int64_t i = 0; i < n; ++i)  // an erased box must lie inside its image
+        for (int64_t i = 0; i < n; ++i)  // an erased box must lie inside its image (overflow-free compares)
           if (box[4 * i + 2] > 0 && (box[4 * i] < 0 || box[4 * i + 1] < 0 || box[4 * i + 3] < 0 ||
-                                     box[4 * i] + box[4 * i + 2] > h || box[4 * i + 1] + box[4 * i + 3] > w))
+                                     box[4 * i] > h || box[4 * i + 1] > w ||
+                                     box[4 * i + 2] > h - box[4 * i] || box[4 * i + 3] > w - box[4 * i + 1]))
             throw InvalidArgument("boxes[" + std::to_string(i) + "] is not inside the " + std::to_string(h) + "x" +
                                   std::to_string(w) + " image");
         EraseArgs a;

@@ -25,7 +25,7 @@ void erase_sample(const EraseArgs& a, int64_t i) {
   const int64_t top = box[0], left = box[1], height = box[2], width = box[3];
   if (height <= 0 || width <= 0) return;
   for (int64_t c = 0; c < a.c; ++c)
-    for (int64_t y = top; y < top + height; ++y) {
+    for (int64_t y = top, end = top + height; y < end; ++y) {  // the binding checked top + height <= h
       uint8_t* start = a.data + (i * a.stride[0] + c * a.stride[1] + y * a.stride[2] + left * a.stride[3]) * a.elem_size;
       const uint8_t* value = a.values + c * a.elem_size;
       switch (a.elem_size) {

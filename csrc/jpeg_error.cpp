@@ -62,7 +62,7 @@ void on_progress(j_common_ptr cinfo) {
   const int scans = reinterpret_cast<j_decompress_ptr>(cinfo)->input_scan_number;
   if (e->max_scans > 0 && scans > e->max_scans) {
     std::snprintf(e->message, sizeof(e->message),
-                  "progressive JPEG has more than max_scans=%d scans: refused as a possible scan bomb "
+                  "JPEG has more than max_scans=%d scans: refused as a possible scan bomb "
                   "(gpupipe.set_limits(max_scans=...) raises the limit)",
                   e->max_scans);
     e->kind = ErrorKind::kScanLimit;

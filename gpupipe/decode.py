@@ -327,8 +327,11 @@ def decode_crop_jpegs(
         check_output_size(*out_hw)
     else:
         out_hw = _as_size(size)
-    if num_threads is not None and num_threads < 1:
-        raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+    if num_threads is not None:
+        if isinstance(num_threads, bool) or not isinstance(num_threads, (int, np.integer)):
+            raise TypeError(f"num_threads must be an int, got {type(num_threads).__name__}")
+        if num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
     device = torch.device(device) if device is not None else (out.device if out is not None else torch.device("cpu"))
     options = DecodeOptions(size=out_hw, resize=size is not None, mode=mode, strict=strict, dct_scaling=dct_scaling,
                             window=window, num_threads=num_threads or 0, apply_exif_orientation=apply_exif_orientation,

@@ -167,6 +167,9 @@ class _Ring:
             self._cond.notify_all()
 
 
+MAX_PREFETCH = 64  # batches decoded ahead: each holds a whole batch buffer
+
+
 class Loader:
     """Batches of decoded, cropped (and augmented) images from a source, with threads, no pickling.
 
@@ -234,8 +237,8 @@ class Loader:
         if not isinstance(crop, CropSampler):
             raise TypeError("crop must be a gpupipe.crops sampler (RandomResizedCrop, RandomCrop, ...)")
         check_on_error(on_error)
-        if prefetch < 1:
-            raise ValueError("prefetch must be >= 1")
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or not 1 <= prefetch <= MAX_PREFETCH:
+            raise ValueError(f"prefetch must be an int within 1..{MAX_PREFETCH} (each costs a batch buffer), got {prefetch!r}")
         if not isinstance(source, Source):
             raise TypeError("source must be a gpupipe.sources source (with epoch_samples)")
         if batch_transform is not None and not callable(batch_transform):

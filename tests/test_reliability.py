@@ -4,6 +4,8 @@ the child must also print nothing to stderr (no libjpeg message may reach it).""
 
 from __future__ import annotations
 
+import io
+import struct
 import warnings
 
 import numpy as np
@@ -346,3 +348,76 @@ def test_fractional_boxes_need_a_resize(jpeg):
         gpupipe.decode_crop_jpeg(jpeg, 0.5, 0, 8, 8)
     r = gpupipe.decode_crop_jpegs([jpeg], np.array([[0.5, 0, 8.25, 8]]), size=8)
     assert bool(r.ok[0])
+
+
+# --- found by a fresh-eyes audit (2026-11-22) ------------------------------------------------------
+
+
+def _segment_at(data: bytes, marker: int) -> tuple[int, int]:
+    i = data.index(bytes([0xFF, marker]))
+    return i, struct.unpack(">H", data[i + 2:i + 4])[0]
+
+
+def _sequential_scans(count: int) -> bytes:
+    """A baseline (non-progressive) 3-component file with ``count`` one-component scans."""
+    gray = encode(np.full((32, 32), 100, np.uint8), colorspace="gray")
+    sos, sos_len = _segment_at(gray, 0xDA)
+    sof, sof_len = _segment_at(gray, 0xC0)
+    frame = gray[sof + 4:sof + 2 + sof_len][:5] + b"\x03\x01\x11\x00\x02\x11\x00\x03\x11\x00"
+    seg = lambda m, body: bytes([0xFF, m]) + struct.pack(">H", len(body) + 2) + body  # noqa: E731
+    scans = b"".join(seg(0xDA, bytes([1, 1 + k % 3, 0, 0, 63, 0])) + gray[sos + 2 + sos_len:-2] for k in range(count))
+    return gray[:sof] + seg(0xC0, frame) + gray[sof + 2 + sof_len:sos] + scans + b"\xff\xd9"
+
+
+def test_baseline_files_with_many_scans_count_against_max_scans_in_every_route():
+    from gpupipe._backends import hybrid
+    from gpupipe._backends.base import DecodeOptions
+    from gpupipe.routing import probe
+
+    datas = [_sequential_scans(3), _sequential_scans(150)]
+    infos = probe(datas, DecodeOptions(size=None))
+    assert infos.column("progressive").tolist() == [0, 0] and infos.column("scans").tolist() == [3, 150]
+    assert hybrid.gpu_eligible(infos, np.array([[0, 0, 8, 8]] * 2), DecodeOptions(size=None)).tolist() == [True, False]
+    with pytest.raises(gpupipe.ScanLimitError, match="sample 1: JPEG has more than max_scans=100"):
+        gpupipe.decode_crop_jpegs(datas, [[0, 0, 8, 8]] * 2)
+
+
+def test_erase_boxes_that_overflow_int64_are_value_errors():
+    from gpupipe.augment._kernels import buffer
+
+    x = torch.zeros((1, 3, 8, 8), dtype=torch.uint8)
+    value = torch.full((3,), 255, dtype=torch.uint8)
+    for box in ([0, 1, 1, 2**63 - 1], [0, 2**62, 1, 2**62], [1, 0, 2**63 - 1, 1]):
+        with pytest.raises(ValueError, match="not inside"):
+            _C.erase_boxes(buffer(x), buffer(torch.tensor([box])), buffer(value), 1)
+    assert (x == 0).all()
+
+
+def test_bad_loader_and_thread_arguments_are_short_clear_errors(jpeg, tmp_path):
+    with pytest.raises(TypeError, match=r"^num_threads must be an int, got float$"):
+        gpupipe.decode_crop_jpegs([jpeg] * 3, [[0, 0, 8, 8]] * 3, num_threads=1.5)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.jpg").write_bytes(jpeg)
+    with pytest.raises(ValueError, match="prefetch must be an int within 1..64"):
+        gpupipe.Loader(gpupipe.sources.ImageFolder(tmp_path), batch_size=1, crop=gpupipe.crops.CenterCrop(8),
+                       prefetch=10**9)
+
+
+def test_pillow_route_opens_only_its_formats_and_keeps_libtiff_off_stderr(capfd):
+    from PIL import Image
+
+    eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 8 8\nshowpage\n%%EOF\n"  # Pillow would call Ghostscript
+    with pytest.raises(gpupipe.NotAJpegError, match="sample 0: .*UnidentifiedImageError"):
+        gpupipe.decode_crop_jpegs([eps], [[0, 0, 4, 4]])
+    pixels = (np.arange(64 * 64 * 3) % 251).astype(np.uint8).reshape(64, 64, 3)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="TIFF", compression="jpeg")
+    damaged = bytearray(buf.getvalue())
+    k = damaged.find(b"\xff\xda")
+    for i in range(k + 20, k + 200, 7):
+        damaged[i] ^= 0x5A
+    with pytest.raises(gpupipe.CorruptJpegError, match="libtiff: .*strict"):
+        gpupipe.decode_crop_jpeg(bytes(damaged), 0, 0, 8, 8, strict=True)
+    with pytest.warns(gpupipe.JpegWarning, match="libtiff"):
+        gpupipe.decode_crop_jpegs([bytes(damaged)], [[0, 0, 8, 8]])
+    assert capfd.readouterr().err == ""

@@ -75,6 +75,8 @@ class DecodeOptions:
             raise ValueError(f"mode must be 'rgb' or 'gray', got {self.mode!r}")
         if self.non_jpeg not in ("pillow", "error"):
             raise ValueError(f"non_jpeg must be 'pillow' or 'error', got {self.non_jpeg!r}")
+        if isinstance(self.num_threads, bool) or not isinstance(self.num_threads, (int, np.integer)):
+            raise TypeError(f"num_threads must be an int, got {type(self.num_threads).__name__}")
         if not 0 <= self.num_threads <= _C.MAX_THREADS:
             raise ValueError(f"num_threads must be within 1..{_C.MAX_THREADS}, got {self.num_threads}")
 

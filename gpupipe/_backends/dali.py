@@ -5,18 +5,14 @@ output size, mode, device) and reused. DALI is imported lazily: gpupipe works wi
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import sys
-import tempfile
 import threading
 from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
-from gpupipe import _C
+from gpupipe import _C, _stderr
 from gpupipe._backends import hybrid
 from gpupipe._backends.base import BatchStatus, DecodeOptions, HeaderInfos
 
@@ -87,34 +83,9 @@ def _forget(pipe) -> None:
                 del _pipelines[k]
 
 
-_stderr_lock = threading.Lock()
-
-
-@contextlib.contextmanager
 def _stderr_captured():
-    """Runs the block with file descriptor 2 redirected to a temporary file: DALI's bundled
-    libjpeg-turbo prints its warnings there, and its logger its errors. Yields a list that holds,
-    after the block, the lines that were DALI's or libjpeg's; anything else written meanwhile (by
-    other threads) is passed on to the real stderr."""
-    found: list = []
-    with _stderr_lock, tempfile.TemporaryFile() as tmp:
-        sys.stderr.flush()
-        saved = os.dup(2)
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield found
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            others = []
-            for line in tmp.read().decode(errors="replace").splitlines(keepends=True):
-                if _is_decoder_message(line):
-                    found.append(line.strip())
-                else:
-                    others.append(line)
-            if others:
-                os.write(2, "".join(others).encode())
+    """Descriptor 2 redirected around a DALI run: yields the lines that were DALI's or libjpeg's."""
+    return _stderr.captured(_is_decoder_message)
 
 
 def _is_decoder_message(line: str) -> bool:

@@ -2,18 +2,23 @@
 the CPU core's box semantics (a crop, then Pillow's BILINEAR resize with ``reducing_gap=None``, or a
 window of the resized image), so every entry point delivers the same samples from a mixed folder.
 Pillow's EXIF orientation (``ImageOps.exif_transpose``) applies when asked for; gpupipe's pixel
-limit holds before any pixel is decoded."""
+limit holds before any pixel is decoded. Only the formats in ``FORMATS`` are opened (Pillow would
+otherwise hand an EPS file to Ghostscript); libtiff's messages, which it prints to stderr, become the
+sample's warning (its error with ``strict``)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
+import re
 import warnings
 from typing import Sequence
 
 import numpy as np
 import torch
 
+from gpupipe import _stderr
 from gpupipe._backends.base import BatchStatus, DecodeOptions, Route
 from gpupipe._errors import ErrorKind
 from gpupipe.limits import get_limits
@@ -21,10 +26,21 @@ from gpupipe.limits import get_limits
 name = "pillow"
 
 
+FORMATS = ("PNG", "WEBP", "BMP", "GIF", "TIFF")
+_LIBTIFF_MESSAGE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*: ")  # libtiff's handlers print "Module: message"
+
+
 def _open(data):
     from PIL import Image
 
-    return Image.open(io.BytesIO(bytes(data)))
+    return Image.open(io.BytesIO(bytes(data)), formats=FORMATS)
+
+
+def _quiet(data):
+    """Catches what libtiff prints while a TIFF is read (a context yielding the list of its lines)."""
+    if bytes(data[:4]) in (b"II*\0", b"MM\0*"):
+        return _stderr.captured(lambda line: _LIBTIFF_MESSAGE.match(line.strip()) is not None)
+    return contextlib.nullcontext([])
 
 
 def probe(buffers: Sequence, indices, jpeg_messages: dict, orientation: bool = False) -> tuple[dict, dict]:
@@ -38,7 +54,7 @@ def probe(buffers: Sequence, indices, jpeg_messages: dict, orientation: bool = F
     limit = get_limits().max_pixels
     for i in indices:
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), _quiet(buffers[i]):
                 warnings.simplefilter("ignore")  # Pillow's own bomb warning: gpupipe's limit is checked below
                 img = _open(buffers[i])
                 w, h = img.size
@@ -86,7 +102,7 @@ def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Dec
                                                        "(size=...) may be")
             continue
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), _quiet(buffers[i]) as messages:
                 warnings.simplefilter("ignore")
                 img = _open(buffers[i])
                 if options.apply_exif_orientation:
@@ -103,8 +119,14 @@ def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Dec
                                      reducing_gap=None)
                 pixels = np.array(img).reshape(oh, ow, -1)  # writable: torch.from_numpy warns on read-only
         except Exception as e:  # truncated or corrupt: Pillow's own message
-            status.fail(i, ErrorKind.CORRUPT, f"Pillow could not decode it ({type(e).__name__}: {e})")
+            said = f"; libtiff: {' '.join(messages)}" if messages else ""
+            status.fail(i, ErrorKind.CORRUPT, f"Pillow could not decode it ({type(e).__name__}: {e}{said})")
             continue
+        if messages:  # libtiff decoded it but reported damage: a warning, as libjpeg's are
+            if options.strict:
+                status.fail(i, ErrorKind.CORRUPT, f"libtiff: {' '.join(messages)} (strict)")
+                continue
+            status.warnings[i] = f"libtiff: {' '.join(messages)}"
         out[i] = torch.from_numpy(pixels).to(out.device)
         status.route[i] = Route.PILLOW
         status.fallback[i] = "not a JPEG: decoded by Pillow"

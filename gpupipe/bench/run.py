@@ -51,8 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
                          f"{_cores()})")
     ap.add_argument("--backend", default="auto", choices=gpupipe.backends.BACKENDS, help="the Loader's decode backend")
     ap.add_argument("--steps", type=int, default=None,
-                    help="timed batches per repeat (default: one epoch's worth less the warm-up, at most 30; 5 with --quick)")
-    ap.add_argument("--warmup", type=int, default=None, help="untimed batches first (default 2; 1 with --quick)")
+                    help="timed batches per repeat (default: one epoch's worth less the warm-up, at least 4 per "
+                         "thread and at most 30 or 4 per thread; 5 with --quick)")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="untimed batches first (default 2 per thread, at least 2: the batches a DataLoader's workers "
+                         "have queued before timing starts; 1 with --quick)")
     ap.add_argument("--repeats", type=int, default=None, help="timed runs per pipeline, median reported (default 3; 1 with --quick)")
     ap.add_argument("--quick", action="store_true", help="few batches, one repeat: a smoke run, not a measurement")
     ap.add_argument("--step-ms", type=float, default=0.0,
@@ -278,10 +281,14 @@ def main(argv=None) -> int:
         print(f"gpupipe bench: {e}", file=sys.stderr)
         return 2
 
-    warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
+    # Steady state, not a pipeline's fill: a DataLoader's workers each queue prefetch_factor (2)
+    # batches, which a short run would time as if free (16 workers deliver their first 16 batches
+    # at once). So the warm-up drains them, and the timed batches cross epochs where one is short.
+    warmup = args.warmup if args.warmup is not None else (1 if args.quick else max(2, 2 * args.threads))
     repeats = args.repeats or (1 if args.quick else 3)
     per_epoch = max(1, data.images // args.batch_size)
-    steps = args.steps or max(1, min(5 if args.quick else 30, per_epoch - warmup))
+    steady = 4 * args.threads
+    steps = args.steps or (min(5, per_epoch) if args.quick else min(max(30, steady), max(per_epoch - warmup, steady)))
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 

@@ -1,0 +1,40 @@
+"""Native decoders that print to file descriptor 2 (DALI's logger and its bundled libjpeg-turbo,
+libtiff inside Pillow): their lines are caught and turned into per-sample warnings or errors, so
+nothing gpupipe runs reaches stderr."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+import threading
+from typing import Callable
+
+_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def captured(is_decoder_message: Callable[[str], bool]):
+    """Runs the block with descriptor 2 redirected to a temporary file. Yields a list that holds,
+    after the block, the lines ``is_decoder_message`` claims; anything else written meanwhile (by
+    other threads) is passed on to the real stderr."""
+    found: list = []
+    with _lock, tempfile.TemporaryFile() as tmp:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield found
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            others = []
+            for line in tmp.read().decode(errors="replace").splitlines(keepends=True):
+                if is_decoder_message(line):
+                    found.append(line.strip())
+                else:
+                    others.append(line)
+            if others:
+                os.write(2, "".join(others).encode())
