@@ -96,11 +96,14 @@ def test_kinds_come_from_the_kernel():
 # --- every op against torchvision, per sample --------------------------------------------------------
 
 # Tolerance per op (levels, and the fraction of values allowed to differ); docs/semantics.md "Policies".
-# Integer ops are exact. The float blends are torch's float32 steps, fused multiply-adds included; on
-# a CPU without FMA torch rounds those steps differently, hence 1 level allowed on a few values.
+# Integer ops are exact. The float blends are torch's float32 steps, fused multiply-adds included
+# where torch's vector kernels use them (AVX2, AVX-512); its baseline kernels (a CPU without AVX2,
+# or ATEN_CPU_CAPABILITY=default) round those steps separately, and the uint8 truncation after the
+# blend turns that last-bit difference into 1 level on up to ~1% of values (measured 0.98%). Hence
+# 1 level allowed on 2% of values: a wrong op differs by more than a level.
 EXACT = (0, 0.0)
-TOLERANCE = {name: (1, 1e-3) for name in FACTOR_OPS}
-BILINEAR_TOLERANCE = (1, 2e-3)  # the interpolated value within float rounding of a rounding boundary
+TOLERANCE = {name: (1, 2e-2) for name in FACTOR_OPS}
+BILINEAR_TOLERANCE = (1, 2e-2)  # the interpolated value within float rounding of a rounding boundary
 
 
 def near_pixel_boundary(matrix: torch.Tensor, height: int, width: int, eps: float = 1e-3) -> torch.Tensor:
