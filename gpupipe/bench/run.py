@@ -259,39 +259,32 @@ def _device(name: str) -> torch.device:
     return device
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        for name in ("batch_size", "threads", "images"):
-            if getattr(args, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-        for name in ("steps", "repeats"):
-            if getattr(args, name) is not None and getattr(args, name) < 1:
-                raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
-        if args.warmup is not None and args.warmup < 0:
-            raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
-        device = _device(args.device)
-        data = open_data(args.data, images=args.images, progress=not args.quick)
-        if data.images < args.batch_size:
-            raise ValueError(f"--batch-size {args.batch_size} is larger than the data set ({data.describe()})")
-        recipe = recipes.get(args.recipe)
-        parts = recipe.build(data.num_classes)
-        LoaderRun(data, parts, args, device)  # a clear error now for a backend that cannot run here
-    except (DataError, ValueError, RuntimeError) as e:
-        print(f"gpupipe bench: {e}", file=sys.stderr)
-        return 2
+def _check_args(args) -> None:
+    for name in ("batch_size", "threads", "images"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("steps", "repeats"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.warmup is not None and args.warmup < 0:
+        raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
 
-    # Steady state, not a pipeline's fill: a DataLoader's workers each queue prefetch_factor (2)
-    # batches, which a short run would time as if free (16 workers deliver their first 16 batches
-    # at once). So the warm-up drains them, and the timed batches cross epochs where one is short.
+
+def _schedule(args, images: int) -> tuple[int, int, int]:
+    """(warm-up batches, repeats, timed batches). Steady state, not a pipeline's fill: a
+    DataLoader's workers each queue prefetch_factor (2) batches, which a short run would time as if
+    free (16 workers deliver their first 16 batches at once). So the warm-up drains them, and the
+    timed batches cross epochs where one is short."""
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else max(2, 2 * args.threads))
     repeats = args.repeats or (1 if args.quick else 3)
-    per_epoch = max(1, data.images // args.batch_size)
+    per_epoch = max(1, images // args.batch_size)
     steady = 4 * args.threads
     steps = args.steps or (min(5, per_epoch) if args.quick else min(max(30, steady), max(per_epoch - warmup, steady)))
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
+    return warmup, repeats, steps
 
+
+def _pipelines(args, device: torch.device, parts, steps: int) -> tuple[list, list]:
+    """The asked-for pipelines: their result records (skipped where they cannot run) and classes."""
     kinds = {"gpupipe": ("gpupipe Loader", LoaderRun, None, "threads, ROI decode, batched augment"),
              "dataloader": (f"DataLoader ({args.threads} workers)", DataLoaderRun, None, "PIL + torchvision transforms"),
              "dali": ("DALI " + ("GPU" if device.type == "cuda" else "CPU"), DaliRun,
@@ -303,15 +296,12 @@ def main(argv=None) -> int:
             name, cls, missing, note = kinds[key]
             results.append(report.Result(name, note, batches=steps, skipped=missing))
             runners.append(cls)
-    live = [r for r in results if not r.skipped]
+    return results, runners
 
-    backend = gpupipe.backends.resolve(args.backend, device)
-    print(f"gpupipe bench: recipe {recipe.name}: {recipe.summary}")
-    print(f"data: {data.describe()}")
-    print(f"device {device}, batch {args.batch_size}, {args.threads} threads, Loader backend {backend}; "
-          f"{repeats} repeat(s) of {warmup} warm-up + {steps} timed batches per pipeline"
-          + (f"; a {args.step_ms:g} ms training step" if args.step_ms else ""))
-    bar = _progress(repeats * len(live) * (warmup + steps), quiet=args.quick)
+
+def _run_all(results, runners, data, parts, args, device, warmup: int, repeats: int, steps: int):
+    """Every live pipeline, ``repeats`` times in turn; returns the last Loader run's stats."""
+    bar = _progress(repeats * sum(not r.skipped for r in results) * (warmup + steps), quiet=args.quick)
     loader_stats = None
     for rep in range(repeats):
         for result, cls in zip(results, runners):
@@ -330,8 +320,11 @@ def main(argv=None) -> int:
                 loader_stats = stats
     if bar is not None:
         bar.close()
+    return loader_stats
 
-    baseline = next((r for r in results if r.method.startswith("DataLoader") and not r.skipped), None)
+
+def _print_summary(results, baseline, loader_stats, parts, args, batches: int) -> Optional[float]:
+    """The tables and the "keeps a GPU fed" line; returns that step time (ms) when measured."""
     print()
     print(report.table(results, baseline, args.step_ms))
     gp = results[0] if results and results[0].method == "gpupipe Loader" else None
@@ -339,7 +332,7 @@ def main(argv=None) -> int:
     if gp is not None and not gp.skipped:
         if loader_stats:
             print()
-            print(report.stage_table(loader_stats, int(loader_stats.get("batches") or warmup + steps)))
+            print(report.stage_table(loader_stats, int(loader_stats.get("batches") or batches)))
             print("(stages overlap: busy times add up to more than the wall time when they run in parallel)")
         print()
         if args.step_ms:
@@ -353,6 +346,37 @@ def main(argv=None) -> int:
                   + "; a slower training step never waits for data")
     for note in parts.notes:
         print(f"note: {note}")
+    return fed_ms
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        _check_args(args)
+        device = _device(args.device)
+        data = open_data(args.data, images=args.images, progress=not args.quick)
+        if data.images < args.batch_size:
+            raise ValueError(f"--batch-size {args.batch_size} is larger than the data set ({data.describe()})")
+        recipe = recipes.get(args.recipe)
+        parts = recipe.build(data.num_classes)
+        LoaderRun(data, parts, args, device)  # a clear error now for a backend that cannot run here
+    except (DataError, ValueError, RuntimeError) as e:
+        print(f"gpupipe bench: {e}", file=sys.stderr)
+        return 2
+
+    warmup, repeats, steps = _schedule(args, data.images)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    results, runners = _pipelines(args, device, parts, steps)
+    backend = gpupipe.backends.resolve(args.backend, device)
+    print(f"gpupipe bench: recipe {recipe.name}: {recipe.summary}")
+    print(f"data: {data.describe()}")
+    print(f"device {device}, batch {args.batch_size}, {args.threads} threads, Loader backend {backend}; "
+          f"{repeats} repeat(s) of {warmup} warm-up + {steps} timed batches per pipeline"
+          + (f"; a {args.step_ms:g} ms training step" if args.step_ms else ""))
+    loader_stats = _run_all(results, runners, data, parts, args, device, warmup, repeats, steps)
+    baseline = next((r for r in results if r.method.startswith("DataLoader") and not r.skipped), None)
+    fed_ms = _print_summary(results, baseline, loader_stats, parts, args, warmup + steps)
 
     out = args.out or Path("gpupipe-bench") / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
@@ -369,6 +393,7 @@ def main(argv=None) -> int:
     title = f"{recipe.name} recipe, {data.kind} data ({data.images} images), batch {args.batch_size}, {args.threads} threads, {device}"
     why_no_plot = report.plot(out / "results.png", results, baseline, title, loader_stats)
     print(f"\nwrote {out / 'results.json'}" + (f"; {why_no_plot}" if why_no_plot else f", {out / 'results.png'}"))
+    gp = results[0] if results and results[0].method == "gpupipe Loader" else None
     return 1 if gp is not None and gp.skipped else 0
 
 
