@@ -12,6 +12,7 @@ uses :func:`stream_of` its own name), so adding an augmentation does not change 
 
 from __future__ import annotations
 
+import inspect
 import zlib
 from typing import Any
 
@@ -63,4 +64,15 @@ def derive_seed(seed: int, *keys: int) -> int:
     return int(h[0])
 
 
-__all__ = ["uniforms", "stream_of", "derive_seed"]
+def takes_keys(module: Any) -> bool:
+    """True when ``module.sample_params`` follows the keyed protocol (accepts ``seed``)."""
+    fn = getattr(module, "sample_params", None)
+    if fn is None:
+        return False
+    try:
+        return "seed" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+__all__ = ["uniforms", "stream_of", "derive_seed", "takes_keys"]

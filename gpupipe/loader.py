@@ -17,7 +17,6 @@ mid-way in another process (:meth:`Loader.state_dict`).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import itertools
 import math
 import os
@@ -31,7 +30,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from gpupipe import _C, backends
+from gpupipe import _C, backends, keyed
 from gpupipe._backends.base import BatchStatus, DecodeOptions, HeaderInfos, Route
 from gpupipe.crops import CropSampler
 from gpupipe.engine import Closed, Engine, StageTimes
@@ -113,15 +112,7 @@ def _keyed(module: Any) -> bool:
     """Whether a module follows the keyed protocol (``sample_params(n, *, seed, epoch, indices)``)
     and is in training mode: a module in ``eval()`` is called plainly, and applies what its eval
     mode applies (BatchAugment: conversion and normalisation only)."""
-    if not getattr(module, "training", True):
-        return False
-    sample = getattr(module, "sample_params", None)
-    if sample is None:
-        return False
-    try:
-        return "seed" in inspect.signature(sample).parameters
-    except (TypeError, ValueError):
-        return False
+    return getattr(module, "training", True) and keyed.takes_keys(module)
 
 
 def _rows(params: Any, keep: torch.Tensor, n: int) -> Any:

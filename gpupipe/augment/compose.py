@@ -7,7 +7,6 @@ from typing import Any, Optional, Sequence
 from torch import nn
 
 from gpupipe import keyed
-from gpupipe.augment.random_choice import takes_keys
 
 
 class Compose(nn.Module):
@@ -56,7 +55,7 @@ class Compose(nn.Module):
         for k, child in enumerate(self._transforms):
             if not hasattr(child, "sample_params"):
                 params[str(k)] = None
-            elif seed is not None and takes_keys(child):
+            elif seed is not None and keyed.takes_keys(child):
                 params[str(k)] = child.sample_params(n, seed=keyed.derive_seed(seed, k), epoch=epoch, indices=indices)
             else:
                 if seed is None and (epoch is not None or indices is not None):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -12,17 +11,6 @@ from torch import nn
 from gpupipe import keyed
 from gpupipe.augment._batch_transform import batch_rng
 from gpupipe.augment._keyed_params import GeneratorLike, as_generator
-
-
-def takes_keys(module: Any) -> bool:
-    """True when ``module.sample_params`` follows the keyed protocol (accepts ``seed``)."""
-    fn = getattr(module, "sample_params", None)
-    if fn is None:
-        return False
-    try:
-        return "seed" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 class RandomChoice(nn.Module):
@@ -82,7 +70,7 @@ class RandomChoice(nn.Module):
         child = self._transforms[k]
         if not hasattr(child, "sample_params"):
             child_params = None
-        elif seed is not None and takes_keys(child):
+        elif seed is not None and keyed.takes_keys(child):
             child_params = child.sample_params(n, seed=keyed.derive_seed(seed, k), epoch=epoch, indices=indices)
         else:
             child_params = child.sample_params(n)
