@@ -174,7 +174,7 @@ const char* const kInfoColumns[] = {"height", "width", "colorspace", "channels",
                                     "scans", "eoi", "error"};
 constexpr size_t kInfoWidth = sizeof(kInfoColumns) / sizeof(kInfoColumns[0]);
 
-// SOS markers in a progressive file (a scan bomb has thousands); FF DA cannot occur inside
+// SOS markers in a file (a scan bomb, progressive or not, has thousands); FF DA cannot occur inside
 // entropy-coded data (FF is stuffed), so counting marker pairs counts scans.
 int64_t count_scans(const uint8_t* d, size_t n) {
   int64_t scans = 0;

@@ -81,7 +81,8 @@ unsigned row_blocks(int64_t n, int64_t h) {
   return static_cast<unsigned>(per_sample < 1 ? 1 : per_sample);
 }
 
-constexpr unsigned kMaxGridY = 65535;  // samples beyond it are taken by the same blocks in turn
+// Grid rows, one per sample, at most 65535: samples beyond are taken by the same blocks in turn.
+unsigned sample_blocks(int64_t n) { return static_cast<unsigned>(n < 65535 ? n : 65535); }
 
 // Output pixel (x, y) of sample P: its warped input on the 0..255 scale.
 __device__ void warped_pixel(const AugmentArgs& a, const float* P, const pixel::Image8& im, int64_t x, int64_t y,
@@ -162,7 +163,7 @@ __global__ void augment_kernel(AugmentArgs a, Out* __restrict__ out, Store store
 
 template <typename Out, typename Store>
 void launch_augment(const AugmentArgs& a, cudaStream_t s, Store store) {
-  const dim3 grid(row_blocks(a.input.n, a.input.h), static_cast<unsigned>(a.input.n < kMaxGridY ? a.input.n : kMaxGridY));
+  const dim3 grid(row_blocks(a.input.n, a.input.h), sample_blocks(a.input.n));
   augment_kernel<<<grid, dim3(kTileW, kTileH), 0, s>>>(a, static_cast<Out*>(a.output), store);
 }
 
@@ -182,8 +183,7 @@ int warp_affine_cuda(const WarpArgs& a, void* stream) {
 int augment_cuda(const AugmentArgs& a, void* stream) {
   if (a.input.n == 0 || a.input.h == 0 || a.input.w == 0) return 0;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const unsigned samples = static_cast<unsigned>(a.input.n < kMaxGridY ? a.input.n : kMaxGridY);
-  mean_kernel<<<dim3(kMeanBlocks, samples), dim3(kTileW, kTileH), 0, s>>>(a);
+  mean_kernel<<<dim3(kMeanBlocks, sample_blocks(a.input.n)), dim3(kTileW, kTileH), 0, s>>>(a);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return static_cast<int>(err);
   switch (a.out_type) {
