@@ -28,7 +28,7 @@ if ! "$VPY" -c "import torch, torchvision; assert torch.__version__.startswith('
 fi
 if ! "$VPY" -c "import pybind11, scikit_build_core, pytest, PIL, skimage, simplejpeg, kornia, matplotlib, tqdm, packaging, ninja" 2>/dev/null; then
   log "installing build, test and benchmark packages"
-  pip_q "pybind11>=2.12" "scikit-build-core>=0.8" ninja pytest pillow scikit-image simplejpeg kornia matplotlib tqdm packaging numpy
+  pip_q "pybind11>=2.12" "scikit-build-core>=0.8" ninja pytest "pillow>=13" scikit-image simplejpeg kornia matplotlib tqdm packaging numpy
 fi
 if ! "$VPY" -c "import atheris" 2>/dev/null; then
   log "installing atheris (the Python API fuzz smoke)"

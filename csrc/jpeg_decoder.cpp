@@ -118,6 +118,7 @@ struct Plan {
   int channels = 3;
   int x0 = 0, x1 = 0, y0 = 0, y1 = 0;  // whole pixels of the (scaled) frame covering the box
   double bx0 = 0, by0 = 0, bx1 = 0, by1 = 0;  // the exact box relative to (x0, y0), for resizing
+  bool horizontal_first = true;  // the resampler's pass order (Resampler::pillow_horizontal_first)
   bool direct = true;         // decoded rows go straight to the output (no resize)
   uint8_t* dst = nullptr;     // where decoded rows go: the output, or the region to resize
   size_t dst_stride = 0;
@@ -362,6 +363,15 @@ Plan plan_decode(const jpeg_decompress_struct& c, const DecodeRequest& req) {
     plan.x1 = static_cast<int>(std::min<int64_t>(fw, plan.x1 + mx));
     plan.y1 = static_cast<int>(std::min<int64_t>(fh, plan.y1 + my));
   }
+  // The pass order Pillow picks for the image its reference call resizes: the crop (the decoded
+  // region), or with `window` the whole frame, resized to the size that maps the box to the output.
+  if (resample && req.window)
+    plan.horizontal_first = Resampler::pillow_horizontal_first(
+        static_cast<double>(fh), static_cast<double>(fw), std::round(fh * (req.out_height / (fy1 - fy0))),
+        std::round(fw * (req.out_width / (fx1 - fx0))));
+  else
+    plan.horizontal_first = Resampler::pillow_horizontal_first(plan.y1 - plan.y0, plan.x1 - plan.x0, req.out_height,
+                                                               req.out_width);
   plan.bx0 = fx0 - plan.x0;
   plan.by0 = fy0 - plan.y0;
   plan.bx1 = fx1 - plan.x0;
@@ -496,7 +506,7 @@ DecodeResult Decoder::decode(const uint8_t* data, size_t size, const DecodeReque
   if (!guarded_decode_rows(s, &plan)) throw_recorded(s->err);
   if (!plan.direct)
     s->resampler.resize(s->region.data(), rh, rw, plan.channels, plan.dst_stride, plan.bx0, plan.by0, plan.bx1,
-                        plan.by1, out, req.out_height, req.out_width, out_stride);
+                        plan.by1, out, req.out_height, req.out_width, out_stride, plan.horizontal_first);
   DecodeResult result;
   result.scale_num = plan.scale_num;
   result.restart_path = restart_path;

@@ -6,6 +6,13 @@
 
 #include "multiversion.h"
 
+#if defined(__x86_64__) && defined(__GNUC__)  // gcc and clang: target("avx2") + __builtin_cpu_supports
+#include <immintrin.h>
+#define GPUPIPE_HAS_AVX2_RGB 1
+#else
+#define GPUPIPE_HAS_AVX2_RGB 0
+#endif
+
 namespace gpupipe {
 namespace {
 
@@ -25,25 +32,71 @@ inline uint8_t clip8(int32_t v) {
 
 // The passes below are GPUPIPE_MULTIVERSION (multiversion.h): AVX2 where the CPU has it.
 
+// Outputs [x_begin, out_w) of one row.
 template <int C>
-inline void horizontal_pass_impl(const uint8_t* src, size_t src_stride, int first_row, int rows, uint8_t* dst,
-                     size_t dst_stride, int out_w, int ksize, const int* bounds,
-                     const int32_t* weights) {
-  for (int y = 0; y < rows; ++y) {
-    const uint8_t* in = src + static_cast<size_t>(first_row + y) * src_stride;
-    uint8_t* out = dst + static_cast<size_t>(y) * dst_stride;
-    for (int x = 0; x < out_w; ++x) {
-      const int xmin = bounds[2 * x], xn = bounds[2 * x + 1];
-      const int32_t* k = weights + static_cast<size_t>(x) * ksize;
-      int32_t acc[C];
-      for (int c = 0; c < C; ++c) acc[c] = 1 << (kPrecisionBits - 1);
-      const uint8_t* p = in + static_cast<size_t>(xmin) * C;
-      for (int i = 0; i < xn; ++i)
-        for (int c = 0; c < C; ++c) acc[c] += p[i * C + c] * k[i];
-      for (int c = 0; c < C; ++c) out[x * C + c] = clip8(acc[c]);
-    }
+inline void horizontal_row(const uint8_t* in, uint8_t* out, int x_begin, int out_w, int ksize, const int* bounds,
+                           const int32_t* weights) {
+  for (int x = x_begin; x < out_w; ++x) {
+    const int xmin = bounds[2 * x], xn = bounds[2 * x + 1];
+    const int32_t* k = weights + static_cast<size_t>(x) * ksize;
+    int32_t acc[C];
+    for (int c = 0; c < C; ++c) acc[c] = 1 << (kPrecisionBits - 1);
+    const uint8_t* p = in + static_cast<size_t>(xmin) * C;
+    for (int i = 0; i < xn; ++i)
+      for (int c = 0; c < C; ++c) acc[c] += p[i * C + c] * k[i];
+    for (int c = 0; c < C; ++c) out[x * C + c] = clip8(acc[c]);
   }
 }
+
+template <int C>
+inline void horizontal_pass_impl(const uint8_t* src, size_t src_stride, int first_row, int rows, uint8_t* dst,
+                                 size_t dst_stride, int out_w, int ksize, const int* bounds,
+                                 const int32_t* weights) {
+  for (int y = 0; y < rows; ++y)
+    horizontal_row<C>(src + static_cast<size_t>(first_row + y) * src_stride, dst + static_cast<size_t>(y) * dst_stride,
+                      0, out_w, ksize, bounds, weights);
+}
+
+#if GPUPIPE_HAS_AVX2_RGB
+// RGB, eight outputs at a time: tap i of the eight is one gather of 4 bytes (the pixel and the
+// next byte, which is masked off) at a precomputed byte offset, then exact int32 multiply-adds in
+// the order of the scalar loop, so the result is bit-identical to it. Outputs whose taps reach
+// the row's last pixel are left to the scalar loop (their 4-byte read would pass the row's end).
+// `offsets` and `lane_weights` are [ksize][out_w]: per tap, the byte offset in the row (a padded
+// tap repeats the output's last real one; its weight is 0) and the weight.
+__attribute__((target("avx2"))) int horizontal_rgb_avx2(const uint8_t* in, uint8_t* out, int out_w, int vec_w,
+                                                        int ksize, const int32_t* offsets,
+                                                        const int32_t* lane_weights) {
+  const __m256i half = _mm256_set1_epi32(1 << (kPrecisionBits - 1));
+  const __m256i byte = _mm256_set1_epi32(0xFF);
+  int x = 0;
+  for (; x + 8 <= vec_w; x += 8) {
+    __m256i r = half, g = half, b = half;
+    for (int i = 0; i < ksize; ++i) {
+      const __m256i off = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(offsets + static_cast<size_t>(i) * out_w + x));
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lane_weights + static_cast<size_t>(i) * out_w + x));
+      const __m256i px = _mm256_i32gather_epi32(reinterpret_cast<const int*>(in), off, 1);
+      r = _mm256_add_epi32(r, _mm256_mullo_epi32(_mm256_and_si256(px, byte), w));
+      g = _mm256_add_epi32(g, _mm256_mullo_epi32(_mm256_and_si256(_mm256_srli_epi32(px, 8), byte), w));
+      b = _mm256_add_epi32(b, _mm256_mullo_epi32(_mm256_and_si256(_mm256_srli_epi32(px, 16), byte), w));
+    }
+    // clip8: the arithmetic shift, then unsigned saturation to 0..255 (negative sums give 0).
+    alignas(32) int32_t lanes[3][8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[0]), _mm256_srai_epi32(r, kPrecisionBits));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[1]), _mm256_srai_epi32(g, kPrecisionBits));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[2]), _mm256_srai_epi32(b, kPrecisionBits));
+    uint8_t* o = out + static_cast<size_t>(x) * 3;
+    for (int j = 0; j < 8; ++j)
+      for (int c = 0; c < 3; ++c) o[3 * j + c] = static_cast<uint8_t>(std::clamp(lanes[c][j], 0, 255));
+  }
+  return x;
+}
+
+bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+#endif
 
 GPUPIPE_MULTIVERSION void horizontal_pass(int channels, const uint8_t* src, size_t src_stride,
                                           int first_row, int rows, uint8_t* dst, size_t dst_stride,
@@ -120,45 +173,104 @@ void Resampler::compute(int in_size, double in0, double in1, int out_size, Coeff
   }
 }
 
+bool Resampler::horizontal_rgb_fast(int channels, const uint8_t* src, size_t src_stride, int first_row, int rows,
+                                    uint8_t* dst, size_t dst_stride, int src_w, int out_w) {
+#if GPUPIPE_HAS_AVX2_RGB
+  if (channels != 3 || !cpu_has_avx2()) return false;
+  const Coeffs& h = horizontal_;
+  const int ksize = h.ksize;
+  // The prefix of outputs that may be gathered: every tap's 4-byte read stays inside the row.
+  int vec_w = 0;
+  while (vec_w < out_w && h.bounds[2 * vec_w + 1] > 0 && h.bounds[2 * vec_w] + h.bounds[2 * vec_w + 1] <= src_w - 1)
+    ++vec_w;
+  vec_w &= ~7;
+  if (vec_w == 0) return false;
+  lane_offsets_.resize(static_cast<size_t>(ksize) * out_w);
+  lane_weights_.resize(static_cast<size_t>(ksize) * out_w);
+  for (int x = 0; x < vec_w; ++x) {
+    const int xmin = h.bounds[2 * x], xn = h.bounds[2 * x + 1];
+    for (int i = 0; i < ksize; ++i) {
+      lane_offsets_[static_cast<size_t>(i) * out_w + x] = 3 * (xmin + std::min(i, xn - 1));
+      lane_weights_[static_cast<size_t>(i) * out_w + x] = h.weights[static_cast<size_t>(x) * ksize + i];
+    }
+  }
+  for (int y = 0; y < rows; ++y) {
+    const uint8_t* in = src + static_cast<size_t>(first_row + y) * src_stride;
+    uint8_t* out = dst + static_cast<size_t>(y) * dst_stride;
+    const int done = horizontal_rgb_avx2(in, out, out_w, vec_w, ksize, lane_offsets_.data(), lane_weights_.data());
+    horizontal_row<3>(in, out, done, out_w, ksize, h.bounds.data(), h.weights.data());
+  }
+  return true;
+#else
+  (void)channels, (void)src, (void)src_stride, (void)first_row, (void)rows, (void)dst, (void)dst_stride, (void)src_w,
+      (void)out_w;
+  return false;
+#endif
+}
+
 void Resampler::resize(const uint8_t* src, int src_h, int src_w, int channels, size_t src_stride,
                        double x0, double y0, double x1, double y1, uint8_t* dst, int dst_h,
-                       int dst_w, size_t dst_stride) {
+                       int dst_w, size_t dst_stride, bool horizontal_first) {
   // Pillow skips a pass whose axis keeps its size and box.
   const bool need_h = dst_w != src_w || x0 != 0.0 || x1 != src_w;
   const bool need_v = dst_h != src_h || y0 != 0.0 || y1 != src_h;
   compute(src_w, x0, x1, dst_w, &horizontal_);
   compute(src_h, y0, y1, dst_h, &vertical_);
+  if (!need_h && !need_v) {  // a plain copy
+    for (int y = 0; y < dst_h; ++y)
+      std::memcpy(dst + y * dst_stride, src + y * src_stride, static_cast<size_t>(src_w) * channels);
+    return;
+  }
+  const size_t out_row = static_cast<size_t>(dst_w) * channels;
 
+  if (!horizontal_first) {  // vertical over every source column, then horizontal
+    const uint8_t* hsrc = src;
+    size_t hstride = src_stride;
+    if (need_v) {
+      const size_t tstride = static_cast<size_t>(src_w) * channels;
+      uint8_t* out = dst;
+      size_t ostride = dst_stride;
+      if (need_h) {
+        temp_.resize(tstride * dst_h);
+        out = temp_.data();
+        ostride = tstride;
+      }
+      vertical_pass(src, src_stride, 0, out, ostride, dst_h, static_cast<int>(tstride), vertical_.ksize,
+                    vertical_.bounds.data(), vertical_.weights.data(), &acc_);
+      if (!need_h) return;
+      hsrc = temp_.data();
+      hstride = tstride;
+    }
+    run_horizontal(channels, hsrc, hstride, 0, dst_h, dst, dst_stride, src_w, dst_w);
+    return;
+  }
+
+  // horizontal over the rows the vertical pass reads, then vertical
+  if (!need_v) {
+    run_horizontal(channels, src, src_stride, 0, src_h, dst, dst_stride, src_w, dst_w);
+    return;
+  }
   const uint8_t* vsrc = src;
   size_t vstride = src_stride;
   int row_offset = 0;
   if (need_h) {
     const int* vb = vertical_.bounds.data();
-    const int first = need_v ? vb[0] : 0;
-    const int last = need_v ? vb[2 * dst_h - 2] + vb[2 * dst_h - 1] : src_h;
-    const int rows = last - first;
-    const size_t tstride = static_cast<size_t>(dst_w) * channels;
-    uint8_t* out = need_v ? nullptr : dst;
-    if (need_v) {
-      temp_.resize(tstride * rows);
-      out = temp_.data();
-    }
-    const size_t ostride = need_v ? tstride : dst_stride;
-    horizontal_pass(channels, src, src_stride, first, rows, out, ostride, dst_w, horizontal_.ksize,
-                    horizontal_.bounds.data(), horizontal_.weights.data());
-    if (!need_v) return;
+    const int first = vb[0], last = vb[2 * dst_h - 2] + vb[2 * dst_h - 1];
+    temp_.resize(out_row * (last - first));
+    run_horizontal(channels, src, src_stride, first, last - first, temp_.data(), out_row, src_w, dst_w);
     vsrc = temp_.data();
-    vstride = tstride;
+    vstride = out_row;
     row_offset = first;
   }
-  const int row_bytes = (need_h ? dst_w : src_w) * channels;
-  if (need_v) {
-    vertical_pass(vsrc, vstride, row_offset, dst, dst_stride, dst_h, row_bytes, vertical_.ksize,
-                  vertical_.bounds.data(), vertical_.weights.data(), &acc_);
-    return;
-  }
-  for (int y = 0; y < dst_h; ++y)  // neither pass: a plain copy
-    std::memcpy(dst + y * dst_stride, src + y * src_stride, static_cast<size_t>(row_bytes));
+  vertical_pass(vsrc, vstride, row_offset, dst, dst_stride, dst_h, (need_h ? dst_w : src_w) * channels,
+                vertical_.ksize, vertical_.bounds.data(), vertical_.weights.data(), &acc_);
+}
+
+void Resampler::run_horizontal(int channels, const uint8_t* src, size_t src_stride, int first_row, int rows,
+                               uint8_t* dst, size_t dst_stride, int src_w, int dst_w) {
+  if (!horizontal_rgb_fast(channels, src, src_stride, first_row, rows, dst, dst_stride, src_w, dst_w))
+    horizontal_pass(channels, src, src_stride, first_row, rows, dst, dst_stride, dst_w, horizontal_.ksize,
+                    horizontal_.bounds.data(), horizontal_.weights.data());
 }
 
 }  // namespace gpupipe

@@ -1,4 +1,4 @@
-// Antialiased bilinear resampling of 8-bit images, arithmetic-compatible with Pillow's
+// Antialiased bilinear resampling of 8-bit images, arithmetic-compatible with Pillow's (>= 13)
 // Image.resize(size, Image.BILINEAR, box=..., reducing_gap=None): the same coefficients,
 // fixed-point rounding and pass order, so results are bit-identical to Pillow's.
 #pragma once
@@ -14,9 +14,18 @@ class Resampler {
   // Resizes the (fractional) box [x0, x1) x [y0, y1) of `src` (src_h x src_w x channels, rows of
   // src_stride bytes) to `dst` (dst_h x dst_w x channels, rows of dst_stride bytes).
   // channels is 1, 3 or 4. Taps never reach outside src. Workspace is reused between calls.
+  // `horizontal_first` is the pass order (pillow_horizontal_first of the image Pillow resizes).
   void resize(const uint8_t* src, int src_h, int src_w, int channels, size_t src_stride, double x0,
               double y0, double x1, double y1, uint8_t* dst, int dst_h, int dst_w,
-              size_t dst_stride);
+              size_t dst_stride, bool horizontal_first);
+
+  // Pillow >= 13 (python-pillow/Pillow#9549) runs the vertical pass first when an in_h x in_w
+  // image resized to out_h x out_w loses more than twice as many rows as columns. The order
+  // decides the intermediate's rounding (results differ by up to 1 level).
+  // Sizes are whole numbers, passed as double so a computed size needs no cast (NaN: horizontal).
+  static bool pillow_horizontal_first(double in_h, double in_w, double out_h, double out_w) {
+    return !(in_h - out_h > 0 && in_h - out_h > 2 * (in_w - out_w));
+  }
 
  private:
   struct Coeffs {
@@ -26,10 +35,17 @@ class Resampler {
     std::vector<double> scratch;
   };
   static void compute(int in_size, double in0, double in1, int out_size, Coeffs* c);
+  // The horizontal pass of an RGB image with AVX2 gathers (bit-identical to the scalar pass);
+  // false when it does not apply (other channel counts, no AVX2, no output far enough from the edge).
+  void run_horizontal(int channels, const uint8_t* src, size_t src_stride, int first_row, int rows, uint8_t* dst,
+                      size_t dst_stride, int src_w, int dst_w);
+  bool horizontal_rgb_fast(int channels, const uint8_t* src, size_t src_stride, int first_row, int rows,
+                           uint8_t* dst, size_t dst_stride, int src_w, int out_w);
 
   Coeffs horizontal_, vertical_;
   std::vector<uint8_t> temp_;
   std::vector<int32_t> acc_;
+  std::vector<int32_t> lane_offsets_, lane_weights_;  // [ksize][out_w], horizontal_rgb_fast
 };
 
 }  // namespace gpupipe

@@ -147,8 +147,8 @@ def test_keyed_streams_are_independent_and_stream_0_is_the_crops():
 
 def test_resize_center_crop_is_torchvisions_eval_transform():
     """Resize(256) + CenterCrop(224) on Pillow images of assorted sizes and aspect ratios: the
-    exact decode (dct_scaling=False) within 1 level everywhere; the default (DCT-scaled) within a
-    mean of 1 level."""
+    exact decode (dct_scaling=False) equal to it (the tall ones are where Pillow >= 13 resizes
+    vertically first); the default (DCT-scaled) within a mean of 1 level."""
     import io
 
     from PIL import Image
@@ -159,7 +159,8 @@ def test_resize_center_crop_is_torchvisions_eval_transform():
 
     sampler = crops.ResizeCenterCrop(224, 256)
     tv = T.Compose([T.Resize(256), T.CenterCrop(224)])
-    shapes = [(533, 800), (800, 533), (256, 256), (300, 1000), (1280, 1920), (257, 383), (480, 481)]
+    shapes = [(533, 800), (800, 533), (256, 256), (300, 1000), (1280, 1920), (257, 383), (480, 481), (1017, 313),
+              (690, 259), (1130, 430)]
     datas = [encode(photo(h, w, ["coffee", "astronaut", "chelsea", "rocket"][k % 4]), quality=92)
              for k, (h, w) in enumerate(shapes)]
     H, W = zip(*shapes)
@@ -168,7 +169,7 @@ def test_resize_center_crop_is_torchvisions_eval_transform():
     ref = np.stack([np.asarray(tv(Image.open(io.BytesIO(d)).convert("RGB"))) for d in datas])
     exact = gpupipe.decode_crop_jpegs(datas, boxes, size=224, window=True, dct_scaling=False)
     diff = np.abs(exact.images.permute(0, 2, 3, 1).numpy().astype(int) - ref.astype(int))
-    assert diff.max() <= 1 and diff.mean() < 0.01, (diff.max(), diff.mean())
+    assert diff.max() == 0, [int(d.max()) for d in diff]
     fast = gpupipe.decode_crop_jpegs(datas, boxes, size=224, window=True)
     diff = np.abs(fast.images.permute(0, 2, 3, 1).numpy().astype(int) - ref.astype(int))
     assert diff.mean() < 1.0, diff.mean()
