@@ -22,6 +22,7 @@
 #include "augment_cpu.h"
 #include "batch_decode.h"
 #include "errors.h"
+#include "file_reader.h"
 #include "jpeg_decoder.h"
 #include "jpeg_encoder.h"
 #include "erase_cpu.h"
@@ -449,6 +450,34 @@ void register_runtime(py::module_& m) {
   m.attr("jpeg_lib_version") = JPEG_LIB_VERSION;
 }
 
+void register_files(py::module_& m) {
+  m.def(
+      "read_files",
+      [](const std::vector<std::string>& paths, int num_threads) {
+        if (num_threads < 1 || num_threads > kMaxThreads)
+          throw InvalidArgument("num_threads must be in [1, " + std::to_string(kMaxThreads) + "]");
+        std::shared_ptr<ThreadPool> pool = num_threads == 1 || paths.size() <= 1 ? nullptr : get_pool(num_threads);
+        std::vector<FileRead> reads(paths.size());
+        {
+          py::gil_scoped_release release;
+          auto read_one = [&](size_t i) { reads[i] = read_whole_file(paths[i]); };
+          if (pool)
+            pool->parallel_for(paths.size(), read_one);
+          else
+            for (size_t i = 0; i < paths.size(); ++i) read_one(i);
+        }
+        py::list out(paths.size());
+        for (size_t i = 0; i < reads.size(); ++i) {
+          out[i] = reads[i].error ? py::object(py::int_(reads[i].error)) : py::object(py::bytes(reads[i].data));
+          std::string().swap(reads[i].data);  // at most one file held twice at a time
+        }
+        return out;
+      },
+      py::arg("paths"), py::arg("num_threads"),
+      "Reads whole files (paths as bytes, os.fsencode) on a pool of num_threads without the GIL; "
+      "returns, per path, its bytes or the errno (int) of the failed read.");
+}
+
 void register_encode(py::module_& m) {
   m.def(
       "encode_jpeg",
@@ -602,6 +631,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "gpupipe's C++ core (libjpeg-turbo ROI decoding, batch engine). Private: use gpupipe.";
   register_errors(m);
   register_header(m);
+  register_files(m);
   register_decode(m);
   register_runtime(m);
   register_encode(m);

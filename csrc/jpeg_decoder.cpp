@@ -122,6 +122,10 @@ struct Plan {
   bool direct = true;         // decoded rows go straight to the output (no resize)
   uint8_t* dst = nullptr;     // where decoded rows go: the output, or the region to resize
   size_t dst_stride = 0;
+  // Without `direct` and with kCopy, libjpeg writes its (margin-widened) rows straight into the
+  // state's region (no copy); the box's pixels then start at region_offset, rows region_stride apart.
+  bool rows_in_region = false;
+  size_t region_offset = 0, region_stride = 0;
   uint64_t max_memory = 0;
 };
 
@@ -193,8 +197,9 @@ bool guarded_read_header(Decoder::State* s, const uint8_t* data, size_t size, bo
   return true;
 }
 
-// Decodes rows [y0, y1) x columns [x0, x1) of the scaled output frame into plan->dst.
-bool guarded_decode_rows(Decoder::State* s, const Plan* plan) {
+// Decodes rows [y0, y1) x columns [x0, x1) of the scaled output frame into plan->dst, or with
+// rows_in_region into s->region (setting region_offset and region_stride).
+bool guarded_decode_rows(Decoder::State* s, Plan* plan) {
   j_decompress_ptr cinfo = &s->cinfo;
   if (setjmp(s->err.jump)) return false;
   cinfo->scale_num = static_cast<unsigned int>(plan->scale_num);
@@ -223,23 +228,37 @@ bool guarded_decode_rows(Decoder::State* s, const Plan* plan) {
     }
   }
   const int comps = cinfo->output_components;
-  JSAMPARRAY rows = (*cinfo->mem->alloc_sarray)(reinterpret_cast<j_common_ptr>(cinfo), JPOOL_IMAGE,
-                                                cw * static_cast<JDIMENSION>(comps), kRowsPerRead);
+  const size_t libjpeg_row = static_cast<size_t>(cw) * comps;
   const int col = plan->x0 - static_cast<int>(xoff);
   const int width = plan->x1 - plan->x0;
+  JSAMPARRAY rows;
+  JSAMPROW region_rows[kRowsPerRead];
+  if (plan->rows_in_region) {
+    s->region.resize(libjpeg_row * static_cast<size_t>(plan->y1 - plan->y0));
+    plan->region_offset = static_cast<size_t>(col) * comps;
+    plan->region_stride = libjpeg_row;
+    rows = region_rows;
+  } else {
+    rows = (*cinfo->mem->alloc_sarray)(reinterpret_cast<j_common_ptr>(cinfo), JPOOL_IMAGE,
+                                       static_cast<JDIMENSION>(libjpeg_row), kRowsPerRead);
+  }
   int y = plan->y0;
   while (y < plan->y1) {
     JDIMENSION want = static_cast<JDIMENSION>(std::min(kRowsPerRead, plan->y1 - y));
+    if (plan->rows_in_region)
+      for (JDIMENSION r = 0; r < want; ++r)
+        region_rows[r] = s->region.data() + static_cast<size_t>(y - plan->y0 + static_cast<int>(r)) * libjpeg_row;
     JDIMENSION got = jpeg_read_scanlines(cinfo, rows, want);
     if (got == 0) {
       std::snprintf(s->err.message, sizeof(s->err.message), "JPEG decoder produced no row %d", y);
       s->err.kind = ErrorKind::kCorrupt;
       return false;
     }
-    for (JDIMENSION r = 0; r < got; ++r)
-      emit_row(rows[r] + static_cast<size_t>(col) * comps,
-               plan->dst + static_cast<size_t>(y - plan->y0 + static_cast<int>(r)) * plan->dst_stride,
-               width, comps, plan->convert);
+    if (!plan->rows_in_region)
+      for (JDIMENSION r = 0; r < got; ++r)
+        emit_row(rows[r] + static_cast<size_t>(col) * comps,
+                 plan->dst + static_cast<size_t>(y - plan->y0 + static_cast<int>(r)) * plan->dst_stride,
+                 width, comps, plan->convert);
     y += static_cast<int>(got);
   }
   return true;
@@ -498,15 +517,18 @@ DecodeResult Decoder::decode(const uint8_t* data, size_t size, const DecodeReque
   if (plan.direct) {
     plan.dst = out;
     plan.dst_stride = out_stride;
+  } else if (plan.convert == Convert::kCopy) {
+    plan.rows_in_region = true;  // guarded_decode_rows sizes the region to libjpeg's rows
   } else {
     s->region.resize(static_cast<size_t>(rw) * rh * plan.channels);
     plan.dst = s->region.data();
-    plan.dst_stride = static_cast<size_t>(rw) * plan.channels;
+    plan.dst_stride = plan.region_stride = static_cast<size_t>(rw) * plan.channels;
   }
   if (!guarded_decode_rows(s, &plan)) throw_recorded(s->err);
   if (!plan.direct)
-    s->resampler.resize(s->region.data(), rh, rw, plan.channels, plan.dst_stride, plan.bx0, plan.by0, plan.bx1,
-                        plan.by1, out, req.out_height, req.out_width, out_stride, plan.horizontal_first);
+    s->resampler.resize(s->region.data() + plan.region_offset, rh, rw, plan.channels, plan.region_stride, plan.bx0,
+                        plan.by0, plan.bx1, plan.by1, out, req.out_height, req.out_width, out_stride,
+                        plan.horizontal_first);
   DecodeResult result;
   result.scale_num = plan.scale_num;
   result.restart_path = restart_path;

@@ -120,7 +120,7 @@ std::mutex g_pool_mutex;  // guards g_pools; held across fork() by the atfork ha
 // up threads. Heap-held so that a forked child can abandon the parent's (never touch or destroy
 // it: its threads are gone and its mutexes may be held).
 using Pools = std::list<std::pair<int, std::shared_ptr<ThreadPool>>>;
-constexpr size_t kCachedPools = 3;
+constexpr size_t kCachedPools = 4;
 Pools* g_pools = nullptr;
 pid_t g_pools_pid = 0;
 

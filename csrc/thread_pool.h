@@ -48,7 +48,7 @@ constexpr int kMaxThreads = 1024;
 int default_num_threads();
 
 // The process's pool of `num_threads` workers (0: default_num_threads()), created lazily, one per
-// size asked for (the three most recently used sizes are kept), and created anew in a forked
+// size asked for (the four most recently used sizes are kept: decode, reads, augmentation and one more), and created anew in a forked
 // child, whose copy of the parent's has no threads
 // (a pthread_atfork handler keeps the registry's lock consistent across fork). Throws
 // InvalidArgument when num_threads is outside 0..kMaxThreads.

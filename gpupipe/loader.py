@@ -36,7 +36,7 @@ from gpupipe.crops import CropSampler
 from gpupipe.engine import Closed, Engine, StageTimes
 from gpupipe.policy import apply_policy, check_on_error
 from gpupipe.routing import decode_into, plan_batch
-from gpupipe.sources import MapSource, Sample, Source, distributed_indices
+from gpupipe.sources import MapSource, Source, _call_or_error, distributed_indices
 
 STAGES = ("read", "plan", "decode", "transfer", "augment")
 
@@ -190,7 +190,8 @@ class Loader:
             its kind (:mod:`gpupipe.policy`).
         rank, world_size: default to the ``torch.distributed`` process group's.
         progress: show a tqdm bar.
-        io_threads: threads reading files.
+        io_threads: threads reading a batch's files (one native call per batch for ``ImageFolder`` and
+            ``FileList``, the GIL released; a thread pool calling ``source.read`` otherwise).
         augment_threads: torch's intra-op threads in the augment stage when ``device`` is the CPU (its
             ops and gpupipe's host kernels run beside the decode threads): default ``cores -
             num_threads``, or half the cores when the decode takes them all (on 2 cores: 1;
@@ -251,7 +252,11 @@ class Loader:
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is not in [0, {self.world_size})")
         self.progress = progress
-        self.io_threads = max(1, int(io_threads))
+        if isinstance(io_threads, bool) or not isinstance(io_threads, (int, np.integer)):
+            raise TypeError(f"io_threads must be an int, got {type(io_threads).__name__}")
+        if not 1 <= io_threads <= _C.MAX_THREADS:
+            raise ValueError(f"io_threads must be in [1, {_C.MAX_THREADS}], got {io_threads}")
+        self.io_threads = int(io_threads)
         if augment_threads is not None and augment_threads < 1:
             raise ValueError(f"augment_threads must be >= 1, got {augment_threads}")
         cores = len(os.sched_getaffinity(0))
@@ -362,6 +367,7 @@ class _Epoch:
         self.l = loader
         self.first_batch = first_batch
         self.reader = ThreadPoolExecutor(loader.io_threads, thread_name_prefix="gpupipe-io")
+        self.native_reads = isinstance(loader.source, MapSource) and type(loader.source).read is MapSource.read
         h, w = loader.crop.size
         self.ring = None
         if loader.backend == "cpu":  # GPU backends decode on the device
@@ -393,17 +399,20 @@ class _Epoch:
             yield Batch(number, chunk)
 
     def read(self, batch: Batch) -> Batch:
-        def one(sample: Sample):
-            if sample.error is not None:
-                return _ReadFailure(sample.error)
-            if sample.data is not None:
-                return sample.data
-            try:
-                return self.l.source.read(sample.index)
-            except Exception as e:  # the sample's failure (kind READ), never the epoch's
-                return _ReadFailure(f"read error: {type(e).__name__}: {e}")
-
-        batch.datas = list(self.reader.map(one, batch.samples))
+        """The batch's bytes: carried by the samples, or read by the source, failures per sample
+        (kind READ), never the epoch's."""
+        source = self.l.source
+        datas = [_ReadFailure(s.error) if s.error is not None else s.data for s in batch.samples]
+        todo = [k for k, d in enumerate(datas) if d is None]
+        if todo:
+            indices = [batch.samples[k].index for k in todo]
+            if self.native_reads:  # one call per batch, no Python per file
+                got = source.read_many(indices, self.l.io_threads)
+            else:
+                got = list(self.reader.map(lambda i: _call_or_error(source.read, i), indices))
+            for k, d in zip(todo, got):
+                datas[k] = _ReadFailure(f"read error: {type(d).__name__}: {d}") if isinstance(d, BaseException) else d
+        batch.datas = datas
         return batch
 
     def plan(self, batch: Batch) -> Batch:

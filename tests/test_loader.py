@@ -295,6 +295,11 @@ def test_argument_validation(folder):
         gpupipe.Loader(src, batch_size=4, crop=crops.CenterCrop(8), on_error="ignore")
     with pytest.raises(ValueError, match="rank"):
         gpupipe.Loader(src, batch_size=4, crop=crops.CenterCrop(8), rank=3, world_size=2)
+    for bad in (0, _C.MAX_THREADS + 1):
+        with pytest.raises(ValueError, match="io_threads"):
+            gpupipe.Loader(src, batch_size=4, crop=crops.CenterCrop(8), io_threads=bad)
+    with pytest.raises(TypeError, match="io_threads"):
+        gpupipe.Loader(src, batch_size=4, crop=crops.CenterCrop(8), io_threads=2.5)
 
 
 @pytest.mark.skipif(not gpupipe.backends_available()["dali"]["available"], reason="DALI not installed")
@@ -418,3 +423,45 @@ def test_a_module_in_eval_mode_is_called_plainly(folder):
     trained = gpupipe.Loader(sources.ImageFolder(root), batch_size=20, crop=crops.CenterCrop(32), shuffle=False,
                              augment=aug)
     assert not torch.equal(torch.cat([x for x, _ in trained]), aug.eval()(raw))
+
+
+def test_map_source_read_many_equals_read_and_keeps_each_failure(folder, tmp_path):
+    """The read stage's native batch read: the bytes read() gives, and per failed file the OSError
+    subclass open() raises, in order; a subclass's own read() is called per sample."""
+    root, samples = folder
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    (tmp_path / "dir.jpg").mkdir()
+    paths = [samples[0][0], str(tmp_path / "missing.jpg"), str(tmp_path / "dir.jpg"), str(tmp_path / "empty.jpg"),
+             samples[1][0]]
+    src = sources.FileList(paths, [0] * len(paths))
+    got = src.read_many(range(len(paths)), 3)
+    assert got[0] == src.read(0) and got[4] == src.read(4) and got[3] == b""
+    assert type(got[1]) is FileNotFoundError and got[1].filename == paths[1] and got[1].errno == 2
+    assert type(got[2]) is IsADirectoryError
+    with pytest.raises(FileNotFoundError) as raised:
+        src.read(1)
+    assert str(raised.value) == str(got[1])  # the message open() would give
+
+    class Upper(sources.FileList):
+        def read(self, i):
+            if i == 1:
+                raise KeyError("no such record")
+            return b"record %d" % i
+
+    got = Upper(paths, [0] * len(paths)).read_many([0, 1, 2], 3)
+    assert got[0] == b"record 0" and type(got[1]) is KeyError and got[2] == b"record 2"
+
+
+def test_loader_reports_a_file_gone_after_listing_as_a_read_failure(folder, tmp_path):
+    root, samples = folder
+    paths = [p for p, _, _ in samples[:12]]
+    gone = tmp_path / "gone.jpg"
+    gone.write_bytes(Path(paths[0]).read_bytes())
+    src = sources.FileList(paths + [str(gone)], list(range(13)))
+    gone.unlink()
+    loader = gpupipe.Loader(src, batch_size=5, crop=crops.CenterCrop(32), shuffle=False)
+    labels = [int(v) for _, y in loader for v in y]
+    assert labels == list(range(12))
+    (failure,) = loader.stats()["skipped"]
+    assert failure.key == str(gone) and failure.kind == gpupipe.ErrorKind.READ
+    assert failure.message.startswith("read error: FileNotFoundError: [Errno 2]"), failure.message
