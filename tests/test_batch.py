@@ -181,9 +181,9 @@ def test_pools_are_kept_per_size_and_shut_down(batch):
     gpupipe.decode_crop_jpegs(batch, boxes, num_threads=2)
     gpupipe.decode_crop_jpegs(batch, boxes, num_threads=3)  # reused, not rebuilt
     assert _C.pool_threads() == 5
-    for k in range(2, 33):  # a sweep over thread counts keeps the three most recent pools only
+    for k in range(2, 33):  # a sweep over thread counts keeps the four most recent pools only
         gpupipe.decode_crop_jpegs(batch, boxes, num_threads=k)
-    assert _C.pool_threads() == 30 + 31 + 32
+    assert _C.pool_threads() == 29 + 30 + 31 + 32
     _C.shutdown_pool()
     assert _C.pool_threads() == 0
 
