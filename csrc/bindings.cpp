@@ -456,7 +456,7 @@ void register_files(py::module_& m) {
       [](const std::vector<std::string>& paths, int num_threads) {
         if (num_threads < 1 || num_threads > kMaxThreads)
           throw InvalidArgument("num_threads must be in [1, " + std::to_string(kMaxThreads) + "]");
-        std::shared_ptr<ThreadPool> pool = num_threads == 1 || paths.size() <= 1 ? nullptr : get_pool(num_threads);
+        std::shared_ptr<ThreadPool> pool = num_threads == 1 || paths.size() <= 1 ? nullptr : get_pool(num_threads, PoolUse::kIo);
         std::vector<FileRead> reads(paths.size());
         {
           py::gil_scoped_release release;

@@ -119,7 +119,8 @@ std::mutex g_pool_mutex;  // guards g_pools; held across fork() by the atfork ha
 // them every batch; at most kCachedPools sizes are kept, so a sweep over thread counts cannot pile
 // up threads. Heap-held so that a forked child can abandon the parent's (never touch or destroy
 // it: its threads are gone and its mutexes may be held).
-using Pools = std::list<std::pair<int, std::shared_ptr<ThreadPool>>>;
+// Keyed by (use, size): file reads never queue behind a decode of the same thread count.
+using Pools = std::list<std::pair<std::pair<PoolUse, int>, std::shared_ptr<ThreadPool>>>;
 constexpr size_t kCachedPools = 4;
 Pools* g_pools = nullptr;
 pid_t g_pools_pid = 0;
@@ -147,7 +148,7 @@ const bool g_atfork_registered = [] {
 }();
 }  // namespace
 
-std::shared_ptr<ThreadPool> get_pool(int num_threads) {
+std::shared_ptr<ThreadPool> get_pool(int num_threads, PoolUse use) {
   if (num_threads < 0 || num_threads > kMaxThreads)
     throw InvalidArgument("num_threads must be within 1.." + std::to_string(kMaxThreads) + ", got " +
                           std::to_string(num_threads));
@@ -156,13 +157,13 @@ std::shared_ptr<ThreadPool> get_pool(int num_threads) {
   std::lock_guard<std::mutex> lock(g_pool_mutex);
   Pools& pools = pools_locked();
   for (auto it = pools.begin(); it != pools.end(); ++it) {
-    if (it->first == num_threads) {
+    if (it->first == std::make_pair(use, num_threads)) {
       pools.splice(pools.begin(), pools, it);  // most recently used first
       return pools.front().second;
     }
   }
   auto pool = std::make_shared<ThreadPool>(num_threads);
-  pools.emplace_front(num_threads, pool);
+  pools.emplace_front(std::make_pair(use, num_threads), pool);
   if (pools.size() > kCachedPools) {
     evicted = std::move(pools.back().second);  // callers still holding it keep it alive
     pools.pop_back();

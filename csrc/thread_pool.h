@@ -47,12 +47,16 @@ constexpr int kMaxThreads = 1024;
 // Threads to use when the caller gives none: GPUPIPE_NUM_THREADS, else the CPU affinity count.
 int default_num_threads();
 
-// The process's pool of `num_threads` workers (0: default_num_threads()), created lazily, one per
-// size asked for (the four most recently used sizes are kept: decode, reads, augmentation and one more), and created anew in a forked
-// child, whose copy of the parent's has no threads
-// (a pthread_atfork handler keeps the registry's lock consistent across fork). Throws
+// What a pool runs: file reads (waits on I/O) get pools of their own, so that they never queue
+// behind a decode loop on a pool of the same size, nor hold up one.
+enum class PoolUse : int { kCompute, kIo };
+
+// The process's pool of `num_threads` workers (0: default_num_threads()) for `use`, created
+// lazily, one per (use, size) asked for (the four most recently used are kept: decode, reads,
+// augmentation and one more), and created anew in a forked child, whose copy of the parent's has
+// no threads (a pthread_atfork handler keeps the registry's lock consistent across fork). Throws
 // InvalidArgument when num_threads is outside 0..kMaxThreads.
-std::shared_ptr<ThreadPool> get_pool(int num_threads);
+std::shared_ptr<ThreadPool> get_pool(int num_threads, PoolUse use = PoolUse::kCompute);
 
 // Worker threads alive in this process's pools (0 when none was created).
 int pool_threads();

@@ -367,7 +367,8 @@ class _Epoch:
         self.l = loader
         self.first_batch = first_batch
         self.reader = ThreadPoolExecutor(loader.io_threads, thread_name_prefix="gpupipe-io")
-        self.native_reads = isinstance(loader.source, MapSource) and type(loader.source).read is MapSource.read
+        self.native_reads = isinstance(loader.source, MapSource) and \
+            getattr(loader.source.read, "__func__", None) is MapSource.read
         h, w = loader.crop.size
         self.ring = None
         if loader.backend == "cpu":  # GPU backends decode on the device

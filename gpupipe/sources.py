@@ -75,18 +75,30 @@ class MapSource:
         """The bytes of several samples, or the exception that stopped each read: one native call
         reading the files on ``num_threads`` threads without the GIL (the Loader's read stage). A
         subclass that overrides ``read`` gets its own ``read`` called per sample."""
-        if type(self).read is not MapSource.read:
+        if getattr(self.read, "__func__", None) is not MapSource.read:
             return [_call_or_error(self.read, i) for i in indices]
         keys = [self.keys[i] for i in indices]
-        got = _C.read_files([os.fsencode(k) for k in keys], num_threads)
-        # the OSError subclass open() would raise (FileNotFoundError, IsADirectoryError, ...)
-        return [OSError(r, os.strerror(r), k) if isinstance(r, int) else r for r, k in zip(got, keys)]
+        out = [_call_or_error(_file_path, k) for k in keys]  # a key open() would refuse fails alone
+        todo = [j for j, p in enumerate(out) if isinstance(p, bytes)]
+        got = _C.read_files([out[j] for j in todo], num_threads)
+        for j, r in zip(todo, got):
+            # the OSError subclass open() would raise (FileNotFoundError, IsADirectoryError, ...)
+            out[j] = OSError(r, os.strerror(r), keys[j]) if isinstance(r, int) else r
+        return out
 
     def epoch_samples(self, *, epoch, seed, shuffle, rank, world_size, drop_last, start=0) -> Iterator[Sample]:
         order = distributed_indices(len(self), epoch=epoch, seed=seed, shuffle=shuffle, rank=rank,
                                     world_size=world_size, drop_last=drop_last)
         for i in order[start:]:
             yield Sample(int(i), self.keys[i], int(self.labels[i]), None)
+
+
+def _file_path(key) -> bytes:
+    """The key as the bytes of a file path, refused as open() refuses it."""
+    path = os.fsencode(key)
+    if b"\0" in path:
+        raise ValueError("embedded null byte")
+    return path
 
 
 def _call_or_error(fn, *args):

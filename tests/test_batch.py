@@ -188,6 +188,18 @@ def test_pools_are_kept_per_size_and_shut_down(batch):
     assert _C.pool_threads() == 0
 
 
+def test_file_reads_get_pools_of_their_own(batch, tmp_path):
+    """A read on as many threads as the decode must not queue behind the decode's loops."""
+    boxes = boxes_for(batch)
+    f = tmp_path / "x.jpg"
+    f.write_bytes(batch[0])
+    _C.shutdown_pool()
+    gpupipe.decode_crop_jpegs(batch, boxes, num_threads=2)
+    assert _C.read_files([bytes(f)] * 3, 2) == [batch[0]] * 3
+    assert _C.pool_threads() == 4
+    _C.shutdown_pool()
+
+
 def test_concurrent_batches_from_many_threads(batch, bad_batch):
     boxes = boxes_for(batch)
     ref_good = gpupipe.decode_crop_jpegs(batch, boxes, num_threads=2)

@@ -450,6 +450,12 @@ def test_map_source_read_many_equals_read_and_keeps_each_failure(folder, tmp_pat
 
     got = Upper(paths, [0] * len(paths)).read_many([0, 1, 2], 3)
     assert got[0] == b"record 0" and type(got[1]) is KeyError and got[2] == b"record 2"
+    patched = sources.FileList(paths, [0] * len(paths))
+    patched.read = lambda i: b"patched"  # replaced on the instance: still its own read
+    assert patched.read_many([0], 2) == [b"patched"]
+    # a key open() refuses fails alone, as open() fails (not truncated at the NUL, not the batch)
+    nul = sources.FileList([paths[0] + "\0zz", paths[0]], [0, 0]).read_many([0, 1], 2)
+    assert type(nul[0]) is ValueError and "null byte" in str(nul[0]) and nul[1] == src.read(0)
 
 
 def test_loader_reports_a_file_gone_after_listing_as_a_read_failure(folder, tmp_path):
