@@ -623,6 +623,18 @@ void register_policies(py::module_& m) {
       py::arg("images"), py::arg("out"), py::arg("lam"), py::arg("num_threads"),
       "MixUp's host kernel: out[i] = images[i - 1] * (1 - lam) + images[i] * lam (i - 1 mod N) for a "
       "contiguous float32 [N, C, H, W] batch, rounded as torchvision's expression.");
+  m.def(
+      "mixup_rolled_inplace",
+      [](std::vector<int64_t> images, double lam, int num_threads) {
+        const StridedBuffer x = parse_buffer(images, "images", kFloat32, {-1, -1, -1, -1});
+        require_contiguous(x, "images");
+        if (!(lam >= 0.0 && lam <= 1.0)) throw InvalidArgument("lam must be within [0, 1]");
+        const int64_t per_sample = x.shape[1] * x.shape[2] * x.shape[3];
+        py::gil_scoped_release release;
+        mixup_rolled_inplace_cpu(x.as<float>(), x.shape[0], per_sample, lam, num_threads);
+      },
+      py::arg("images"), py::arg("lam"), py::arg("num_threads"),
+      "mixup_rolled written over images (MixUp(inplace=True)): the same values.");
 }
 
 }  // namespace

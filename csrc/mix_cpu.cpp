@@ -1,5 +1,8 @@
 #include "mix_cpu.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "multiversion.h"
 #include "parallel_rows.h"
 
@@ -15,13 +18,24 @@ GPUPIPE_MULTIVERSION void blend(const float* __restrict__ other, const float* __
   }
 }
 
+// out[k] = other[k] * a + inout[k] * b written over inout (no __restrict__ between the two).
+GPUPIPE_MULTIVERSION void blend_into(const float* __restrict__ other, float* inout, int64_t count, float a, float b) {
+  for (int64_t k = 0; k < count; ++k) {
+    const float p = other[k] * a;
+    const float q = inout[k] * b;
+    inout[k] = p + q;
+  }
+}
+
+constexpr int64_t kChunk = 1 << 14;  // floats per task: a few per sample, so both threads stay busy
+
 }  // namespace
 
 void mixup_rolled_cpu(const float* x, float* out, int64_t n, int64_t per_sample, double lam, int num_threads) {
   if (n <= 0 || per_sample <= 0) return;
   // The scalars as torch applies them to a float32 tensor: 1 - lam in double, then each to float.
   const float a = static_cast<float>(1.0 - lam), b = static_cast<float>(lam);
-  const int64_t chunk = 1 << 14;  // floats per task: a few per sample, so both threads stay busy
+  const int64_t chunk = kChunk;
   const int64_t per_chunks = (per_sample + chunk - 1) / chunk;
   parallel_rows(n * per_chunks, num_threads, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -29,6 +43,23 @@ void mixup_rolled_cpu(const float* x, float* out, int64_t n, int64_t per_sample,
       const int64_t count = per_sample - k0 < chunk ? per_sample - k0 : chunk;
       const int64_t prev = i == 0 ? n - 1 : i - 1;
       blend(x + prev * per_sample + k0, x + i * per_sample + k0, out + i * per_sample + k0, count, a, b);
+    }
+  });
+}
+
+void mixup_rolled_inplace_cpu(float* x, int64_t n, int64_t per_sample, double lam, int num_threads) {
+  if (n <= 0 || per_sample <= 0) return;
+  const float a = static_cast<float>(1.0 - lam), b = static_cast<float>(lam);
+  const int64_t per_chunks = (per_sample + kChunk - 1) / kChunk;
+  // A task owns one span of every sample: sample i takes sample i - 1's span before that one is
+  // overwritten (i = n-1 down to 1), and sample 0 the copy of sample n-1's original span.
+  parallel_rows(per_chunks, num_threads, [&](int64_t begin, int64_t end) {
+    std::vector<float> last(static_cast<size_t>(kChunk));
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t k0 = c * kChunk, count = per_sample - k0 < kChunk ? per_sample - k0 : kChunk;
+      std::copy(x + (n - 1) * per_sample + k0, x + (n - 1) * per_sample + k0 + count, last.begin());
+      for (int64_t i = n - 1; i >= 1; --i) blend_into(x + (i - 1) * per_sample + k0, x + i * per_sample + k0, count, a, b);
+      blend_into(last.data(), x + k0, count, a, b);
     }
   });
 }

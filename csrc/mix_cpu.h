@@ -11,4 +11,7 @@ namespace gpupipe {
 // x, out: n samples of `per_sample` contiguous floats each (out must not overlap x).
 void mixup_rolled_cpu(const float* x, float* out, int64_t n, int64_t per_sample, double lam, int num_threads);
 
+// The same blend written over x (MixUp(inplace=True)): the same values, no batch-sized output.
+void mixup_rolled_inplace_cpu(float* x, int64_t n, int64_t per_sample, double lam, int num_threads);
+
 }  // namespace gpupipe

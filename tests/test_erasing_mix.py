@@ -335,3 +335,27 @@ def test_mixup_host_kernel_is_torchvisions_expression_bit_for_bit():
             out, _ = MixUp(alpha=1.0, num_classes=4)(x, torch.zeros(shape[0], dtype=torch.int64),
                                                      params={"n": torch.tensor(shape[0]), "lam": torch.tensor(lam, dtype=torch.float64)})
             assert torch.equal(out, x.roll(1, 0).mul_(1.0 - lam).add_(x.mul(lam))), (shape, lam)
+
+
+@pytest.mark.parametrize("cls", [MixUp, CutMix])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "float64"])
+def test_inplace_mix_writes_the_same_values_over_the_input(cls, layout):
+    """inplace=True (the host kernel over the batch, or torch ops where it does not apply): the
+    out-of-place result bit for bit, in the input's own storage; one sample, and samples larger than
+    the kernel's 16384-float spans, included."""
+    g = torch.Generator().manual_seed(3)
+    for shape in ((7, 3, 100, 100), (1, 3, 9, 11), (4, 1, 5, 5)):
+        x = torch.randn(shape, generator=g) * 3
+        if layout == "channels_last":
+            x = x.contiguous(memory_format=torch.channels_last)
+        elif layout == "float64":
+            x = x.double()
+        labels = torch.arange(shape[0]) % 4
+        for seed in range(3):
+            params = cls(alpha=1.0, num_classes=4).sample_params(shape[0], seed=seed)
+            ref, ref_labels = cls(alpha=1.0, num_classes=4)(x, labels, params=params)
+            y = x.clone(memory_format=torch.preserve_format)
+            out, soft = cls(alpha=1.0, num_classes=4, inplace=True)(y, labels, params=params)
+            assert out.data_ptr() == y.data_ptr() and out.stride() == y.stride()
+            assert torch.equal(out, ref) and torch.equal(soft, ref_labels), (shape, seed)
+    assert "inplace=True" in repr(cls(alpha=1.0, num_classes=4, inplace=True))

@@ -25,6 +25,8 @@ class CutMix(BatchTransformBase):
         num_classes: number of classes, for one-hot encoding class indices; may be None when labels
             come as probabilities ``[N, C]``.
         generator: ``torch.Generator`` or int seed seeding the unkeyed draws.
+        inplace: paste the box over ``images`` (as ``RandomErasing(inplace=True)``): the same
+            values, without a batch-sized copy, for a pipeline that owns the batch.
 
     Shapes:
         images: ``[N, C, H, W]`` of any dtype, any device. labels: int64 ``[N]`` or probabilities
@@ -48,8 +50,10 @@ class CutMix(BatchTransformBase):
 
     _stream_name = "CutMix"
 
-    def __init__(self, alpha: float = 1.0, num_classes: Optional[int] = None, generator: GeneratorLike = None):
+    def __init__(self, alpha: float = 1.0, num_classes: Optional[int] = None, generator: GeneratorLike = None,
+                 inplace: bool = False):
         super().__init__(alpha, num_classes, generator)
+        self.inplace = bool(inplace)
 
     def sample_params(self, n: int, *, seed: Optional[int] = None, epoch: Optional[int] = None,
                       indices: Any = None) -> dict:
@@ -74,9 +78,9 @@ class CutMix(BatchTransformBase):
 
     def _apply(self, images: torch.Tensor, labels: torch.Tensor, params: dict):
         (x1, y1, x2, y2), lam = self.box(params, images.shape[-2], images.shape[-1])
-        output = images.clone()
-        output[..., y1:y2, x1:x2] = images[..., y1:y2, x1:x2].roll(1, 0)  # roll only the box
+        output = images if self.inplace else images.clone()
+        output[..., y1:y2, x1:x2] = images[..., y1:y2, x1:x2].roll(1, 0)  # roll only the box (a copy first)
         return output, self.mix_labels(labels, lam)
 
     def extra_repr(self) -> str:
-        return f"alpha={self.alpha}, num_classes={self.num_classes}"
+        return f"alpha={self.alpha}, num_classes={self.num_classes}" + (", inplace=True" if self.inplace else "")

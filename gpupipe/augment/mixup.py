@@ -24,6 +24,9 @@ class MixUp(BatchTransformBase):
         num_classes: number of classes, for one-hot encoding class indices; may be None when labels
             come as probabilities ``[N, C]``.
         generator: ``torch.Generator`` or int seed seeding the unkeyed draws.
+        inplace: write the blend over ``images`` (as ``RandomErasing(inplace=True)``): the same
+            values, without a batch-sized output to allocate, for a pipeline that owns the batch
+            (the Loader's ``batch_transform``).
 
     Shapes:
         images: floating ``[N, C, H, W]``, any device. labels: int64 class indices ``[N]`` or
@@ -47,8 +50,10 @@ class MixUp(BatchTransformBase):
 
     _stream_name = "MixUp"
 
-    def __init__(self, alpha: float = 1.0, num_classes: Optional[int] = None, generator: GeneratorLike = None):
+    def __init__(self, alpha: float = 1.0, num_classes: Optional[int] = None, generator: GeneratorLike = None,
+                 inplace: bool = False):
         super().__init__(alpha, num_classes, generator)
+        self.inplace = bool(inplace)
 
     def sample_params(self, n: int, *, seed: Optional[int] = None, epoch: Optional[int] = None,
                       indices: Any = None) -> dict:
@@ -63,12 +68,18 @@ class MixUp(BatchTransformBase):
         lam = float(params["lam"])
         if images.device.type == "cpu" and images.dtype == torch.float32 and images.is_contiguous() and \
                 not torch.compiler.is_compiling():
-            # one pass, no temporaries, the same rounding as the expression below (csrc/mix_cpu.cpp)
+            # one pass, no temporaries, the same rounding as the expressions below (csrc/mix_cpu.cpp)
+            if self.inplace:
+                _kernels._C.mixup_rolled_inplace(_kernels.buffer(images), lam, _kernels.num_threads())
+                return images, self.mix_labels(labels, lam)
             mixed = torch.empty_like(images)
             _kernels._C.mixup_rolled(_kernels.buffer(images), _kernels.buffer(mixed), lam, _kernels.num_threads())
+        elif self.inplace:  # the rolled copy is taken first; q + p == p + q exactly: torchvision's values
+            rolled = images.roll(1, 0).mul_(1.0 - lam)
+            mixed = images.mul_(lam).add_(rolled)
         else:
             mixed = images.roll(1, 0).mul_(1.0 - lam).add_(images.mul(lam))
         return mixed, self.mix_labels(labels, lam)
 
     def extra_repr(self) -> str:
-        return f"alpha={self.alpha}, num_classes={self.num_classes}"
+        return f"alpha={self.alpha}, num_classes={self.num_classes}" + (", inplace=True" if self.inplace else "")

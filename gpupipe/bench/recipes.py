@@ -224,8 +224,9 @@ def train_ta(num_classes: int) -> RecipeParts:
         # not change the distribution; BatchAugment flips and normalises in one pass.
         # keyed; erasing in place: it writes into BatchAugment's fresh output, which nothing else holds
         augment=A.Compose([A.TrivialAugmentWide(), BatchAugment(hflip=0.5), A.RandomErasing(p=0.1, inplace=True)]),
-        batch_transform=A.RandomChoice([A.MixUp(alpha=0.2, num_classes=num_classes),
-                                        A.CutMix(alpha=1.0, num_classes=num_classes)]),
+        # in place too: the batch is the augment stage's own output
+        batch_transform=A.RandomChoice([A.MixUp(alpha=0.2, num_classes=num_classes, inplace=True),
+                                        A.CutMix(alpha=1.0, num_classes=num_classes, inplace=True)]),
         torchvision=T.Compose([T.RandomResizedCrop(176), T.RandomHorizontalFlip(), T.TrivialAugmentWide(),
                                T.PILToTensor(), T.ConvertImageDtype(torch.float), T.Normalize(IMAGENET_MEAN, IMAGENET_STD),
                                T.RandomErasing(0.1)]),
