@@ -9,21 +9,13 @@
 namespace gpupipe {
 namespace {
 
-GPUPIPE_MULTIVERSION void blend(const float* __restrict__ other, const float* __restrict__ self, float* __restrict__ out,
-                                int64_t count, float a, float b) {
+// out[k] = other[k] * a + self[k] * b. `out` may be `self` (the in-place blend), never `other`.
+GPUPIPE_MULTIVERSION void blend(const float* __restrict__ other, const float* self, float* out, int64_t count, float a,
+                                float b) {
   for (int64_t k = 0; k < count; ++k) {
     const float p = other[k] * a;  // torchvision: images.roll(1, 0).mul_(1 - lam)
     const float q = self[k] * b;   //              .add_(images.mul(lam))
     out[k] = p + q;
-  }
-}
-
-// out[k] = other[k] * a + inout[k] * b written over inout (no __restrict__ between the two).
-GPUPIPE_MULTIVERSION void blend_into(const float* __restrict__ other, float* inout, int64_t count, float a, float b) {
-  for (int64_t k = 0; k < count; ++k) {
-    const float p = other[k] * a;
-    const float q = inout[k] * b;
-    inout[k] = p + q;
   }
 }
 
@@ -35,12 +27,11 @@ void mixup_rolled_cpu(const float* x, float* out, int64_t n, int64_t per_sample,
   if (n <= 0 || per_sample <= 0) return;
   // The scalars as torch applies them to a float32 tensor: 1 - lam in double, then each to float.
   const float a = static_cast<float>(1.0 - lam), b = static_cast<float>(lam);
-  const int64_t chunk = kChunk;
-  const int64_t per_chunks = (per_sample + chunk - 1) / chunk;
+  const int64_t per_chunks = (per_sample + kChunk - 1) / kChunk;
   parallel_rows(n * per_chunks, num_threads, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const int64_t i = r / per_chunks, k0 = (r % per_chunks) * chunk;
-      const int64_t count = per_sample - k0 < chunk ? per_sample - k0 : chunk;
+      const int64_t i = r / per_chunks, k0 = (r % per_chunks) * kChunk;
+      const int64_t count = per_sample - k0 < kChunk ? per_sample - k0 : kChunk;
       const int64_t prev = i == 0 ? n - 1 : i - 1;
       blend(x + prev * per_sample + k0, x + i * per_sample + k0, out + i * per_sample + k0, count, a, b);
     }
@@ -58,8 +49,11 @@ void mixup_rolled_inplace_cpu(float* x, int64_t n, int64_t per_sample, double la
     for (int64_t c = begin; c < end; ++c) {
       const int64_t k0 = c * kChunk, count = per_sample - k0 < kChunk ? per_sample - k0 : kChunk;
       std::copy(x + (n - 1) * per_sample + k0, x + (n - 1) * per_sample + k0 + count, last.begin());
-      for (int64_t i = n - 1; i >= 1; --i) blend_into(x + (i - 1) * per_sample + k0, x + i * per_sample + k0, count, a, b);
-      blend_into(last.data(), x + k0, count, a, b);
+      for (int64_t i = n - 1; i >= 1; --i) {
+        float* xi = x + i * per_sample + k0;
+        blend(xi - per_sample, xi, xi, count, a, b);
+      }
+      blend(last.data(), x + k0, x + k0, count, a, b);
     }
   });
 }

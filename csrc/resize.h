@@ -35,10 +35,11 @@ class Resampler {
     std::vector<double> scratch;
   };
   static void compute(int in_size, double in0, double in1, int out_size, Coeffs* c);
-  // The horizontal pass of an RGB image with AVX2 gathers (bit-identical to the scalar pass);
-  // false when it does not apply (other channel counts, no AVX2, no output far enough from the edge).
+  // The horizontal pass over `rows` rows from `first_row`: horizontal_rgb_fast where it applies.
   void run_horizontal(int channels, const uint8_t* src, size_t src_stride, int first_row, int rows, uint8_t* dst,
                       size_t dst_stride, int src_w, int dst_w);
+  // The horizontal pass of an RGB image with AVX2 gathers (bit-identical to the scalar pass);
+  // false when it does not apply (other channel counts, no AVX2, no output far enough from the edge).
   bool horizontal_rgb_fast(int channels, const uint8_t* src, size_t src_stride, int first_row, int rows,
                            uint8_t* dst, size_t dst_stride, int src_w, int out_w);
 
