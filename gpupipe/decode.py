@@ -11,7 +11,7 @@ import torch
 
 from gpupipe import backends
 from gpupipe._backends import cpu
-from gpupipe._backends.base import MODES, DecodeOptions, Route
+from gpupipe._backends.base import MODES, DecodeOptions, Route, check_thread_count
 from gpupipe._errors import ErrorKind, NotAJpegError
 from gpupipe.limits import check_output_size
 from gpupipe.policy import apply_policy, check_on_error, warn_corrupt
@@ -328,10 +328,7 @@ def decode_crop_jpegs(
     else:
         out_hw = _as_size(size)
     if num_threads is not None:
-        if isinstance(num_threads, bool) or not isinstance(num_threads, (int, np.integer)):
-            raise TypeError(f"num_threads must be an int, got {type(num_threads).__name__}")
-        if num_threads < 1:
-            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+        check_thread_count("num_threads", num_threads)
     device = torch.device(device) if device is not None else (out.device if out is not None else torch.device("cpu"))
     options = DecodeOptions(size=out_hw, resize=size is not None, mode=mode, strict=strict, dct_scaling=dct_scaling,
                             window=window, num_threads=num_threads or 0, apply_exif_orientation=apply_exif_orientation,

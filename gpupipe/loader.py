@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from gpupipe import _C, backends, keyed
-from gpupipe._backends.base import BatchStatus, DecodeOptions, HeaderInfos, Route
+from gpupipe._backends.base import BatchStatus, DecodeOptions, HeaderInfos, Route, check_thread_count
 from gpupipe.crops import CropSampler
 from gpupipe.engine import Closed, Engine, StageTimes
 from gpupipe.policy import apply_policy, check_on_error
@@ -252,11 +252,7 @@ class Loader:
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is not in [0, {self.world_size})")
         self.progress = progress
-        if isinstance(io_threads, bool) or not isinstance(io_threads, (int, np.integer)):
-            raise TypeError(f"io_threads must be an int, got {type(io_threads).__name__}")
-        if not 1 <= io_threads <= _C.MAX_THREADS:
-            raise ValueError(f"io_threads must be in [1, {_C.MAX_THREADS}], got {io_threads}")
-        self.io_threads = int(io_threads)
+        self.io_threads = check_thread_count("io_threads", io_threads)
         if augment_threads is not None and augment_threads < 1:
             raise ValueError(f"augment_threads must be >= 1, got {augment_threads}")
         cores = len(os.sched_getaffinity(0))
@@ -367,8 +363,7 @@ class _Epoch:
         self.l = loader
         self.first_batch = first_batch
         self.reader = ThreadPoolExecutor(loader.io_threads, thread_name_prefix="gpupipe-io")
-        self.native_reads = isinstance(loader.source, MapSource) and \
-            getattr(loader.source.read, "__func__", None) is MapSource.read
+        self.native_reads = isinstance(loader.source, MapSource) and loader.source.reads_files()
         h, w = loader.crop.size
         self.ring = None
         if loader.backend == "cpu":  # GPU backends decode on the device

@@ -71,11 +71,15 @@ class MapSource:
         with open(self.keys[i], "rb") as f:
             return f.read()
 
+    def reads_files(self) -> bool:
+        """Whether ``read`` is this class's (the key's file), not one a subclass or the instance gave."""
+        return getattr(self.read, "__func__", None) is MapSource.read
+
     def read_many(self, indices: Sequence[int], num_threads: int) -> list:
         """The bytes of several samples, or the exception that stopped each read: one native call
         reading the files on ``num_threads`` threads without the GIL (the Loader's read stage). A
         subclass that overrides ``read`` gets its own ``read`` called per sample."""
-        if getattr(self.read, "__func__", None) is not MapSource.read:
+        if not self.reads_files():
             return [_call_or_error(self.read, i) for i in indices]
         keys = [self.keys[i] for i in indices]
         out = [_call_or_error(_file_path, k) for k in keys]  # a key open() would refuse fails alone

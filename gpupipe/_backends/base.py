@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Optional, Protocol, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -34,6 +34,16 @@ class Route(enum.IntEnum):
     @property
     def label(self) -> str:
         return self.name.lower().replace("_", "-")
+
+
+def check_thread_count(name: str, value: Any, *, default_ok: bool = False) -> int:
+    """``value`` as a thread count: an int within 1..MAX_THREADS (or 0, the default count, where
+    ``default_ok``). TypeError / ValueError naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not (0 if default_ok else 1) <= value <= _C.MAX_THREADS:
+        raise ValueError(f"{name} must be within 1..{_C.MAX_THREADS}, got {value}")
+    return int(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,10 +85,7 @@ class DecodeOptions:
             raise ValueError(f"mode must be 'rgb' or 'gray', got {self.mode!r}")
         if self.non_jpeg not in ("pillow", "error"):
             raise ValueError(f"non_jpeg must be 'pillow' or 'error', got {self.non_jpeg!r}")
-        if isinstance(self.num_threads, bool) or not isinstance(self.num_threads, (int, np.integer)):
-            raise TypeError(f"num_threads must be an int, got {type(self.num_threads).__name__}")
-        if not 0 <= self.num_threads <= _C.MAX_THREADS:
-            raise ValueError(f"num_threads must be within 1..{_C.MAX_THREADS}, got {self.num_threads}")
+        check_thread_count("num_threads", self.num_threads, default_ok=True)
 
     @property
     def channels(self) -> int:
