@@ -75,4 +75,15 @@ def takes_keys(module: Any) -> bool:
         return False
 
 
-__all__ = ["uniforms", "stream_of", "derive_seed", "takes_keys"]
+def child_params(child: Any, k: int, n: int, *, seed: Any, epoch: Any, indices: Any) -> Any:
+    """Child ``k``'s parameters for a batch of ``n`` inside a container (Compose, RandomChoice):
+    keyed with the child seed ``derive_seed(seed, k)`` when there is a seed and the child takes
+    keys, drawn from the child's own generator otherwise, None when it has no ``sample_params``."""
+    if not hasattr(child, "sample_params"):
+        return None
+    if seed is not None and takes_keys(child):
+        return child.sample_params(n, seed=derive_seed(seed, k), epoch=epoch, indices=indices)
+    return child.sample_params(n)
+
+
+__all__ = ["uniforms", "stream_of", "derive_seed", "takes_keys", "child_params"]

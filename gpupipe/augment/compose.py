@@ -53,14 +53,9 @@ class Compose(nn.Module):
         """``{str(k): child k's parameters}`` (None for a child without ``sample_params``)."""
         params = {}
         for k, child in enumerate(self._transforms):
-            if not hasattr(child, "sample_params"):
-                params[str(k)] = None
-            elif seed is not None and keyed.takes_keys(child):
-                params[str(k)] = child.sample_params(n, seed=keyed.derive_seed(seed, k), epoch=epoch, indices=indices)
-            else:
-                if seed is None and (epoch is not None or indices is not None):
-                    raise ValueError("epoch and indices key the draws to a seed: pass seed as well")
-                params[str(k)] = child.sample_params(n)
+            if seed is None and (epoch is not None or indices is not None) and hasattr(child, "sample_params"):
+                raise ValueError("epoch and indices key the draws to a seed: pass seed as well")
+            params[str(k)] = keyed.child_params(child, k, n, seed=seed, epoch=epoch, indices=indices)
         return params
 
     def forward(self, x: Any, params: Optional[dict] = None) -> Any:

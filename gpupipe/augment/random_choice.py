@@ -67,13 +67,7 @@ class RandomChoice(nn.Module):
         rng = batch_rng(keyed.stream_of("RandomChoice"), n, self.generator, seed, epoch, indices)
         k = int(np.searchsorted(np.cumsum(self.p), rng.random(), side="right"))
         k = min(k, len(self.p) - 1)
-        child = self._transforms[k]
-        if not hasattr(child, "sample_params"):
-            child_params = None
-        elif seed is not None and keyed.takes_keys(child):
-            child_params = child.sample_params(n, seed=keyed.derive_seed(seed, k), epoch=epoch, indices=indices)
-        else:
-            child_params = child.sample_params(n)
+        child_params = keyed.child_params(self._transforms[k], k, n, seed=seed, epoch=epoch, indices=indices)
         return {"n": torch.tensor(n, dtype=torch.int64), "choice": torch.tensor(k, dtype=torch.int64),
                 "params": child_params}
 
