@@ -357,34 +357,26 @@ GPUPIPE_MULTIVERSION void gray_normalize_row(float* __restrict__ r, float* __res
   }
 }
 
-// Where contrast sits in sample P's order: ops before it run before the image mean is known.
-int contrast_position(const float* P) {
-  for (int k = 0; k < 4; ++k)
-    if (order_op(P, k) == pixel::kContrast) return k;
-  return 4;
+// The program's ops [begin, end), over the row.
+void ops_row(const ColorProgram& prog, int begin, int end, float contrast_term, Row& row, int64_t w) {
+  for (int k = begin; k < end; ++k) color_op_row(prog.op[k], row, w, prog.factor[k], contrast_term);
 }
 
-// The ops at positions [begin, end) of sample P's order, over the row.
-void ops_row(const float* P, int begin, int end, float contrast_term, Row& row, int64_t w) {
-  for (int k = begin; k < end; ++k) {
-    const int op = order_op(P, k);
-    const float f = P[param::kFactors + op];
-    if (op_active(op, f)) color_op_row(op, row, w, f, contrast_term);
-  }
-}
-
-// color_chain (augment_kernels.h) by rows, in two parts: up to what pass 1 averages (the sampled
-// row scaled to [0, 1] and the ops before contrast; linear: the raw samples) ...
+// chain_before_mean_px and chain_after_mean_px (augment_kernels.h) by rows: up to what pass 1
+// averages (the sampled row scaled to [0, 1] and the ops before contrast; linear: the raw
+// samples) ...
 void chain_before_mean(const AugmentArgs& a, const float* P, Row& row, int64_t w) {
   if (a.color == kColorLinear) return;
   scale_row(row.r, row.g, row.b, w);
-  ops_row(P, 0, contrast_position(P), 0.0f, row, w);
+  const ColorProgram prog = color_program(P);
+  ops_row(prog, 0, prog.before_mean, 0.0f, row, w);
 }
 
 // ... and the rest, to the output values: contrast and the ops after it, grayscale, normalise.
 void chain_after_mean(const AugmentArgs& a, const float* P, const MeanTerms& terms, Row& row, int64_t w) {
   if (a.color == kColorLinear) return linear_row(row.r, row.g, row.b, w, P + param::kLinearA, terms);
-  ops_row(P, contrast_position(P), 4, terms.v[0], row, w);
+  const ColorProgram prog = color_program(P);
+  ops_row(prog, prog.before_mean, prog.count, terms.v[0], row, w);
   gray_normalize_row(row.r, row.g, row.b, w, P[param::kGrayscale] != 0.0f, a.mean, a.inv_std);
 }
 

@@ -79,8 +79,7 @@ GPUPIPE_HD bool needs_mean(const AugmentArgs& a, int64_t i) {
   return a.color == kColorLinear ? p[param::kLinearMean] != 0.0f : p[param::kFactors + pixel::kContrast] != 1.0f;
 }
 
-// --- the chain of one pixel (the CUDA kernel runs these per pixel; the host kernel runs the same
-// pixel:: functions over rows, op by op, in the same order) -----------------------------------------
+// --- the chain of one pixel ----------------------------------------------------------------------
 
 // color = kColorLinear: the BT.601 luma of the old one-matrix model, on the 0..255 scale.
 GPUPIPE_HD float linear_luma(float r, float g, float b) {
@@ -99,20 +98,66 @@ GPUPIPE_HD int order_op(const float* P, int k) {
 // would move values by an ULP).
 GPUPIPE_HD bool op_active(int op, float factor) { return op == pixel::kHue ? factor != 0.0f : factor != 1.0f; }
 
-// Pass 1: the luma, in [0, 1], that contrast's image mean averages: after the ops that precede
-// contrast in the sample's order. rgb: the sampled pixel on the 0..255 scale.
-GPUPIPE_HD float luma_for_mean(const AugmentArgs& a, const float* P, float r, float g, float b) {
-  if (a.color == kColorLinear) return pixel::mul(linear_luma(r, g, b), pixel::kInv255);
-  r = pixel::mul(r, pixel::kInv255);
-  g = pixel::mul(g, pixel::kInv255);
-  b = pixel::mul(b, pixel::kInv255);
+// A sample's color ops as they run: the active ones (op_active) in the sample's order, and how many
+// of them come before contrast (they run before the image mean is known). Built once per sample.
+struct ColorProgram {
+  int count = 0, before_mean = 0;
+  int op[4] = {0, 0, 0, 0};
+  float factor[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+};
+
+GPUPIPE_HD ColorProgram color_program(const float* P) {
+  ColorProgram prog;
+  bool after_contrast = false;
   for (int k = 0; k < 4; ++k) {
     const int op = order_op(P, k);
-    if (op == pixel::kContrast) break;
+    after_contrast = after_contrast || op == pixel::kContrast;
     const float f = P[param::kFactors + op];
-    if (op_active(op, f)) pixel::color_op(op, &r, &g, &b, f, 0.0f);
+    if (!op_active(op, f)) continue;
+    prog.op[prog.count] = op;
+    prog.factor[prog.count] = f;
+    ++prog.count;
+    if (!after_contrast) prog.before_mean = prog.count;
   }
-  return pixel::luma(r, g, b);
+  return prog;
+}
+
+// Op `Op` on K pixels (v[j] = r, g, b in [0, 1]).
+template <int Op, int K>
+GPUPIPE_HD void color_op_on(float (&v)[K][3], float factor, float contrast_term) {
+  for (int j = 0; j < K; ++j) pixel::color_op(Op, &v[j][0], &v[j][1], &v[j][2], factor, contrast_term);
+}
+
+// The program's ops [begin, end) on K pixels: one dispatch per op for the K of them.
+template <int K>
+GPUPIPE_HD void run_ops(const ColorProgram& prog, int begin, int end, float contrast_term, float (&v)[K][3]) {
+  for (int k = begin; k < end; ++k) {
+    const float f = prog.factor[k];
+    switch (prog.op[k]) {
+      case pixel::kBrightness: color_op_on<pixel::kBrightness>(v, f, contrast_term); break;
+      case pixel::kContrast: color_op_on<pixel::kContrast>(v, f, contrast_term); break;
+      case pixel::kSaturation: color_op_on<pixel::kSaturation>(v, f, contrast_term); break;
+      default: color_op_on<pixel::kHue>(v, f, contrast_term); break;
+    }
+  }
+}
+
+// The chain of K pixels in two parts, split where contrast needs the image mean (the CUDA kernels
+// run these on a few pixels at a time; the host kernel runs the same pixel:: functions over rows, op
+// by op, in the same order). Part 1: the sampled pixels (0..255) to what the mean averages: scaled
+// to [0, 1] and the ops before contrast (linear: the samples, unchanged).
+template <int K>
+GPUPIPE_HD void chain_before_mean_px(const AugmentArgs& a, const ColorProgram& prog, float (&v)[K][3]) {
+  if (a.color == kColorLinear) return;
+  for (int j = 0; j < K; ++j)
+    for (int c = 0; c < 3; ++c) v[j][c] = pixel::mul(v[j][c], pixel::kInv255);
+  run_ops(prog, 0, prog.before_mean, 0.0f, v);
+}
+
+// The luma, in [0, 1], that contrast's image mean averages, of a pixel after part 1.
+GPUPIPE_HD float mean_luma(const AugmentArgs& a, const float rgb[3]) {
+  if (a.color == kColorLinear) return pixel::mul(linear_luma(rgb[0], rgb[1], rgb[2]), pixel::kInv255);
+  return pixel::luma(rgb[0], rgb[1], rgb[2]);
 }
 
 // The per-sample constant of the chain that depends on the image mean: contrast's blend term
@@ -138,23 +183,21 @@ GPUPIPE_HD void linear_color(const float* A, const MeanTerms& terms, float r, fl
                                    pixel::mul(A[3 * c + 2], b)), terms.v[c]);
 }
 
-// Pass 2: the whole color chain of one pixel, rgb on the 0..255 scale in, the output values out.
-GPUPIPE_HD void color_chain(const AugmentArgs& a, const float* P, const MeanTerms& terms, float rgb[3]) {
+// Part 2: pixels after part 1 to the output values: contrast and the ops after it, grayscale,
+// normalise (linear: the sample's matrix).
+template <int K>
+GPUPIPE_HD void chain_after_mean_px(const AugmentArgs& a, const float* P, const ColorProgram& prog,
+                                    const MeanTerms& terms, float (&v)[K][3]) {
   if (a.color == kColorLinear) {
-    linear_color(P + param::kLinearA, terms, rgb[0], rgb[1], rgb[2], rgb);
+    for (int j = 0; j < K; ++j) linear_color(P + param::kLinearA, terms, v[j][0], v[j][1], v[j][2], v[j]);
     return;
   }
-  float r = pixel::mul(rgb[0], pixel::kInv255), g = pixel::mul(rgb[1], pixel::kInv255),
-        b = pixel::mul(rgb[2], pixel::kInv255);
-  for (int k = 0; k < 4; ++k) {
-    const int op = order_op(P, k);
-    const float f = P[param::kFactors + op];
-    if (op_active(op, f)) pixel::color_op(op, &r, &g, &b, f, terms.v[0]);
+  run_ops(prog, prog.before_mean, prog.count, terms.v[0], v);
+  const bool gray = P[param::kGrayscale] != 0.0f;
+  for (int j = 0; j < K; ++j) {
+    if (gray) v[j][0] = v[j][1] = v[j][2] = pixel::luma(v[j][0], v[j][1], v[j][2]);
+    for (int c = 0; c < 3; ++c) v[j][c] = pixel::normalize(v[j][c], a.mean[c], a.inv_std[c]);
   }
-  if (P[param::kGrayscale] != 0.0f) r = g = b = pixel::luma(r, g, b);
-  rgb[0] = pixel::normalize(r, a.mean[0], a.inv_std[0]);
-  rgb[1] = pixel::normalize(g, a.mean[1], a.inv_std[1]);
-  rgb[2] = pixel::normalize(b, a.mean[2], a.inv_std[2]);
 }
 
 }  // namespace gpupipe

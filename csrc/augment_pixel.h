@@ -105,6 +105,9 @@ GPUPIPE_HD void nearest_pixel(const Image8& im, float sx, float sy, int32_t* col
 // Samples the 3 channels at input coordinate (sx, sy), on the 0..255 scale (not rounded).
 // Nearest: the pixel at (rint(sx), rint(sy)) (nearest_pixel).
 // Bilinear: the 4 neighbours weighted by (1 - fx, fx) x (1 - fy, fy), neighbours outside weigh 0.
+// Offset: the type of byte offsets within the image; int32_t (fewer address instructions on the
+// device) only where the caller has checked that every offset of the image fits.
+template <typename Offset = int64_t>
 GPUPIPE_HD void sample(const Image8& im, int interpolation, const Fill& fill, float sx, float sy,
                        float out[3]) {
   const float last_x = static_cast<float>(im.w - 1), last_y = static_cast<float>(im.h - 1);
@@ -112,10 +115,12 @@ GPUPIPE_HD void sample(const Image8& im, int interpolation, const Fill& fill, fl
     int32_t column, row;
     nearest_pixel(im, sx, sy, &column, &row);
     if (column >= 0) {
-      const uint8_t* p = im.data + static_cast<int64_t>(row) * im.sy + static_cast<int64_t>(column) * im.sx;
+      const Offset sc = static_cast<Offset>(im.sc);
+      const uint8_t* p = im.data + (static_cast<Offset>(row) * static_cast<Offset>(im.sy) +
+                                    static_cast<Offset>(column) * static_cast<Offset>(im.sx));
       out[0] = p[0];
-      out[1] = p[im.sc];
-      out[2] = p[2 * im.sc];
+      out[1] = p[sc];
+      out[2] = p[2 * sc];
     } else {
       for (int c = 0; c < 3; ++c) out[c] = fill.enabled ? fill.value[c] : 0.0f;
     }
@@ -134,13 +139,13 @@ GPUPIPE_HD void sample(const Image8& im, int interpolation, const Fill& fill, fl
   // 32-bit taps (sides are below 2^24, checked at the bindings): cheaper conversions and products.
   const int32_t cx0 = in_x0 ? static_cast<int32_t>(x0) : 0, cx1 = in_x1 ? static_cast<int32_t>(x0) + 1 : 0;
   const int32_t cy0 = in_y0 ? static_cast<int32_t>(y0) : 0, cy1 = in_y1 ? static_cast<int32_t>(y0) + 1 : 0;
-  const uint8_t* row0 = im.data + cy0 * im.sy;
-  const uint8_t* row1 = im.data + cy1 * im.sy;
-  const int64_t ox0 = cx0 * im.sx, ox1 = cx1 * im.sx;
-  const uint8_t *p00 = row0 + ox0, *p01 = row0 + ox1, *p10 = row1 + ox0, *p11 = row1 + ox1;
+  const Offset sy_ = static_cast<Offset>(im.sy), sx_ = static_cast<Offset>(im.sx);
+  const Offset oy0 = cy0 * sy_, oy1 = cy1 * sy_, ox0 = cx0 * sx_, ox1 = cx1 * sx_;
+  const uint8_t *p00 = im.data + (oy0 + ox0), *p01 = im.data + (oy0 + ox1);
+  const uint8_t *p10 = im.data + (oy1 + ox0), *p11 = im.data + (oy1 + ox1);
   const float mask = add(add(add(w00, w01), w10), w11);
   for (int c = 0; c < 3; ++c) {
-    const int64_t o = c * im.sc;
+    const Offset o = c * static_cast<Offset>(im.sc);
     float v = add(add(add(mul(w00, p00[o]), mul(w01, p01[o])), mul(w10, p10[o])), mul(w11, p11[o]));
     if (fill.enabled) v = add(mul(sub(v, fill.value[c]), mask), fill.value[c]);
     out[c] = v;
@@ -196,8 +201,11 @@ GPUPIPE_HD void hue(float* r, float* g, float* b, float hue_shift) {
   const float R = *r, G = *g, B = *b;
   const float maxc = max(max(R, G), B), minc = min(min(R, G), B);
   const float range = sub(maxc, minc);
-  const float s = div(range, maxc == minc ? 1.0f : maxc);
-  const float inv = div(1.0f, maxc == minc ? 1.0f : range);
+  // s = range / maxc, 0 for grays: selected rather than divided (0 / 1), as a zero dividend sends
+  // the device's division down its slow path
+  const bool gray = maxc == minc;
+  const float s = gray ? 0.0f : div(gray ? 1.0f : range, gray ? 1.0f : maxc);
+  const float inv = div(1.0f, gray ? 1.0f : range);
   const float rc = mul(sub(maxc, R), inv), gc = mul(sub(maxc, G), inv), bc = mul(sub(maxc, B), inv);
   const float hr = sub(bc, gc), hg = sub(add(rc, 2.0f), bc), hb = sub(add(gc, 4.0f), rc);
   float h = maxc == R ? hr : (maxc == G ? hg : hb);

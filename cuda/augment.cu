@@ -1,7 +1,11 @@
 // CUDA kernels of gpupipe's augmentations: one thread per output pixel, the per-pixel math of
 // csrc/augment_pixel.h and csrc/augment_kernels.h (shared with the host build in
 // csrc/augment_cpu.cpp, and rounded alike: _rn intrinsics, built with --fmad=false).
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "augment_cuda.h"
 
@@ -35,27 +39,30 @@ __global__ void warp_affine_kernel(WarpArgs a, Out* __restrict__ out) {
 // The engine's blocks are 32 x 8 tiles of one sample's output (blockIdx.y = the sample): no index
 // division per pixel, 2-D locality for the warped reads, and per-sample values shared by the block.
 constexpr int kTileW = 32, kTileH = 8;
-static_assert(kTileW * kTileH == kThreads, "block_sum assumes kThreads threads per block");
 
-// Sums an int64 over the block; the result is valid in thread 0. Integer sums: any order, same bits.
+// Sums an int64 over a block of kBlock threads; the result is valid in thread 0. Integer sums: any
+// order, same bits.
+template <int kBlock = kThreads>
 __device__ int64_t block_sum(int64_t v) {
-  __shared__ int64_t warp_sums[kThreads / 32];
+  __shared__ int64_t warp_sums[kBlock / 32];
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
   const int t = threadIdx.y * blockDim.x + threadIdx.x, lane = t & 31, warp = t >> 5;
   if (lane == 0) warp_sums[warp] = v;
   __syncthreads();
   v = 0;
   if (warp == 0) {
-    v = lane < kThreads / 32 ? warp_sums[lane] : 0;
+    v = lane < kBlock / 32 ? warp_sums[lane] : 0;
     for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
   }
   return v;
 }
 
-// The sample's parameter row, copied to shared memory once per block.
-__device__ void load_params(const AugmentArgs& a, int64_t i, float* shared) {
+// The sample's parameter row and its color program, in shared memory once per block.
+__device__ void load_sample(const AugmentArgs& a, int64_t i, float* P, ColorProgram* prog) {
   const int t = threadIdx.y * blockDim.x + threadIdx.x;
-  if (t < param::kCount) shared[t] = a.params[i * param::kCount + t];
+  if (t < param::kCount) P[t] = a.params[i * param::kCount + t];
+  __syncthreads();
+  if (t == 0) *prog = color_program(P);
   __syncthreads();
 }
 
@@ -84,31 +91,34 @@ unsigned row_blocks(int64_t n, int64_t h) {
 // Grid rows, one per sample, at most 65535: samples beyond are taken by the same blocks in turn.
 unsigned sample_blocks(int64_t n) { return static_cast<unsigned>(n < 65535 ? n : 65535); }
 
-// Output pixel (x, y) of sample P: its warped input on the 0..255 scale.
+// Output pixel (x, y) of sample P: its warped input on the 0..255 scale (Offset: pixel::sample's).
+template <typename Offset = int64_t>
 __device__ void warped_pixel(const AugmentArgs& a, const float* P, const pixel::Image8& im, int64_t x, int64_t y,
                              float v[3]) {
   float sx, sy;
   pixel::affine_source(P + param::kMatrix, static_cast<float>(x), static_cast<float>(y), &sx, &sy);
-  pixel::sample(im, a.interpolation, a.fill, sx, sy, v);
+  pixel::sample<Offset>(im, a.interpolation, a.fill, sx, sy, v);
 }
 
-// Pass 1, grid (kMeanBlocks, n): partial sums of mean_fixed(luma_for_mean) per sample.
+// Pass 1, grid (kMeanBlocks, n): partial sums of mean_fixed(mean_luma) per sample.
 __global__ void mean_kernel(AugmentArgs a) {
   __shared__ float P[param::kCount];
+  __shared__ ColorProgram prog;
   for (int64_t i = blockIdx.y; i < a.input.n; i += gridDim.y) {
-    load_params(a, i, P);
+    load_sample(a, i, P, &prog);
     int64_t sum = 0;
     if (needs_mean(a, i)) {
       const pixel::Image8 im = a.input.sample(i);
       for_each_pixel(a.input.h, a.input.w, [&](int64_t x, int64_t y) {
-        float v[3];
-        warped_pixel(a, P, im, x, y, v);
-        sum += pixel::mean_fixed(luma_for_mean(a, P, v[0], v[1], v[2]));
+        float v[1][3];
+        warped_pixel(a, P, im, x, y, v[0]);
+        chain_before_mean_px(a, prog, v);
+        sum += pixel::mean_fixed(mean_luma(a, v[0]));
       });
     }
     sum = block_sum(sum);
     if (threadIdx.x == 0 && threadIdx.y == 0) a.mean_partials[i * kMeanBlocks + blockIdx.x] = sum;
-    __syncthreads();  // P and the block sum's scratch are reused by the next sample
+    __syncthreads();  // P, prog and the block sum's scratch are reused by the next sample
   }
 }
 
@@ -134,30 +144,38 @@ struct StoreF16 {
   __device__ uint16_t operator()(float v) const { return pixel::to_float16_bits(v); }
 };
 
+// Offset: the type of element offsets within the sample's output (int32_t where checked to fit).
+template <typename Offset = int64_t, typename Out, typename Store>
+__device__ void store_pixel(const int64_t* os, Out* base, int64_t x, int64_t y, const float v[3], Store store) {
+  const Offset sc = static_cast<Offset>(os[1]);
+  Out* o = base + (static_cast<Offset>(y) * static_cast<Offset>(os[2]) + static_cast<Offset>(x) * static_cast<Offset>(os[3]));
+  o[0] = store(v[0]);
+  o[sc] = store(v[1]);
+  o[2 * sc] = store(v[2]);
+}
+
 // Pass 2, grid (tiles, n): every output pixel of sample blockIdx.y.
 template <typename Out, typename Store>
 __global__ void augment_kernel(AugmentArgs a, Out* __restrict__ out, Store store) {
   __shared__ float P[param::kCount];
+  __shared__ ColorProgram prog;
   __shared__ MeanTerms terms;
   for (int64_t i = blockIdx.y; i < a.input.n; i += gridDim.y) {
-    load_params(a, i, P);
+    load_sample(a, i, P, &prog);
     const bool mean_needed = needs_mean(a, i);  // block-uniform
     const float mean = mean_needed ? sample_mean(a, i) : 0.0f;
     if (threadIdx.x == 0 && threadIdx.y == 0) terms = mean_terms(a, P, mean);
     __syncthreads();
     const pixel::Image8 im = a.input.sample(i);
-    const int64_t* os = a.out_stride;
-    Out* base = out + i * os[0];
+    Out* base = out + i * a.out_stride[0];
     for_each_pixel(a.input.h, a.input.w, [&](int64_t x, int64_t y) {
-      float v[3];
-      warped_pixel(a, P, im, x, y, v);
-      color_chain(a, P, terms, v);
-      Out* o = base + y * os[2] + x * os[3];
-      o[0] = store(v[0]);
-      o[os[1]] = store(v[1]);
-      o[2 * os[1]] = store(v[2]);
+      float v[1][3];
+      warped_pixel(a, P, im, x, y, v[0]);
+      chain_before_mean_px(a, prog, v);
+      chain_after_mean_px(a, P, prog, terms, v);
+      store_pixel(a.out_stride, base, x, y, v[0], store);
     });
-    __syncthreads();  // P and terms are reused by the next sample
+    __syncthreads();  // P, prog and terms are reused by the next sample
   }
 }
 
@@ -165,6 +183,192 @@ template <typename Out, typename Store>
 void launch_augment(const AugmentArgs& a, cudaStream_t s, Store store) {
   const dim3 grid(row_blocks(a.input.n, a.input.h), sample_blocks(a.input.n));
   augment_kernel<<<grid, dim3(kTileW, kTileH), 0, s>>>(a, static_cast<Out*>(a.output), store);
+}
+
+// --- the fused path: one launch, every pixel sampled and coloured once (sm_90 clusters) ----------
+// One cluster of C blocks per sample, each block taking a C-th of its rows. Pass 1 keeps each
+// pixel's state after chain_before_mean_px in the block's shared memory (3 float planes) and sums
+// its luma; the C partial sums meet through distributed shared memory; pass 2 finishes the chain
+// from the kept state. Each thread reads back only what it wrote. Images whose state does not fit
+// a cluster's shared memory, and GPUs before sm_90, take the two passes above.
+constexpr int kFusedTileH = 16;
+constexpr int kFusedThreads = kTileW * kFusedTileH;
+constexpr int64_t kFusedStateBytes = 100 * 1024;  // per block: two blocks of 512 threads per SM
+constexpr int kMaxCluster = 8;                    // the portable cluster size
+
+// The cluster size for h x w samples: the smallest whose blocks' state fits; 0 when none does.
+int fused_cluster_size(int64_t h, int64_t w) {
+  for (int c = 1; c <= kMaxCluster; c *= 2)
+    if ((h + c - 1) / c * w * 3 * static_cast<int64_t>(sizeof(float)) <= kFusedStateBytes) return c;
+  return 0;
+}
+
+// Pixels per thread and step: their gathers in flight together, one op dispatch for them all.
+constexpr int kStep = 2;
+using Ints = int[kStep];
+using Flags = bool[kStep];
+
+// Thread t of a block walks the block's pixels q = t, t + T, t + 2T, ... (row-major over its rows,
+// T threads), kStep at a time: coalesced stores and state, no division per pixel. fn(x, y, q, valid)
+// gets kStep pixels; a slot past the end is not valid and repeats the first slot's pixel (always valid).
+template <typename Fn>
+__device__ void for_each_step(int rows, int w, Fn&& fn) {
+  constexpr int T = kFusedThreads;
+  const int count = rows * w, t = threadIdx.y * blockDim.x + threadIdx.x;
+  const int dx = kStep * T % w, dy = kStep * T / w;
+  int q[kStep], x[kStep], y[kStep];
+  for (int j = 0; j < kStep; ++j) {
+    q[j] = t + j * T;
+    x[j] = q[j] % w;
+    y[j] = q[j] / w;
+  }
+  while (q[0] < count) {
+    Ints xs, ys, qs;
+    Flags valid;
+    for (int j = 0; j < kStep; ++j) {
+      valid[j] = q[j] < count;
+      xs[j] = valid[j] ? x[j] : x[0];
+      ys[j] = valid[j] ? y[j] : y[0];
+      qs[j] = valid[j] ? q[j] : q[0];
+    }
+    fn(xs, ys, qs, valid);
+    for (int j = 0; j < kStep; ++j) {
+      q[j] += kStep * T;
+      x[j] += dx;
+      y[j] += dy;
+      if (x[j] >= w) {
+        x[j] -= w;
+        ++y[j];
+      }
+    }
+  }
+}
+
+template <typename Out, typename Store>
+__global__ void __launch_bounds__(kFusedThreads, 2)
+    augment_fused_kernel(AugmentArgs a, Out* __restrict__ out, Store store, int rows_per_block) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  extern __shared__ float state[];  // 3 planes of rows_per_block x w
+  __shared__ float P[param::kCount];
+  __shared__ ColorProgram prog;
+  __shared__ int64_t partial;
+  __shared__ MeanTerms terms;
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int h = static_cast<int>(a.input.h), w = static_cast<int>(a.input.w), plane = rows_per_block * w;
+  const int y0 = static_cast<int>(cluster.block_rank()) * rows_per_block;
+  const int rows = y0 >= h ? 0 : (h - y0 < rows_per_block ? h - y0 : rows_per_block);
+  const bool first = threadIdx.x == 0 && threadIdx.y == 0;
+  for (int64_t i = blockIdx.y; i < a.input.n; i += gridDim.y) {
+    load_sample(a, i, P, &prog);
+    const pixel::Image8 im = a.input.sample(i);
+    Out* base = out + i * a.out_stride[0];
+    auto sample_step = [&](const Ints& xs, const Ints& ys, float (&v)[kStep][3]) {
+      for (int j = 0; j < kStep; ++j) warped_pixel<int32_t>(a, P, im, xs[j], y0 + ys[j], v[j]);
+    };
+    auto store_step = [&](const Ints& xs, const Ints& ys, const Flags& valid, float (&v)[kStep][3]) {
+      for (int j = 0; j < kStep; ++j)
+        if (valid[j]) store_pixel<int32_t>(a.out_stride, base, xs[j], y0 + ys[j], v[j], store);
+    };
+    if (needs_mean(a, i)) {  // cluster-uniform: the cluster's blocks share the sample
+      int64_t sum = 0;
+      for_each_step(rows, w, [&](const Ints& xs, const Ints& ys, const Ints& qs, const Flags& valid) {
+        float v[kStep][3];
+        sample_step(xs, ys, v);
+        chain_before_mean_px(a, prog, v);
+        for (int j = 0; j < kStep; ++j) {
+          if (!valid[j]) continue;
+          sum += pixel::mean_fixed(mean_luma(a, v[j]));
+          state[qs[j]] = v[j][0];
+          state[plane + qs[j]] = v[j][1];
+          state[2 * plane + qs[j]] = v[j][2];
+        }
+      });
+      sum = block_sum<kFusedThreads>(sum);
+      if (first) partial = sum;
+      cluster.sync();
+      if (first) {
+        int64_t total = 0;  // integers: the same bits in any order
+        for (unsigned r = 0; r < cluster.num_blocks(); ++r) total += *cluster.map_shared_rank(&partial, r);
+        terms = mean_terms(a, P, pixel::mean_from_sum(total, a.input.h * a.input.w));
+      }
+      __syncthreads();
+      for_each_step(rows, w, [&](const Ints& xs, const Ints& ys, const Ints& qs, const Flags& valid) {
+        float v[kStep][3];
+        for (int j = 0; j < kStep; ++j)
+          for (int c = 0; c < 3; ++c) v[j][c] = state[c * plane + qs[j]];
+        chain_after_mean_px(a, P, prog, terms, v);
+        store_step(xs, ys, valid, v);
+      });
+    } else {
+      if (first) terms = mean_terms(a, P, 0.0f);
+      __syncthreads();
+      for_each_step(rows, w, [&](const Ints& xs, const Ints& ys, const Ints&, const Flags& valid) {
+        float v[kStep][3];
+        sample_step(xs, ys, v);
+        chain_before_mean_px(a, prog, v);
+        chain_after_mean_px(a, P, prog, terms, v);
+        store_step(xs, ys, valid, v);
+      });
+    }
+    cluster.sync();  // P, prog, terms and partial are reused by the next sample; others may read partial
+  }
+#endif
+}
+
+// Whether the current device runs the fused kernel: sm_90 or later (the clusters), and not turned
+// off by GPUPIPE_CUDA_AUGMENT=two_pass (a switch for tests and benchmarks of the fallback).
+bool fused_enabled() {
+  const char* env = getenv("GPUPIPE_CUDA_AUGMENT");
+  if (env != nullptr && strcmp(env, "two_pass") == 0) return false;
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+  return major >= 9;
+}
+
+template <typename Out, typename Store>
+cudaError_t launch_fused(const AugmentArgs& a, cudaStream_t s, Store store, int cluster) {
+  void (*kernel)(AugmentArgs, Out*, Store, int) = augment_fused_kernel<Out, Store>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kFusedStateBytes));
+  if (err != cudaSuccess) return err;
+  const int rows = static_cast<int>((a.input.h + cluster - 1) / cluster);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(cluster), sample_blocks(a.input.n));
+  config.blockDim = dim3(kTileW, kFusedTileH);
+  config.dynamicSmemBytes = static_cast<size_t>(rows) * a.input.w * 3 * sizeof(float);
+  config.stream = s;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = static_cast<unsigned>(cluster);
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, a, static_cast<Out*>(a.output), store, rows);
+}
+
+// Whether every offset within one sample, of its input (bytes) and of its output (elements), fits
+// the fused kernel's 32-bit offsets.
+bool offsets_fit_int32(const AugmentArgs& a) {
+  const auto extent = [&](const int64_t* stride) {  // stride: C, H, W
+    auto mag = [](int64_t v) { return v < 0 ? -v : v; };
+    return 2 * mag(stride[0]) + (a.input.h - 1) * mag(stride[1]) + (a.input.w - 1) * mag(stride[2]);
+  };
+  const int64_t limit = INT32_MAX;
+  return extent(a.input.stride + 1) <= limit && extent(a.out_stride + 1) <= limit;
+}
+
+// The fused launch for the output type; an error when it cannot run here (the caller falls back).
+cudaError_t try_fused(const AugmentArgs& a, cudaStream_t s) {
+  const int cluster = fused_cluster_size(a.input.h, a.input.w);
+  if (cluster == 0 || !offsets_fit_int32(a) || !fused_enabled()) return cudaErrorNotSupported;
+  switch (a.out_type) {
+    case kFloat32: return launch_fused<float>(a, s, StoreF32{}, cluster);
+    case kBFloat16: return launch_fused<uint16_t>(a, s, StoreBF16{}, cluster);
+    default: return launch_fused<uint16_t>(a, s, StoreF16{}, cluster);
+  }
 }
 
 }  // namespace
@@ -183,6 +387,8 @@ int warp_affine_cuda(const WarpArgs& a, void* stream) {
 int augment_cuda(const AugmentArgs& a, void* stream) {
   if (a.input.n == 0 || a.input.h == 0 || a.input.w == 0) return 0;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (try_fused(a, s) == cudaSuccess) return 0;
+  cudaGetLastError();  // a refused cluster launch is not sticky: clear it and take the two passes
   mean_kernel<<<dim3(kMeanBlocks, sample_blocks(a.input.n)), dim3(kTileW, kTileH), 0, s>>>(a);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return static_cast<int>(err);

@@ -6,10 +6,12 @@ uint8 input (nearest / bilinear, per-channel fill), run the color chain, graysca
 float32 / bfloat16 / float16 in ``contiguous_format`` or ``channels_last``. Contrast's image mean
 comes from a first pass over the same warped samples (reduction only: nothing is materialised).
 
-CUDA tensors run the CUDA kernels (``cuda/augment.cu``: two launches, the reduction and the output)
-on PyTorch's current stream; CPU tensors run their host build (``csrc/augment_cpu.cpp``) on gpupipe's
-thread pool. Both share the per-pixel math (``csrc/augment_pixel.h``) and round alike. Fake kernels
-make the ops traceable by ``torch.compile``.
+CUDA tensors run the CUDA kernels (``cuda/augment.cu``) on PyTorch's current stream: on sm_90 and
+later one launch, a cluster of blocks per sample keeping the warped pixels in shared memory while
+they sum the contrast mean; elsewhere (and for samples too large for a cluster's shared memory, or
+with ``GPUPIPE_CUDA_AUGMENT=two_pass``) two launches, the reduction and the output. CPU tensors run
+their host build (``csrc/augment_cpu.cpp``) on gpupipe's thread pool. All share the per-pixel math
+(``csrc/augment_pixel.h``) and round alike. Fake kernels make the ops traceable by ``torch.compile``.
 
 ``params`` is float32 ``[N, 24]``, one row per sample (layout: ``csrc/augment_kernels.h``,
 ``namespace param``), built on the CPU by :func:`pack_params` and copied to the device in one
