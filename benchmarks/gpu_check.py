@@ -68,7 +68,7 @@ def _two_pass():
             os.environ["GPUPIPE_CUDA_AUGMENT"] = old
 
 
-def _no_sync_two_launches(aug, x) -> list:
+def _no_sync_few_launches(aug, x) -> list:
     """Issue 13's contract on CUDA: a training-mode forward never syncs the host (sync debug mode
     'error' raises on any sync), launches at most two kernels (one on sm_90: the fused kernel) plus one host-to-device copy, and compiles
     with fullgraph=True (inductor) to the same output as eager."""
@@ -88,10 +88,11 @@ def _no_sync_two_launches(aug, x) -> list:
         torch.cuda.set_sync_debug_mode("default")
         torch.cuda.synchronize()
     kernels = [e.key for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    fused = torch.cuda.get_device_capability(x.device)[0] >= 9  # the batch's samples fit a cluster
     ours = [k for k in kernels if "gpupipe" in k]
     copies = sum(e.count for e in prof.key_averages() if "Memcpy HtoD" in e.key)
-    checks.append(("augment forward on CUDA: no host sync, at most 2 kernels + 1 copy",
-                   synced == "no host sync" and len(ours) in (1, 2) and copies == 1,
+    checks.append(("augment forward on CUDA: no host sync, 1 kernel (sm_90) or 2 + 1 copy",
+                   synced == "no host sync" and len(ours) == (1 if fused else 2) and copies == 1,
                    f"{synced}; kernels {len(ours)} of gpupipe ({len(kernels)} in all), {copies} HtoD copies"))
     p = aug.sample_params(x.shape[0], seed=4)
     compiled = torch.compile(lambda t: aug(t, params=p), fullgraph=True)
@@ -159,7 +160,7 @@ def _augment_check(checks: list, avail: dict, repeats: int) -> list:
               f"({100 * moved / two_pass_kt / peak:.0f}% of peak)")
     print(f"\n{label}: {status}")
     checks.append((f"{label}: kernels >= 70% of peak bandwidth", bw >= 0.7 * peak, status))
-    checks += _no_sync_two_launches(aug, x)
+    checks += _no_sync_few_launches(aug, x)
     rows.append((label, "CUDA kernels (whole call)", 256 / t, cpu_t / t, status))
     kaug = BatchAugment(**chain, engine="kornia")
     kt = _time(lambda: kaug(x, params=params), max(1, repeats // 3), True)

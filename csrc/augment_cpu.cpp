@@ -365,17 +365,16 @@ void ops_row(const ColorProgram& prog, int begin, int end, float contrast_term, 
 // chain_before_mean_px and chain_after_mean_px (augment_kernels.h) by rows: up to what pass 1
 // averages (the sampled row scaled to [0, 1] and the ops before contrast; linear: the raw
 // samples) ...
-void chain_before_mean(const AugmentArgs& a, const float* P, Row& row, int64_t w) {
+void chain_before_mean(const AugmentArgs& a, const ColorProgram& prog, Row& row, int64_t w) {
   if (a.color == kColorLinear) return;
   scale_row(row.r, row.g, row.b, w);
-  const ColorProgram prog = color_program(P);
   ops_row(prog, 0, prog.before_mean, 0.0f, row, w);
 }
 
 // ... and the rest, to the output values: contrast and the ops after it, grayscale, normalise.
-void chain_after_mean(const AugmentArgs& a, const float* P, const MeanTerms& terms, Row& row, int64_t w) {
+void chain_after_mean(const AugmentArgs& a, const float* P, const ColorProgram& prog, const MeanTerms& terms,
+                      Row& row, int64_t w) {
   if (a.color == kColorLinear) return linear_row(row.r, row.g, row.b, w, P + param::kLinearA, terms);
-  const ColorProgram prog = color_program(P);
   ops_row(prog, prog.before_mean, prog.count, terms.v[0], row, w);
   gray_normalize_row(row.r, row.g, row.b, w, P[param::kGrayscale] != 0.0f, a.mean, a.inv_std);
 }
@@ -484,14 +483,15 @@ void augment_by_samples(const AugmentArgs& a, int num_threads) {
     thread_local std::vector<float> plane;
     for (int64_t i = begin; i < end; ++i) {
       const float* P = a.params + i * param::kCount;
+      const ColorProgram prog = color_program(P);
       const pixel::Image8 im = a.input.sample(i);
       if (!axis_aligned(P + param::kMatrix)) prefetch(im);
       if (!needs_mean(a, i)) {
         const MeanTerms terms = mean_terms(a, P, 0.0f);
         for (int64_t y = 0; y < h; ++y) {
           sample_row(im, P + param::kMatrix, a.interpolation, a.fill, y, w, row);
-          chain_before_mean(a, P, row, w);
-          chain_after_mean(a, P, terms, row, w);
+          chain_before_mean(a, prog, row, w);
+          chain_after_mean(a, P, prog, terms, row, w);
           store(a, row, i, y, w);
         }
         continue;
@@ -502,14 +502,14 @@ void augment_by_samples(const AugmentArgs& a, int num_threads) {
         float* r = plane.data() + 3 * y * w;
         row.write_to(r, r + w, r + 2 * w);
         sample_row(im, P + param::kMatrix, a.interpolation, a.fill, y, w, row);
-        chain_before_mean(a, P, row, w);
+        chain_before_mean(a, prog, row, w);
         sum += luma_sum(row.r, row.g, row.b, w, a.color == kColorLinear);
       }
       const MeanTerms terms = mean_terms(a, P, pixel::mean_from_sum(sum, h * w));
       for (int64_t y = 0; y < h; ++y) {
         float* r = plane.data() + 3 * y * w;
         row.write_to(r, r + w, r + 2 * w);
-        chain_after_mean(a, P, terms, row, w);
+        chain_after_mean(a, P, prog, terms, row, w);
         store(a, row, i, y, w);
       }
       row.reserve(w);  // back to the row's own buffers
@@ -537,8 +537,9 @@ void augment_by_rows(const AugmentArgs& a, int num_threads) {
         sum = 0;
       }
       const float* P = a.params + i * param::kCount;
+      const ColorProgram prog = color_program(P);
       sample_row(a.input.sample(i), P + param::kMatrix, a.interpolation, a.fill, y, w, row);
-      chain_before_mean(a, P, row, w);
+      chain_before_mean(a, prog, row, w);
       sum += luma_sum(row.r, row.g, row.b, w, a.color == kColorLinear);  // integers: exact in any order
     }
     if (current >= 0) sums[current].fetch_add(sum, std::memory_order_relaxed);
@@ -553,9 +554,10 @@ void augment_by_rows(const AugmentArgs& a, int num_threads) {
     for (int64_t rr = begin; rr < end; ++rr) {
       const int64_t i = rr / h, y = rr % h;
       const float* P = a.params + i * param::kCount;
+      const ColorProgram prog = color_program(P);
       sample_row(a.input.sample(i), P + param::kMatrix, a.interpolation, a.fill, y, w, row);
-      chain_before_mean(a, P, row, w);
-      chain_after_mean(a, P, terms[static_cast<size_t>(i)], row, w);
+      chain_before_mean(a, prog, row, w);
+      chain_after_mean(a, P, prog, terms[static_cast<size_t>(i)], row, w);
       store(a, row, i, y, w);
     }
   });

@@ -57,8 +57,9 @@ constexpr int kCount = 24;
 // Blocks per sample of the CUDA reduction pass (its partial sums: n x kMeanBlocks int64).
 constexpr int kMeanBlocks = 64;
 
-// BatchAugment's one-pass engine: per output pixel, sample the warped input, run the color chain,
-// grayscale, normalise, store. Contrast's image mean comes from a first, reduction-only pass.
+// BatchAugment's engine: per output pixel, sample the warped input, run the color chain, grayscale,
+// normalise, store. Contrast's image mean needs the warped pixels first: kept from a first pass
+// (the host's planes, the fused CUDA kernel's shared memory) or sampled again (the two-pass path).
 struct AugmentArgs {
   Batch8 input;
   const float* params = nullptr;  // n x param::kCount

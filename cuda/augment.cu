@@ -1,6 +1,7 @@
-// CUDA kernels of gpupipe's augmentations: one thread per output pixel, the per-pixel math of
-// csrc/augment_pixel.h and csrc/augment_kernels.h (shared with the host build in
-// csrc/augment_cpu.cpp, and rounded alike: _rn intrinsics, built with --fmad=false).
+// CUDA kernels of gpupipe's augmentations: the per-pixel math of csrc/augment_pixel.h and
+// csrc/augment_kernels.h (shared with the host build in csrc/augment_cpu.cpp, and rounded alike:
+// _rn intrinsics, built with --fmad=false). BatchAugment's engine runs as one fused launch on
+// sm_90 (clusters, below) and as two launches elsewhere (contrast's means, then the output).
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -36,14 +37,16 @@ __global__ void warp_affine_kernel(WarpArgs a, Out* __restrict__ out) {
   }
 }
 
-// The engine's blocks are 32 x 8 tiles of one sample's output (blockIdx.y = the sample): no index
-// division per pixel, 2-D locality for the warped reads, and per-sample values shared by the block.
+// The two-pass engine's blocks are 32 x 8 tiles of one sample's output (blockIdx.y = the sample):
+// no index division per pixel, 2-D locality for the warped reads, per-sample values shared.
 constexpr int kTileW = 32, kTileH = 8;
+static_assert(kTileW * kTileH == kThreads, "the two-pass kernels' block_sum assumes kThreads threads");
 
 // Sums an int64 over a block of kBlock threads; the result is valid in thread 0. Integer sums: any
 // order, same bits.
 template <int kBlock = kThreads>
 __device__ int64_t block_sum(int64_t v) {
+  static_assert(kBlock % 32 == 0 && kBlock <= 1024, "whole warps, one warp of partial sums");
   __shared__ int64_t warp_sums[kBlock / 32];
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
   const int t = threadIdx.y * blockDim.x + threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -192,15 +195,24 @@ void launch_augment(const AugmentArgs& a, cudaStream_t s, Store store) {
 // from the kept state. Each thread reads back only what it wrote. Images whose state does not fit
 // a cluster's shared memory, and GPUs before sm_90, take the two passes above.
 constexpr int kFusedTileH = 16;
-constexpr int kFusedThreads = kTileW * kFusedTileH;
-constexpr int64_t kFusedStateBytes = 100 * 1024;  // per block: two blocks of 512 threads per SM
-constexpr int kMaxCluster = 8;                    // the portable cluster size
+constexpr int kFusedThreads = kTileW * kFusedTileH;  // the block is kTileW x kFusedTileH
+constexpr int64_t kFusedStateBytes = 100 * 1024;    // per block at most: two blocks of 512 per SM
+constexpr int kMaxCluster = 8;                      // the portable cluster size
 
-// The cluster size for h x w samples: the smallest whose blocks' state fits; 0 when none does.
-int fused_cluster_size(int64_t h, int64_t w) {
-  for (int c = 1; c <= kMaxCluster; c *= 2)
-    if ((h + c - 1) / c * w * 3 * static_cast<int64_t>(sizeof(float)) <= kFusedStateBytes) return c;
-  return 0;
+// A fused launch's shape: `cluster` blocks per sample, each keeping `rows` rows of state.
+struct FusedShape {
+  int cluster = 0, rows = 0;
+  size_t state_bytes = 0;
+};
+
+// The smallest cluster whose blocks' state fits `budget` bytes; cluster 0 when none does (about
+// 256 x 256 is the largest square sample that fits the 100 KiB of sm_90).
+FusedShape fused_shape(int64_t h, int64_t w, int64_t budget) {
+  for (int c = 1; c <= kMaxCluster; c *= 2) {
+    const int64_t rows = (h + c - 1) / c, bytes = rows * w * 3 * static_cast<int64_t>(sizeof(float));
+    if (bytes <= budget) return FusedShape{c, static_cast<int>(rows), static_cast<size_t>(bytes)};
+  }
+  return FusedShape{};
 }
 
 // Pixels per thread and step: their gathers in flight together, one op dispatch for them all.
@@ -313,40 +325,9 @@ __global__ void __launch_bounds__(kFusedThreads, 2)
     }
     cluster.sync();  // P, prog, terms and partial are reused by the next sample; others may read partial
   }
+#else
+  __trap();  // never launched: fused_enabled() requires code compiled for sm_90
 #endif
-}
-
-// Whether the current device runs the fused kernel: sm_90 or later (the clusters), and not turned
-// off by GPUPIPE_CUDA_AUGMENT=two_pass (a switch for tests and benchmarks of the fallback).
-bool fused_enabled() {
-  const char* env = getenv("GPUPIPE_CUDA_AUGMENT");
-  if (env != nullptr && strcmp(env, "two_pass") == 0) return false;
-  int device = 0, major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-  return major >= 9;
-}
-
-template <typename Out, typename Store>
-cudaError_t launch_fused(const AugmentArgs& a, cudaStream_t s, Store store, int cluster) {
-  void (*kernel)(AugmentArgs, Out*, Store, int) = augment_fused_kernel<Out, Store>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(kFusedStateBytes));
-  if (err != cudaSuccess) return err;
-  const int rows = static_cast<int>((a.input.h + cluster - 1) / cluster);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(cluster), sample_blocks(a.input.n));
-  config.blockDim = dim3(kTileW, kFusedTileH);
-  config.dynamicSmemBytes = static_cast<size_t>(rows) * a.input.w * 3 * sizeof(float);
-  config.stream = s;
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = static_cast<unsigned>(cluster);
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, a, static_cast<Out*>(a.output), store, rows);
 }
 
 // Whether every offset within one sample, of its input (bytes) and of its output (elements), fits
@@ -360,14 +341,53 @@ bool offsets_fit_int32(const AugmentArgs& a) {
   return extent(a.input.stride + 1) <= limit && extent(a.out_stride + 1) <= limit;
 }
 
-// The fused launch for the output type; an error when it cannot run here (the caller falls back).
-cudaError_t try_fused(const AugmentArgs& a, cudaStream_t s) {
-  const int cluster = fused_cluster_size(a.input.h, a.input.w);
-  if (cluster == 0 || !offsets_fit_int32(a) || !fused_enabled()) return cudaErrorNotSupported;
+// Launches the fused kernel for output type Out (true) when this device and these samples allow it: the
+// kernel was compiled for sm_90 or later (its PTX version: a module built without a sm_90 image
+// would run a JIT-compiled empty body), GPUPIPE_CUDA_AUGMENT is not "two_pass" (the switch the
+// tests and benchmarks of the fallback use), the state fits the device's shared memory, and the
+// offsets fit 32 bits.
+template <typename Out, typename Store>
+bool launch_fused(const AugmentArgs& a, cudaStream_t s, Store store) {
+  const char* env = getenv("GPUPIPE_CUDA_AUGMENT");
+  if (env != nullptr && strcmp(env, "two_pass") == 0) return false;
+  void (*kernel)(AugmentArgs, Out*, Store, int) = augment_fused_kernel<Out, Store>;
+  cudaFuncAttributes attributes = {};
+  int device = 0, optin = 0;
+  if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess || cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    cudaGetLastError();  // the query's own error, not sticky: clear it, the caller falls back
+    return false;
+  }
+  if (attributes.ptxVersion < 90) return false;
+  const int64_t budget = optin - static_cast<int64_t>(attributes.sharedSizeBytes);
+  const FusedShape shape = fused_shape(a.input.h, a.input.w, budget < kFusedStateBytes ? budget : kFusedStateBytes);
+  if (shape.cluster == 0 || !offsets_fit_int32(a)) return false;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(shape.cluster), sample_blocks(a.input.n));
+  config.blockDim = dim3(kTileW, kFusedTileH);
+  config.dynamicSmemBytes = shape.state_bytes;
+  config.stream = s;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = static_cast<unsigned>(shape.cluster);
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shape.state_bytes)) !=
+          cudaSuccess ||
+      cudaLaunchKernelEx(&config, kernel, a, static_cast<Out*>(a.output), store, shape.rows) != cudaSuccess) {
+    cudaGetLastError();  // a refused configuration is not sticky: clear it, the caller falls back
+    return false;
+  }
+  return true;
+}
+
+bool try_fused(const AugmentArgs& a, cudaStream_t s) {
   switch (a.out_type) {
-    case kFloat32: return launch_fused<float>(a, s, StoreF32{}, cluster);
-    case kBFloat16: return launch_fused<uint16_t>(a, s, StoreBF16{}, cluster);
-    default: return launch_fused<uint16_t>(a, s, StoreF16{}, cluster);
+    case kFloat32: return launch_fused<float>(a, s, StoreF32{});
+    case kBFloat16: return launch_fused<uint16_t>(a, s, StoreBF16{});
+    default: return launch_fused<uint16_t>(a, s, StoreF16{});
   }
 }
 
@@ -387,8 +407,7 @@ int warp_affine_cuda(const WarpArgs& a, void* stream) {
 int augment_cuda(const AugmentArgs& a, void* stream) {
   if (a.input.n == 0 || a.input.h == 0 || a.input.w == 0) return 0;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (try_fused(a, s) == cudaSuccess) return 0;
-  cudaGetLastError();  // a refused cluster launch is not sticky: clear it and take the two passes
+  if (try_fused(a, s)) return 0;
   mean_kernel<<<dim3(kMeanBlocks, sample_blocks(a.input.n)), dim3(kTileW, kTileH), 0, s>>>(a);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return static_cast<int>(err);

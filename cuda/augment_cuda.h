@@ -9,7 +9,9 @@ namespace gpupipe {
 
 int warp_affine_cuda(const WarpArgs& args, void* stream);
 
-// Two launches: contrast's image means (partial sums into args.mean_partials), then the output.
+// BatchAugment's engine: one fused launch on sm_90 for samples whose state fits a cluster's shared
+// memory; otherwise two launches, contrast's image means (partial sums into args.mean_partials),
+// then the output.
 int augment_cuda(const AugmentArgs& args, void* stream);
 
 const char* cuda_error_string(int code);

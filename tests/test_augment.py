@@ -303,7 +303,7 @@ def test_ops_opcheck():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("path", ["auto", "two_pass"])
-def test_cuda_one_transfer_two_kernels_no_sync(path, monkeypatch):
+def test_cuda_one_transfer_at_most_two_kernels_no_sync(path, monkeypatch):
     """A forward is one host-to-device copy and at most two kernels (one where the fused kernel runs:
     sm_90 and later), and never syncs the host."""
     if path == "two_pass":
@@ -328,21 +328,44 @@ def test_cuda_one_transfer_two_kernels_no_sync(path, monkeypatch):
     assert not any("Memset" in n for n in names), names
 
 
+def _cuda_kernels_run(fn) -> list:
+    """Names of the gpupipe augment kernels that fn() launches."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "augment_" in e.name]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("path", ["auto", "two_pass"])
-@pytest.mark.parametrize("h, w", [(61, 83), (224, 224), (301, 97), (700, 700)])
+@pytest.mark.parametrize("h, w", [(61, 83), (224, 224), (301, 97), (6, 3000), (700, 700)])
 def test_cuda_equals_host_build(path, h, w, monkeypatch):
-    """The CUDA kernels and their host build share augment_pixel.h and round alike: 0 ULP. The sizes
-    take the fused kernel (sm_90) with clusters of 1, 8 and 4 blocks, and its fallback (700 x 700:
-    the state does not fit a cluster's shared memory)."""
+    """The CUDA kernels and their host build share augment_pixel.h and round alike: 0 ULP. On sm_90
+    the sizes take the fused kernel with clusters of 1, 8 and 4 blocks (6 x 3000: 4 blocks, the last
+    without rows) and its fallback (700 x 700: the state does not fit a cluster's shared memory).
+    Every other sample has no contrast mean, so both kinds of sample share the kernels."""
     if path == "two_pass":
         monkeypatch.setenv("GPUPIPE_CUDA_AUGMENT", "two_pass")
-    x = photo_batch(5, h, w, seed=25)
+    x = photo_batch(6, h, w, seed=25)
     for color in ("torchvision", "linear"):
         for interpolation in ("nearest", "bilinear"):
             aug = BatchAugment(**FULL, interpolation=interpolation, color=color)
-            p = aug.sample_params(5, seed=26)
+            p = aug.sample_params(6, seed=26)
+            p["contrast"][::2] = 1.0
             assert torch.equal(aug(x.cuda(), params=p).cpu(), aug(x, params=p)), (color, interpolation)
+    fused = path == "auto" and torch.cuda.get_device_capability()[0] >= 9 and (h, w) != (700, 700)
+    names = _cuda_kernels_run(lambda: aug(x.cuda(), params=p))
+    assert any("augment_fused" in n for n in names) == fused, names
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_batch_of_more_than_65535_samples_is_refused():
+    """The kernels' grid has a row per sample (at most 65535): a larger batch is a clear error."""
+    n = 65536
+    x = torch.zeros(n, 3, 2, 2, dtype=torch.uint8, device="cuda")
+    aug = BatchAugment(**FULL)
+    with pytest.raises(ValueError, match="at most 65535 samples"):
+        aug(x, params=aug.sample_params(n, seed=27))
 
 
 # --- bad input -------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@
 Per output pixel: inverse-map through the sample's 2x3 matrix (rotation, affine, flips), sample the
 uint8 input (nearest / bilinear, per-channel fill), run the color chain, grayscale, normalise, store
 float32 / bfloat16 / float16 in ``contiguous_format`` or ``channels_last``. Contrast's image mean
-comes from a first pass over the same warped samples (reduction only: nothing is materialised).
+comes from a first pass over the same warped samples, kept for the second where they fit (the
+host's per-sample planes, a CUDA cluster's shared memory) and sampled again where not.
 
 CUDA tensors run the CUDA kernels (``cuda/augment.cu``) on PyTorch's current stream: on sm_90 and
 later one launch, a cluster of blocks per sample keeping the warped pixels in shared memory while
