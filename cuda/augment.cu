@@ -189,15 +189,17 @@ void launch_augment(const AugmentArgs& a, cudaStream_t s, Store store) {
 }
 
 // --- the fused path: one launch, every pixel sampled and coloured once (sm_90 clusters) ----------
-// One cluster of C blocks per sample, each block taking a C-th of its rows. Pass 1 keeps each
-// pixel's state after chain_before_mean_px in the block's shared memory (3 float planes) and sums
-// its luma; the C partial sums meet through distributed shared memory; pass 2 finishes the chain
-// from the kept state. Each thread reads back only what it wrote. Images whose state does not fit
-// a cluster's shared memory, and GPUs before sm_90, take the two passes above.
+// One cluster of C blocks per sample (C up to 8, or 16 where the device allows), each block taking
+// a C-th of its rows. Pass 1 keeps each pixel's state after chain_before_mean_px in the block's
+// shared memory (3 float planes) and sums its luma; the C partial sums meet through distributed
+// shared memory; pass 2 finishes the chain from the kept state. Each thread reads back only what
+// it wrote. Images whose state does not fit a cluster's shared memory, and GPUs before sm_90, take
+// the two passes above.
 constexpr int kFusedTileH = 16;
 constexpr int kFusedThreads = kTileW * kFusedTileH;  // the block is kTileW x kFusedTileH
 constexpr int64_t kFusedStateBytes = 100 * 1024;    // per block at most: two blocks of 512 per SM
-constexpr int kMaxCluster = 8;                      // the portable cluster size
+constexpr int kPortableCluster = 8;                 // every sm_90 device schedules these
+constexpr int kMaxCluster = 16;                     // where the device allows it (H100)
 
 // A fused launch's shape: `cluster` blocks per sample, each keeping `rows` rows of state.
 struct FusedShape {
@@ -205,8 +207,8 @@ struct FusedShape {
   size_t state_bytes = 0;
 };
 
-// The smallest cluster whose blocks' state fits `budget` bytes; cluster 0 when none does (about
-// 256 x 256 is the largest square sample that fits the 100 KiB of sm_90).
+// The smallest cluster whose blocks' state fits `budget` bytes; cluster 0 when none does (with the
+// 100 KiB of sm_90: 256 x 256 in 8 blocks, 364 x 364 in 16).
 FusedShape fused_shape(int64_t h, int64_t w, int64_t budget) {
   for (int c = 1; c <= kMaxCluster; c *= 2) {
     const int64_t rows = (h + c - 1) / c, bytes = rows * w * 3 * static_cast<int64_t>(sizeof(float));
@@ -374,8 +376,13 @@ bool launch_fused(const AugmentArgs& a, cudaStream_t s, Store store) {
   attribute.val.clusterDim.z = 1;
   config.attrs = &attribute;
   config.numAttrs = 1;
+  // Clusters over the portable size only where the device can schedule one (asked before launching).
+  int clusters = 1;
+  const bool non_portable = shape.cluster > kPortableCluster;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shape.state_bytes)) !=
           cudaSuccess ||
+      (non_portable && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) ||
+      (non_portable && cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) || clusters < 1 ||
       cudaLaunchKernelEx(&config, kernel, a, static_cast<Out*>(a.output), store, shape.rows) != cudaSuccess) {
     cudaGetLastError();  // a refused configuration is not sticky: clear it, the caller falls back
     return false;

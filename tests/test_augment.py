@@ -338,12 +338,13 @@ def _cuda_kernels_run(fn) -> list:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("path", ["auto", "two_pass"])
-@pytest.mark.parametrize("h, w", [(61, 83), (224, 224), (301, 97), (6, 3000), (700, 700)])
+@pytest.mark.parametrize("h, w", [(61, 83), (224, 224), (301, 97), (6, 3000), (352, 352), (700, 700)])
 def test_cuda_equals_host_build(path, h, w, monkeypatch):
     """The CUDA kernels and their host build share augment_pixel.h and round alike: 0 ULP. On sm_90
     the sizes take the fused kernel with clusters of 1, 8 and 4 blocks (6 x 3000: 4 blocks, the last
-    without rows) and its fallback (700 x 700: the state does not fit a cluster's shared memory).
-    Every other sample has no contrast mean, so both kinds of sample share the kernels."""
+    without rows), 16 blocks where the device schedules them (352 x 352; an H100 does), and its
+    fallback (700 x 700: the state does not fit a cluster's shared memory). Every other sample has
+    no contrast mean, so both kinds of sample share the kernels."""
     if path == "two_pass":
         monkeypatch.setenv("GPUPIPE_CUDA_AUGMENT", "two_pass")
     x = photo_batch(6, h, w, seed=25)
@@ -353,9 +354,12 @@ def test_cuda_equals_host_build(path, h, w, monkeypatch):
             p = aug.sample_params(6, seed=26)
             p["contrast"][::2] = 1.0
             assert torch.equal(aug(x.cuda(), params=p).cpu(), aug(x, params=p)), (color, interpolation)
-    fused = path == "auto" and torch.cuda.get_device_capability()[0] >= 9 and (h, w) != (700, 700)
     names = _cuda_kernels_run(lambda: aug(x.cuda(), params=p))
-    assert any("augment_fused" in n for n in names) == fused, names
+    fused = any("augment_fused" in n for n in names)
+    capability = torch.cuda.get_device_capability()
+    if (h, w) == (352, 352) and capability != (9, 0):
+        return  # 16-block clusters: the device decides (the H100, sm_90, schedules them)
+    assert fused == (path == "auto" and capability[0] >= 9 and (h, w) != (700, 700)), names
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
