@@ -388,9 +388,10 @@ class BatchAugment(nn.Module):
             raise TypeError(f"x must be uint8 (gpupipe's decode output; convert float images in [0, 1] with "
                             f"(x * 255).round().to(torch.uint8)), got {x.dtype}")
         n, _, h, w = x.shape
-        if params is None:
+        if params is None:  # drawn here, valid by construction: only a caller's params are checked
             params = self.sample_params(n) if self.training else self.identity_params(n)
-        self.check_params(params, n)
+        else:
+            self.check_params(params, n)
         self.last_params = params
         if self.engine == "kornia":
             from gpupipe.augment.kornia_engine import kornia_augment
