@@ -70,8 +70,8 @@ def _two_pass():
 
 def _no_sync_few_launches(aug, x) -> list:
     """Issue 13's contract on CUDA: a training-mode forward never syncs the host (sync debug mode
-    'error' raises on any sync), launches at most two kernels (one on sm_90: the fused kernel) plus one host-to-device copy, and compiles
-    with fullgraph=True (inductor) to the same output as eager."""
+    'error' raises on any sync), launches one kernel on sm_90 (the fused one; two elsewhere) plus one
+    host-to-device copy, and compiles with fullgraph=True (inductor) to the same output as eager."""
     from torch.profiler import ProfilerActivity, profile
 
     checks = []

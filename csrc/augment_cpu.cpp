@@ -521,9 +521,12 @@ void augment_by_samples(const AugmentArgs& a, int num_threads) {
 // pass 1 samples every row for the means, pass 2 samples it again for the output.
 void augment_by_rows(const AugmentArgs& a, int num_threads) {
   const int64_t n = a.input.n, h = a.input.h, w = a.input.w;
+  std::vector<ColorProgram> programs(static_cast<size_t>(n));  // one per sample, for both passes
   std::vector<int64_t> active;
-  for (int64_t i = 0; i < n; ++i)
+  for (int64_t i = 0; i < n; ++i) {
+    programs[static_cast<size_t>(i)] = color_program(a.params + i * param::kCount);
     if (needs_mean(a, i)) active.push_back(i);
+  }
   std::unique_ptr<std::atomic<int64_t>[]> sums(new std::atomic<int64_t>[static_cast<size_t>(n)]);
   for (int64_t i = 0; i < n; ++i) sums[i].store(0, std::memory_order_relaxed);
   parallel_rows(static_cast<int64_t>(active.size()) * h, num_threads, [&](int64_t begin, int64_t end) {
@@ -537,9 +540,8 @@ void augment_by_rows(const AugmentArgs& a, int num_threads) {
         sum = 0;
       }
       const float* P = a.params + i * param::kCount;
-      const ColorProgram prog = color_program(P);
       sample_row(a.input.sample(i), P + param::kMatrix, a.interpolation, a.fill, y, w, row);
-      chain_before_mean(a, prog, row, w);
+      chain_before_mean(a, programs[static_cast<size_t>(i)], row, w);
       sum += luma_sum(row.r, row.g, row.b, w, a.color == kColorLinear);  // integers: exact in any order
     }
     if (current >= 0) sums[current].fetch_add(sum, std::memory_order_relaxed);
@@ -554,7 +556,7 @@ void augment_by_rows(const AugmentArgs& a, int num_threads) {
     for (int64_t rr = begin; rr < end; ++rr) {
       const int64_t i = rr / h, y = rr % h;
       const float* P = a.params + i * param::kCount;
-      const ColorProgram prog = color_program(P);
+      const ColorProgram& prog = programs[static_cast<size_t>(i)];
       sample_row(a.input.sample(i), P + param::kMatrix, a.interpolation, a.fill, y, w, row);
       chain_before_mean(a, prog, row, w);
       chain_after_mean(a, P, prog, terms[static_cast<size_t>(i)], row, w);
