@@ -3,7 +3,8 @@
 
 gpupipe.Loader (threads, ROI decode, fused augmentation) vs DataLoader(ImageFolder + torchvision
 transforms, num_workers=2) vs a DALI CPU pipeline vs an SPDL pipeline. Each method runs one
-warm-up epoch, then timed epochs; a result is images/s over the timed epoch.
+warm-up epoch, then the timed epochs are taken round robin (one epoch of each method in turn); a
+result is images/s over the timed epoch.
 """
 
 from __future__ import annotations
@@ -43,18 +44,32 @@ def image_folder(n: int = 512, classes: int = 8) -> Path:
     return root
 
 
-def _epochs(make_iter, images: int, repeats: int) -> list[float]:
-    """Seconds per epoch for `repeats` epochs after one warm-up epoch."""
-    times = []
+def _epoch(make_iter, images: int) -> float:
+    """Seconds for one epoch of ``make_iter()``, which must yield every image once."""
+    t0 = time.perf_counter()
+    seen = 0
+    for x, _ in make_iter():
+        seen += x.shape[0]
+    assert seen == images, (seen, images)
+    return time.perf_counter() - t0
+
+
+def _epochs_round_robin(rows: list, makers: list, images: int, repeats: int) -> None:
+    """Fills each live row's ``times``: one warm-up epoch per method, then ``repeats`` timed epochs
+    taken in turn (method 1, 2, ..., 1, 2, ...), so drift on a shared machine hits every method
+    alike (as benchmarks.harness.run_side_by_side). A method that fails is reported, not fatal."""
+    live = [(row, make) for row, make in zip(rows, makers) if not row.skipped]
     for r in range(repeats + 1):
-        t0 = time.perf_counter()
-        seen = 0
-        for x, _ in make_iter():
-            seen += x.shape[0]
-        if r:
-            times.append(time.perf_counter() - t0)
-        assert seen == images, (seen, images)
-    return times
+        for row, make in live:
+            if row.skipped:
+                continue
+            try:
+                seconds = _epoch(make, images)
+            except Exception as e:  # a broken peer is reported, not fatal to the run
+                row.skipped, row.times = f"failed: {type(e).__name__}: {e}"[:200], []
+                continue
+            if r:
+                row.times.append(seconds)
 
 
 def gpupipe_loader(root, threads):
@@ -104,10 +119,28 @@ def dali_cpu(root, threads):
 
     p = pipe()
     p.build()
+    batches = n // BATCH
+    depth = p.prefetch_queue_depth if isinstance(p.prefetch_queue_depth, int) else 2
+    state = {"first": True}
 
     def epoch():
-        for _ in range(n // BATCH):
-            images, labels = p.run()
+        # DALI's own prefetch (depth batches in flight), but none past the epoch's last batch:
+        # p.run() would leave work running into the next method's timed epoch (round robin).
+        if state["first"]:  # the first schedule_run() fills the queue: depth batches
+            state["first"] = False
+            p.schedule_run()
+            inflight = depth
+        else:
+            inflight = 0
+            while inflight < min(depth, batches):
+                p.schedule_run()
+                inflight += 1
+        for b in range(batches):
+            images, labels = p.outputs()  # releases the previous batch's buffers
+            inflight -= 1
+            if batches - (b + 1) - inflight > 0:
+                p.schedule_run()
+                inflight += 1
             yield torch.from_numpy(np.asarray(images.as_tensor())), labels
 
     return epoch
@@ -154,16 +187,20 @@ def run(repeats: int = 3, n: int = 512, threads: int = 2) -> list:
         ("DALI CPU", peers.unavailable("nvidia.dali"), lambda: dali_cpu(root, threads), "readers.file + image_crop + color_twist + crop_mirror_normalize"),
         ("SPDL", peers.unavailable("spdl.io") or _spdl_ffmpeg_missing(), lambda: spdl_pipeline(root, threads), "FFmpeg decode+crop, batch v2 transforms"),
     ]
+    epochs = []
     for name, reason, make, note in candidates:
         row = Row(workload, name, n, note=note)
+        epoch = None
         if reason:
             row.skipped = reason
         else:
             try:
-                row.times = _epochs(make(), n, repeats)
+                epoch = make()
             except Exception as e:  # a broken peer is reported, not fatal to the run
                 row.skipped = f"failed: {type(e).__name__}: {e}"[:200]
         rows.append(row)
+        epochs.append(epoch)
+    _epochs_round_robin(rows, epochs, n, repeats)
     return rows
 
 
@@ -200,11 +237,7 @@ def recipe(repeats: int = 3, n: int = 512, threads: int = 2, name: str = "train-
     dl = torch.utils.data.DataLoader(tvd.ImageFolder(str(root), transform=parts.torchvision), batch_size=BATCH, shuffle=True,
                                      num_workers=threads, persistent_workers=True, prefetch_factor=2,
                                      collate_fn=parts.torchvision_collate)
-    for row, make in zip(rows, (gpupipe_epoch, lambda: dl)):
-        try:
-            row.times = _epochs(make, n, repeats)
-        except Exception as e:  # a broken pipeline is reported, not fatal to the run
-            row.skipped = f"failed: {type(e).__name__}: {e}"[:200]
+    _epochs_round_robin(rows, [gpupipe_epoch, lambda: dl], n, repeats)
     return rows
 
 
