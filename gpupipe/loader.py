@@ -362,8 +362,9 @@ class _Epoch:
     def __init__(self, loader: Loader, first_batch: int):
         self.l = loader
         self.first_batch = first_batch
-        self.reader = ThreadPoolExecutor(loader.io_threads, thread_name_prefix="gpupipe-io")
         self.native_reads = isinstance(loader.source, MapSource) and loader.source.reads_files()
+        # a source's own read() runs on a Python thread pool; files are read natively (read_many)
+        self.reader = None if self.native_reads else ThreadPoolExecutor(loader.io_threads, thread_name_prefix="gpupipe-io")
         h, w = loader.crop.size
         self.ring = None
         if loader.backend == "cpu":  # GPU backends decode on the device
@@ -379,7 +380,8 @@ class _Epoch:
 
     def close(self) -> None:
         self.engine.close()
-        self.reader.shutdown(wait=False, cancel_futures=True)
+        if self.reader is not None:
+            self.reader.shutdown(wait=False, cancel_futures=True)
 
     # --- the stages -------------------------------------------------------------------------------
 
