@@ -97,39 +97,6 @@ int64_t gray_sum_row(const uint8_t* row, L l, int64_t w) {
   return cpu_has_fma() ? gray_sum_fma(row, l, w) : gray_sum_plain(row, l, w);
 }
 
-// Per-channel min and max of a row, folded into lo[3], hi[3]. Channels-last rows are scanned as
-// bytes with 96 running minima and maxima (a byte's channel is its position mod 3), which vectorises.
-template <typename L>
-GPUPIPE_MULTIVERSION void range_row(const uint8_t* __restrict__ row, L l, int64_t w, uint8_t* __restrict__ lo,
-                                    uint8_t* __restrict__ hi) {
-  int64_t x = 0;
-  if constexpr (std::is_same<L, ChannelsLast>::value) {
-    uint8_t mn[96], mx[96];
-    for (int k = 0; k < 96; ++k) {
-      mn[k] = lo[k % 3];
-      mx[k] = hi[k % 3];
-    }
-    for (; x + 32 <= w; x += 32)
-      for (int k = 0; k < 96; ++k) {
-        const uint8_t v = row[3 * x + k];
-        mn[k] = v < mn[k] ? v : mn[k];
-        mx[k] = v > mx[k] ? v : mx[k];
-      }
-    for (int k = 0; k < 96; ++k) {
-      lo[k % 3] = mn[k] < lo[k % 3] ? mn[k] : lo[k % 3];
-      hi[k % 3] = mx[k] > hi[k % 3] ? mx[k] : hi[k % 3];
-    }
-  }
-  for (; x < w; ++x) {
-    const uint8_t* p = pixel_at(row, l, x);
-    for (int c = 0; c < 3; ++c) {
-      const uint8_t v = p[c * l.sc];
-      lo[c] = v < lo[c] ? v : lo[c];
-      hi[c] = v > hi[c] ? v : hi[c];
-    }
-  }
-}
-
 // --- output rows -------------------------------------------------------------------------------------
 
 template <typename L>
