@@ -85,9 +85,7 @@ def augment_batch(x: torch.Tensor, params: torch.Tensor, *, interpolation: int, 
     """Runs the engine on ``x`` (uint8 ``[N, 3, H, W]``, any strides) with packed ``params``
     (float32 ``[N, 24]`` on x's device); the C++ bindings validate every buffer before any kernel."""
     mean, std = [float(m) for m in mean], [float(s) for s in std]
-    if x.device.type == "cpu" and not torch.compiler.is_compiling():
-        # eager on the CPU: the kernel without the dispatcher (as policy_apply), which also spares
-        # the process the ~2 s import of torch._dynamo that a custom op's first call costs
+    if _kernels.eager_cpu(x):
         if out is None:
             out = _empty_out(x, out_dtype, channels_last)
         _run(x, params, interpolation, fill, color, mean, std, out)

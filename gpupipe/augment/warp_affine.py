@@ -54,7 +54,7 @@ def _warp_op(x: torch.Tensor, matrix: torch.Tensor, interpolation: int, fill: Op
 
 
 @_warp_op.register_kernel("cpu")
-def _(x, matrix, interpolation, fill, out_dtype):
+def _warp_cpu(x, matrix, interpolation, fill, out_dtype):
     out = _empty_out(x, out_dtype)
     m = matrix.contiguous()
     _kernels._C.warp_affine(_kernels.buffer(x), _kernels.buffer(m), _kernels.buffer(out), _kernels.ELEM_TYPES[out_dtype],
@@ -127,6 +127,8 @@ def warp_affine(
     if x.device.type not in ("cpu", "cuda"):
         raise ValueError(f"x must be on a CPU or CUDA device, got {x.device}")
     m = matrix.to(device=x.device, dtype=torch.float32)
+    if _kernels.eager_cpu(x):
+        return _warp_cpu(x, m, INTERPOLATIONS[interpolation], fill, out_dtype)
     return torch.ops.gpupipe.warp_affine(x, m, INTERPOLATIONS[interpolation], fill, out_dtype)
 
 
