@@ -3,6 +3,7 @@
 // kernel runs; a failure is an InvalidArgument (ValueError in Python) naming the argument.
 #pragma once
 
+#include <cmath>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,10 +36,18 @@ inline PolicyArgs policy_args(const std::vector<int64_t>& input, const std::vect
     throw InvalidArgument("interpolation must be 0 (nearest) or 1 (bilinear)");
   if (host_kinds)
     for (int64_t i = 0; i < n * slots; ++i) {
+      const std::string at = "[" + std::to_string(i / slots) + ", " + std::to_string(i % slots) + "]";
       const int64_t kind = k.as<const int64_t>()[i];
       if (kind < 0 || kind >= policy::kNumKinds)
-        throw InvalidArgument("kinds[" + std::to_string(i / slots) + ", " + std::to_string(i % slots) + "] = " +
-                              std::to_string(kind) + " is not a policy op (gpupipe._C.policy_kinds())");
+        throw InvalidArgument("kinds" + at + " = " + std::to_string(kind) +
+                              " is not a policy op (gpupipe._C.policy_kinds())");
+      // the ops that read a parameter: factors, bits and thresholds are small, finite numbers
+      const double param = p.as<const double>()[i];
+      const bool reads_param = kind == policy::kBrightness || kind == policy::kColor || kind == policy::kContrast ||
+                               kind == policy::kSharpness || kind == policy::kPosterize || kind == policy::kSolarize;
+      if (reads_param && !(std::fabs(param) <= policy::kMaxFactor))
+        throw InvalidArgument("params" + at + " = " + std::to_string(param) + " must be finite and within +-" +
+                              std::to_string(static_cast<int>(policy::kMaxFactor)));
     }
   PolicyArgs a;
   a.input = batch8(in);

@@ -74,13 +74,15 @@ GPUPIPE_HD float fma_small(float a, float b, float c) {
 #endif
 }
 
-// torch's `.clamp_(0, 255).to(torch.uint8)`: clamp, then truncate toward zero (through int32, which
-// the compiler vectorises).
+// torch's `.clamp_(0, 255).to(torch.uint8)`: clamp, then truncate toward zero. Truncating first and
+// clamping the integer gives the same value for |v| < 2^31 (the bindings bound every factor so that
+// the values stay far below), and vectorises into integer min / max: a float clamp before the
+// conversion was compiled into compare-and-select chains, twice as slow.
 GPUPIPE_HD uint8_t clamp_trunc_u8(float v) {
-  v = v < 0.0f ? 0.0f : v;
-  v = v > 255.0f ? 255.0f : v;
-  return static_cast<uint8_t>(static_cast<int32_t>(v));
+  const int32_t i = static_cast<int32_t>(v);
+  return static_cast<uint8_t>(i < 0 ? 0 : (i > 255 ? 255 : i));
 }
+constexpr double kMaxFactor = 65536.0;  // |param| bound of the factor ops, checked at the bindings
 
 // floor of torchvision's gray level r * 0.2989 + g * 0.587 + b * 0.114
 // (`r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114)`, then `.floor_()`).
@@ -130,11 +132,17 @@ GPUPIPE_HD uint8_t brightness_level(uint8_t v, float factor) {  // image.mul(fac
   return clamp_trunc_u8(static_cast<float>(v) * factor);
 }
 GPUPIPE_HD uint8_t posterize_mask(double bits) {  // image & mask, identity from 8 bits
-  const int b = static_cast<int>(bits);
+  const int b = bits > 0.0 ? static_cast<int>(bits < 8.0 ? bits : 8.0) : 0;
   return static_cast<uint8_t>(b >= 8 ? 0xff : ((1 << b) - 1) << (8 - b));
 }
 GPUPIPE_HD uint8_t solarize_level(uint8_t v, float threshold) {  // where(image >= threshold, 255 - image, image), in float32
   return static_cast<float>(v) >= threshold ? static_cast<uint8_t>(255 - v) : v;
+}
+// The first level solarize inverts (256: none), so that a byte loop compares integers.
+GPUPIPE_HD int solarize_first_level(float threshold) {
+  int level = 0;
+  while (level < 256 && !(static_cast<float>(level) >= threshold)) ++level;
+  return level;
 }
 
 // Per-sample statistics a LUT op needs, from the stats pass.

@@ -474,6 +474,14 @@ def test_binding_checks_buffers(batch):
         call(x, out, kinds, torch.zeros(4, 2, dtype=torch.float64), matrices)
     with pytest.raises(ValueError, match="not a policy op"):
         call(x, out, torch.full((4, 1), 99), params, matrices)
+    kind = dict(_C.policy_kinds())
+    for name in ("brightness", "color", "contrast", "sharpness", "posterize", "solarize"):
+        for bad in (float("nan"), float("inf"), -1e6):
+            with pytest.raises(ValueError, match=r"params\[2, 0\] = .* must be finite"):
+                call(x, out, torch.full((4, 1), kind[name]), torch.tensor([[1.0], [1.0], [bad], [1.0]],
+                                                                           dtype=torch.float64), matrices)
+    call(x, out, torch.full((4, 1), kind["affine"]), torch.full((4, 1), 1e9, dtype=torch.float64),
+         torch.tensor([1.0, 0, 0, 0, 1, 0]).repeat(4, 1, 1))  # the warps read no parameter
     with pytest.raises(ValueError, match="x: must be uint8"):
         call(x.float(), out, kinds, params, matrices)
     with pytest.raises(ValueError, match="fill"):
@@ -523,3 +531,29 @@ def test_table_runs_fold_as_slot_by_slot():
                 assert torch.equal(module(images[:4], params=half), current[:4])
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("channels_last", [True, False], ids=["direct-loop", "table"])
+def test_point_ops_equal_their_float32_definition(channels_last):
+    """Brightness, posterize and solarize over every level, at factors, bits and thresholds on and
+    between levels: channels-last runs take the per-byte loops, other layouts the tables."""
+    levels = torch.arange(256, dtype=torch.uint8).reshape(1, 1, 16, 16).expand(2, 3, 16, 16).clone()
+    x = torch.cat([levels, photos(16, 16, channels_last=False)[:2]])
+    x = x.contiguous(memory_format=torch.channels_last) if channels_last else x.contiguous()
+    kind = dict(_C.policy_kinds())
+    identity = torch.tensor([1.0, 0, 0, 0, 1, 0]).repeat(x.shape[0], 1, 1)
+
+    def run(name, param):
+        kinds = torch.full((x.shape[0], 1), kind[name])
+        return ops.policy_apply(x, kinds, torch.full((x.shape[0], 1), param, dtype=torch.float64), identity)
+
+    f = x.float()
+    for factor in (0.0, 0.5, 1.0, 1.37, 1.99, 300.0):
+        ref = (f * torch.tensor(factor, dtype=torch.float32)).clamp(0, 255).to(torch.uint8)
+        assert torch.equal(run("brightness", factor), ref), factor
+    for bits in range(9):
+        mask = 255 if bits >= 8 else ((1 << bits) - 1) << (8 - bits)
+        assert torch.equal(run("posterize", float(bits)), x & mask), bits
+    for threshold in (-3.0, 0.0, 0.2, 127.5, 128.0, 254.9, 255.0, 255.1, 300.0):
+        ref = torch.where(f >= torch.tensor(threshold, dtype=torch.float32), 255 - x, x)
+        assert torch.equal(run("solarize", threshold), ref), threshold
