@@ -116,9 +116,15 @@ def _keyed(module: Any) -> bool:
 
 
 def _rows(params: Any, keep: torch.Tensor, n: int) -> Any:
-    """The rows ``keep`` of every per-sample parameter (leading dimension n), nested dicts included."""
+    """The rows ``keep`` of every per-sample parameter (leading dimension n), nested dicts included;
+    a batch-level ``n`` entry (a 0-dim tensor: the batch size, as RandomChoice records it) becomes
+    the number kept."""
     if isinstance(params, dict):
-        return {k: _rows(v, keep, n) for k, v in params.items()}
+        rows = {k: _rows(v, keep, n) for k, v in params.items()}
+        size = rows.get("n")
+        if isinstance(size, torch.Tensor) and size.dim() == 0 and int(size) == n:
+            rows["n"] = torch.tensor(int(keep.sum()), dtype=size.dtype)
+        return rows
     if isinstance(params, torch.Tensor) and params.dim() > 0 and params.shape[0] == n:
         return params[keep]
     return params
@@ -233,6 +239,8 @@ class Loader:
             raise ValueError(f"prefetch must be an int within 1..{MAX_PREFETCH} (each costs a batch buffer), got {prefetch!r}")
         if not isinstance(source, Source):
             raise TypeError("source must be a gpupipe.sources source (with epoch_samples)")
+        if augment is not None and not callable(augment):
+            raise TypeError(f"augment must be callable on a batch of images (an nn.Module), got {type(augment).__name__}")
         if batch_transform is not None and not callable(batch_transform):
             raise TypeError("batch_transform must be callable on (images, labels)")
         self.source = source

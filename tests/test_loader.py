@@ -171,6 +171,27 @@ def test_on_error_skip_reports_and_continues(messy, backend, device):
     assert len(st["fallback"]) == 1 and st["fallback"][0][0].endswith("d_image.png")
 
 
+def test_on_error_skip_cuts_nested_augment_params(messy):
+    """A RandomChoice of keyed policies as the augment: its parameters (the batch size, the chosen
+    policy's per-sample rows) are cut to the samples kept, and each kept sample gets the
+    augmentation its own index keys, as in a batch without failures."""
+    from gpupipe.augment import AutoAugment, RandomChoice, TrivialAugmentWide
+
+    def batches(augment):
+        loader = gpupipe.Loader(sources.ImageFolder(messy), batch_size=5, crop=crops.CenterCrop(32), shuffle=False,
+                                on_error="skip", augment=augment, seed=3)
+        return [images for images, _ in loader]
+
+    augment = RandomChoice([TrivialAugmentWide(), AutoAugment()], p=[1.0, 0.0])  # the choice keys on a
+    plain, augmented = batches(None), batches(augment)                         # batch's first index
+    kept = [list(range(5)), list(range(5, 10)), [12]]  # 10, 11, 13 fail (test_on_error_skip_...)
+    assert [b.shape[0] for b in augmented] == [len(k) for k in kept]
+    assert int(augment.last_params["n"]) == 1 and augment.last_params["params"]["op"].shape == (1,)
+    for images, raw, indices in zip(augmented, plain, kept):
+        params = augment.sample_params(len(indices), seed=3, epoch=0, indices=indices)
+        assert torch.equal(images, augment(raw, params=params))
+
+
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICES)
 def test_on_error_replace_keeps_zero_images(messy, backend, device):
     loader = gpupipe.Loader(sources.ImageFolder(messy), batch_size=5, crop=crops.CenterCrop(32), shuffle=False,
@@ -293,6 +314,10 @@ def test_argument_validation(folder):
         gpupipe.Loader(src, batch_size=4, crop=(32, 32))
     with pytest.raises(ValueError, match="on_error"):
         gpupipe.Loader(src, batch_size=4, crop=crops.CenterCrop(8), on_error="ignore")
+    with pytest.raises(TypeError, match="augment must be callable"):
+        gpupipe.Loader(src, batch_size=4, crop=crops.CenterCrop(8), augment=5)
+    with pytest.raises(TypeError, match="batch_transform must be callable"):
+        gpupipe.Loader(src, batch_size=4, crop=crops.CenterCrop(8), batch_transform="mixup")
     with pytest.raises(ValueError, match="rank"):
         gpupipe.Loader(src, batch_size=4, crop=crops.CenterCrop(8), rank=3, world_size=2)
     for bad in (0, _C.MAX_THREADS + 1):
