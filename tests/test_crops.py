@@ -124,6 +124,14 @@ def test_argument_validation():
         crops.RandomResizedCrop(0)
     with pytest.raises(ValueError):
         crops.RandomResizedCrop(10, scale=(1.0, 0.5))
+    for bad in ((1,), (float("nan"), 1.5), (0.5, float("inf")), (0.0, 1.0), 0.5, ("a", 1)):
+        with pytest.raises(ValueError, match="scale must be"):
+            crops.RandomResizedCrop(10, scale=bad)
+        with pytest.raises(ValueError, match="ratio must be"):
+            crops.RandomResizedCrop(10, ratio=bad)
+    with pytest.raises(ValueError, match="size must be"):
+        crops.RandomResizedCrop(10.5)
+    assert crops.RandomResizedCrop(np.int64(10), scale=(0.5, 1.5)).size == (10, 10)  # scale > 1: torchvision's
     with pytest.raises(ValueError, match="same length"):
         crops.Resize(8).boxes([1, 2], [3])
     with pytest.raises(ValueError, match="indices"):
@@ -198,3 +206,9 @@ def test_resize_center_crop_sizes_and_errors():
     assert s.resized_sizes([1000], [10])[0].tolist() == [300] and s.boxes([600], [300]).tolist() == [[100, 50, 400, 200]]
     with pytest.raises(ValueError, match="larger than the resized image"):
         crops.ResizeCenterCrop(300, 256)
+    with pytest.raises(ValueError, match="larger than the resized image"):  # a square image: 256 x 256
+        crops.ResizeCenterCrop((224, 300), 256)
+    with pytest.raises(ValueError, match="resize_size must be"):
+        crops.ResizeCenterCrop(224, 256.0)
+    with pytest.raises(ValueError, match="crop_size must be"):
+        crops.ResizeCenterCrop((224,), 256)
