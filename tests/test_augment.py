@@ -413,6 +413,26 @@ def test_bad_inputs_name_the_argument():
                           (dict(std=(1, 0, 1)), "std")):
         with pytest.raises(ValueError, match=match):
             BatchAugment(**kwargs)
+    nan, inf = float("nan"), float("inf")
+    for kwargs, match in ((dict(brightness=nan), "brightness must be finite"), (dict(hue=nan), "hue must be finite"),
+                          (dict(contrast=inf), "contrast must be finite"), (dict(rotation=inf), "rotation must be finite"),
+                          (dict(shear=nan), "shear must be finite"), (dict(scale=(1, inf)), "scale must be finite"),
+                          (dict(mean=(0.5, nan, 0.5)), "mean must be finite"), (dict(brightness=(1, 2, 3)), "brightness"),
+                          (dict(rotation=(5,)), "rotation"), (dict(hflip="a"), "hflip"), (dict(vflip=None), "vflip"),
+                          (dict(translate=0.1), "translate"), (dict(scale=1.0), "scale"), (dict(mean=0.5), "mean"),
+                          (dict(fill="a"), "fill"), (dict(rotation=(10, 5)), "rotation must be a .min, max. range")):
+        with pytest.raises(ValueError, match=match):
+            BatchAugment(**kwargs)
+    for generator in ("a", 1.5):
+        with pytest.raises(TypeError, match="generator"):
+            BatchAugment(generator=generator)
+    with pytest.raises(ValueError, match="pass seed as well"):
+        aug.sample_params(2, epoch=1)
+    with pytest.raises(ValueError, match="n must be"):
+        aug.sample_params(-1)
+    from torchvision.transforms import InterpolationMode
+
+    assert BatchAugment(interpolation=InterpolationMode.BILINEAR).interpolation == "bilinear"
 
 
 def test_binding_validates_buffers():

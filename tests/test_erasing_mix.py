@@ -218,8 +218,10 @@ def test_batch_transform_eval_and_errors(images):
         mix(images, labels + 1)
     with pytest.raises(ValueError, match="non-negative"):
         mix(images, labels - 1)
-    with pytest.raises(ValueError, match="alpha"):
-        MixUp(alpha=0.0, num_classes=4)
+    for alpha in (0.0, float("inf"), float("nan"), "1"):
+        for cls in (MixUp, CutMix):
+            with pytest.raises(ValueError, match="alpha must be a positive finite number"):
+                cls(alpha=alpha, num_classes=4)
     with pytest.raises(ValueError, match="num_classes"):
         CutMix(num_classes=0)
     with pytest.raises(ValueError, match="num_classes must be given"):
@@ -320,6 +322,8 @@ def test_erasing_select_path_equals_the_kernel(images):
     eager = erase(images, params=params)
     compiled = torch.compile(erase, fullgraph=True, backend="eager")(images, params=params)
     assert torch.equal(compiled, eager)
+    drawing = torch.compile(RandomErasing(p=0.8, generator=2), fullgraph=True, backend="eager")  # its generator:
+    assert torch.equal(drawing(images), RandomErasing(p=0.8, generator=2)(images))                # an opaque op
     as_int16 = erase((images * 10).to(torch.int16), params=params)  # no kernel for int16: the select
     assert torch.equal(as_int16, erase((images * 10).to(torch.float32), params=params).to(torch.int16))
 

@@ -410,6 +410,16 @@ def test_compiles(batch):
     assert torch.equal(compiled(batch, params=params), module(batch, params=params))
 
 
+@pytest.mark.parametrize("cls", [TrivialAugmentWide, RandAugment, AutoAugment])
+def test_compiles_drawing_from_its_generator(batch, cls):
+    """Train mode without params under torch.compile(fullgraph=True): the draw from the module's
+    generator is an opaque op, and gives the eager module's draws (a twin seeded alike)."""
+    compiled = torch.compile(cls(generator=5), fullgraph=True, backend="eager")
+    eager = cls(generator=5)
+    for _ in range(2):
+        assert torch.equal(compiled(batch), eager(batch))
+
+
 # --- bad input -------------------------------------------------------------------------------------
 
 

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from gpupipe import keyed
-from gpupipe.augment._keyed_params import as_generator, check_params, draw_uniforms
+from gpupipe.augment._keyed_params import GeneratorOwner, check_params, draw_uniforms
 from gpupipe.augment.affine_matrix import affine_matrices
 from gpupipe.augment._policy_kernels import INTERPOLATIONS, KINDS, policy_apply
 
@@ -189,7 +189,7 @@ class SlotTable:
         self.identity = self.op.shape[0] - 1
 
 
-class PolicyBase(nn.Module):
+class PolicyBase(GeneratorOwner, nn.Module):
     """Shared by the policy modules: keyed parameters, checks, and the slots' kernel calls.
 
     A subclass sets ``_space`` (its ops in torchvision's order), ``_stream_name``, ``_num_bins`` and
@@ -207,7 +207,7 @@ class PolicyBase(nn.Module):
         self.interpolation = parse_interpolation(interpolation)
         self.fill = fill
         self._fill = parse_fill(fill)
-        self.generator = as_generator(generator)
+        self._set_generator(generator)
         self._stream = keyed.stream_of(self._stream_name)  # computed once: torch.compile cannot trace crc32
         self._op_ids = torch.tensor([_OP[name] for name in self._space], dtype=torch.int64)
         self._signed = torch.tensor([signed for _, signed in self._space.values()])
@@ -227,7 +227,7 @@ class PolicyBase(nn.Module):
         dataset indices, default ``0..n-1``) on this module's stream of :mod:`gpupipe.keyed`;
         without, drawn from the module's ``generator``.
         """
-        u = draw_uniforms(n, self._draws, stream=self.stream, generator=self.generator, seed=seed, epoch=epoch,
+        u = draw_uniforms(n, self._draws, stream=self.stream, owner=self, seed=seed, epoch=epoch,
                           indices=indices)
         return self._params_from_uniforms(u)
 

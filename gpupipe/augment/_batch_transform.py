@@ -41,8 +41,8 @@ def batch_rng(stream: int, n: int, generator: Optional[torch.Generator], seed: O
 
 
 def check_alpha(alpha: Any) -> float:
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
-        raise ValueError(f"alpha must be a positive number (the Beta(alpha, alpha) parameter), got {alpha!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < float("inf"):
+        raise ValueError(f"alpha must be a positive finite number (the Beta(alpha, alpha) parameter), got {alpha!r}")
     return float(alpha)
 
 

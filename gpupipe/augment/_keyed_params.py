@@ -8,6 +8,8 @@ same either way.
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from typing import Any, Mapping, Optional, Union
 
 import numpy as np
@@ -33,14 +35,64 @@ def check_count(n: Any) -> int:
     return int(n)
 
 
-def draw_uniforms(n: int, count: int, *, stream: int, generator: Optional[torch.Generator], seed: Optional[int],
+# The generators of live modules, by slot: the draw op (opaque to torch.compile, which cannot trace
+# a call with a torch.Generator, so the graph stays whole) finds its module's generator here. A plain
+# dict emptied by a finalizer of the module: torch.Generator takes no weak references in some torch
+# versions (2.11).
+_GENERATORS: "dict[int, torch.Generator]" = {}
+_SLOTS = itertools.count()
+
+
+@torch.library.custom_op("gpupipe::augment_uniforms", mutates_args=())
+def _uniforms_op(n: int, count: int, slot: int) -> torch.Tensor:
+    """float64 ``[n, count]`` uniforms in [0, 1) from a module's generator (slot < 0: torch's default)."""
+    g = _GENERATORS.get(slot) if slot >= 0 else None
+    return torch.rand(n, count, generator=g, dtype=torch.float64)
+
+
+@_uniforms_op.register_fake
+def _(n, count, slot):
+    return torch.empty(n, count, dtype=torch.float64)
+
+
+class GeneratorOwner:
+    """Mixin of the modules with a ``generator``: sets it (:func:`as_generator`) and gives it a slot
+    the draw op finds it by under torch.compile; copies (pickle, deepcopy) get their own slot."""
+
+    generator: Optional[torch.Generator]
+    _slot: int
+
+    def _set_generator(self, generator: GeneratorLike) -> None:
+        self.generator = as_generator(generator)
+        self._register_generator()
+
+    def _register_generator(self) -> None:
+        self._slot = -1
+        if self.generator is not None:
+            self._slot = next(_SLOTS)
+            _GENERATORS[self._slot] = self.generator
+            weakref.finalize(self, _GENERATORS.pop, self._slot, None)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)  # type: ignore[misc]
+        self._register_generator()
+
+    def _generator_uniforms(self, n: int, count: int) -> torch.Tensor:
+        """float64 ``[n, count]`` uniforms in [0, 1) from the module's generator."""
+        if torch.compiler.is_compiling():
+            return torch.ops.gpupipe.augment_uniforms(n, count, self._slot)
+        return torch.rand((n, count), generator=self.generator, dtype=torch.float64)
+
+
+def draw_uniforms(n: int, count: int, *, stream: int, owner: GeneratorOwner, seed: Optional[int],
                   epoch: Optional[int], indices: Any) -> torch.Tensor:
-    """float64 ``[n, count]`` uniforms in [0, 1) on the CPU (see the module docstring)."""
+    """float64 ``[n, count]`` uniforms in [0, 1) on the CPU (see the module docstring); unkeyed
+    draws come from ``owner``'s generator."""
     n = check_count(n)
     if seed is None:
         if epoch is not None or indices is not None:
             raise ValueError("epoch and indices key the draws to a seed: pass seed as well")
-        return torch.rand((n, count), generator=generator, dtype=torch.float64)
+        return owner._generator_uniforms(n, count)
     if indices is None:
         idx = np.arange(n, dtype=np.int64)
     else:

@@ -3,8 +3,7 @@ ToTensor, Normalize) as one batched ``nn.Module``, run by a one-pass engine on t
 
 from __future__ import annotations
 
-import itertools
-import weakref
+import math
 from typing import Optional, Sequence, Union
 
 import numpy as np
@@ -13,6 +12,7 @@ from torch import nn
 
 from gpupipe import keyed
 from gpupipe.augment import fused
+from gpupipe.augment._keyed_params import GeneratorOwner, check_count
 from gpupipe.augment.affine_matrix import affine_matrices
 from gpupipe.augment.color_linear import linear_color_params
 from gpupipe.augment.warp_affine import INTERPOLATIONS, _fill_list
@@ -31,40 +31,67 @@ DRAWS = 17
 STREAM = keyed.stream_of("BatchAugment")
 
 
+def _number(value, name: str) -> float:
+    """A finite number (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return float(value)
+
+
+def _numbers(value, name: str, counts: Sequence[int]) -> tuple:
+    """A sequence of finite numbers, of one of the lengths ``counts``."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray, torch.Tensor)):
+        raise ValueError(f"{name} must be a sequence of {' or '.join(map(str, counts))} numbers, got {value!r}")
+    values = list(value.tolist() if isinstance(value, (np.ndarray, torch.Tensor)) else value)
+    if len(values) not in counts:
+        raise ValueError(f"{name} must have {' or '.join(map(str, counts))} entries, got {value!r}")
+    return tuple(_number(v, name) for v in values)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
 def _factor_range(value: Range, name: str) -> tuple[float, float]:
     """torchvision's ColorJitter convention: a float v means [max(0, 1 - v), 1 + v]."""
-    if isinstance(value, (int, float)):
-        if value < 0:
+    if _is_number(value):
+        v = _number(value, name)
+        if v < 0:
             raise ValueError(f"{name} must be non-negative, got {value}")
-        return (max(0.0, 1.0 - value), 1.0 + value)
-    lo, hi = (float(v) for v in value)
+        return (max(0.0, 1.0 - v), 1.0 + v)
+    lo, hi = _numbers(value, name, (2,))
     if not 0 <= lo <= hi:
         raise ValueError(f"{name} range must satisfy 0 <= min <= max, got {value}")
     return (lo, hi)
 
 
 def _symmetric_range(value: Range, name: str, bound: Optional[float] = None) -> tuple[float, float]:
-    if isinstance(value, (int, float)):
-        if value < 0:
+    if _is_number(value):
+        v = _number(value, name)
+        if v < 0:
             raise ValueError(f"{name} must be non-negative, got {value}")
-        lo, hi = -float(value), float(value)
+        lo, hi = -v, v
     else:
-        lo, hi = (float(v) for v in value)
-    if lo > hi or (bound is not None and (lo < -bound or hi > bound)):
-        raise ValueError(f"{name} must be within [-{bound}, {bound}] with min <= max, got {value}")
+        lo, hi = _numbers(value, name, (2,))
+    if lo > hi:
+        raise ValueError(f"{name} must be a (min, max) range with min <= max, got {value}")
+    if bound is not None and (lo < -bound or hi > bound):
+        raise ValueError(f"{name} must be within [-{bound}, {bound}], got {value}")
     return (lo, hi)
 
 
 def _probability(p: float, name: str) -> float:
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"{name} must be a probability in [0, 1], got {p}")
+    if not _is_number(p) or not 0.0 <= p <= 1.0:
+        raise ValueError(f"{name} must be a probability in [0, 1], got {p!r}")
     return float(p)
 
 
 def _translate_range(value) -> tuple[float, float]:
     if value is None:
         return (0.0, 0.0)
-    a, b = (float(v) for v in value)
+    a, b = _numbers(value, "translate", (2,))
     if not (0.0 <= a <= 1.0 and 0.0 <= b <= 1.0):
         raise ValueError(f"translate must be two fractions in [0, 1] (RandomAffine's), got {value}")
     return (a, b)
@@ -73,7 +100,7 @@ def _translate_range(value) -> tuple[float, float]:
 def _scale_range(value) -> tuple[float, float]:
     if value is None:
         return (1.0, 1.0)
-    lo, hi = (float(v) for v in value)
+    lo, hi = _numbers(value, "scale", (2,))
     if not 0 < lo <= hi:
         raise ValueError(f"scale must be a (min, max) range with 0 < min <= max, got {value}")
     return (lo, hi)
@@ -83,40 +110,17 @@ def _shear_ranges(value) -> tuple[float, float, float, float]:
     """RandomAffine's shear: s -> x in [-s, s]; (a, b) -> x in [a, b]; (a, b, c, d) -> x, y."""
     if value is None:
         return (0.0, 0.0, 0.0, 0.0)
-    if isinstance(value, (int, float)):
+    if _is_number(value):
         lo, hi = _symmetric_range(value, "shear")
         r = (lo, hi, 0.0, 0.0)
-    elif len(value) == 2:
-        r = (float(value[0]), float(value[1]), 0.0, 0.0)
-    elif len(value) == 4:
-        r = tuple(float(v) for v in value)
     else:
-        raise ValueError(f"shear must be a number or 2 or 4 numbers, got {value}")
+        r = _numbers(value, "shear", (2, 4)) + (0.0, 0.0)
     if r[0] > r[1] or r[2] > r[3] or max(abs(v) for v in r) >= 90:
         raise ValueError(f"shear ranges must be (min, max) within (-90, 90) degrees, got {value}")
-    return r
+    return r[:4]
 
 
-# The generators of live modules, by slot: the draw op (an opaque custom op, so torch.compile keeps
-# one graph) finds its module's generator here. A plain dict emptied by a finalizer of the module:
-# torch.Generator takes no weak references in some torch versions (2.11).
-_GENERATORS: "dict[int, torch.Generator]" = {}
-_SLOTS = itertools.count()
-
-
-@torch.library.custom_op("gpupipe::augment_uniforms", mutates_args=())
-def _uniforms_op(n: int, count: int, slot: int) -> torch.Tensor:
-    """float64 ``[n, count]`` uniforms in [0, 1) from a module's generator (slot < 0: torch's default)."""
-    g = _GENERATORS.get(slot) if slot >= 0 else None
-    return torch.rand(n, count, generator=g, dtype=torch.float64)
-
-
-@_uniforms_op.register_fake
-def _(n, count, slot):
-    return torch.empty(n, count, dtype=torch.float64)
-
-
-class BatchAugment(nn.Module):
+class BatchAugment(GeneratorOwner, nn.Module):
     """Batched, per-sample augmentation and normalisation, as one module on the input's device.
 
     The chain, per sample, in this order (torchvision's definitions; ``docs/semantics.md``):
@@ -208,14 +212,16 @@ class BatchAugment(nn.Module):
             raise ValueError(f"engine must be 'fused' or 'kornia', got {engine!r}")
         if color not in fused.COLOR_MODELS:
             raise ValueError(f"color must be 'torchvision' or 'linear', got {color!r}")
+        interpolation = getattr(interpolation, "value", interpolation)  # torchvision's InterpolationMode too
         if interpolation not in INTERPOLATIONS:
             raise ValueError(f"interpolation must be 'nearest' or 'bilinear', got {interpolation!r}")
         if out_dtype not in fused.OUT_DTYPES:
             raise ValueError(f"out_dtype must be one of {list(fused.OUT_DTYPES)}, got {out_dtype}")
         if out_memory_format not in (torch.contiguous_format, torch.channels_last):
             raise ValueError(f"out_memory_format must be torch.contiguous_format or torch.channels_last, got {out_memory_format}")
-        if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
-            raise ValueError("mean and std need 3 entries, std > 0")
+        mean, std = _numbers(mean, "mean", (3,)), _numbers(std, "std", (3,))
+        if min(std) <= 0:
+            raise ValueError(f"std must be positive, got {std}")
         self.hflip = _probability(hflip, "hflip")
         self.vflip = _probability(vflip, "vflip")
         self.grayscale = _probability(grayscale, "grayscale")
@@ -235,26 +241,11 @@ class BatchAugment(nn.Module):
         self.out_memory_format = out_memory_format
         self.color = color
         self.engine = engine
-        if isinstance(generator, int):
-            generator = torch.Generator().manual_seed(generator)
-        self.generator = generator
-        self._register_generator()
+        self._set_generator(generator)
         self.reuse_outputs = reuse_outputs
         self._outputs = fused.OutputCache()
         self.last_params: Optional[dict] = None
         self.last_path: Optional[str] = None  # which implementation ran: "cuda-kernel", "cpu-kernel", "kornia"
-
-    def _register_generator(self) -> None:
-        """Gives the generator a slot the draw op can find it by (under torch.compile)."""
-        self._slot = -1
-        if self.generator is not None:
-            self._slot = next(_SLOTS)
-            _GENERATORS[self._slot] = self.generator
-            weakref.finalize(self, _GENERATORS.pop, self._slot, None)
-
-    def __setstate__(self, state):  # copies (pickle, deepcopy) draw from their own generator
-        super().__setstate__(state)
-        self._register_generator()
 
     # --- parameters -------------------------------------------------------------------------------
 
@@ -273,15 +264,16 @@ class BatchAugment(nn.Module):
         ``shear`` float64 ``[n, 2]`` (degrees, x and y); ``order`` int64 ``[n, 4]`` (ColorJitter's
         ``fn_idx``: 0 brightness, 1 contrast, 2 saturation, 3 hue).
         """
+        n = check_count(n)
+        if seed is None and (epoch is not None or indices is not None):
+            raise ValueError("epoch and indices key the draws to a seed: pass seed as well")
         if seed is not None:
             idx = np.arange(n) if indices is None else np.asarray(list(indices) if not isinstance(indices, (np.ndarray, torch.Tensor)) else indices)
             if idx.shape != (n,):
                 raise ValueError(f"indices must have {n} entries, got shape {tuple(idx.shape)}")
             u = torch.from_numpy(keyed.uniforms(seed, 0 if epoch is None else epoch, idx, DRAWS, stream=STREAM))
-        elif torch.compiler.is_compiling():  # the generator is opaque to the compiler: draw in an op
-            u = torch.ops.gpupipe.augment_uniforms(n, DRAWS, self._slot)
         else:
-            u = torch.rand(n, DRAWS, generator=self.generator, dtype=torch.float64)
+            u = self._generator_uniforms(n, DRAWS)
         return self._params_from_uniforms(u)
 
     def _params_from_uniforms(self, u: torch.Tensor) -> dict:

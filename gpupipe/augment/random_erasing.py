@@ -11,7 +11,7 @@ from torch import nn
 
 from gpupipe import keyed
 from gpupipe.augment import _kernels
-from gpupipe.augment._keyed_params import GeneratorLike, as_generator, check_params, draw_uniforms
+from gpupipe.augment._keyed_params import GeneratorLike, GeneratorOwner, check_params, draw_uniforms
 
 _TRIES = 10  # torchvision's attempts at a box that fits
 
@@ -39,7 +39,7 @@ def _normal_noise(keys: torch.Tensor, sample: torch.Tensor, counter: torch.Tenso
     return torch.from_numpy(z.astype(np.float32))
 
 
-class RandomErasing(nn.Module):
+class RandomErasing(GeneratorOwner, nn.Module):
     """torchvision's ``RandomErasing``, batched: each sample gets its own box, as torchvision draws it.
 
     Per sample, as ``torchvision.transforms.v2.RandomErasing``: with probability ``p``, up to 10
@@ -108,7 +108,7 @@ class RandomErasing(nn.Module):
                 raise ValueError("value must not be empty")
         self.value = value
         self.inplace = bool(inplace)
-        self.generator = as_generator(generator)
+        self._set_generator(generator)
         self._stream = keyed.stream_of("RandomErasing")  # computed once: torch.compile cannot trace crc32
         self.last_params: Optional[dict] = None
 
@@ -120,7 +120,7 @@ class RandomErasing(nn.Module):
                       indices: Any = None) -> dict:
         """Per-sample draws for a batch of ``n`` (CPU tensors, leading dim ``n``): with ``seed`` a
         pure function of (seed, epoch, sample index), else from ``generator``."""
-        u = draw_uniforms(n, 2 + 4 * _TRIES, stream=self.stream, generator=self.generator, seed=seed, epoch=epoch,
+        u = draw_uniforms(n, 2 + 4 * _TRIES, stream=self.stream, owner=self, seed=seed, epoch=epoch,
                           indices=indices)
         tries = u[:, 2:].reshape(-1, _TRIES, 4)
         s0, s1 = self.scale

@@ -18,11 +18,11 @@ INTERPOLATIONS = {"nearest": 0, "bilinear": 1}
 def _fill_list(fill) -> Optional[list]:
     if fill is None:
         return None
-    if isinstance(fill, (int, float)):
-        values = [float(fill)] * 3
-    else:
-        values = [float(v) for v in fill]
-    if len(values) != 3:
+    try:
+        values = [float(fill)] * 3 if isinstance(fill, (int, float)) else [float(v) for v in fill]
+    except (TypeError, ValueError):
+        values = []
+    if len(values) != 3 or isinstance(fill, (str, bytes)):
         raise ValueError(f"fill must be a number or 3 numbers (one per channel), got {fill}")
     if not all(0.0 <= v <= 255.0 for v in values):
         raise ValueError(f"fill must be within [0, 255] (the uint8 scale), got {fill}")
