@@ -218,6 +218,10 @@ def test_batch_transform_eval_and_errors(images):
         mix(images, labels + 1)
     with pytest.raises(ValueError, match="non-negative"):
         mix(images, labels - 1)
+    with pytest.raises(ValueError, match=r"params lack \['lam'\]"):
+        mix(images, labels, params={"n": torch.tensor(16)})
+    with pytest.raises(ValueError, match=r"params lack \['center'\]"):
+        CutMix(num_classes=4)(images, labels, params={"n": torch.tensor(16), "lam": torch.tensor(0.5)})
     for alpha in (0.0, float("inf"), float("nan"), "1"):
         for cls in (MixUp, CutMix):
             with pytest.raises(ValueError, match="alpha must be a positive finite number"):

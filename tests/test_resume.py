@@ -177,3 +177,30 @@ def test_a_state_of_another_dataset_is_refused(folder, tmp_path):
     state = make_loader(sources.ImageFolder(folder)).state_dict()
     with pytest.raises(ValueError, match="source"):
         make_loader(sources.ImageFolder(str(other))).load_state_dict(state)
+
+
+def test_set_epoch_replays_gpupipes_own_modules_with_any_thread_count(folder):
+    """BatchAugment, the policies (in a Compose), MixUp / CutMix (in a RandomChoice): epoch 2 of a
+    run with 2 threads that went through epochs 0 and 1 equals epoch 2 of a new Loader with 1 thread."""
+    from gpupipe import augment
+
+    def loader(num_threads):
+        chain = augment.Compose([augment.TrivialAugmentWide(),
+                                 augment.BatchAugment(hflip=0.5, rotation=15, brightness=0.3, hue=0.05)])
+        mix = augment.RandomChoice([augment.MixUp(0.2, num_classes=3), augment.CutMix(1.0, num_classes=3)])
+        return gpupipe.Loader(sources.ImageFolder(folder), batch_size=8, crop=crops.RandomResizedCrop(24), seed=5,
+                              augment=chain, batch_transform=mix, num_threads=num_threads)
+
+    first = loader(2)
+    for epoch in range(3):
+        first.set_epoch(epoch)
+        run = [(x.clone(), y.clone()) for x, y in first]
+    again = loader(1)
+    again.set_epoch(2)
+    replay = list(again)
+    assert len(replay) == len(run) and len(run) > 3
+    for (x, y), (x2, y2) in zip(run, replay):
+        assert torch.equal(x, x2) and torch.equal(y, y2)
+    epoch1 = loader(1)
+    epoch1.set_epoch(1)
+    assert not torch.equal(next(iter(epoch1))[0], run[0][0])  # the key changes with the epoch

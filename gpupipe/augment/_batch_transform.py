@@ -58,6 +58,7 @@ class BatchTransformBase(nn.Module):
     """Batch transform on ``(images, labels)``: per-batch parameters, keyed; soft labels out."""
 
     _stream_name: str
+    _param_keys: tuple  # the keys of sample_params besides "n"
 
     def __init__(self, alpha: float, num_classes: Optional[int], generator: GeneratorLike):
         super().__init__()
@@ -99,8 +100,11 @@ class BatchTransformBase(nn.Module):
         elif self.num_classes is not None and labels.shape[1] != self.num_classes:
             raise ValueError(f"labels [N, C] must have C = num_classes = {self.num_classes}, got {labels.shape[1]}")
         if params is not None:
-            if not isinstance(params, dict) or "n" not in params:
-                raise ValueError("params must be a dict from sample_params (with 'n')")
+            if not isinstance(params, dict):
+                raise ValueError("params must be a dict from sample_params")
+            missing = [k for k in ("n", *self._param_keys) if k not in params]
+            if missing:
+                raise ValueError(f"params lack {missing} (a dict from sample_params holds {['n', *self._param_keys]})")
             if int(params["n"]) != n:
                 raise ValueError(f"params were drawn for a batch of {int(params['n'])}, this batch has {n}")
         return n

@@ -49,6 +49,7 @@ class CutMix(BatchTransformBase):
     """
 
     _stream_name = "CutMix"
+    _param_keys = ("lam", "center")
 
     def __init__(self, alpha: float = 1.0, num_classes: Optional[int] = None, generator: GeneratorLike = None,
                  inplace: bool = False):

@@ -49,6 +49,7 @@ class MixUp(BatchTransformBase):
     """
 
     _stream_name = "MixUp"
+    _param_keys = ("lam",)
 
     def __init__(self, alpha: float = 1.0, num_classes: Optional[int] = None, generator: GeneratorLike = None,
                  inplace: bool = False):
