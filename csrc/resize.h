@@ -38,7 +38,7 @@ class Resampler {
   // The horizontal pass over `rows` rows from `first_row`: horizontal_rgb_fast where it applies.
   void run_horizontal(int channels, const uint8_t* src, size_t src_stride, int first_row, int rows, uint8_t* dst,
                       size_t dst_stride, int src_w, int dst_w);
-  // The horizontal pass of an RGB image with AVX2 gathers (bit-identical to the scalar pass);
+  // The horizontal pass of an RGB image with AVX2, 8 outputs at a time (bit-identical to the scalar pass);
   // false when it does not apply (other channel counts, no AVX2, no output far enough from the edge).
   bool horizontal_rgb_fast(int channels, const uint8_t* src, size_t src_stride, int first_row, int rows,
                            uint8_t* dst, size_t dst_stride, int src_w, int out_w);
@@ -47,6 +47,7 @@ class Resampler {
   std::vector<uint8_t> temp_;
   std::vector<int32_t> acc_;
   std::vector<int32_t> lane_offsets_, lane_weights_;  // [ksize][out_w], horizontal_rgb_fast
+  std::vector<int32_t> group_taps_;                   // [out_w / 8]: taps of each 8 outputs
 };
 
 }  // namespace gpupipe
