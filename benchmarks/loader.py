@@ -9,6 +9,7 @@ result is images/s over the timed epoch.
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import time
@@ -57,12 +58,17 @@ def _epoch(make_iter, images: int) -> float:
 def _epochs_round_robin(rows: list, makers: list, images: int, repeats: int) -> None:
     """Fills each live row's ``times``: one warm-up epoch per method, then ``repeats`` timed epochs
     taken in turn (method 1, 2, ..., 1, 2, ...), so drift on a shared machine hits every method
-    alike (as benchmarks.harness.run_side_by_side). A method that fails is reported, not fatal."""
+    alike (as benchmarks.harness.run_side_by_side). A method that fails is reported, not fatal.
+
+    Every epoch starts after a full ``gc.collect()`` (untimed): the main process holds ~340k
+    objects here, so a full collection takes 0.1-0.2 s, and without this one the garbage a method
+    leaves (the DataLoader's unpickled batches) was collected in the next method's timed epoch."""
     live = [(row, make) for row, make in zip(rows, makers) if not row.skipped]
     for r in range(repeats + 1):
         for row, make in live:
             if row.skipped:
                 continue
+            gc.collect()
             try:
                 seconds = _epoch(make, images)
             except Exception as e:  # a broken peer is reported, not fatal to the run
