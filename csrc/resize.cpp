@@ -62,8 +62,9 @@ inline void horizontal_pass_impl(const uint8_t* src, size_t src_stride, int firs
 // byte, which is masked off) at precomputed byte offsets, put in one vector, then exact int32
 // multiply-adds in the order of the scalar loop, so the result is bit-identical to it. Plain loads
 // and inserts rather than vpgatherdd: with the gather, a whole resize to 176x176 took 1.1-1.4x the
-// time on Zen 3 (and Intel's microcode fix for GDS is reported to slow gathers down). Outputs whose taps reach
-// the row's last pixel are left to the scalar loop (their 4-byte read would pass the row's end).
+// time on Zen 3 (and Intel's microcode fix for GDS is reported to slow gathers down). Outputs whose
+// taps reach the row's last pixel are left to the scalar loop (their 4-byte read would pass the
+// row's end).
 // `offsets` and `lane_weights` are [ksize][out_w]: per tap, the byte offset in the row (a padded
 // tap repeats the output's last real one; its weight is 0) and the weight. `group_taps[g]`: the
 // taps outputs 8g..8g+7 have (the most of their xn); ksize pads for the widest window of the row,
@@ -99,11 +100,11 @@ __attribute__((target("avx2"))) int horizontal_rgb_avx2(const uint8_t* in, uint8
     const __m256i rgb =
         _mm256_shuffle_epi8(_mm256_or_si256(r, _mm256_or_si256(_mm256_slli_epi32(g, 8), _mm256_slli_epi32(b, 16))), pack);
     uint8_t* o = out + static_cast<size_t>(x) * 3;
-    for (int half = 0; half < 2; ++half) {
-      const __m128i four = half ? _mm256_extracti128_si256(rgb, 1) : _mm256_castsi256_si128(rgb);
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(o + 12 * half), four);
+    for (int k = 0; k < 2; ++k) {
+      const __m128i four = k ? _mm256_extracti128_si256(rgb, 1) : _mm256_castsi256_si128(rgb);
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(o + 12 * k), four);
       const int32_t tail = _mm_extract_epi32(four, 2);
-      std::memcpy(o + 12 * half + 8, &tail, 4);
+      std::memcpy(o + 12 * k + 8, &tail, 4);
     }
   }
   return x;
