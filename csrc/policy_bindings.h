@@ -41,11 +41,9 @@ inline PolicyArgs policy_args(const std::vector<int64_t>& input, const std::vect
       if (kind < 0 || kind >= policy::kNumKinds)
         throw InvalidArgument("kinds" + at + " = " + std::to_string(kind) +
                               " is not a policy op (gpupipe._C.policy_kinds())");
-      // the ops that read a parameter: factors, bits and thresholds are small, finite numbers
+      // factors, bits and thresholds are small, finite numbers
       const double param = p.as<const double>()[i];
-      const bool reads_param = kind == policy::kBrightness || kind == policy::kColor || kind == policy::kContrast ||
-                               kind == policy::kSharpness || kind == policy::kPosterize || kind == policy::kSolarize;
-      if (reads_param && !(std::fabs(param) <= policy::kMaxFactor))
+      if (policy::reads_param(static_cast<int32_t>(kind)) && !(std::fabs(param) <= policy::kMaxFactor))
         throw InvalidArgument("params" + at + " = " + std::to_string(param) + " must be finite and within +-" +
                               std::to_string(static_cast<int>(policy::kMaxFactor)));
     }

@@ -48,6 +48,10 @@ GPUPIPE_HD bool is_lut_kind(int32_t k) {
 GPUPIPE_HD bool needs_histogram(int32_t k) { return k == kEqualize; }
 GPUPIPE_HD bool needs_range(int32_t k) { return k == kAutoContrast; }  // per-channel min and max
 GPUPIPE_HD bool needs_gray_sum(int32_t k) { return k == kContrast; }
+// Kinds whose params entry is read: a factor, posterize's bits or solarize's threshold.
+GPUPIPE_HD bool reads_param(int32_t k) {
+  return k == kBrightness || k == kColor || k == kContrast || k == kSharpness || k == kPosterize || k == kSolarize;
+}
 
 // a * b + c rounded once, as torch's vectorised fmadd. Host: glibc's fma (hardware where the CPU
 // has it); used where the operands need all of float's bits (the LUT builders, a few per sample).

@@ -96,9 +96,13 @@ def draw_uniforms(n: int, count: int, *, stream: int, owner: GeneratorOwner, see
     if indices is None:
         idx = np.arange(n, dtype=np.int64)
     else:
-        idx = np.asarray(indices.cpu() if isinstance(indices, torch.Tensor) else indices, dtype=np.int64).reshape(-1)
-        if idx.shape[0] != n:
-            raise ValueError(f"indices has {idx.shape[0]} entries for n={n} samples")
+        if isinstance(indices, torch.Tensor):
+            indices = indices.cpu()
+        elif not isinstance(indices, np.ndarray):
+            indices = list(indices)  # any iterable: a range, a generator
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.shape != (n,):
+            raise ValueError(f"indices must have {n} entries (one per sample), got shape {tuple(idx.shape)}")
     u = keyed.uniforms(int(seed), 0 if epoch is None else int(epoch), idx, count, stream=stream)
     return torch.from_numpy(u)
 

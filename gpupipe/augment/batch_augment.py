@@ -12,7 +12,7 @@ from torch import nn
 
 from gpupipe import keyed
 from gpupipe.augment import fused
-from gpupipe.augment._keyed_params import GeneratorOwner, check_count
+from gpupipe.augment._keyed_params import GeneratorOwner, draw_uniforms
 from gpupipe.augment.affine_matrix import affine_matrices
 from gpupipe.augment.color_linear import linear_color_params
 from gpupipe.augment.warp_affine import INTERPOLATIONS, _fill_list
@@ -31,9 +31,13 @@ DRAWS = 17
 STREAM = keyed.stream_of("BatchAugment")
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
 def _number(value, name: str) -> float:
     """A finite number (not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+    if not _is_number(value):
         raise ValueError(f"{name} must be a number, got {value!r}")
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value!r}")
@@ -48,10 +52,6 @@ def _numbers(value, name: str, counts: Sequence[int]) -> tuple:
     if len(values) not in counts:
         raise ValueError(f"{name} must have {' or '.join(map(str, counts))} entries, got {value!r}")
     return tuple(_number(v, name) for v in values)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 
 
 def _factor_range(value: Range, name: str) -> tuple[float, float]:
@@ -114,10 +114,11 @@ def _shear_ranges(value) -> tuple[float, float, float, float]:
         lo, hi = _symmetric_range(value, "shear")
         r = (lo, hi, 0.0, 0.0)
     else:
-        r = _numbers(value, "shear", (2, 4)) + (0.0, 0.0)
+        r = _numbers(value, "shear", (2, 4))
+        r = r if len(r) == 4 else r + (0.0, 0.0)  # (a, b): x only
     if r[0] > r[1] or r[2] > r[3] or max(abs(v) for v in r) >= 90:
         raise ValueError(f"shear ranges must be (min, max) within (-90, 90) degrees, got {value}")
-    return r[:4]
+    return r
 
 
 class BatchAugment(GeneratorOwner, nn.Module):
@@ -264,16 +265,7 @@ class BatchAugment(GeneratorOwner, nn.Module):
         ``shear`` float64 ``[n, 2]`` (degrees, x and y); ``order`` int64 ``[n, 4]`` (ColorJitter's
         ``fn_idx``: 0 brightness, 1 contrast, 2 saturation, 3 hue).
         """
-        n = check_count(n)
-        if seed is None and (epoch is not None or indices is not None):
-            raise ValueError("epoch and indices key the draws to a seed: pass seed as well")
-        if seed is not None:
-            idx = np.arange(n) if indices is None else np.asarray(list(indices) if not isinstance(indices, (np.ndarray, torch.Tensor)) else indices)
-            if idx.shape != (n,):
-                raise ValueError(f"indices must have {n} entries, got shape {tuple(idx.shape)}")
-            u = torch.from_numpy(keyed.uniforms(seed, 0 if epoch is None else epoch, idx, DRAWS, stream=STREAM))
-        else:
-            u = self._generator_uniforms(n, DRAWS)
+        u = draw_uniforms(n, DRAWS, stream=STREAM, owner=self, seed=seed, epoch=epoch, indices=indices)
         return self._params_from_uniforms(u)
 
     def _params_from_uniforms(self, u: torch.Tensor) -> dict:
