@@ -12,6 +12,7 @@
 #include <jpeglib.h>
 
 #include "errors.h"
+#include "huffman_skip.h"
 #include "jpeg_error.h"
 #include "resize.h"
 #include "restart.h"
@@ -177,6 +178,7 @@ struct Decoder::State {
   bool created = false;
   Resampler resampler;
   std::vector<uint8_t> region;  // the decoded window, before resizing
+  HuffmanSkip skip;             // skips the MCUs outside the crop (huffman_skip.h)
   RestartLayout restarts;       // restart-marker index of the current file
   std::vector<uint8_t> sub;     // the synthetic JPEG of the crop's restart intervals
 };
@@ -218,7 +220,9 @@ bool guarded_decode_rows(Decoder::State* s, Plan* plan) {
   JDIMENSION xoff = plan->x0 > margin ? static_cast<JDIMENSION>(plan->x0 - margin) : 0;
   JDIMENSION xend = std::min<JDIMENSION>(full_w, static_cast<JDIMENSION>(plan->x1 + margin));
   JDIMENSION cw = xend - xoff;
-  if (xoff > 0 || cw < full_w) jpeg_crop_scanline(cinfo, &xoff, &cw);
+  const bool cropped = xoff > 0 || cw < full_w;
+  if (cropped) jpeg_crop_scanline(cinfo, &xoff, &cw);
+  if (cropped || plan->y0 > 0) s->skip.install(cinfo, xoff, cw);
   if (plan->y0 > 0) {
     JDIMENSION skipped = jpeg_skip_scanlines(cinfo, static_cast<JDIMENSION>(plan->y0));
     if (skipped != static_cast<JDIMENSION>(plan->y0)) {
@@ -524,7 +528,9 @@ DecodeResult Decoder::decode(const uint8_t* data, size_t size, const DecodeReque
     plan.dst = s->region.data();
     plan.dst_stride = plan.region_stride = static_cast<size_t>(rw) * plan.channels;
   }
-  if (!guarded_decode_rows(s, &plan)) throw_recorded(s->err);
+  const bool decoded = guarded_decode_rows(s, &plan);
+  s->skip.flush_stats();
+  if (!decoded) throw_recorded(s->err);
   if (!plan.direct)
     s->resampler.resize(s->region.data() + plan.region_offset, rh, rw, plan.channels, plan.region_stride, plan.bx0,
                         plan.by0, plan.bx1, plan.by1, out, req.out_height, req.out_width, out_stride,

@@ -1,0 +1,417 @@
+#include "huffman_skip.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace gpupipe {
+
+namespace {
+
+// libjpeg-turbo's Huffman decoder object (jdhuff.c: huff_entropy_decoder), its leading fields.
+struct EntropyPublic {  // jpegint.h: struct jpeg_entropy_decoder
+  void (*start_pass)(j_decompress_ptr);
+  boolean (*decode_mcu)(j_decompress_ptr, JBLOCKROW*);
+  boolean insufficient_data;
+};
+struct BitreadPermState {  // jdhuff.h
+  size_t get_buffer;
+  int bits_left;
+};
+struct SavableState {
+  int last_dc_val[MAX_COMPS_IN_SCAN];
+};
+struct HuffEntropy {
+  EntropyPublic pub;
+  BitreadPermState bitstate;
+  SavableState saved;
+  unsigned int restarts_to_go;
+};
+
+HuffEntropy* entropy_of(j_decompress_ptr cinfo) { return reinterpret_cast<HuffEntropy*>(cinfo->entropy); }
+
+// A table entry: the bits to drop now (code, and the magnitude when both fit the lookahead), the
+// coefficient index's advance (run + 1, 16 for ZRL), end of block, magnitude bits still to drop
+// (or the DC difference's size), or "code longer than the lookahead".
+constexpr uint16_t kConsume = 31, kAdvanceShift = 5, kEob = 1 << 10, kPendingShift = 11,
+                   kPending = 15 << kPendingShift, kSlow = 1 << 15;
+
+std::atomic<bool> g_enabled{[] {
+  const char* v = std::getenv("GPUPIPE_HUFFMAN_SKIP");
+  return !(v && v[0] == '0' && v[1] == '\0');
+}()};
+std::atomic<uint64_t> g_images{0}, g_rejected{0}, g_skipped{0}, g_handed_back{0};
+
+// The multi-symbol AC table: for each kMultiBits-bit prefix, the whole symbols it holds.
+void build_multi(HuffmanSkip::Table* t, const uint8_t* size, const unsigned* code_of, int count) {
+  constexpr int M = HuffmanSkip::kMultiBits;
+  // One symbol per (code length, code): every code of <= M bits, by its left-aligned prefix.
+  struct Sym { uint8_t len = 0, sym = 0; };
+  Sym first[1 << M];
+  for (int p = 0; p < count && size[p] <= M; ++p) {
+    const unsigned base = code_of[p] << (M - size[p]);
+    for (unsigned i = 0; i < (1u << (M - size[p])); ++i) first[base + i] = {size[p], t->huffval[p]};
+  }
+  for (unsigned idx = 0; idx < (1u << M); ++idx) {
+    int used = 0, advance = 0;
+    bool eob = false;
+    while (used < M) {
+      const unsigned rest = (idx << used) & ((1u << M) - 1);  // the bits after `used`, zero-padded
+      const Sym s = first[rest];
+      const int run = s.sym >> 4, mag = s.sym & 15;
+      if (s.len == 0 || used + s.len + mag > M) break;  // no code here, or it runs past the prefix
+      used += s.len + mag;
+      if (mag == 0 && run != 15) {
+        eob = true;
+        break;
+      }
+      advance += mag ? run + 1 : 16;
+      if (advance > 63) {  // past a block's coefficients: leave it to the single steps
+        used = 0;
+        break;
+      }
+    }
+    t->multi[idx] = static_cast<uint16_t>(used | advance << 4 | (eob ? 1 << 10 : 0));
+    if (used == 0) t->multi[idx] = 0;
+  }
+}
+
+// Builds the decoding tables of `h` with jpeg_make_d_derived_tbl's checks (libjpeg has already
+// accepted the table when this runs; false: it would not have).
+bool build_table(const JHUFF_TBL* h, bool dc, HuffmanSkip::Table* t) {
+  if (!h) return false;
+  uint8_t size[257];
+  unsigned code_of[257];
+  int count = 0;
+  for (int l = 1; l <= 16; ++l) {
+    const int n = h->bits[l];
+    if (count + n > 256) return false;
+    for (int i = 0; i < n; ++i) size[count++] = static_cast<uint8_t>(l);
+  }
+  unsigned code = 0;
+  int si = count ? size[0] : 0;
+  for (int p = 0; p < count;) {
+    while (p < count && size[p] == si) code_of[p++] = code++;
+    if (code >= (1u << si)) return false;  // not a valid prefix code
+    code <<= 1;
+    ++si;
+  }
+  for (int l = 1, p = 0; l <= 16; ++l) {
+    if (h->bits[l]) {
+      t->valoffset[l] = p - static_cast<int32_t>(code_of[p]);
+      p += h->bits[l];
+      t->maxcode[l] = static_cast<int32_t>(code_of[p - 1]);
+    } else {
+      t->maxcode[l] = -1;
+    }
+  }
+  t->valoffset[17] = 0;
+  t->maxcode[17] = 0xFFFFF;
+  t->dc = dc;
+  std::memcpy(t->bits, h->bits, sizeof(t->bits));
+  std::memcpy(t->huffval, h->huffval, sizeof(t->huffval));
+  if (dc)
+    for (int p = 0; p < count; ++p)
+      if (h->huffval[p] > 15) return false;
+
+  constexpr int L = HuffmanSkip::kLookahead;
+  for (auto& e : t->lut) e = kSlow;
+  for (int p = 0; p < count && size[p] <= L; ++p) {
+    const int len = size[p], sym = h->huffval[p], run = sym >> 4, s = sym & 15;
+    uint16_t e;
+    if (dc) e = static_cast<uint16_t>(len | sym << kPendingShift);
+    else if (s == 0) e = static_cast<uint16_t>(run == 15 ? len | 16 << kAdvanceShift : len | kEob);
+    else if (len + s <= L) e = static_cast<uint16_t>((len + s) | (run + 1) << kAdvanceShift);
+    else e = static_cast<uint16_t>(len | (run + 1) << kAdvanceShift | s << kPendingShift);
+    const unsigned first = code_of[p] << (L - len);
+    for (unsigned i = 0; i < (1u << (L - len)); ++i) t->lut[first + i] = e;
+  }
+  if (!dc) build_multi(t, size, code_of, count);
+  return true;
+}
+
+// Loads bytes until at least 32 bits are buffered, un-stuffing FF 00 and stopping before a marker
+// or the data's end; false when fewer than 32 bits could be had.
+inline bool fill(HuffmanSkip::Reader* r) {
+  const int take = (63 - r->nbits) >> 3;  // 4..7 bytes fit
+  if (r->end - r->p >= 8) {
+    uint64_t w;
+    std::memcpy(&w, r->p, 8);
+    const uint64_t x = ~w;  // a zero byte of x is an FF byte of w (exact up to the first one)
+    const uint64_t ff = (x - 0x0101010101010101ull) & ~x & 0x8080808080808080ull;
+    if (!(ff & ((1ull << (8 * take)) - 1))) {
+      r->buf |= (__builtin_bswap64(w) & (~0ull << (64 - 8 * take))) >> r->nbits;
+      r->p += take;
+      r->nbits += 8 * take;
+      return true;
+    }
+  }
+  while (r->nbits <= 56 && r->p < r->end) {
+    const unsigned c = r->p[0];
+    if (c == 0xFF) {
+      if (r->end - r->p < 2 || r->p[1] != 0) break;  // a marker (or padding before one)
+      r->p += 2;
+    } else {
+      r->p += 1;
+    }
+    r->buf |= static_cast<uint64_t>(c) << (56 - r->nbits);
+    r->nbits += 8;
+  }
+  return r->nbits >= 32;
+}
+
+inline unsigned peek(const HuffmanSkip::Reader& r, int n) { return static_cast<unsigned>(r.buf >> (64 - n)); }
+
+inline void drop(HuffmanSkip::Reader* r, int n) {
+  r->buf <<= n;
+  r->nbits -= n;
+}
+
+// A code longer than the lookahead, as jpeg_huff_decode reads it; false for no code of <= 16 bits.
+inline bool slow_symbol(const HuffmanSkip::Reader& r, const HuffmanSkip::Table& t, int* len, int* sym) {
+  const unsigned bits = peek(r, 16);
+  for (int l = HuffmanSkip::kLookahead + 1; l <= 16; ++l) {
+    const int32_t code = static_cast<int32_t>(bits >> (16 - l));
+    if (code <= t.maxcode[l]) {
+      *len = l;
+      *sym = t.huffval[(code + t.valoffset[l]) & 0xFF];
+      return true;
+    }
+  }
+  return false;
+}
+
+// The bits libjpeg's reader has consumed from `start` when its next byte is `p` with `nbits`
+// buffered (a stuffed FF 00 is one byte of data).
+int64_t consumed_bits(const uint8_t* start, const uint8_t* p, int nbits) {
+  int64_t bytes = 0;
+  for (const uint8_t* q = start; q < p; ++q, ++bytes)
+    if (q[0] == 0xFF && q + 1 < p && q[1] == 0) ++q;
+  return 8 * bytes - nbits;
+}
+
+}  // namespace
+
+HuffmanSkipStats huffman_skip_stats() {
+  HuffmanSkipStats s;
+  s.images = g_images.load();
+  s.rejected = g_rejected.load();
+  s.skipped = g_skipped.load();
+  s.handed_back = g_handed_back.load();
+  return s;
+}
+
+bool set_huffman_skip(bool on) { return g_enabled.exchange(on); }
+
+bool HuffmanSkip::install(j_decompress_ptr cinfo, unsigned crop_x, unsigned crop_width) {
+  flush_stats();
+  if (!g_enabled.load(std::memory_order_relaxed)) return false;
+  if (cinfo->progressive_mode || cinfo->arith_code || cinfo->restart_interval != 0 || cinfo->buffered_image ||
+      cinfo->data_precision != 8 || cinfo->comps_in_scan != cinfo->num_components ||
+      cinfo->comps_in_scan > MAX_COMPS_IN_SCAN || cinfo->blocks_in_MCU < 1 ||
+      cinfo->blocks_in_MCU > D_MAX_BLOCKS_IN_MCU || cinfo->MCUs_per_row < 1 || !cinfo->entropy ||
+      cinfo->src == nullptr || crop_width < 1)
+    return false;
+  const int align_blocks = cinfo->comps_in_scan == 1 ? 1 : cinfo->max_h_samp_factor;
+  if (cinfo->comps_in_scan == 1 &&
+      (cinfo->cur_comp_info[0]->h_samp_factor != 1 || cinfo->cur_comp_info[0]->v_samp_factor != 1))
+    return false;  // a lone component's MCU is one block: the iMCU columns below would not be MCUs
+  const unsigned align = static_cast<unsigned>(cinfo->min_DCT_scaled_size * align_blocks);
+  if (align < 1) return false;
+  HuffEntropy* e = entropy_of(cinfo);
+  // Fresh from start_pass: nothing read, no prediction, no pending restart.
+  if (e->bitstate.bits_left != 0 || e->bitstate.get_buffer != 0 || e->pub.insufficient_data ||
+      e->restarts_to_go != 0 || cinfo->unread_marker != 0)
+    return false;
+  for (int ci = 0; ci < cinfo->comps_in_scan; ++ci)
+    if (e->saved.last_dc_val[ci] != 0) return false;
+
+  install_clock_ = ++clock_;  // the tables this install takes are not evicted by its later ones
+  const Table* dc[MAX_COMPS_IN_SCAN];
+  const Table* ac[MAX_COMPS_IN_SCAN];
+  for (int ci = 0; ci < cinfo->comps_in_scan; ++ci) {
+    const jpeg_component_info* c = cinfo->cur_comp_info[ci];
+    const int d = c->dc_tbl_no, a = c->ac_tbl_no;
+    if (d < 0 || d >= NUM_HUFF_TBLS || a < 0 || a >= NUM_HUFF_TBLS) return false;
+    if (!(dc[ci] = table(cinfo->dc_huff_tbl_ptrs[d], true)) || !(ac[ci] = table(cinfo->ac_huff_tbl_ptrs[a], false)))
+      return false;
+  }
+  for (int b = 0; b < cinfo->blocks_in_MCU; ++b) {
+    const int ci = cinfo->MCU_membership[b];
+    if (ci < 0 || ci >= cinfo->comps_in_scan) return false;
+    block_comp_[b] = ci;
+    block_dc_[b] = dc[ci];
+    block_ac_[b] = ac[ci];
+  }
+  blocks_ = cinfo->blocks_in_MCU;
+  comps_ = cinfo->comps_in_scan;
+  mcus_per_row_ = cinfo->MCUs_per_row;
+  // jpeg_crop_scanline's first_iMCU_col and last_iMCU_col: the MCU columns libjpeg transforms.
+  first_col_ = crop_x / align;
+  last_col_ = (crop_x + crop_width + align - 1) / align - 1;
+  col_ = 0;
+  checked_ = enabled_ = ours_ = false;
+  libjpeg_decode_mcu_ = e->pub.decode_mcu;
+  r_ = Reader{};
+  r_.p = reinterpret_cast<const uint8_t*>(cinfo->src->next_input_byte);
+  r_.end = r_.p + cinfo->src->bytes_in_buffer;
+  cinfo->client_data = this;
+  e->pub.decode_mcu = &HuffmanSkip::decode_mcu;
+  g_images.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+const HuffmanSkip::Table* HuffmanSkip::table(const JHUFF_TBL* h, bool dc) {
+  if (!h) return nullptr;
+  Table* victim = nullptr;  // the least recently used slot that this install does not hold
+  for (Table& t : cache_) {
+    if (t.used && t.dc == dc && std::memcmp(t.bits, h->bits, sizeof(t.bits)) == 0 &&
+        std::memcmp(t.huffval, h->huffval, sizeof(t.huffval)) == 0) {
+      t.used = clock_;
+      return &t;
+    }
+    if (t.used < install_clock_ && (!victim || t.used < victim->used)) victim = &t;
+  }
+  if (!victim) return nullptr;  // unreachable: a scan uses at most kCached tables
+  if (!build_table(h, dc, victim)) {
+    victim->used = 0;
+    return nullptr;
+  }
+  victim->used = clock_;
+  return victim;
+}
+
+void HuffmanSkip::flush_stats() {
+  if (skipped_) g_skipped.fetch_add(skipped_, std::memory_order_relaxed);
+  if (handed_back_) g_handed_back.fetch_add(handed_back_, std::memory_order_relaxed);
+  skipped_ = handed_back_ = 0;
+}
+
+void HuffmanSkip::take_over(j_decompress_ptr cinfo) {
+  HuffEntropy* e = entropy_of(cinfo);
+  r_.nbits = e->bitstate.bits_left;  // 0..64, the low bits of get_buffer; left-aligned here
+  r_.buf = r_.nbits ? static_cast<uint64_t>(e->bitstate.get_buffer) << (64 - r_.nbits) : 0;
+  r_.p = reinterpret_cast<const uint8_t*>(cinfo->src->next_input_byte);
+  r_.end = r_.p + cinfo->src->bytes_in_buffer;
+  for (int ci = 0; ci < comps_; ++ci) r_.pred[ci] = e->saved.last_dc_val[ci];
+  ours_ = true;
+}
+
+void HuffmanSkip::hand_back(j_decompress_ptr cinfo) {
+  HuffEntropy* e = entropy_of(cinfo);
+  e->bitstate.get_buffer = static_cast<size_t>(r_.nbits ? r_.buf >> (64 - r_.nbits) : 0);
+  e->bitstate.bits_left = r_.nbits;
+  cinfo->src->next_input_byte = r_.p;
+  cinfo->src->bytes_in_buffer = static_cast<size_t>(r_.end - r_.p);
+  for (int ci = 0; ci < comps_; ++ci) e->saved.last_dc_val[ci] = r_.pred[ci];
+  ours_ = false;
+}
+
+// The first MCU, decoded by a skip and by libjpeg from the same start: both must reach the same bit
+// position and DC predictions, else the fields read above are not where this build expects them.
+bool HuffmanSkip::check_first(j_decompress_ptr cinfo, JBLOCKROW* data, boolean* result) {
+  checked_ = true;
+  HuffEntropy* e = entropy_of(cinfo);
+  Reader mine = r_;  // install() left the start of the data here
+  const bool skipped = skip_mcu(&mine);
+  *result = libjpeg_decode_mcu_(cinfo, data);
+  const uint8_t* lp = reinterpret_cast<const uint8_t*>(cinfo->src->next_input_byte);
+  bool same = skipped && *result && !e->pub.insufficient_data && cinfo->unread_marker == 0 &&
+              e->bitstate.bits_left >= 0 && e->bitstate.bits_left <= 64 && lp >= r_.p && lp <= r_.end &&
+              consumed_bits(r_.p, lp, e->bitstate.bits_left) == consumed_bits(r_.p, mine.p, mine.nbits);
+  for (int ci = 0; same && ci < comps_; ++ci) same = e->saved.last_dc_val[ci] == mine.pred[ci];
+  // A first MCU whose skip ran into the data's end says nothing about the layout: no skips then.
+  enabled_ = same;
+  if (!same && skipped) g_rejected.fetch_add(1, std::memory_order_relaxed);
+  return same;
+}
+
+boolean HuffmanSkip::decode_mcu(j_decompress_ptr cinfo, JBLOCKROW* data) {
+  HuffmanSkip* h = static_cast<HuffmanSkip*>(cinfo->client_data);
+  const unsigned col = h->col_;
+  h->col_ = col + 1 == h->mcus_per_row_ ? 0 : col + 1;
+  boolean result;
+  if (!h->checked_) {
+    h->check_first(cinfo, data, &result);
+    return result;
+  }
+  const bool needed = data != nullptr && col >= h->first_col_ && col <= h->last_col_;
+  if (!needed && h->enabled_) {
+    if (!h->ours_ && cinfo->unread_marker == 0 && !entropy_of(cinfo)->pub.insufficient_data) h->take_over(cinfo);
+    if (h->ours_) {
+      if (h->skip_mcu(&h->r_)) {
+        ++h->skipped_;
+        return TRUE;
+      }
+      ++h->handed_back_;
+    }
+  }
+  if (h->ours_) h->hand_back(cinfo);
+  return h->libjpeg_decode_mcu_(cinfo, data);
+}
+
+// One MCU's bits, as decode_mcu_fast/slow consume them with a NULL block. On success `r` is past
+// the MCU; on failure it is unchanged (the MCU is libjpeg's to decode).
+bool HuffmanSkip::skip_mcu(Reader* r) const {
+  Reader s = *r;
+  constexpr int L = kLookahead;
+  for (int b = 0; b < blocks_; ++b) {
+    const Table& dc = *block_dc_[b];
+    const Table& ac = *block_ac_[b];
+    if (s.nbits < 32 && !fill(&s)) return false;
+    int len, size;
+    const unsigned e = dc.lut[peek(s, L)];
+    if (e & kSlow) {
+      if (!slow_symbol(s, dc, &len, &size)) return false;
+    } else {
+      len = e & kConsume;
+      size = (e & kPending) >> kPendingShift;
+    }
+    drop(&s, len);  // >= 16 bits remain: a difference's size is <= 15
+    if (size) {
+      const int v = static_cast<int>(s.buf >> (64 - size));
+      drop(&s, size);
+      const int diff = v < (1 << (size - 1)) ? v - (1 << size) + 1 : v;
+      int& pred = s.pred[block_comp_[b]];
+      if (pred > (1 << 24) || pred < -(1 << 24)) return false;  // libjpeg's business (overflow checks)
+      pred += diff;
+    }
+    for (int k = 1; k < 64;) {
+      if (s.nbits < 32 && !fill(&s)) return false;
+      const unsigned m = ac.multi[peek(s, kMultiBits)];
+      if (m && k + static_cast<int>((m >> 4) & 63) < 64) {  // the block goes on past these symbols
+        drop(&s, m & 15);
+        k += (m >> 4) & 63;
+        if (m & (1 << 10)) break;
+        continue;
+      }
+      const unsigned a = ac.lut[peek(s, L)];
+      if (!(a & (kSlow | kPending))) {
+        drop(&s, a & kConsume);
+        if (a & kEob) break;
+        k += (a >> kAdvanceShift) & 31;
+        continue;
+      }
+      int sym;
+      if (a & kSlow) {
+        if (!slow_symbol(s, ac, &len, &sym)) return false;
+      } else {  // the code fits the lookahead, its magnitude does not
+        len = a & kConsume;
+        sym = static_cast<int>(((a >> kAdvanceShift) & 31) - 1) << 4 | static_cast<int>((a & kPending) >> kPendingShift);
+      }
+      drop(&s, len);
+      const int run = sym >> 4, mag = sym & 15;
+      if (mag) {
+        drop(&s, mag);
+        k += run + 1;
+      } else if (run == 15) {
+        k += 16;
+      } else {
+        break;  // end of block
+      }
+    }
+  }
+  *r = s;
+  return true;
+}
+
+}  // namespace gpupipe

@@ -1,0 +1,101 @@
+// Skipping the entropy-coded MCUs a crop does not need, faster than libjpeg decodes them.
+//
+// libjpeg-turbo entropy-decodes every MCU of every row it passes, the rows above a crop
+// (jpeg_skip_scanlines) and the columns either side of it (jpeg_crop_scanline), although it only
+// inverse-transforms the crop's: for RandomResizedCrop on 800x533 photos about half of the MCUs it
+// decodes are never used, and Huffman decoding is most of a crop's decode time. HuffmanSkip takes
+// over libjpeg's decode_mcu method for one image: an MCU the crop needs goes to libjpeg's own
+// decoder; the others only advance the bit position and the DC predictions, one table lookup per
+// coefficient (its code and magnitude bits together), nothing stored.
+//
+// Control passes between the two through the leading fields of libjpeg-turbo's private Huffman
+// state (jdhuff.c: the public methods, the bit buffer, the DC predictions). Each image checks that
+// layout: its first MCU is decoded both ways and must leave the same bit position and predictions,
+// else the image is decoded by libjpeg alone. Whatever is unusual (a marker in the data, the data's
+// end, a code libjpeg would warn about) is handed to libjpeg's decoder at the start of that MCU, so
+// libjpeg meets it in the state it would have reached itself and handles it as it always does.
+// Taken: baseline or extended sequential Huffman, one scan holding every component, no restart
+// markers (files with them have the restart route). GPUPIPE_HUFFMAN_SKIP=0 turns it off.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>  // jpeglib.h needs FILE
+
+#include <jpeglib.h>
+
+namespace gpupipe {
+
+struct HuffmanSkipStats {
+  uint64_t images = 0;      // images the hook was installed on
+  uint64_t rejected = 0;    // of those, images whose first-MCU check failed (decoded by libjpeg alone)
+  uint64_t skipped = 0;     // MCUs skipped
+  uint64_t handed_back = 0; // MCUs a skip handed to libjpeg (marker, data end, bad code)
+};
+
+HuffmanSkipStats huffman_skip_stats();
+bool set_huffman_skip(bool on);  // returns the previous setting (default: on unless GPUPIPE_HUFFMAN_SKIP=0)
+
+class HuffmanSkip {
+ public:
+  // Takes over cinfo's decode_mcu, keeping libjpeg's decoder for the MCU columns that the output
+  // window [crop_x, crop_x + crop_width) of the scaled frame covers (jpeg_crop_scanline's aligned
+  // values; the whole width when not cropped). Call after jpeg_start_decompress and
+  // jpeg_crop_scanline, before the first row is read or skipped. Returns false, changing nothing,
+  // when the scan does not qualify.
+  bool install(j_decompress_ptr cinfo, unsigned crop_x, unsigned crop_width);
+
+  static constexpr int kLookahead = 10;  // bits per single-symbol lookup
+  static constexpr int kMultiBits = 12;  // bits per multi-symbol lookup (AC)
+
+  struct Table {
+    // The table's identity: DC or AC, its code counts and symbols (a decode's tables are cached).
+    bool dc = false;
+    uint8_t bits[17] = {};
+    uint8_t huffval[256] = {};
+    // kLookahead bits -> one symbol: what to consume (see the k* constants in huffman_skip.cpp).
+    uint16_t lut[1 << kLookahead];
+    // kMultiBits bits -> every whole AC symbol (code and magnitude) they hold, up to an end of
+    // block: bits 0-3 the bits they take (0: not even one fits), 4-9 the index advance, 10 EOB.
+    uint16_t multi[1 << kMultiBits];
+    int32_t maxcode[18];    // as libjpeg's d_derived_tbl: the largest code of each length, -1: none
+    int32_t valoffset[18];  // huffval index of a length's first code, minus that code
+    uint64_t used = 0;      // for the cache's eviction
+  };
+
+  struct Reader {  // the bit buffer: the next `nbits` bits are the top of `buf`, the rest zeros
+    uint64_t buf = 0;
+    int nbits = 0;
+    const uint8_t* p = nullptr;    // the next byte to load
+    const uint8_t* end = nullptr;  // the end of the data
+    int pred[4] = {0, 0, 0, 0};    // DC predictions by component of the scan
+  };
+
+ private:
+  static boolean decode_mcu(j_decompress_ptr cinfo, JBLOCKROW* data);
+  bool skip_mcu(Reader* r) const;
+  void take_over(j_decompress_ptr cinfo);
+  void hand_back(j_decompress_ptr cinfo);
+  bool check_first(j_decompress_ptr cinfo, JBLOCKROW* data, boolean* result);
+
+  const Table* table(const JHUFF_TBL* h, bool dc);  // built, or from the cache; nullptr: invalid
+
+  static constexpr int kCached = 2 * NUM_HUFF_TBLS;  // as many as one scan can use; data sets share a few
+  Table cache_[kCached];
+  uint64_t clock_ = 0, install_clock_ = 0;
+  const Table* block_dc_[D_MAX_BLOCKS_IN_MCU] = {};
+  const Table* block_ac_[D_MAX_BLOCKS_IN_MCU] = {};
+  int block_comp_[D_MAX_BLOCKS_IN_MCU] = {};
+  int blocks_ = 0, comps_ = 0;
+  unsigned mcus_per_row_ = 0, first_col_ = 0, last_col_ = 0, col_ = 0;
+  bool checked_ = false, enabled_ = false, ours_ = false;
+  boolean (*libjpeg_decode_mcu_)(j_decompress_ptr, JBLOCKROW*) = nullptr;
+  Reader r_;
+  uint64_t skipped_ = 0, handed_back_ = 0;  // flushed into the global stats per image
+ public:
+  ~HuffmanSkip() { flush_stats(); }
+  void flush_stats();
+};
+
+}  // namespace gpupipe

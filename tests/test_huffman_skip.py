@@ -1,0 +1,146 @@
+"""The Huffman skip (csrc/huffman_skip.h): the MCUs a crop does not need are passed by gpupipe's own
+bit reader instead of libjpeg's decoder. Crops must come out bit-identical to libjpeg alone, on
+every variant, at every DCT scale, and on damaged data with the same warnings; the path must really
+run (its counters move) and its per-image layout check must never reject."""
+
+import contextlib
+import warnings
+
+import numpy as np
+import pytest
+
+import gpupipe
+from gpupipe import _C
+from helpers import full_decode, photo
+
+# The variants the skip takes (baseline/extended sequential Huffman, one scan, no restarts) and
+# some it must leave to libjpeg.
+TAKEN = ["ycbcr-4:4:4", "ycbcr-4:2:2", "ycbcr-4:2:0", "ycbcr-4:4:0", "ycbcr-4:1:1", "ycbcr-4:1:0",
+         "ycbcr-4:2:0-optimized", "rgb", "gray", "cmyk", "ycck", "pillow-4:2:0-q75"]
+LEFT = ["ycbcr-4:2:0-progressive", "ycbcr-4:2:0-arithmetic", "ycbcr-4:2:0-restart-rows", "pillow-progressive"]
+
+
+@contextlib.contextmanager
+def skip(on: bool):
+    before = _C._set_huffman_skip(on)
+    try:
+        yield
+    finally:
+        _C._set_huffman_skip(before)
+
+
+def delta(before: dict) -> dict:
+    now = _C._huffman_skip_stats()
+    return {k: now[k] - before[k] for k in now}
+
+
+def boxes(h: int, w: int, n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    bh, bw = min(20, h), min(30, w - w // 3)
+    out = [(h - 1, w - 1, 1, 1), (h // 2, 0, 1, w), (0, max(0, w - 9), h, min(9, w)), (h - bh, w // 3, bh, bw)]
+    for _ in range(n):
+        t, l = int(rng.integers(0, h)), int(rng.integers(0, w))
+        out.append((t, l, int(rng.integers(1, h - t + 1)), int(rng.integers(1, w - l + 1))))
+    return out
+
+
+@pytest.mark.parametrize("name", TAKEN)
+def test_crops_equal_the_full_decode_and_the_skip_runs(variants, name):
+    data = variants[name]
+    ref = full_decode(data)
+    before = _C._huffman_skip_stats()
+    for t, l, h, w in boxes(*ref.shape[:2], 40, seed=len(name)):
+        got = gpupipe.decode_crop_jpeg(data, t, l, h, w).permute(1, 2, 0).numpy()
+        np.testing.assert_array_equal(got, ref[t:t + h, l:l + w], err_msg=f"{name} {(t, l, h, w)}")
+    d = delta(before)
+    assert d["images"] > 0 and d["skipped"] > 0, d
+    assert d["rejected"] == 0, d
+
+
+@pytest.mark.parametrize("name", LEFT)
+def test_other_codings_are_left_to_libjpeg(variants, name):
+    before = _C._huffman_skip_stats()
+    gpupipe.decode_crop_jpeg(variants[name], 40, 50, 20, 30)
+    assert delta(before)["images"] == 0
+
+
+@pytest.mark.parametrize("name", ["ycbcr-4:2:0", "ycbcr-4:2:2", "gray", "pillow-4:2:0-q75"])
+def test_resized_crops_at_every_dct_scale_equal_libjpeg_alone(variants, name):
+    data = variants[name]
+    rng = np.random.default_rng(7)
+    h, w = full_decode(data).shape[:2]
+    for scale in range(1, 9):
+        for _ in range(6):
+            bh, bw = int(rng.integers(1, h + 1)), int(rng.integers(1, w + 1))
+            t, l = int(rng.integers(0, h - bh + 1)), int(rng.integers(0, w - bw + 1))
+            out = (max(1, bh * scale // 8), max(1, bw * scale // 8))
+            with skip(True):
+                a = gpupipe.decode_crop_jpeg(data, t, l, bh, bw, size=out)
+            with skip(False):
+                b = gpupipe.decode_crop_jpeg(data, t, l, bh, bw, size=out)
+            assert np.array_equal(a.numpy(), b.numpy()), (name, scale, (t, l, bh, bw), out)
+
+
+def damaged(data: bytes, rng) -> bytes:
+    """The file with its entropy-coded data hurt: bytes flipped, a marker dropped in, or cut short."""
+    sos = data.index(b"\xff\xda")
+    start = sos + 2 + int.from_bytes(data[sos + 2:sos + 4], "big")
+    b = bytearray(data)
+    kind = rng.integers(0, 4)
+    if kind == 0:
+        for _ in range(int(rng.integers(1, 6))):
+            b[int(rng.integers(start, len(b) - 2))] = int(rng.integers(0, 256))
+    elif kind == 1:
+        at = int(rng.integers(start, len(b) - 2))
+        b[at:at] = bytes([0xFF, int(rng.choice([0xD0, 0xD3, 0xD9, 0xC4, 0xFF, 0x00, 0x01]))])
+    elif kind == 2:
+        b = b[:int(rng.integers(start, len(b)))]
+    else:
+        at = int(rng.integers(start, len(b) - 2))
+        b[at] = 0xFF
+    return bytes(b)
+
+
+def decode_or_error(data: bytes, box, strict: bool):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            out = gpupipe.decode_crop_jpeg(data, *box, strict=strict).numpy()
+        except Exception as e:  # noqa: BLE001 - the comparison is the point
+            return ("error", type(e).__name__, str(e))
+    return ("ok", out.tobytes(), [str(w.message) for w in caught])
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_damaged_data_decodes_as_libjpeg_alone_does(variants, strict):
+    """The same pixels, warnings and errors with and without the skip, on 150 damaged files."""
+    rng = np.random.default_rng(3 + strict)
+    sources = [variants["ycbcr-4:2:0"], variants["ycbcr-4:4:4"], variants["gray"], variants["pillow-4:2:0-q75"]]
+    handed_back = 0
+    for i in range(150):
+        data = damaged(sources[i % len(sources)], rng)
+        h, w = full_decode(sources[i % len(sources)]).shape[:2]
+        t, l = int(rng.integers(0, h)), int(rng.integers(0, w))
+        box = (t, l, int(rng.integers(1, h - t + 1)), int(rng.integers(1, w - l + 1)))
+        before = _C._huffman_skip_stats()
+        with skip(True):
+            a = decode_or_error(data, box, strict)
+        handed_back += delta(before)["handed_back"]
+        with skip(False):
+            b = decode_or_error(data, box, strict)
+        assert a == b, (i, box)
+    assert handed_back > 0  # some damage was met inside a skip and handed to libjpeg
+
+
+def test_a_photo_at_many_sizes(pixels):
+    """Odd sizes: partial MCUs at the right and bottom edges, one-MCU-wide images."""
+    from helpers import encode
+
+    for h, w in [(9, 700), (700, 9), (17, 17), (33, 250), (250, 33)]:
+        img = np.ascontiguousarray(photo(h, w))
+        for opts in ({}, {"h_samp": 1, "v_samp": 1}, {"h_samp": 2, "v_samp": 1}):
+            data = encode(img, **opts)
+            ref = full_decode(data)
+            for t, l, bh, bw in boxes(h, w, 12, seed=h * w):
+                got = gpupipe.decode_crop_jpeg(data, t, l, bh, bw).permute(1, 2, 0).numpy()
+                np.testing.assert_array_equal(got, ref[t:t + bh, l:l + bw], err_msg=f"{(h, w)} {opts} {(t, l, bh, bw)}")
