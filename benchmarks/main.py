@@ -47,9 +47,9 @@ def main(argv=None) -> Path:
     if "policies" in args.workloads:
         rows += policies.run(repeats=repeats)
     if "loader" in args.workloads:
-        rows += loader.run(repeats=1 if args.quick else 3, n=256 if args.quick else 512)
+        rows += loader.run(repeats=1 if args.quick else 5, n=256 if args.quick else 512)
     if "recipe" in args.workloads:
-        rows += loader.recipe(repeats=1 if args.quick else 3, n=256 if args.quick else 512)
+        rows += loader.recipe(repeats=1 if args.quick else 5, n=256 if args.quick else 512)
     extra = ""
     if "seed" in args.workloads:
         _, extra = seed_experiment.run(steps=6 if args.quick else 12, n=512 if args.quick else 1024)
