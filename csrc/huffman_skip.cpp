@@ -211,6 +211,16 @@ bool HuffmanSkip::install(j_decompress_ptr cinfo, unsigned crop_x, unsigned crop
       cinfo->blocks_in_MCU > D_MAX_BLOCKS_IN_MCU || cinfo->MCUs_per_row < 1 || !cinfo->entropy ||
       cinfo->src == nullptr || crop_width < 1)
     return false;
+  // An EOI marker must follow the scan (looked for in the last kb, trailers allowed): libjpeg's
+  // reader then stops there and never asks the source for more, which it would do, warning of a
+  // premature end, from a look-ahead position that depends on where its buffer stood (and so on
+  // whether a skip came before).
+  const uint8_t* data = reinterpret_cast<const uint8_t*>(cinfo->src->next_input_byte);
+  const size_t left = cinfo->src->bytes_in_buffer;
+  bool eoi = false;
+  for (size_t i = left, stop = left > 1024 ? left - 1024 : 0; i >= stop + 2 && !eoi; --i)
+    eoi = data[i - 2] == 0xFF && data[i - 1] == JPEG_EOI;
+  if (!eoi) return false;
   const int align_blocks = cinfo->comps_in_scan == 1 ? 1 : cinfo->max_h_samp_factor;
   if (cinfo->comps_in_scan == 1 &&
       (cinfo->cur_comp_info[0]->h_samp_factor != 1 || cinfo->cur_comp_info[0]->v_samp_factor != 1))
@@ -238,7 +248,9 @@ bool HuffmanSkip::install(j_decompress_ptr cinfo, unsigned crop_x, unsigned crop
   for (int b = 0; b < cinfo->blocks_in_MCU; ++b) {
     const int ci = cinfo->MCU_membership[b];
     if (ci < 0 || ci >= cinfo->comps_in_scan) return false;
-    block_comp_[b] = ci;
+    // libjpeg keeps the DC predictions of the components the output needs (dc_needed): for gray
+    // output from YCbCr, Cb's and Cr's are never updated. -1: this block's prediction is not kept.
+    block_comp_[b] = cinfo->cur_comp_info[ci]->component_needed ? ci : -1;
     block_dc_[b] = dc[ci];
     block_ac_[b] = ac[ci];
   }
@@ -318,7 +330,8 @@ bool HuffmanSkip::check_first(j_decompress_ptr cinfo, JBLOCKROW* data, boolean* 
   bool same = skipped && *result && !e->pub.insufficient_data && cinfo->unread_marker == 0 &&
               e->bitstate.bits_left >= 0 && e->bitstate.bits_left <= 64 && lp >= r_.p && lp <= r_.end &&
               consumed_bits(r_.p, lp, e->bitstate.bits_left) == consumed_bits(r_.p, mine.p, mine.nbits);
-  for (int ci = 0; same && ci < comps_; ++ci) same = e->saved.last_dc_val[ci] == mine.pred[ci];
+  for (int ci = 0; same && ci < comps_; ++ci)
+    same = !cinfo->cur_comp_info[ci]->component_needed || e->saved.last_dc_val[ci] == mine.pred[ci];
   // A first MCU whose skip ran into the data's end says nothing about the layout: no skips then.
   enabled_ = same;
   if (!same && skipped) g_rejected.fetch_add(1, std::memory_order_relaxed);
@@ -371,9 +384,11 @@ bool HuffmanSkip::skip_mcu(Reader* r) const {
       const int v = static_cast<int>(s.buf >> (64 - size));
       drop(&s, size);
       const int diff = v < (1 << (size - 1)) ? v - (1 << size) + 1 : v;
-      int& pred = s.pred[block_comp_[b]];
-      if (pred > (1 << 24) || pred < -(1 << 24)) return false;  // libjpeg's business (overflow checks)
-      pred += diff;
+      if (block_comp_[b] >= 0) {
+        int& pred = s.pred[block_comp_[b]];
+        if (pred > (1 << 24) || pred < -(1 << 24)) return false;  // libjpeg's business (overflow checks)
+        pred += diff;
+      }
     }
     for (int k = 1; k < 64;) {
       if (s.nbits < 32 && !fill(&s)) return false;
