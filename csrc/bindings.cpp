@@ -23,7 +23,7 @@
 #include "batch_decode.h"
 #include "errors.h"
 #include "file_reader.h"
-#include "huffman_skip.h"
+#include "huffman_reader.h"
 #include "jpeg_decoder.h"
 #include "jpeg_encoder.h"
 #include "erase_cpu.h"
@@ -386,19 +386,20 @@ void register_decode(py::module_& m) {
   m.def("choose_scale_num", &choose_scale_num, py::arg("box_height"), py::arg("box_width"), py::arg("out_height"),
         py::arg("out_width"));
   m.def(
-      "_huffman_skip_stats",
+      "_huffman_reader_stats",
       [] {
-        const HuffmanSkipStats s = huffman_skip_stats();
+        const HuffmanReaderStats s = huffman_reader_stats();
         py::dict d;
         d["images"] = s.images;
         d["rejected"] = s.rejected;
         d["skipped"] = s.skipped;
+        d["decoded"] = s.decoded;
         d["handed_back"] = s.handed_back;
         return d;
       },
-      "Process-wide counts of the Huffman skip (csrc/huffman_skip.h): images it was installed on, images "
-      "whose first-MCU check failed, MCUs skipped, MCUs handed back to libjpeg.");
-  m.def("_set_huffman_skip", &set_huffman_skip, py::arg("on"),
+      "Process-wide counts of the Huffman skip (csrc/huffman_reader.h): images it was installed on, images "
+      "whose first-MCU check failed, MCUs skipped, MCUs decoded into libjpeg's blocks, MCUs handed back to libjpeg.");
+  m.def("_set_huffman_reader", &set_huffman_reader, py::arg("on"),
         "Turns the Huffman skip on or off for later decodes; returns the previous setting.");
 }
 

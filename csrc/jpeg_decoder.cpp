@@ -12,7 +12,7 @@
 #include <jpeglib.h>
 
 #include "errors.h"
-#include "huffman_skip.h"
+#include "huffman_reader.h"
 #include "jpeg_error.h"
 #include "resize.h"
 #include "restart.h"
@@ -178,7 +178,7 @@ struct Decoder::State {
   bool created = false;
   Resampler resampler;
   std::vector<uint8_t> region;  // the decoded window, before resizing
-  HuffmanSkip skip;             // skips the MCUs outside the crop (huffman_skip.h)
+  HuffmanReader huffman;        // gpupipe's Huffman decoding (huffman_reader.h)
   RestartLayout restarts;       // restart-marker index of the current file
   std::vector<uint8_t> sub;     // the synthetic JPEG of the crop's restart intervals
 };
@@ -222,7 +222,7 @@ bool guarded_decode_rows(Decoder::State* s, Plan* plan) {
   JDIMENSION cw = xend - xoff;
   const bool cropped = xoff > 0 || cw < full_w;
   if (cropped) jpeg_crop_scanline(cinfo, &xoff, &cw);
-  if (cropped || plan->y0 > 0) s->skip.install(cinfo, xoff, cw);
+  s->huffman.install(cinfo, xoff, cw);  // gpupipe's Huffman reader where it qualifies (huffman_reader.h)
   if (plan->y0 > 0) {
     JDIMENSION skipped = jpeg_skip_scanlines(cinfo, static_cast<JDIMENSION>(plan->y0));
     if (skipped != static_cast<JDIMENSION>(plan->y0)) {
@@ -529,7 +529,7 @@ DecodeResult Decoder::decode(const uint8_t* data, size_t size, const DecodeReque
     plan.dst_stride = plan.region_stride = static_cast<size_t>(rw) * plan.channels;
   }
   const bool decoded = guarded_decode_rows(s, &plan);
-  s->skip.flush_stats();
+  s->huffman.flush_stats();
   if (!decoded) throw_recorded(s->err);
   if (!plan.direct)
     s->resampler.resize(s->region.data() + plan.region_offset, rh, rw, plan.channels, plan.region_stride, plan.bx0,

@@ -87,10 +87,10 @@ def decode_batch_into(
     [(index, message)] warnings)."""
 
 def choose_scale_num(box_height: int, box_width: int, out_height: int, out_width: int) -> int: ...
-def _huffman_skip_stats() -> dict[str, int]:
-    """Process-wide counts of the Huffman skip: images, rejected, skipped (MCUs), handed_back (MCUs)."""
+def _huffman_reader_stats() -> dict[str, int]:
+    """Process-wide counts of the Huffman reader: images, rejected, skipped, decoded, handed_back (MCUs)."""
     ...
-def _set_huffman_skip(on: bool) -> bool:
+def _set_huffman_reader(on: bool) -> bool:
     """Turns the Huffman skip on or off for later decodes; returns the previous setting."""
     ...
 def transcode_with_restarts(data: Buffer, restart_rows: int = 1, restart_mcus: int = 0) -> bytes: ...

@@ -96,9 +96,14 @@ def pillow_encode(pixels: np.ndarray, **kwargs) -> bytes:
 
 
 def full_decode(data: bytes, mode: str = "rgb") -> np.ndarray:
-    """The reference: the whole image decoded by the same libjpeg-turbo, as HWC numpy."""
+    """The reference: the whole image decoded by the same libjpeg-turbo alone (without gpupipe's
+    Huffman reader, csrc/huffman_reader.h), as HWC numpy."""
     info = gpupipe.read_header(data)
-    return gpupipe.decode_crop_jpeg(data, 0, 0, info.height, info.width, mode=mode).permute(1, 2, 0).numpy()
+    before = gpupipe._C._set_huffman_reader(False)
+    try:
+        return gpupipe.decode_crop_jpeg(data, 0, 0, info.height, info.width, mode=mode).permute(1, 2, 0).numpy()
+    finally:
+        gpupipe._C._set_huffman_reader(before)
 
 
 def pil_decode(data: bytes, mode: str = "RGB") -> np.ndarray:

@@ -1,4 +1,4 @@
-#include "huffman_skip.h"
+#include "huffman_reader.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -35,15 +35,27 @@ HuffEntropy* entropy_of(j_decompress_ptr cinfo) { return reinterpret_cast<HuffEn
 constexpr uint16_t kConsume = 31, kAdvanceShift = 5, kEob = 1 << 10, kPendingShift = 11,
                    kPending = 15 << kPendingShift, kSlow = 1 << 15;
 
+// A value-table entry (vlut): bits 0-3 the bits to drop, 4-7 the run, then flags; a coefficient's
+// value in bits 16-31 when its code and magnitude fit the lookahead, else its magnitude's size.
+constexpr uint32_t kVEob = 1 << 8, kVZrl = 1 << 9, kVPending = 1 << 10, kVSizeShift = 11, kVSlow = 1 << 15;
+
+// jpeg_natural_order with libjpeg's 16 extra entries: a corrupt run past coefficient 63 lands on 63.
+constexpr int kNatural[80] = {
+    0,  1,  8,  16, 9,  2,  3,  10, 17, 24, 32, 25, 18, 11, 4,  5,  12, 19, 26, 33, 40, 48, 41, 34, 27, 20, 13,
+    6,  7,  14, 21, 28, 35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44, 51, 58, 59, 52, 45, 38, 31,
+    39, 46, 53, 60, 61, 54, 47, 55, 62, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63};
+
+inline int extend(int v, int size) { return v < (1 << (size - 1)) ? v - (1 << size) + 1 : v; }
+
 std::atomic<bool> g_enabled{[] {
-  const char* v = std::getenv("GPUPIPE_HUFFMAN_SKIP");
+  const char* v = std::getenv("GPUPIPE_HUFFMAN_READER");
   return !(v && v[0] == '0' && v[1] == '\0');
 }()};
-std::atomic<uint64_t> g_images{0}, g_rejected{0}, g_skipped{0}, g_handed_back{0};
+std::atomic<uint64_t> g_images{0}, g_rejected{0}, g_skipped{0}, g_decoded{0}, g_handed_back{0};
 
 // The multi-symbol AC table: for each kMultiBits-bit prefix, the whole symbols it holds.
-void build_multi(HuffmanSkip::Table* t, const uint8_t* size, const unsigned* code_of, int count) {
-  constexpr int M = HuffmanSkip::kMultiBits;
+void build_multi(HuffmanReader::Table* t, const uint8_t* size, const unsigned* code_of, int count) {
+  constexpr int M = HuffmanReader::kMultiBits;
   // One symbol per (code length, code): every code of <= M bits, by its left-aligned prefix.
   struct Sym { uint8_t len = 0, sym = 0; };
   Sym first[1 << M];
@@ -77,7 +89,7 @@ void build_multi(HuffmanSkip::Table* t, const uint8_t* size, const unsigned* cod
 
 // Builds the decoding tables of `h` with jpeg_make_d_derived_tbl's checks (libjpeg has already
 // accepted the table when this runs; false: it would not have).
-bool build_table(const JHUFF_TBL* h, bool dc, HuffmanSkip::Table* t) {
+bool build_table(const JHUFF_TBL* h, bool dc, HuffmanReader::Table* t) {
   if (!h) return false;
   uint8_t size[257];
   unsigned code_of[257];
@@ -113,8 +125,9 @@ bool build_table(const JHUFF_TBL* h, bool dc, HuffmanSkip::Table* t) {
     for (int p = 0; p < count; ++p)
       if (h->huffval[p] > 15) return false;
 
-  constexpr int L = HuffmanSkip::kLookahead;
+  constexpr int L = HuffmanReader::kLookahead;
   for (auto& e : t->lut) e = kSlow;
+  for (auto& e : t->vlut) e = static_cast<int32_t>(kVSlow);
   for (int p = 0; p < count && size[p] <= L; ++p) {
     const int len = size[p], sym = h->huffval[p], run = sym >> 4, s = sym & 15;
     uint16_t e;
@@ -124,6 +137,18 @@ bool build_table(const JHUFF_TBL* h, bool dc, HuffmanSkip::Table* t) {
     else e = static_cast<uint16_t>(len | (run + 1) << kAdvanceShift | s << kPendingShift);
     const unsigned first = code_of[p] << (L - len);
     for (unsigned i = 0; i < (1u << (L - len)); ++i) t->lut[first + i] = e;
+    if (dc) continue;
+    for (unsigned i = 0; i < (1u << (L - len)); ++i) {
+      uint32_t v;
+      if (s == 0) v = len | (run == 15 ? kVZrl : kVEob);
+      else if (len + s <= L) {
+        const int bits = static_cast<int>((first + i) >> (L - len - s)) & ((1 << s) - 1);
+        v = static_cast<uint32_t>(len + s) | run << 4 | static_cast<uint32_t>(extend(bits, s)) << 16;
+      } else {
+        v = len | run << 4 | kVPending | s << kVSizeShift;
+      }
+      t->vlut[first + i] = static_cast<int32_t>(v);
+    }
   }
   if (!dc) build_multi(t, size, code_of, count);
   return true;
@@ -131,7 +156,7 @@ bool build_table(const JHUFF_TBL* h, bool dc, HuffmanSkip::Table* t) {
 
 // Loads bytes until at least 32 bits are buffered, un-stuffing FF 00 and stopping before a marker
 // or the data's end; false when fewer than 32 bits could be had.
-inline bool fill(HuffmanSkip::Reader* r) {
+inline bool fill(HuffmanReader::Reader* r) {
   const int take = (63 - r->nbits) >> 3;  // 4..7 bytes fit
   if (r->end - r->p >= 8) {
     uint64_t w;
@@ -159,17 +184,17 @@ inline bool fill(HuffmanSkip::Reader* r) {
   return r->nbits >= 32;
 }
 
-inline unsigned peek(const HuffmanSkip::Reader& r, int n) { return static_cast<unsigned>(r.buf >> (64 - n)); }
+inline unsigned peek(const HuffmanReader::Reader& r, int n) { return static_cast<unsigned>(r.buf >> (64 - n)); }
 
-inline void drop(HuffmanSkip::Reader* r, int n) {
+inline void drop(HuffmanReader::Reader* r, int n) {
   r->buf <<= n;
   r->nbits -= n;
 }
 
 // A code longer than the lookahead, as jpeg_huff_decode reads it; false for no code of <= 16 bits.
-inline bool slow_symbol(const HuffmanSkip::Reader& r, const HuffmanSkip::Table& t, int* len, int* sym) {
+inline bool slow_symbol(const HuffmanReader::Reader& r, const HuffmanReader::Table& t, int* len, int* sym) {
   const unsigned bits = peek(r, 16);
-  for (int l = HuffmanSkip::kLookahead + 1; l <= 16; ++l) {
+  for (int l = HuffmanReader::kLookahead + 1; l <= 16; ++l) {
     const int32_t code = static_cast<int32_t>(bits >> (16 - l));
     if (code <= t.maxcode[l]) {
       *len = l;
@@ -191,18 +216,19 @@ int64_t consumed_bits(const uint8_t* start, const uint8_t* p, int nbits) {
 
 }  // namespace
 
-HuffmanSkipStats huffman_skip_stats() {
-  HuffmanSkipStats s;
+HuffmanReaderStats huffman_reader_stats() {
+  HuffmanReaderStats s;
   s.images = g_images.load();
   s.rejected = g_rejected.load();
   s.skipped = g_skipped.load();
+  s.decoded = g_decoded.load();
   s.handed_back = g_handed_back.load();
   return s;
 }
 
-bool set_huffman_skip(bool on) { return g_enabled.exchange(on); }
+bool set_huffman_reader(bool on) { return g_enabled.exchange(on); }
 
-bool HuffmanSkip::install(j_decompress_ptr cinfo, unsigned crop_x, unsigned crop_width) {
+bool HuffmanReader::install(j_decompress_ptr cinfo, unsigned crop_x, unsigned crop_width) {
   flush_stats();
   if (!g_enabled.load(std::memory_order_relaxed)) return false;
   if (cinfo->progressive_mode || cinfo->arith_code || cinfo->restart_interval != 0 || cinfo->buffered_image ||
@@ -251,6 +277,8 @@ bool HuffmanSkip::install(j_decompress_ptr cinfo, unsigned crop_x, unsigned crop
     // libjpeg keeps the DC predictions of the components the output needs (dc_needed): for gray
     // output from YCbCr, Cb's and Cr's are never updated. -1: this block's prediction is not kept.
     block_comp_[b] = cinfo->cur_comp_info[ci]->component_needed ? ci : -1;
+    // ... and stores the ACs of those, unless it decodes at 1/8 (DC only).
+    block_ac_needed_[b] = cinfo->cur_comp_info[ci]->component_needed && cinfo->cur_comp_info[ci]->DCT_scaled_size > 1;
     block_dc_[b] = dc[ci];
     block_ac_[b] = ac[ci];
   }
@@ -267,12 +295,12 @@ bool HuffmanSkip::install(j_decompress_ptr cinfo, unsigned crop_x, unsigned crop
   r_.p = reinterpret_cast<const uint8_t*>(cinfo->src->next_input_byte);
   r_.end = r_.p + cinfo->src->bytes_in_buffer;
   cinfo->client_data = this;
-  e->pub.decode_mcu = &HuffmanSkip::decode_mcu;
+  e->pub.decode_mcu = &HuffmanReader::decode_mcu;
   g_images.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 
-const HuffmanSkip::Table* HuffmanSkip::table(const JHUFF_TBL* h, bool dc) {
+const HuffmanReader::Table* HuffmanReader::table(const JHUFF_TBL* h, bool dc) {
   if (!h) return nullptr;
   Table* victim = nullptr;  // the least recently used slot that this install does not hold
   for (Table& t : cache_) {
@@ -292,13 +320,14 @@ const HuffmanSkip::Table* HuffmanSkip::table(const JHUFF_TBL* h, bool dc) {
   return victim;
 }
 
-void HuffmanSkip::flush_stats() {
+void HuffmanReader::flush_stats() {
   if (skipped_) g_skipped.fetch_add(skipped_, std::memory_order_relaxed);
+  if (decoded_) g_decoded.fetch_add(decoded_, std::memory_order_relaxed);
   if (handed_back_) g_handed_back.fetch_add(handed_back_, std::memory_order_relaxed);
-  skipped_ = handed_back_ = 0;
+  skipped_ = decoded_ = handed_back_ = 0;
 }
 
-void HuffmanSkip::take_over(j_decompress_ptr cinfo) {
+void HuffmanReader::take_over(j_decompress_ptr cinfo) {
   HuffEntropy* e = entropy_of(cinfo);
   r_.nbits = e->bitstate.bits_left;  // 0..64, the low bits of get_buffer; left-aligned here
   r_.buf = r_.nbits ? static_cast<uint64_t>(e->bitstate.get_buffer) << (64 - r_.nbits) : 0;
@@ -308,7 +337,7 @@ void HuffmanSkip::take_over(j_decompress_ptr cinfo) {
   ours_ = true;
 }
 
-void HuffmanSkip::hand_back(j_decompress_ptr cinfo) {
+void HuffmanReader::hand_back(j_decompress_ptr cinfo) {
   HuffEntropy* e = entropy_of(cinfo);
   e->bitstate.get_buffer = static_cast<size_t>(r_.nbits ? r_.buf >> (64 - r_.nbits) : 0);
   e->bitstate.bits_left = r_.nbits;
@@ -318,28 +347,34 @@ void HuffmanSkip::hand_back(j_decompress_ptr cinfo) {
   ours_ = false;
 }
 
-// The first MCU, decoded by a skip and by libjpeg from the same start: both must reach the same bit
-// position and DC predictions, else the fields read above are not where this build expects them.
-bool HuffmanSkip::check_first(j_decompress_ptr cinfo, JBLOCKROW* data, boolean* result) {
+// The first MCU, decoded here and by libjpeg from the same start: both must reach the same bit
+// position and DC predictions, and store the same coefficients, else the fields read above are not
+// where this build expects them.
+bool HuffmanReader::check_first(j_decompress_ptr cinfo, JBLOCKROW* data, boolean* result) {
   checked_ = true;
   HuffEntropy* e = entropy_of(cinfo);
   Reader mine = r_;  // install() left the start of the data here
-  const bool skipped = skip_mcu(&mine);
+  JBLOCK blocks[D_MAX_BLOCKS_IN_MCU];
+  JBLOCKROW rows[D_MAX_BLOCKS_IN_MCU];
+  std::memset(blocks, 0, sizeof(blocks));
+  for (int b = 0; b < blocks_; ++b) rows[b] = &blocks[b];
+  const bool decoded = data ? mcu<true>(&mine, rows) : mcu<false>(&mine, nullptr);
   *result = libjpeg_decode_mcu_(cinfo, data);
   const uint8_t* lp = reinterpret_cast<const uint8_t*>(cinfo->src->next_input_byte);
-  bool same = skipped && *result && !e->pub.insufficient_data && cinfo->unread_marker == 0 &&
+  bool same = decoded && *result && !e->pub.insufficient_data && cinfo->unread_marker == 0 &&
               e->bitstate.bits_left >= 0 && e->bitstate.bits_left <= 64 && lp >= r_.p && lp <= r_.end &&
               consumed_bits(r_.p, lp, e->bitstate.bits_left) == consumed_bits(r_.p, mine.p, mine.nbits);
   for (int ci = 0; same && ci < comps_; ++ci)
     same = !cinfo->cur_comp_info[ci]->component_needed || e->saved.last_dc_val[ci] == mine.pred[ci];
-  // A first MCU whose skip ran into the data's end says nothing about the layout: no skips then.
+  for (int b = 0; same && data && b < blocks_; ++b) same = std::memcmp(blocks[b], data[b][0], sizeof(JBLOCK)) == 0;
+  // A first MCU that ran into the data's end says nothing about the layout: libjpeg alone then.
   enabled_ = same;
-  if (!same && skipped) g_rejected.fetch_add(1, std::memory_order_relaxed);
+  if (!same && decoded) g_rejected.fetch_add(1, std::memory_order_relaxed);
   return same;
 }
 
-boolean HuffmanSkip::decode_mcu(j_decompress_ptr cinfo, JBLOCKROW* data) {
-  HuffmanSkip* h = static_cast<HuffmanSkip*>(cinfo->client_data);
+boolean HuffmanReader::decode_mcu(j_decompress_ptr cinfo, JBLOCKROW* data) {
+  HuffmanReader* h = static_cast<HuffmanReader*>(cinfo->client_data);
   const unsigned col = h->col_;
   h->col_ = col + 1 == h->mcus_per_row_ ? 0 : col + 1;
   boolean result;
@@ -347,24 +382,30 @@ boolean HuffmanSkip::decode_mcu(j_decompress_ptr cinfo, JBLOCKROW* data) {
     h->check_first(cinfo, data, &result);
     return result;
   }
-  const bool needed = data != nullptr && col >= h->first_col_ && col <= h->last_col_;
-  if (!needed && h->enabled_) {
+  if (h->enabled_) {
     if (!h->ours_ && cinfo->unread_marker == 0 && !entropy_of(cinfo)->pub.insufficient_data) h->take_over(cinfo);
     if (h->ours_) {
-      if (h->skip_mcu(&h->r_)) {
-        ++h->skipped_;
+      // The crop's MCUs are stored; the others (rows above it: no buffer; columns beside it: never
+      // transformed) only passed.
+      const bool needed = data != nullptr && col >= h->first_col_ && col <= h->last_col_;
+      if (needed ? h->mcu<true>(&h->r_, data) : h->mcu<false>(&h->r_, nullptr)) {
+        ++(needed ? h->decoded_ : h->skipped_);
         return TRUE;
       }
       ++h->handed_back_;
+      if (data)  // libjpeg's decoder expects zeroed blocks; a failed store may have written some
+        for (int b = 0; b < h->blocks_; ++b) std::memset(data[b][0], 0, sizeof(JBLOCK));
     }
   }
   if (h->ours_) h->hand_back(cinfo);
   return h->libjpeg_decode_mcu_(cinfo, data);
 }
 
-// One MCU's bits, as decode_mcu_fast/slow consume them with a NULL block. On success `r` is past
-// the MCU; on failure it is unchanged (the MCU is libjpeg's to decode).
-bool HuffmanSkip::skip_mcu(Reader* r) const {
+// One MCU's bits, as decode_mcu_fast/slow consume them: DC difference, then AC symbols up to an end
+// of block or coefficient 63. Stored as libjpeg stores them (the DC prediction of a needed
+// component; the ACs of an ac_needed block at jpeg_natural_order[k]); on failure `r` is unchanged.
+template <bool kStore>
+bool HuffmanReader::mcu(Reader* r, JBLOCKROW* data) const {
   Reader s = *r;
   constexpr int L = kLookahead;
   for (int b = 0; b < blocks_; ++b) {
@@ -380,15 +421,57 @@ bool HuffmanSkip::skip_mcu(Reader* r) const {
       size = (e & kPending) >> kPendingShift;
     }
     drop(&s, len);  // >= 16 bits remain: a difference's size is <= 15
+    int diff = 0;
     if (size) {
-      const int v = static_cast<int>(s.buf >> (64 - size));
+      diff = extend(static_cast<int>(s.buf >> (64 - size)), size);
       drop(&s, size);
-      const int diff = v < (1 << (size - 1)) ? v - (1 << size) + 1 : v;
-      if (block_comp_[b] >= 0) {
-        int& pred = s.pred[block_comp_[b]];
-        if (pred > (1 << 24) || pred < -(1 << 24)) return false;  // libjpeg's business (overflow checks)
-        pred += diff;
+    }
+    if (block_comp_[b] >= 0) {
+      int& pred = s.pred[block_comp_[b]];
+      if (pred > (1 << 24) || pred < -(1 << 24)) return false;  // libjpeg's business (overflow checks)
+      pred += diff;
+      if (kStore) data[b][0][0] = static_cast<JCOEF>(pred);
+    }
+    if (kStore && block_ac_needed_[b]) {
+      JCOEF* coef = data[b][0];
+      for (int k = 1; k < 64;) {
+        if (s.nbits < 32 && !fill(&s)) return false;
+        const uint32_t v = static_cast<uint32_t>(ac.vlut[peek(s, L)]);
+        if (!(v & (kVEob | kVZrl | kVPending | kVSlow))) {  // a coefficient, code and value in the lookahead
+          drop(&s, v & 15);
+          k += (v >> 4) & 15;
+          coef[kNatural[k]] = static_cast<JCOEF>(static_cast<int32_t>(v) >> 16);
+          ++k;
+          continue;
+        }
+        if (v & (kVEob | kVZrl)) {
+          drop(&s, v & 15);
+          if (v & kVEob) break;
+          k += 16;
+          continue;
+        }
+        int sym;
+        if (v & kVSlow) {
+          if (!slow_symbol(s, ac, &len, &sym)) return false;
+        } else {  // the code fits the lookahead, its magnitude does not
+          len = v & 15;
+          sym = static_cast<int>((v >> 4) & 15) << 4 | static_cast<int>((v >> kVSizeShift) & 15);
+        }
+        drop(&s, len);
+        const int run = sym >> 4, mag = sym & 15;
+        if (mag) {
+          const int value = extend(static_cast<int>(s.buf >> (64 - mag)), mag);
+          drop(&s, mag);
+          k += run;
+          coef[kNatural[k]] = static_cast<JCOEF>(value);
+          ++k;
+        } else if (run == 15) {
+          k += 16;
+        } else {
+          break;  // end of block
+        }
       }
+      continue;
     }
     for (int k = 1; k < 64;) {
       if (s.nbits < 32 && !fill(&s)) return false;
@@ -428,5 +511,8 @@ bool HuffmanSkip::skip_mcu(Reader* r) const {
   *r = s;
   return true;
 }
+
+template bool HuffmanReader::mcu<true>(Reader*, JBLOCKROW*) const;
+template bool HuffmanReader::mcu<false>(Reader*, JBLOCKROW*) const;
 
 }  // namespace gpupipe

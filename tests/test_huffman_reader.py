@@ -1,7 +1,9 @@
-"""The Huffman skip (csrc/huffman_skip.h): the MCUs a crop does not need are passed by gpupipe's own
-bit reader instead of libjpeg's decoder. Crops must come out bit-identical to libjpeg alone, on
-every variant, at every DCT scale, and on damaged data with the same warnings; the path must really
-run (its counters move) and its per-image layout check must never reject."""
+"""gpupipe's Huffman reader (csrc/huffman_reader.h): inside libjpeg's pipeline, the MCUs a crop does
+not need are passed and those it needs decoded into libjpeg's blocks by gpupipe's own bit reader.
+Crops and whole images must come out bit-identical to libjpeg alone (tests/helpers.full_decode
+turns the reader off), on every variant, at every DCT scale, and on damaged data with the same
+warnings; the path must really run (its counters move) and its per-image layout check must never
+reject."""
 
 import contextlib
 import warnings
@@ -13,7 +15,7 @@ import gpupipe
 from gpupipe import _C
 from helpers import full_decode, photo
 
-# The variants the skip takes (baseline/extended sequential Huffman, one scan, no restarts) and
+# The variants the reader takes (baseline/extended sequential Huffman, one scan, no restarts) and
 # some it must leave to libjpeg.
 TAKEN = ["ycbcr-4:4:4", "ycbcr-4:2:2", "ycbcr-4:2:0", "ycbcr-4:4:0", "ycbcr-4:1:1", "ycbcr-4:1:0",
          "ycbcr-4:2:0-optimized", "rgb", "gray", "cmyk", "ycck", "pillow-4:2:0-q75"]
@@ -21,16 +23,16 @@ LEFT = ["ycbcr-4:2:0-progressive", "ycbcr-4:2:0-arithmetic", "ycbcr-4:2:0-restar
 
 
 @contextlib.contextmanager
-def skip(on: bool):
-    before = _C._set_huffman_skip(on)
+def reader(on: bool):
+    before = _C._set_huffman_reader(on)
     try:
         yield
     finally:
-        _C._set_huffman_skip(before)
+        _C._set_huffman_reader(before)
 
 
 def delta(before: dict) -> dict:
-    now = _C._huffman_skip_stats()
+    now = _C._huffman_reader_stats()
     return {k: now[k] - before[k] for k in now}
 
 
@@ -45,25 +47,30 @@ def boxes(h: int, w: int, n: int, seed: int):
 
 
 @pytest.mark.parametrize("name", TAKEN)
-def test_crops_equal_the_full_decode_and_the_skip_runs(variants, name):
+def test_crops_equal_the_full_decode_and_the_reader_runs(variants, name):
     data = variants[name]
     ref = full_decode(data)
-    before = _C._huffman_skip_stats()
+    before = _C._huffman_reader_stats()
     for t, l, h, w in boxes(*ref.shape[:2], 40, seed=len(name)):
         got = gpupipe.decode_crop_jpeg(data, t, l, h, w).permute(1, 2, 0).numpy()
         np.testing.assert_array_equal(got, ref[t:t + h, l:l + w], err_msg=f"{name} {(t, l, h, w)}")
     d = delta(before)
-    assert d["images"] > 0 and d["skipped"] > 0, d
+    assert d["images"] > 0 and d["skipped"] > 0 and d["decoded"] > 0, d
     assert d["rejected"] == 0, d
+    before = _C._huffman_reader_stats()
+    whole = gpupipe.decode_crop_jpeg(data, 0, 0, *ref.shape[:2]).permute(1, 2, 0).numpy()
+    np.testing.assert_array_equal(whole, ref)
+    d = delta(before)
+    assert d["images"] == 1 and d["skipped"] == 0 and d["decoded"] > 0 and d["rejected"] == 0, d
 
 
 @pytest.mark.parametrize("name", ["ycbcr-4:2:0", "ycbcr-4:4:4", "gray", "pillow-4:2:0-q75"])
-def test_gray_output_skips_too(variants, name):
+def test_gray_output_is_read_too(variants, name):
     """Gray output from a color file: libjpeg keeps no DC predictions for Cb and Cr (not needed), and
     the first-MCU check must not take that for a layout mismatch."""
     data = variants[name]
     ref = full_decode(data, "gray")
-    before = _C._huffman_skip_stats()
+    before = _C._huffman_reader_stats()
     for t, l, h, w in boxes(*ref.shape[:2], 20, seed=11):
         got = gpupipe.decode_crop_jpeg(data, t, l, h, w, mode="gray").permute(1, 2, 0).numpy()
         np.testing.assert_array_equal(got, ref[t:t + h, l:l + w], err_msg=f"{name} {(t, l, h, w)}")
@@ -73,7 +80,7 @@ def test_gray_output_skips_too(variants, name):
 
 @pytest.mark.parametrize("name", LEFT)
 def test_other_codings_are_left_to_libjpeg(variants, name):
-    before = _C._huffman_skip_stats()
+    before = _C._huffman_reader_stats()
     gpupipe.decode_crop_jpeg(variants[name], 40, 50, 20, 30)
     assert delta(before)["images"] == 0
 
@@ -88,9 +95,9 @@ def test_resized_crops_at_every_dct_scale_equal_libjpeg_alone(variants, name):
             bh, bw = int(rng.integers(1, h + 1)), int(rng.integers(1, w + 1))
             t, l = int(rng.integers(0, h - bh + 1)), int(rng.integers(0, w - bw + 1))
             out = (max(1, bh * scale // 8), max(1, bw * scale // 8))
-            with skip(True):
+            with reader(True):
                 a = gpupipe.decode_crop_jpeg(data, t, l, bh, bw, size=out)
-            with skip(False):
+            with reader(False):
                 b = gpupipe.decode_crop_jpeg(data, t, l, bh, bw, size=out)
             assert np.array_equal(a.numpy(), b.numpy()), (name, scale, (t, l, bh, bw), out)
 
@@ -131,9 +138,9 @@ def decode_or_error(data: bytes, box, strict: bool):
 
 @pytest.mark.parametrize("strict", [False, True])
 def test_damaged_data_decodes_as_libjpeg_alone_does(variants, strict):
-    """The same pixels, warnings and errors with and without the skip, on 150 damaged files (a third
+    """The same pixels, warnings and errors with and without the reader, on 150 damaged files (a third
     of the crops reach the bottom row). docs/semantics.md names the one narrow exception: a bad code
-    near libjpeg's switch to its careful decoder (tests/test_huffman_skip.py does not plant one)."""
+    near libjpeg's switch to its careful decoder (tests/test_huffman_reader.py does not plant one)."""
     rng = np.random.default_rng(3 + strict)
     sources = [variants["ycbcr-4:2:0"], variants["ycbcr-4:4:4"], variants["gray"], variants["pillow-4:2:0-q75"]]
     handed_back = 0
@@ -142,14 +149,14 @@ def test_damaged_data_decodes_as_libjpeg_alone_does(variants, strict):
         h, w = full_decode(sources[i % len(sources)]).shape[:2]
         t, l = int(rng.integers(0, h)), int(rng.integers(0, w))
         box = (t, l, h - t if i % 3 == 0 else int(rng.integers(1, h - t + 1)), int(rng.integers(1, w - l + 1)))
-        before = _C._huffman_skip_stats()
-        with skip(True):
+        before = _C._huffman_reader_stats()
+        with reader(True):
             a = decode_or_error(data, box, strict)
         handed_back += delta(before)["handed_back"]
-        with skip(False):
+        with reader(False):
             b = decode_or_error(data, box, strict)
         assert a == b, (i, box)
-    assert handed_back > 0  # some damage was met inside a skip and handed to libjpeg
+    assert handed_back > 0  # some damage was met by the reader and handed to libjpeg
 
 
 def test_a_photo_at_many_sizes(pixels):

@@ -1,21 +1,24 @@
-// Skipping the entropy-coded MCUs a crop does not need, faster than libjpeg decodes them.
+// gpupipe's Huffman decoding of baseline JPEGs, inside libjpeg-turbo's pipeline.
 //
 // libjpeg-turbo entropy-decodes every MCU of every row it passes, the rows above a crop
 // (jpeg_skip_scanlines) and the columns either side of it (jpeg_crop_scanline), although it only
 // inverse-transforms the crop's: for RandomResizedCrop on 800x533 photos about half of the MCUs it
-// decodes are never used, and Huffman decoding is most of a crop's decode time. HuffmanSkip takes
-// over libjpeg's decode_mcu method for one image: an MCU the crop needs goes to libjpeg's own
-// decoder; the others only advance the bit position and the DC predictions, one table lookup per
-// coefficient (its code and magnitude bits together), nothing stored.
+// decodes are never used, and Huffman decoding is most of a crop's decode time. HuffmanReader takes
+// over libjpeg's decode_mcu method for one image. MCUs the crop does not need are only passed: the
+// bit position and the DC predictions advance, several AC symbols per table lookup, nothing stored.
+// MCUs it needs are decoded into libjpeg's coefficient blocks exactly as libjpeg stores them, one
+// lookup per coefficient (code and value together); libjpeg's IDCT, upsampling and color conversion
+// do the rest.
 //
-// Control passes between the two through the leading fields of libjpeg-turbo's private Huffman
-// state (jdhuff.c: the public methods, the bit buffer, the DC predictions). Each image checks that
-// layout: its first MCU is decoded both ways and must leave the same bit position and predictions,
-// else the image is decoded by libjpeg alone. Whatever is unusual (a marker in the data, the data's
-// end, a code libjpeg would warn about) is handed to libjpeg's decoder at the start of that MCU, so
-// libjpeg meets it in the state it would have reached itself and handles it as it always does.
-// Taken: baseline or extended sequential Huffman, one scan holding every component, no restart
-// markers (files with them have the restart route). GPUPIPE_HUFFMAN_SKIP=0 turns it off.
+// Control passes to libjpeg's own decoder through the leading fields of libjpeg-turbo's private
+// Huffman state (jdhuff.c: the public methods, the bit buffer, the DC predictions). Each image checks
+// that layout: its first MCU is decoded both ways and must leave the same bit position, predictions
+// and coefficients, else the image is decoded by libjpeg alone. Whatever is unusual (a marker in the
+// data, the data's end, a code libjpeg would warn about) is handed to libjpeg's decoder at the start
+// of that MCU, so libjpeg meets it in the state it would have reached itself (docs/semantics.md names
+// the one narrow difference). Taken: baseline or extended sequential Huffman, one scan holding every
+// component, no restart markers (files with them have the restart route), an EOI marker in the last
+// kilobyte. GPUPIPE_HUFFMAN_READER=0 turns it off.
 #pragma once
 
 #include <atomic>
@@ -27,21 +30,22 @@
 
 namespace gpupipe {
 
-struct HuffmanSkipStats {
-  uint64_t images = 0;      // images the hook was installed on
+struct HuffmanReaderStats {
+  uint64_t images = 0;      // images the reader was installed on
   uint64_t rejected = 0;    // of those, images whose first-MCU check failed (decoded by libjpeg alone)
   uint64_t skipped = 0;     // MCUs skipped
-  uint64_t handed_back = 0; // MCUs a skip handed to libjpeg (marker, data end, bad code)
+  uint64_t decoded = 0;     // MCUs the crop needs, decoded into libjpeg's blocks
+  uint64_t handed_back = 0; // MCUs handed to libjpeg's decoder (marker, data end, bad code)
 };
 
-HuffmanSkipStats huffman_skip_stats();
-bool set_huffman_skip(bool on);  // returns the previous setting (default: on unless GPUPIPE_HUFFMAN_SKIP=0)
+HuffmanReaderStats huffman_reader_stats();
+bool set_huffman_reader(bool on);  // returns the previous setting (default: on unless GPUPIPE_HUFFMAN_READER=0)
 
-class HuffmanSkip {
+class HuffmanReader {
  public:
-  // Takes over cinfo's decode_mcu, keeping libjpeg's decoder for the MCU columns that the output
-  // window [crop_x, crop_x + crop_width) of the scaled frame covers (jpeg_crop_scanline's aligned
-  // values; the whole width when not cropped). Call after jpeg_start_decompress and
+  // Takes over cinfo's decode_mcu; the MCU columns that the output window [crop_x, crop_x +
+  // crop_width) of the scaled frame covers (jpeg_crop_scanline's aligned values; the whole width
+  // when not cropped) are stored, the others passed. Call after jpeg_start_decompress and
   // jpeg_crop_scanline, before the first row is read or skipped. Returns false, changing nothing,
   // when the scan does not qualify.
   bool install(j_decompress_ptr cinfo, unsigned crop_x, unsigned crop_width);
@@ -54,11 +58,13 @@ class HuffmanSkip {
     bool dc = false;
     uint8_t bits[17] = {};
     uint8_t huffval[256] = {};
-    // kLookahead bits -> one symbol: what to consume (see the k* constants in huffman_skip.cpp).
+    // kLookahead bits -> one symbol: what to consume (see the k* constants in huffman_reader.cpp).
     uint16_t lut[1 << kLookahead];
     // kMultiBits bits -> every whole AC symbol (code and magnitude) they hold, up to an end of
     // block: bits 0-3 the bits they take (0: not even one fits), 4-9 the index advance, 10 EOB.
     uint16_t multi[1 << kMultiBits];
+    // kLookahead bits -> one AC symbol with its value, for MCUs stored (see kV* in the .cpp).
+    int32_t vlut[1 << kLookahead];
     int32_t maxcode[18];    // as libjpeg's d_derived_tbl: the largest code of each length, -1: none
     int32_t valoffset[18];  // huffval index of a length's first code, minus that code
     uint64_t used = 0;      // for the cache's eviction
@@ -74,7 +80,10 @@ class HuffmanSkip {
 
  private:
   static boolean decode_mcu(j_decompress_ptr cinfo, JBLOCKROW* data);
-  bool skip_mcu(Reader* r) const;
+  // One MCU: with kStore its coefficients into `data` (zeroed by libjpeg), as libjpeg's decoder
+  // stores them; without, only passed. On failure `r` is unchanged (the MCU is libjpeg's).
+  template <bool kStore>
+  bool mcu(Reader* r, JBLOCKROW* data) const;
   void take_over(j_decompress_ptr cinfo);
   void hand_back(j_decompress_ptr cinfo);
   bool check_first(j_decompress_ptr cinfo, JBLOCKROW* data, boolean* result);
@@ -87,14 +96,15 @@ class HuffmanSkip {
   const Table* block_dc_[D_MAX_BLOCKS_IN_MCU] = {};
   const Table* block_ac_[D_MAX_BLOCKS_IN_MCU] = {};
   int block_comp_[D_MAX_BLOCKS_IN_MCU] = {};
+  bool block_ac_needed_[D_MAX_BLOCKS_IN_MCU] = {};  // libjpeg's ac_needed: it stores the block's ACs
   int blocks_ = 0, comps_ = 0;
   unsigned mcus_per_row_ = 0, first_col_ = 0, last_col_ = 0, col_ = 0;
   bool checked_ = false, enabled_ = false, ours_ = false;
   boolean (*libjpeg_decode_mcu_)(j_decompress_ptr, JBLOCKROW*) = nullptr;
   Reader r_;
-  uint64_t skipped_ = 0, handed_back_ = 0;  // flushed into the global stats per image
+  uint64_t skipped_ = 0, decoded_ = 0, handed_back_ = 0;  // flushed into the global stats per image
  public:
-  ~HuffmanSkip() { flush_stats(); }
+  ~HuffmanReader() { flush_stats(); }
   void flush_stats();
 };
 
