@@ -361,15 +361,16 @@ bool HuffmanReader::check_first(j_decompress_ptr cinfo, JBLOCKROW* data, boolean
   const bool decoded = data ? mcu<true>(&mine, rows) : mcu<false>(&mine, nullptr);
   *result = libjpeg_decode_mcu_(cinfo, data);
   const uint8_t* lp = reinterpret_cast<const uint8_t*>(cinfo->src->next_input_byte);
-  bool same = decoded && *result && !e->pub.insufficient_data && cinfo->unread_marker == 0 &&
-              e->bitstate.bits_left >= 0 && e->bitstate.bits_left <= 64 && lp >= r_.p && lp <= r_.end &&
-              consumed_bits(r_.p, lp, e->bitstate.bits_left) == consumed_bits(r_.p, mine.p, mine.nbits);
+  // libjpeg's MCU ran into a marker or the data's end (a tiny scan): that says nothing about the
+  // layout; the image is libjpeg's alone, not counted as rejected.
+  const bool clean = *result && !e->pub.insufficient_data && cinfo->unread_marker == 0;
+  bool same = decoded && clean && e->bitstate.bits_left >= 0 && e->bitstate.bits_left <= 64 && lp >= r_.p &&
+              lp <= r_.end && consumed_bits(r_.p, lp, e->bitstate.bits_left) == consumed_bits(r_.p, mine.p, mine.nbits);
   for (int ci = 0; same && ci < comps_; ++ci)
     same = !cinfo->cur_comp_info[ci]->component_needed || e->saved.last_dc_val[ci] == mine.pred[ci];
   for (int b = 0; same && data && b < blocks_; ++b) same = std::memcmp(blocks[b], data[b][0], sizeof(JBLOCK)) == 0;
-  // A first MCU that ran into the data's end says nothing about the layout: libjpeg alone then.
   enabled_ = same;
-  if (!same && decoded) g_rejected.fetch_add(1, std::memory_order_relaxed);
+  if (!same && decoded && clean) g_rejected.fetch_add(1, std::memory_order_relaxed);
   return same;
 }
 
