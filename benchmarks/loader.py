@@ -2,8 +2,8 @@
 0.4) + normalise -> float32 batches of 64 on the CPU, every method on the same 2 cores.
 
 gpupipe.Loader (threads, ROI decode, fused augmentation) vs DataLoader(ImageFolder + torchvision
-transforms, num_workers=2) vs a DALI CPU pipeline vs an SPDL pipeline. Each method runs one
-warm-up epoch, then the timed epochs are taken round robin (one epoch of each method in turn); a
+transforms, num_workers=2) vs a DALI CPU pipeline vs an SPDL pipeline. Each method runs two
+warm-up epochs, then the timed epochs are taken round robin (one epoch of each method in turn); a
 result is images/s over the timed epoch.
 """
 
@@ -55,16 +55,24 @@ def _epoch(make_iter, images: int) -> float:
     return time.perf_counter() - t0
 
 
-def _epochs_round_robin(rows: list, makers: list, images: int, repeats: int) -> None:
-    """Fills each live row's ``times``: one warm-up epoch per method, then ``repeats`` timed epochs
-    taken in turn (method 1, 2, ..., 1, 2, ...), so drift on a shared machine hits every method
-    alike (as benchmarks.harness.run_side_by_side). A method that fails is reported, not fatal.
+WARMUP_ROUNDS = 2
 
-    Every epoch starts after a full ``gc.collect()`` (untimed): the main process holds ~340k
-    objects here, so a full collection takes 0.1-0.2 s, and without this one the garbage a method
-    leaves (the DataLoader's unpickled batches) was collected in the next method's timed epoch."""
+
+def _epochs_round_robin(rows: list, makers: list, images: int, repeats: int) -> None:
+    """Fills each live row's ``times``: two untimed warm-up rounds (one epoch of each method each),
+    then ``repeats`` timed epochs taken in turn (method 1, 2, ..., 1, 2, ...), so drift on a shared
+    machine hits every method alike (as benchmarks.harness.run_side_by_side). A method that fails is
+    reported, not fatal.
+
+    Two warm-up rounds: the DataLoader forks its workers in its first epoch, after which the parent
+    process pays (most likely) a copy-on-write fault for each page it first writes. With one round
+    that cost fell into the next method's first timed epoch (gpupipe's first timed epoch of each loader
+    row took 1.6-2.2 ms per image where its others took 0.8-1.3). Every epoch starts after a full
+    ``gc.collect()`` (untimed): the main process holds ~340k objects here, so a full collection
+    takes 0.1-0.2 s, and without this one the garbage a method leaves (the DataLoader's unpickled
+    batches) was collected in the next method's timed epoch."""
     live = [(row, make) for row, make in zip(rows, makers) if not row.skipped]
-    for r in range(repeats + 1):
+    for r in range(WARMUP_ROUNDS + repeats):
         for row, make in live:
             if row.skipped:
                 continue
@@ -74,7 +82,7 @@ def _epochs_round_robin(rows: list, makers: list, images: int, repeats: int) -> 
             except Exception as e:  # a broken peer is reported, not fatal to the run
                 row.skipped, row.times = f"failed: {type(e).__name__}: {e}"[:200], []
                 continue
-            if r:
+            if r >= WARMUP_ROUNDS:
                 row.times.append(seconds)
 
 
