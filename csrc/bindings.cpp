@@ -397,10 +397,10 @@ void register_decode(py::module_& m) {
         d["handed_back"] = s.handed_back;
         return d;
       },
-      "Process-wide counts of the Huffman skip (csrc/huffman_reader.h): images it was installed on, images "
+      "Process-wide counts of gpupipe's Huffman reader (csrc/huffman_reader.h): images it was installed on, images "
       "whose first-MCU check failed, MCUs skipped, MCUs decoded into libjpeg's blocks, MCUs handed back to libjpeg.");
   m.def("_set_huffman_reader", &set_huffman_reader, py::arg("on"),
-        "Turns the Huffman skip on or off for later decodes; returns the previous setting.");
+        "Turns gpupipe's Huffman reader on or off for later decodes; returns the previous setting.");
 }
 
 void register_restarts(py::module_& m) {

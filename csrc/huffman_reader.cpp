@@ -229,7 +229,6 @@ HuffmanReaderStats huffman_reader_stats() {
 bool set_huffman_reader(bool on) { return g_enabled.exchange(on); }
 
 bool HuffmanReader::install(j_decompress_ptr cinfo, unsigned crop_x, unsigned crop_width) {
-  flush_stats();
   if (!g_enabled.load(std::memory_order_relaxed)) return false;
   if (cinfo->progressive_mode || cinfo->arith_code || cinfo->restart_interval != 0 || cinfo->buffered_image ||
       cinfo->data_precision != 8 || cinfo->comps_in_scan != cinfo->num_components ||
@@ -291,9 +290,7 @@ bool HuffmanReader::install(j_decompress_ptr cinfo, unsigned crop_x, unsigned cr
   col_ = 0;
   checked_ = enabled_ = ours_ = false;
   libjpeg_decode_mcu_ = e->pub.decode_mcu;
-  r_ = Reader{};
-  r_.p = reinterpret_cast<const uint8_t*>(cinfo->src->next_input_byte);
-  r_.end = r_.p + cinfo->src->bytes_in_buffer;
+  load_state(cinfo);  // libjpeg's fresh state: check_first starts the reader from it
   cinfo->client_data = this;
   e->pub.decode_mcu = &HuffmanReader::decode_mcu;
   g_images.fetch_add(1, std::memory_order_relaxed);
@@ -327,24 +324,22 @@ void HuffmanReader::flush_stats() {
   skipped_ = decoded_ = handed_back_ = 0;
 }
 
-void HuffmanReader::take_over(j_decompress_ptr cinfo) {
+void HuffmanReader::load_state(j_decompress_ptr cinfo) {
   HuffEntropy* e = entropy_of(cinfo);
   r_.nbits = e->bitstate.bits_left;  // 0..64, the low bits of get_buffer; left-aligned here
   r_.buf = r_.nbits ? static_cast<uint64_t>(e->bitstate.get_buffer) << (64 - r_.nbits) : 0;
   r_.p = reinterpret_cast<const uint8_t*>(cinfo->src->next_input_byte);
   r_.end = r_.p + cinfo->src->bytes_in_buffer;
   for (int ci = 0; ci < comps_; ++ci) r_.pred[ci] = e->saved.last_dc_val[ci];
-  ours_ = true;
 }
 
-void HuffmanReader::hand_back(j_decompress_ptr cinfo) {
+void HuffmanReader::store_state(j_decompress_ptr cinfo) {
   HuffEntropy* e = entropy_of(cinfo);
   e->bitstate.get_buffer = static_cast<size_t>(r_.nbits ? r_.buf >> (64 - r_.nbits) : 0);
   e->bitstate.bits_left = r_.nbits;
   cinfo->src->next_input_byte = r_.p;
   cinfo->src->bytes_in_buffer = static_cast<size_t>(r_.end - r_.p);
   for (int ci = 0; ci < comps_; ++ci) e->saved.last_dc_val[ci] = r_.pred[ci];
-  ours_ = false;
 }
 
 // The first MCU, decoded here and by libjpeg from the same start: both must reach the same bit
@@ -384,7 +379,10 @@ boolean HuffmanReader::decode_mcu(j_decompress_ptr cinfo, JBLOCKROW* data) {
     return result;
   }
   if (h->enabled_) {
-    if (!h->ours_ && cinfo->unread_marker == 0 && !entropy_of(cinfo)->pub.insufficient_data) h->take_over(cinfo);
+    if (!h->ours_ && cinfo->unread_marker == 0 && !entropy_of(cinfo)->pub.insufficient_data) {
+      h->load_state(cinfo);
+      h->ours_ = true;
+    }
     if (h->ours_) {
       // The crop's MCUs are stored; the others (rows above it: no buffer; columns beside it: never
       // transformed) only passed.
@@ -398,7 +396,10 @@ boolean HuffmanReader::decode_mcu(j_decompress_ptr cinfo, JBLOCKROW* data) {
         for (int b = 0; b < h->blocks_; ++b) std::memset(data[b][0], 0, sizeof(JBLOCK));
     }
   }
-  if (h->ours_) h->hand_back(cinfo);
+  if (h->ours_) {
+    h->store_state(cinfo);
+    h->ours_ = false;
+  }
   return h->libjpeg_decode_mcu_(cinfo, data);
 }
 

@@ -49,6 +49,7 @@ class HuffmanReader {
   // jpeg_crop_scanline, before the first row is read or skipped. Returns false, changing nothing,
   // when the scan does not qualify.
   bool install(j_decompress_ptr cinfo, unsigned crop_x, unsigned crop_width);
+  void flush_stats();  // adds this image's counts to the process's (Decoder::decode, after each decode)
 
   static constexpr int kLookahead = 10;  // bits per single-symbol lookup
   static constexpr int kMultiBits = 12;  // bits per multi-symbol lookup (AC)
@@ -84,8 +85,9 @@ class HuffmanReader {
   // stores them; without, only passed. On failure `r` is unchanged (the MCU is libjpeg's).
   template <bool kStore>
   bool mcu(Reader* r, JBLOCKROW* data) const;
-  void take_over(j_decompress_ptr cinfo);
-  void hand_back(j_decompress_ptr cinfo);
+  // The reader's state from libjpeg's (bit buffer, source position, DC predictions), and back.
+  void load_state(j_decompress_ptr cinfo);
+  void store_state(j_decompress_ptr cinfo);
   bool check_first(j_decompress_ptr cinfo, JBLOCKROW* data, boolean* result);
 
   const Table* table(const JHUFF_TBL* h, bool dc);  // built, or from the cache; nullptr: invalid
@@ -103,9 +105,6 @@ class HuffmanReader {
   boolean (*libjpeg_decode_mcu_)(j_decompress_ptr, JBLOCKROW*) = nullptr;
   Reader r_;
   uint64_t skipped_ = 0, decoded_ = 0, handed_back_ = 0;  // flushed into the global stats per image
- public:
-  ~HuffmanReader() { flush_stats(); }
-  void flush_stats();
 };
 
 }  // namespace gpupipe

@@ -220,8 +220,7 @@ bool guarded_decode_rows(Decoder::State* s, Plan* plan) {
   JDIMENSION xoff = plan->x0 > margin ? static_cast<JDIMENSION>(plan->x0 - margin) : 0;
   JDIMENSION xend = std::min<JDIMENSION>(full_w, static_cast<JDIMENSION>(plan->x1 + margin));
   JDIMENSION cw = xend - xoff;
-  const bool cropped = xoff > 0 || cw < full_w;
-  if (cropped) jpeg_crop_scanline(cinfo, &xoff, &cw);
+  if (xoff > 0 || cw < full_w) jpeg_crop_scanline(cinfo, &xoff, &cw);
   s->huffman.install(cinfo, xoff, cw);  // gpupipe's Huffman reader where it qualifies (huffman_reader.h)
   if (plan->y0 > 0) {
     JDIMENSION skipped = jpeg_skip_scanlines(cinfo, static_cast<JDIMENSION>(plan->y0));
