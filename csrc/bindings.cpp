@@ -500,7 +500,7 @@ void register_encode(py::module_& m) {
       "encode_jpeg",
       [](py::object pixels, int height, int width, int channels, int quality, int h_samp,
          int v_samp, std::string colorspace, bool progressive, bool arithmetic, bool optimize,
-         int restart_rows, int restart_blocks) {
+         int restart_rows, int restart_blocks, std::vector<std::pair<int, int>> sampling) {
         BufferView buf(pixels.ptr());
         if (buf.size() != static_cast<size_t>(height) * width * channels)
           throw InvalidArgument("pixels must hold height * width * channels bytes");
@@ -514,6 +514,7 @@ void register_encode(py::module_& m) {
         o.optimize = optimize;
         o.restart_rows = restart_rows;
         o.restart_blocks = restart_blocks;
+        o.sampling = std::move(sampling);
         std::vector<uint8_t> bytes;
         {
           py::gil_scoped_release release;
@@ -525,7 +526,7 @@ void register_encode(py::module_& m) {
       py::arg("quality") = 90, py::arg("h_samp") = 2, py::arg("v_samp") = 2,
       py::arg("colorspace") = "ycbcr", py::arg("progressive") = false,
       py::arg("arithmetic") = false, py::arg("optimize") = false, py::arg("restart_rows") = 0,
-      py::arg("restart_blocks") = 0);
+      py::arg("restart_blocks") = 0, py::arg("sampling") = std::vector<std::pair<int, int>>{});
 }
 
 void register_augment(py::module_& m) {

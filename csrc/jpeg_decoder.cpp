@@ -199,6 +199,22 @@ bool guarded_read_header(Decoder::State* s, const uint8_t* data, size_t size, bo
   return true;
 }
 
+// libjpeg-turbo before 3.0 sets a cropped component's downsampled_width without that component's own
+// IDCT size (its ChangeLog, 3.0.0 item 4). DCT scaling gives a component a larger IDCT than luma's when
+// that halves its upsampling (jdmaster.c), and where upsampling remains (4x2, 2x4, 4x4 luma, or mixed
+// chroma factors) the upsampler then fills only part of each row: color conversion reads uninitialised
+// memory, pixels differ from the scaled full decode and from call to call. This is 3.0's formula, the
+// same value there. The margin below keeps every cropped width >= 3, so 2.1.5's upsampler re-init
+// (widths < 2) never depends on the wrong value.
+void fix_cropped_downsampled_widths(j_decompress_ptr cinfo) {
+  for (int ci = 0; ci < cinfo->num_components; ++ci) {
+    jpeg_component_info* comp = &cinfo->comp_info[ci];
+    const long num = static_cast<long>(cinfo->output_width) * comp->h_samp_factor * comp->DCT_scaled_size;
+    const long den = static_cast<long>(cinfo->max_h_samp_factor) * cinfo->min_DCT_scaled_size;
+    comp->downsampled_width = static_cast<JDIMENSION>((num + den - 1) / den);
+  }
+}
+
 // Decodes rows [y0, y1) x columns [x0, x1) of the scaled output frame into plan->dst, or with
 // rows_in_region into s->region (setting region_offset and region_stride).
 bool guarded_decode_rows(Decoder::State* s, Plan* plan) {
@@ -220,7 +236,10 @@ bool guarded_decode_rows(Decoder::State* s, Plan* plan) {
   JDIMENSION xoff = plan->x0 > margin ? static_cast<JDIMENSION>(plan->x0 - margin) : 0;
   JDIMENSION xend = std::min<JDIMENSION>(full_w, static_cast<JDIMENSION>(plan->x1 + margin));
   JDIMENSION cw = xend - xoff;
-  if (xoff > 0 || cw < full_w) jpeg_crop_scanline(cinfo, &xoff, &cw);
+  if (xoff > 0 || cw < full_w) {
+    jpeg_crop_scanline(cinfo, &xoff, &cw);
+    fix_cropped_downsampled_widths(cinfo);
+  }
   s->huffman.install(cinfo, xoff, cw);  // gpupipe's Huffman reader where it qualifies (huffman_reader.h)
   if (plan->y0 > 0) {
     JDIMENSION skipped = jpeg_skip_scanlines(cinfo, static_cast<JDIMENSION>(plan->y0));

@@ -34,7 +34,12 @@ bool guarded_encode(jpeg_compress_struct* cinfo, JpegErrorMgr* err, EncodeJob* j
   jpeg_set_defaults(cinfo);
   jpeg_set_colorspace(cinfo, job->jpeg_space);
   jpeg_set_quality(cinfo, job->options->quality, TRUE);
-  if (job->jpeg_space == JCS_YCbCr || job->jpeg_space == JCS_YCCK) {
+  if (!job->options->sampling.empty()) {
+    for (int c = 0; c < cinfo->num_components; ++c) {
+      cinfo->comp_info[c].h_samp_factor = job->options->sampling[c].first;
+      cinfo->comp_info[c].v_samp_factor = job->options->sampling[c].second;
+    }
+  } else if (job->jpeg_space == JCS_YCbCr || job->jpeg_space == JCS_YCCK) {
     cinfo->comp_info[0].h_samp_factor = job->options->h_samp;
     cinfo->comp_info[0].v_samp_factor = job->options->v_samp;
     if (job->jpeg_space == JCS_YCCK) {  // K at full resolution, like Y
@@ -86,6 +91,19 @@ std::vector<uint8_t> encode_jpeg(const uint8_t* pixels, int height, int width, i
   }
   if (options.h_samp < 1 || options.h_samp > 4 || options.v_samp < 1 || options.v_samp > 4)
     throw InvalidArgument("sampling factors must be within 1..4");
+  if (!options.sampling.empty()) {
+    const size_t comps = job.jpeg_space == JCS_GRAYSCALE ? 1 : job.jpeg_space == JCS_CMYK || job.jpeg_space == JCS_YCCK ? 4 : 3;
+    if (options.sampling.size() != comps)
+      throw InvalidArgument("sampling must give (h, v) for each of the " + std::to_string(comps) + " components");
+    int blocks = 0;
+    for (const auto& f : options.sampling) {
+      if (f.first < 1 || f.first > 4 || f.second < 1 || f.second > 4)
+        throw InvalidArgument("sampling factors must be within 1..4");
+      blocks += f.first * f.second;
+    }
+    if (comps > 1 && blocks > 10)  // ITU T.81 B.2.3: at most 10 blocks in an interleaved MCU
+      throw InvalidArgument("sampling has " + std::to_string(blocks) + " blocks per MCU, over the 10 a JPEG allows");
+  }
   if (options.quality < 1 || options.quality > 100) throw InvalidArgument("quality must be within 1..100");
   if (options.restart_rows < 0 || options.restart_rows > 0xFFFF || options.restart_blocks < 0 ||
       options.restart_blocks > 0xFFFF)

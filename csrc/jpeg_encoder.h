@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace gpupipe {
@@ -12,6 +13,9 @@ namespace gpupipe {
 struct EncodeOptions {
   int quality = 90;
   int h_samp = 2, v_samp = 2;     // luma sampling factors; chroma is 1x1 (2x2 = 4:2:0)
+  // Every component's (h, v) factors, 1..4 each, overriding h_samp / v_samp when not empty: any
+  // sampling a baseline file may carry (Cb and Cr may differ, chroma may exceed luma).
+  std::vector<std::pair<int, int>> sampling;
   std::string colorspace = "ycbcr";  // stored space: "ycbcr" | "rgb" | "gray" | "cmyk" | "ycck"
   bool progressive = false;
   bool arithmetic = false;

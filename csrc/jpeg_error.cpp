@@ -20,6 +20,7 @@ ErrorKind kind_of(int code) {
     case JERR_NOT_COMPILED:
     case JERR_CONVERSION_NOTIMPL:
     case JERR_ARITH_NOTIMPL:
+    case JERR_FRACT_SAMPLE_NOTIMPL:  // legal (non-integral ratios), not implemented by libjpeg
     case JERR_IMAGE_TOO_BIG:    // over libjpeg's 65500-pixel dimension
     case JERR_WIDTH_OVERFLOW:
       return ErrorKind::kUnsupported;

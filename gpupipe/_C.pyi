@@ -119,6 +119,7 @@ def encode_jpeg(
     optimize: bool = False,
     restart_rows: int = 0,
     restart_blocks: int = 0,
+    sampling: list[tuple[int, int]] = ...,
 ) -> bytes: ...
 # The augmentation kernels' host builds. A buffer argument is a sequence of ints describing a
 # tensor (address, dtype code of ELEM_TYPES, shape, strides, ...): gpupipe.augment builds them and

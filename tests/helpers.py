@@ -66,6 +66,21 @@ def encode(pixels: np.ndarray, **options) -> bytes:
 SAMPLINGS = {"4:4:4": (1, 1), "4:2:2": (2, 1), "4:2:0": (2, 2), "4:4:0": (1, 2), "4:1:1": (4, 1), "4:1:0": (4, 2)}
 
 
+def legal_samplings(components: int) -> list[tuple[tuple[int, int], ...]]:
+    """Every per-component (h, v) sampling a baseline file may carry and libjpeg implements: factors
+    1..4, at most 10 blocks in an interleaved MCU (ITU T.81 B.2.3), each factor dividing the largest
+    (libjpeg refuses non-integral ratios as unsupported). Chroma may differ per component or exceed luma."""
+    import itertools
+
+    factors = [(h, v) for h in range(1, 5) for v in range(1, 5)]
+    out = []
+    for s in itertools.product(factors, repeat=components):
+        mh, mv = max(f[0] for f in s), max(f[1] for f in s)
+        if (components == 1 or sum(h * v for h, v in s) <= 10) and all(mh % h == 0 and mv % v == 0 for h, v in s):
+            out.append(s)
+    return out
+
+
 def make_variants(pixels: np.ndarray) -> dict[str, bytes]:
     v = {}
     for name, (h, vs) in SAMPLINGS.items():
