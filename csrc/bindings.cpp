@@ -30,6 +30,7 @@
 #include "mix_cpu.h"
 #include "policy_bindings.h"
 #include "policy_cpu.h"
+#include "released_gil.h"
 #include "restart.h"
 #include "thread_pool.h"
 
@@ -37,6 +38,10 @@ namespace py = pybind11;
 using namespace gpupipe;
 
 namespace {
+
+// How long an exiting interpreter waits for native calls still running on other threads (a batch
+// decode takes well under a second; a read stuck on a dead network file system is then abandoned).
+constexpr double kExitWaitSeconds = 30.0;
 
 // A contiguous read-only view of any object exporting the buffer protocol, released on scope exit.
 class BufferView {
@@ -209,7 +214,7 @@ void register_header(py::module_& m) {
         BufferView buf(data.ptr());
         JpegInfo info;
         {
-          py::gil_scoped_release release;
+          ReleasedGil released;
           info = thread_decoder().read_header(buf.data(), buf.size());
         }
         return header_tuple(info);
@@ -232,7 +237,7 @@ void register_header(py::module_& m) {
         int64_t* out = reinterpret_cast<int64_t*>(writable_address(out_address, needed, out_nbytes, views));
         std::vector<std::tuple<size_t, ErrorKind, std::string>> failures;
         {
-          py::gil_scoped_release release;
+          ReleasedGil released;
           Decoder& d = thread_decoder();
           for (size_t i = 0; i < n; ++i) {
             int64_t* row = out + kInfoWidth * i;
@@ -325,7 +330,7 @@ void register_decode(py::module_& m) {
         const size_t row = static_cast<size_t>(out_width) * channels_of(req.mode);
         DecodeResult r;
         {
-          py::gil_scoped_release release;
+          ReleasedGil released;
           r = thread_decoder().decode(input[0].data(), input[0].size(), req, out, row);
         }
         return py::make_tuple(r.warning.empty() ? py::object(py::none()) : py::str(r.warning), r.scale_num,
@@ -362,7 +367,7 @@ void register_decode(py::module_& m) {
             writable_address(out_address, checked_mul(slot_bytes(opt.request), n, "the batch output"), out_nbytes, views);
         std::vector<SampleStatus> status;
         {
-          py::gil_scoped_release release;
+          ReleasedGil released;
           std::shared_ptr<ThreadPool> pool;
           if (num_threads != 1 && n > 1) pool = get_pool(num_threads);
           status = decode_batch(pool.get(), samples, opt, out);
@@ -410,7 +415,7 @@ void register_restarts(py::module_& m) {
         BufferView buf(data.ptr());
         std::vector<uint8_t> out;
         {
-          py::gil_scoped_release release;
+          ReleasedGil released;
           out = transcode_with_restarts(buf.data(), buf.size(), restart_rows, restart_mcus);
         }
         return py::bytes(reinterpret_cast<const char*>(out.data()), out.size());
@@ -428,7 +433,7 @@ void register_runtime(py::module_& m) {
       [](int num_threads, size_t n, int64_t throw_at) {
         std::atomic<size_t> ran{0};
         {
-          py::gil_scoped_release release;
+          ReleasedGil released;
           get_pool(num_threads)->parallel_for(n, [&](size_t i) {
             if (static_cast<int64_t>(i) == throw_at)
               throw std::runtime_error("selftest failure at index " + std::to_string(i));
@@ -441,7 +446,7 @@ void register_runtime(py::module_& m) {
       "Test hook: a parallel_for over n indices whose body throws at throw_at (-1: never); returns "
       "how many indices ran. The exception must come back here, never reach std::terminate.");
   m.def("shutdown_pool", [] {
-    py::gil_scoped_release release;
+    ReleasedGil released;
     shutdown_pool();
   });
   m.def("get_limits", [] {
@@ -476,7 +481,7 @@ void register_files(py::module_& m) {
         std::shared_ptr<ThreadPool> pool = num_threads == 1 || paths.size() <= 1 ? nullptr : get_pool(num_threads, PoolUse::kIo);
         std::vector<FileRead> reads(paths.size());
         {
-          py::gil_scoped_release release;
+          ReleasedGil released;
           auto read_one = [&](size_t i) { reads[i] = read_whole_file(paths[i]); };
           if (pool)
             pool->parallel_for(paths.size(), read_one);
@@ -517,7 +522,7 @@ void register_encode(py::module_& m) {
         o.sampling = std::move(sampling);
         std::vector<uint8_t> bytes;
         {
-          py::gil_scoped_release release;
+          ReleasedGil released;
           bytes = encode_jpeg(buf.data(), height, width, channels, o);
         }
         return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
@@ -538,7 +543,7 @@ void register_augment(py::module_& m) {
       [](std::vector<int64_t> input, std::vector<int64_t> matrices, std::vector<int64_t> output,
          int out_type, int interpolation, std::optional<std::vector<double>> fill, int num_threads) {
         const WarpArgs a = warp_args(input, matrices, output, out_type, interpolation, fill);
-        py::gil_scoped_release release;
+        ReleasedGil released;
         warp_affine_cpu(a, num_threads);
       },
       py::arg("input"), py::arg("matrices"), py::arg("output"), py::arg("out_type"),
@@ -552,7 +557,7 @@ void register_augment(py::module_& m) {
          std::vector<double> std_dev, int num_threads) {
         const AugmentArgs a =
             augment_args(input, params, output, out_type, interpolation, fill, color, mean, std_dev, std::nullopt);
-        py::gil_scoped_release release;
+        ReleasedGil released;
         augment_cpu(a, num_threads);
       },
       py::arg("input"), py::arg("params"), py::arg("output"), py::arg("out_type"), py::arg("interpolation"),
@@ -580,7 +585,7 @@ void register_policies(py::module_& m) {
          std::vector<int64_t> params, std::vector<int64_t> matrices, int interpolation,
          std::optional<std::vector<double>> fill, int num_threads) {
         const PolicyArgs a = policy_args(input, output, kinds, params, matrices, interpolation, fill, true);
-        py::gil_scoped_release release;
+        ReleasedGil released;
         policy_apply_cpu(a, num_threads);
       },
       py::arg("input"), py::arg("output"), py::arg("kinds"), py::arg("params"), py::arg("matrices"),
@@ -619,7 +624,7 @@ void register_policies(py::module_& m) {
         a.elem_size = elem_size(x.type);
         a.boxes = box;
         a.values = v.as<const uint8_t>();
-        py::gil_scoped_release release;
+        ReleasedGil released;
         erase_boxes_cpu(a, num_threads);
       },
       py::arg("x"), py::arg("boxes"), py::arg("values"), py::arg("num_threads"),
@@ -635,7 +640,7 @@ void register_policies(py::module_& m) {
         check_disjoint(out, "out", x, "images");
         if (!(lam >= 0.0 && lam <= 1.0)) throw InvalidArgument("lam must be within [0, 1]");
         const int64_t per_sample = x.shape[1] * x.shape[2] * x.shape[3];
-        py::gil_scoped_release release;
+        ReleasedGil released;
         mixup_rolled_cpu(x.as<const float>(), out.as<float>(), x.shape[0], per_sample, lam, num_threads);
       },
       py::arg("images"), py::arg("out"), py::arg("lam"), py::arg("num_threads"),
@@ -648,7 +653,7 @@ void register_policies(py::module_& m) {
         require_contiguous(x, "images");
         if (!(lam >= 0.0 && lam <= 1.0)) throw InvalidArgument("lam must be within [0, 1]");
         const int64_t per_sample = x.shape[1] * x.shape[2] * x.shape[3];
-        py::gil_scoped_release release;
+        ReleasedGil released;
         mixup_rolled_inplace_cpu(x.as<float>(), x.shape[0], per_sample, lam, num_threads);
       },
       py::arg("images"), py::arg("lam"), py::arg("num_threads"),
@@ -659,6 +664,11 @@ void register_policies(py::module_& m) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "gpupipe's C++ core (libjpeg-turbo ROI decoding, batch engine). Private: use gpupipe.";
+  // Before finalization starts, gpupipe calls running on other threads finish (released_gil.h).
+  py::module_::import("atexit").attr("register")(py::cpp_function([] { CallScope::wait_for_calls(kExitWaitSeconds); }));
+  m.def("_call_enter", &CallScope::enter, "Counts a gpupipe call of this thread (gpupipe._exit.call_scope).");
+  m.def("_call_leave", &CallScope::leave);
+  m.def("_calls_running", &CallScope::running, "gpupipe calls running now, on any thread (a test hook).");
   register_errors(m);
   register_header(m);
   register_files(m);

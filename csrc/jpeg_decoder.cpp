@@ -14,6 +14,7 @@
 #include "errors.h"
 #include "huffman_reader.h"
 #include "jpeg_error.h"
+#include "jpeg_segments.h"
 #include "resize.h"
 #include "restart.h"
 
@@ -191,9 +192,8 @@ bool guarded_create(Decoder::State* s) {
   return true;
 }
 
-bool guarded_read_header(Decoder::State* s, const uint8_t* data, size_t size, bool save_app1) {
+bool guarded_read_header(Decoder::State* s, const uint8_t* data, size_t size) {
   if (setjmp(s->err.jump)) return false;
-  jpeg_save_markers(&s->cinfo, JPEG_APP0 + 1, save_app1 ? 0xFFFF : 0);
   jpeg_mem_src(&s->cinfo, data, static_cast<unsigned long>(size));
   jpeg_read_header(&s->cinfo, TRUE);
   return true;
@@ -457,7 +457,7 @@ JpegInfo Decoder::read_header(const uint8_t* data, size_t size) {
   renew(s);
   AbortOnExit abort_on_exit{&s->cinfo};
   reset_error_mgr(&s->err, false, g_max_scans.load(std::memory_order_relaxed));
-  if (!guarded_read_header(s, data, size, true)) throw_recorded(s->err);
+  if (!guarded_read_header(s, data, size)) throw_recorded(s->err);
   const jpeg_decompress_struct& c = s->cinfo;
   JpegInfo info;
   info.height = static_cast<int>(c.image_height);
@@ -470,14 +470,11 @@ JpegInfo Decoder::read_header(const uint8_t* data, size_t size) {
   info.restart_interval = static_cast<int>(c.restart_interval);
   info.precision = c.data_precision;
   // The first APP1 that is EXIF (an XMP APP1 may come before it), as Pillow reads it.
-  for (jpeg_saved_marker_ptr m = c.marker_list; m; m = m->next) {
-    if (m->marker != JPEG_APP0 + 1) continue;
-    const int o = exif_orientation(m->data, m->data_length);
-    if (o > 0) {
-      info.orientation = o;
-      break;
-    }
-  }
+  for_each_header_segment(data, size, [&](const Segment& seg) {
+    const int o = seg.marker == JPEG_APP0 + 1 ? exif_orientation(seg.payload, seg.size) : 0;
+    if (o > 0) info.orientation = o;
+    return o == 0;
+  });
   return info;
 }
 
@@ -512,7 +509,7 @@ bool enter_restart_route(Decoder::State* s, const uint8_t* data, size_t size, Pl
   const int g0 = static_cast<int>(fx0 / group_px), g1 = static_cast<int>(fx1 / group_px);
   if (!build_sub_jpeg(data, size, L, row0, row1, g0, g1, &s->sub)) return false;
   jpeg_abort_decompress(cinfo);
-  if (!guarded_read_header(s, s->sub.data(), s->sub.size(), false)) throw_recorded(s->err);
+  if (!guarded_read_header(s, s->sub.data(), s->sub.size())) throw_recorded(s->err);
   const int shift_x = static_cast<int>(static_cast<int64_t>(g0) * group_px * m / 8);
   const int shift_y = static_cast<int>(static_cast<int64_t>(row0) * L.mcu_height * m / 8);
   plan->x0 -= shift_x;
@@ -531,7 +528,7 @@ DecodeResult Decoder::decode(const uint8_t* data, size_t size, const DecodeReque
   j_decompress_ptr cinfo = &s->cinfo;
   AbortOnExit abort_on_exit{cinfo};
   reset_error_mgr(&s->err, req.strict, g_max_scans.load(std::memory_order_relaxed));
-  if (!guarded_read_header(s, data, size, false)) throw_recorded(s->err);
+  if (!guarded_read_header(s, data, size)) throw_recorded(s->err);
   Plan plan = plan_decode(*cinfo, req);
   const int rw = plan.x1 - plan.x0, rh = plan.y1 - plan.y0;
   const bool restart_path = req.use_restarts && enter_restart_route(s, data, size, &plan);

@@ -6,12 +6,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include <jpeglib.h>
 
 #include "errors.h"
 #include "jpeg_decoder.h"
 #include "jpeg_error.h"
+#include "jpeg_segments.h"
 
 namespace gpupipe {
 
@@ -157,6 +159,7 @@ struct Transcoder {
   bool created = false;
   unsigned char* buffer = nullptr;  // malloc'd by jpeg_mem_dest
   unsigned long out_size = 0;
+  std::vector<Segment> markers;  // the source's APPn and COM segments, copied to the output
 
   Transcoder() {
     std::memset(&src, 0, sizeof(src));
@@ -192,9 +195,7 @@ bool guarded_open(Transcoder* t, const uint8_t* data, size_t size) {
   t->created = true;
   watch_scans(&t->src, &t->err);
   jpeg_mem_src(&t->src, data, static_cast<unsigned long>(size));
-  for (int m = 0; m < 16; ++m) jpeg_save_markers(&t->src, JPEG_APP0 + m, 0xFFFF);
-  jpeg_save_markers(&t->src, JPEG_COM, 0xFFFF);
-  jpeg_read_header(&t->src, TRUE);
+  jpeg_read_header(&t->src, TRUE);  // APPn and COM are copied from the bytes (jpeg_segments.h)
   return true;
 }
 
@@ -235,14 +236,12 @@ bool guarded_transcode(Transcoder* t, int restart_rows, int restart_mcus, uint64
   // jpeg_write_coefficients writes JFIF/Adobe headers itself when the color space calls for them.
   dst->write_JFIF_header = src->saw_JFIF_marker ? TRUE : FALSE;
   jpeg_write_coefficients(dst, coefficients);
-  for (jpeg_saved_marker_ptr m = src->marker_list; m; m = m->next) {
-    if (dst->write_JFIF_header && m->marker == JPEG_APP0 && m->data_length >= 5 &&
-        std::memcmp(m->data, "JFIF", 5) == 0)
+  for (const Segment& m : t->markers) {
+    if (dst->write_JFIF_header && m.marker == JPEG_APP0 && m.size >= 5 && std::memcmp(m.payload, "JFIF", 5) == 0)
       continue;  // already written
-    if (dst->write_Adobe_marker && m->marker == JPEG_APP0 + 14 && m->data_length >= 5 &&
-        std::memcmp(m->data, "Adobe", 5) == 0)
+    if (dst->write_Adobe_marker && m.marker == JPEG_APP0 + 14 && m.size >= 5 && std::memcmp(m.payload, "Adobe", 5) == 0)
       continue;
-    jpeg_write_marker(dst, m->marker, m->data, m->data_length);
+    jpeg_write_marker(dst, m.marker, m.payload, static_cast<unsigned int>(m.size));
   }
   jpeg_finish_compress(dst);
   jpeg_finish_decompress(src);  // reads to EOI: trailing corruption warns (and fails: strict)
@@ -265,6 +264,10 @@ std::vector<uint8_t> transcode_with_restarts(const uint8_t* data, size_t size, i
   Transcoder t;
   reset_error_mgr(&t.err, /*strict=*/true, limits.max_scans);  // any warning: a corrupt source
   if (!guarded_open(&t, data, size)) throw_transcode_error(t.err);
+  for_each_header_segment(data, size, [&](const Segment& seg) {
+    if ((seg.marker >= JPEG_APP0 && seg.marker <= JPEG_APP0 + 15) || seg.marker == JPEG_COM) t.markers.push_back(seg);
+    return true;
+  });
   check_pixel_limit(t.src.image_height, t.src.image_width);  // before the coefficient arrays exist
   if (t.src.data_precision != 8)
     throw DecodeError(ErrorKind::kUnsupported, "only 8-bit JPEGs can be transcoded");

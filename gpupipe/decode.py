@@ -13,6 +13,7 @@ from gpupipe import backends
 from gpupipe._backends import cpu
 from gpupipe._backends.base import MODES, DecodeOptions, Route, check_thread_count
 from gpupipe._errors import ErrorKind, NotAJpegError
+from gpupipe._exit import call_scope
 from gpupipe.limits import check_output_size
 from gpupipe.policy import apply_policy, check_on_error, warn_corrupt
 from gpupipe.routing import decode_into
@@ -136,9 +137,16 @@ def decode_crop_jpeg(
             data, *box, out_hw[0], out_hw[1], size is not None, MODES[mode], strict, dct_scaling, window
         )
         return hwc.permute(2, 0, 1)
+    return _decode_one_eager(data, box, out_hw, size is not None, mode, strict, dct_scaling, window, non_jpeg,
+                             batch_path)
+
+
+@call_scope
+def _decode_one_eager(data, box, out_hw, resize, mode, strict, dct_scaling, window, non_jpeg, batch_path):
+    """decode_crop_jpeg's CPU path outside torch.compile, as one gpupipe call (gpupipe._exit)."""
     try:
-        hwc = cpu.decode_one_hwc(data, box, out_hw, resize=size is not None, mode=mode, strict=strict,
-                                 dct_scaling=dct_scaling, window=window)
+        hwc = cpu.decode_one_hwc(data, box, out_hw, resize=resize, mode=mode, strict=strict, dct_scaling=dct_scaling,
+                                 window=window)
     except NotAJpegError:
         if non_jpeg != "pillow":
             raise
@@ -239,6 +247,7 @@ def _output_buffer(out: Optional[torch.Tensor], n: int, h: int, w: int, c: int, 
     )
 
 
+@call_scope
 def decode_crop_jpegs(
     datas: Sequence[Any],
     boxes: Any,

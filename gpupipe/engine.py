@@ -13,6 +13,8 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
+from gpupipe._exit import call_scope
+
 _END = object()
 
 
@@ -111,6 +113,7 @@ class Engine:
         inputs: list[Optional[BoundedQueue]] = [None] + self._queues[:-1]
         for stage, inbox, outbox in zip(stages, inputs, self._queues):
             stage_name, fn, timed = (*stage, True)[:3]
+            fn = call_scope(fn)  # an exiting interpreter waits for the item in hand (gpupipe._exit)
             items = source if inbox is None else None
             t = threading.Thread(target=self._run, args=(stage_name, fn, timed, items, inbox, outbox),
                                  name=f"{name}-{stage_name}", daemon=True)

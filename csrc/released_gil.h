@@ -1,0 +1,160 @@
+// gpupipe's calls on other threads, and the interpreter's exit while one is running.
+//
+// A daemon thread still inside a native call when Python exits would, on return, ask a finalizing
+// interpreter for the GIL. CPython before 3.14 then ends the thread with pthread_exit, whose forced
+// unwind through a noexcept destructor (py::gil_scoped_release's, torch's) is std::terminate: the
+// process aborts ("terminate called without an active exception"), and the call's pool threads could
+// meanwhile write into buffers that finalization frees. So:
+// - a gpupipe call (an entry point of the Python API, one item of a Loader stage: Python's
+//   gpupipe._exit.call_scope; a GIL-free region of the bindings: ReleasedGil) is counted while it runs;
+// - an atexit hook, registered at import (it runs before finalization starts), calls
+//   wait_for_calls(): the calls running on other threads finish before finalization begins, torch
+//   ops between their native parts included, and their threads then park for good, GIL released,
+//   instead of returning to code that would drop the call's tensors (torch ops too). So does a thread
+//   that starts a new call meanwhile. They are daemon threads of an exiting interpreter: Python would
+//   stop them at their next GIL request, CPython 3.14 parks them the same way. Nothing is said on stderr;
+// - a call still running after the wait is abandoned: when its native part ends, its thread parks
+//   instead of asking for the GIL, and the process's exit ends it.
+#pragma once
+
+#include <pybind11/pybind11.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+namespace gpupipe {
+
+class CallScope {
+ public:
+  // Counts the calling thread's outermost call; parks the thread when the interpreter is exiting on
+  // another thread. Called with the GIL held.
+  CallScope() { enter(); }
+  ~CallScope() { leave(); }
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+
+  static void enter() {
+    if (depth()++ > 0) return;
+    State& s = state();
+    bool stop;
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      stop = s.closing && std::this_thread::get_id() != s.exiting_thread;
+      if (!stop) ++s.running;
+    }
+    if (stop) {
+      PyEval_SaveThread();
+      park();
+    }
+  }
+
+  // Ends the thread's outermost call. When the interpreter is exiting on another thread, the thread
+  // parks here (GIL released) instead of returning: back in the caller's code it would drop the
+  // call's tensors, torch ops that abort in a finalizing interpreter. Called with the GIL held.
+  static void leave() {
+    if (--depth() > 0) return;
+    State& s = state();
+    bool stop;
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      --s.running;
+      stop = s.closing && std::this_thread::get_id() != s.exiting_thread;
+    }
+    s.changed.notify_all();
+    if (stop) {
+      PyEval_SaveThread();
+      park();
+    }
+  }
+
+  // The atexit hook: stops new calls from other threads, waits up to `seconds` for the running ones
+  // to end, then abandons the rest. Called with the GIL held, which it lends out while waiting.
+  static void wait_for_calls(double seconds) {
+    State& s = state();
+    pybind11::gil_scoped_release release;  // the exiting thread: the interpreter is not finalizing yet
+    std::unique_lock<std::mutex> lock(s.mutex);
+    s.closing = true;
+    s.exiting_thread = std::this_thread::get_id();
+    if (!s.changed.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return s.running == 0; })) {
+      s.abandoned = true;
+      s.changed.wait(lock, [&] { return s.restoring == 0; });  // those already asking get the GIL first
+    }
+  }
+
+  // gpupipe calls running now, on any thread (a test hook).
+  static int running() {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    return s.running;
+  }
+
+ protected:
+  struct State {
+    std::mutex mutex;
+    std::condition_variable changed;
+    int running = 0;    // threads inside a call
+    int restoring = 0;  // threads whose native part ended, asking for the GIL back
+    bool closing = false;
+    bool abandoned = false;
+    std::thread::id exiting_thread;
+  };
+
+  // Never destroyed (threads may use it during exit). A forked child starts with no calls and no exit
+  // in progress: the calls belonged to threads fork did not copy.
+  static State& state() {
+    static State* s = [] {
+      pthread_atfork([] { state().mutex.lock(); }, [] { state().mutex.unlock(); },
+                     [] {
+                       State& c = state();
+                       c.running = c.restoring = 0;
+                       c.closing = c.abandoned = false;
+                       c.exiting_thread = std::thread::id();
+                       c.mutex.unlock();
+                     });
+      return new State();
+    }();
+    return *s;
+  }
+
+  static int& depth() {
+    thread_local int d = 0;  // nested scopes of this thread (an API call's native parts)
+    return d;
+  }
+
+  [[noreturn]] static void park() {
+    for (;;) pause();
+  }
+};
+
+// py::gil_scoped_release for the bindings' GIL-free regions, inside a CallScope.
+class ReleasedGil : CallScope {
+ public:
+  ReleasedGil() : saved_(PyEval_SaveThread()) {}
+
+  ~ReleasedGil() {
+    State& s = state();
+    {
+      std::unique_lock<std::mutex> lock(s.mutex);
+      if (s.abandoned) {
+        lock.unlock();
+        park();
+      }
+      ++s.restoring;
+    }
+    PyEval_RestoreThread(saved_);  // a running call holds the exit hook back: not finalizing yet
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      --s.restoring;
+    }
+    s.changed.notify_all();
+  }  // then ~CallScope
+
+ private:
+  PyThreadState* saved_;
+};
+
+}  // namespace gpupipe
