@@ -451,14 +451,14 @@ void register_runtime(py::module_& m) {
   });
   m.def("get_limits", [] {
     Limits l = get_limits();
-    return py::make_tuple(l.max_pixels, l.max_scans, l.max_memory);
+    return py::make_tuple(l.max_pixels, l.max_scans, l.max_memory, l.max_file_size);
   });
   m.def(
       "set_limits",
-      [](uint64_t max_pixels, int max_scans, uint64_t max_memory) {
-        set_limits(Limits{max_pixels, max_scans, max_memory});
+      [](uint64_t max_pixels, int max_scans, uint64_t max_memory, uint64_t max_file_size) {
+        set_limits(Limits{max_pixels, max_scans, max_memory, max_file_size});
       },
-      py::arg("max_pixels"), py::arg("max_scans"), py::arg("max_memory"));
+      py::arg("max_pixels"), py::arg("max_scans"), py::arg("max_memory"), py::arg("max_file_size"));
   m.attr("libjpeg_turbo_version") = LIBJPEG_TURBO_VERSION_NUMBER;
   {  // libjpeg's message formats, so that libjpeg text printed by another library (DALI's bundled
      // libjpeg-turbo) can be recognised and kept off stderr
@@ -482,7 +482,8 @@ void register_files(py::module_& m) {
         std::vector<FileRead> reads(paths.size());
         {
           ReleasedGil released;
-          auto read_one = [&](size_t i) { reads[i] = read_whole_file(paths[i]); };
+          const uint64_t max_size = get_limits().max_file_size;
+          auto read_one = [&](size_t i) { reads[i] = read_whole_file(paths[i], max_size); };
           if (pool)
             pool->parallel_for(paths.size(), read_one);
           else
@@ -490,14 +491,16 @@ void register_files(py::module_& m) {
         }
         py::list out(paths.size());
         for (size_t i = 0; i < reads.size(); ++i) {
-          out[i] = reads[i].error ? py::object(py::int_(reads[i].error)) : py::object(py::bytes(reads[i].data));
+          const FileRead& r = reads[i];
+          out[i] = r.error ? py::object(py::make_tuple(r.error, r.message.empty() ? std::strerror(r.error) : r.message))
+                           : py::object(py::bytes(r.data));
           std::string().swap(reads[i].data);  // at most one file held twice at a time
         }
         return out;
       },
       py::arg("paths"), py::arg("num_threads"),
-      "Reads whole files (paths as bytes, os.fsencode) on a pool of num_threads without the GIL; "
-      "returns, per path, its bytes or the errno (int) of the failed read.");
+      "Reads whole regular files (paths as bytes, os.fsencode) of at most max_file_size bytes on a pool "
+      "of num_threads without the GIL; returns, per path, its bytes or (errno, message) of the failure.");
 }
 
 void register_encode(py::module_& m) {

@@ -2,17 +2,21 @@
 // the GIL and without a Python call per file.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace gpupipe {
 
 struct FileRead {
   std::string data;
-  int error = 0;  // errno of the failed call (0: read); the data is then empty
+  int error = 0;        // errno of the failed call (0: read); the data is then empty
+  std::string message;  // why, when strerror(error) alone would not say it
 };
 
-// Reads the whole file at `path` (until end of file, whatever its size said). Never throws: an
-// open/read failure or an allocation failure (ENOMEM) is the result's error.
-FileRead read_whole_file(const std::string& path);
+// Reads the whole file at `path`. Only a regular file is read (a FIFO would block, a device such as
+// /dev/zero never ends: they fail with EINVAL, a directory with EISDIR), and only up to `max_size`
+// bytes (the max_file_size limit), checked from its size before reading and again while reading (a
+// file that grows). Never throws: a failure, ENOMEM included, is the result's error.
+FileRead read_whole_file(const std::string& path, uint64_t max_size);
 
 }  // namespace gpupipe

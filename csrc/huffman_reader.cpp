@@ -205,6 +205,32 @@ inline bool slow_symbol(const HuffmanReader::Reader& r, const HuffmanReader::Tab
   return false;
 }
 
+// Whether libjpeg-turbo's fast Huffman decoder (decode_mcu_fast) could meet a marker: an FF and a
+// byte other than 0 (an FF fill byte counts: FF FF is a marker to it). It is used for an MCU when
+// 512 bytes per block remain (BUFSIZE), reads ahead of the MCU, and on a marker falls back to its
+// careful decoder for that MCU without clearing what the fast attempt stored: the MCU keeps
+// coefficients decoded from the zeros read past the marker. Which MCU that is depends on libjpeg's
+// own read-ahead, which the reader does not reproduce (a fuzzed file, FF FF ... 00 mid-scan, gave
+// one block of other pixels), so the reader runs only when no MCU libjpeg decodes fast can reach
+// a marker. One MCU reads at most 248 data bytes per block (the DC and 63 AC symbols of 31 bits)
+// and looks 9 bytes further (its 64-bit buffer, and the byte after an FF).
+bool fast_decoder_may_meet_a_marker(const uint8_t* data, size_t size, int blocks_in_mcu) {
+  const size_t fast_needs = 512 * static_cast<size_t>(blocks_in_mcu);
+  if (size < fast_needs) return false;  // never decoded fast
+  const uint8_t* end = data + size;
+  const uint8_t* marker = data;
+  while ((marker = static_cast<const uint8_t*>(std::memchr(marker, 0xFF, static_cast<size_t>(end - marker)))) &&
+         marker + 1 < end && marker[1] == 0)
+    marker += 2;
+  if (!marker || marker + 1 >= end) return false;
+  const uint8_t* last_fast = end - fast_needs;  // the last MCU decoded fast starts here or before
+  if (marker <= last_fast) return true;
+  size_t reach = 248 * static_cast<size_t>(blocks_in_mcu) + 9;  // data bytes, an FF 00 being one
+  for (const uint8_t* q = last_fast; q < marker; q += q[0] == 0xFF && q[1] == 0 ? 2 : 1)
+    if (reach-- == 0) return false;
+  return true;
+}
+
 // The bits libjpeg's reader has consumed from `start` when its next byte is `p` with `nbits`
 // buffered (a stuffed FF 00 is one byte of data).
 int64_t consumed_bits(const uint8_t* start, const uint8_t* p, int nbits) {
@@ -245,7 +271,7 @@ bool HuffmanReader::install(j_decompress_ptr cinfo, unsigned crop_x, unsigned cr
   bool eoi = false;
   for (size_t i = left, stop = left > 1024 ? left - 1024 : 0; i >= stop + 2 && !eoi; --i)
     eoi = data[i - 2] == 0xFF && data[i - 1] == JPEG_EOI;
-  if (!eoi) return false;
+  if (!eoi || fast_decoder_may_meet_a_marker(data, left, cinfo->blocks_in_MCU)) return false;
   const int align_blocks = cinfo->comps_in_scan == 1 ? 1 : cinfo->max_h_samp_factor;
   if (cinfo->comps_in_scan == 1 &&
       (cinfo->cur_comp_info[0]->h_samp_factor != 1 || cinfo->cur_comp_info[0]->v_samp_factor != 1))

@@ -18,7 +18,9 @@
 // of that MCU, so libjpeg meets it in the state it would have reached itself (docs/semantics.md names
 // the one narrow difference). Taken: baseline or extended sequential Huffman, one scan holding every
 // component, no restart markers (files with them have the restart route), an EOI marker in the last
-// kilobyte. GPUPIPE_HUFFMAN_READER=0 turns it off.
+// kilobyte, and no marker that libjpeg's fast decoder could meet mid-scan (it would redo that MCU over
+// the coefficients its fast attempt stored, at an MCU set by its own read-ahead: see
+// fast_decoder_may_meet_a_marker). GPUPIPE_HUFFMAN_READER=0 turns it off.
 #pragma once
 
 #include <atomic>

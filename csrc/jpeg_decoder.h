@@ -24,6 +24,7 @@ struct Limits {
   uint64_t max_pixels = 89478485;     // Pillow's Image.MAX_IMAGE_PIXELS
   int max_scans = 100;                // progressive scans; a scan bomb is refused past this
   uint64_t max_memory = 1ull << 30;   // libjpeg's own working memory per decode, bytes
+  uint64_t max_file_size = 1ull << 30;  // bytes of one sample read from a file or a tar member
 };
 Limits get_limits();
 void set_limits(const Limits& limits);

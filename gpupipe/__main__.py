@@ -36,12 +36,18 @@ def main(argv=None) -> int:
 
     src = [args.src, args.dst, *args.more][:-1] if args.more else args.src
     dst = args.more[-1] if args.more else args.dst
-    report = prepare(src, dst, restart_rows=args.restart_rows, restart_mcus=args.restart_mcus,
-                     num_threads=args.threads, verify=not args.no_verify)
+    try:
+        report = prepare(src, dst, restart_rows=args.restart_rows, restart_mcus=args.restart_mcus,
+                         num_threads=args.threads, verify=not args.no_verify)
+    except (OSError, ValueError) as e:  # a missing source, a destination that is the source
+        print(f"python -m gpupipe prepare: {e}", file=sys.stderr)
+        return 2
     print(report)
     for path, reason in report.copied:
         print(f"  copied unchanged: {path} ({reason})")
-    return 0
+    for path, reason in report.failed:
+        print(f"  failed, not in the output: {path} ({reason})")
+    return 1 if report.failed else 0
 
 
 if __name__ == "__main__":

@@ -6,13 +6,13 @@ the C++ module (csrc/errors.h, csrc/bindings.cpp); this module re-exports them.
 | ``JpegError`` | (base) | the data is not a decodable JPEG, or a limit refused it |
 | ``NotAJpegError`` | ``NOT_JPEG`` | no JPEG signature, empty input (and no other decoder read it) |
 | ``CorruptJpegError`` | ``CORRUPT`` | libjpeg rejects the data; with ``strict=True`` also recoverable corruption |
-| ``UnsupportedJpegError`` | ``UNSUPPORTED`` | 12-bit, lossless, hierarchical, unknown color space |
+| ``UnsupportedJpegError`` | ``UNSUPPORTED`` | 12-bit, lossless, hierarchical, unknown color space, fractional sampling |
 | ``DecompressionBombError`` | (base of the limits) | refused by :func:`gpupipe.set_limits` |
 | ``PixelLimitError`` | ``PIXEL_LIMIT`` | more pixels than ``max_pixels`` |
 | ``ScanLimitError`` | ``SCAN_LIMIT`` | more progressive scans than ``max_scans`` |
-| ``MemoryLimitError`` | ``MEMORY_LIMIT`` | more libjpeg working memory than ``max_memory`` |
+| ``MemoryLimitError`` | ``MEMORY_LIMIT`` | more working memory than ``max_memory`` (libjpeg's, Pillow's) |
 | ``ValueError`` | ``INVALID_ARGUMENT`` | a box outside the image, a crop larger than the image, bad arguments |
-| ``OSError`` | ``READ`` | the sample's bytes could not be read (loader) |
+| ``OSError`` | ``READ`` | the sample's bytes could not be read (loader): not a regular file, over ``max_file_size`` |
 | ``RuntimeError`` | ``INTERNAL`` | a bug of ours, never the data's fault |
 """
 

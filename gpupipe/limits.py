@@ -12,7 +12,8 @@ from gpupipe import _C
 class Limits(NamedTuple):
     max_pixels: int  #: width * height above which an image is refused (DecompressionBombError)
     max_scans: int  #: progressive scans above which an image is refused (scan bomb)
-    max_memory: int  #: bytes of libjpeg working memory one decode may use
+    max_memory: int  #: bytes of working memory one decode may use (libjpeg's; Pillow's decoded image)
+    max_file_size: int  #: bytes of one sample read from a file or a tar member (checked before reading)
 
 
 def get_limits() -> Limits:
@@ -32,17 +33,20 @@ def check_output_size(height: int, width: int) -> None:
 
 
 def set_limits(
-    max_pixels: Optional[int] = None, max_scans: Optional[int] = None, max_memory: Optional[int] = None
+    max_pixels: Optional[int] = None, max_scans: Optional[int] = None, max_memory: Optional[int] = None,
+    max_file_size: Optional[int] = None,
 ) -> Limits:
     """Sets the limits given (the others keep their value) and returns the previous ones.
 
     Defaults: ``max_pixels`` = 89,478,485 (Pillow's ``Image.MAX_IMAGE_PIXELS``), ``max_scans`` =
-    100 (as libjpeg-turbo's fuzzers), ``max_memory`` = 1 GiB.
+    100 (as libjpeg-turbo's fuzzers), ``max_memory`` = 1 GiB, ``max_file_size`` = 1 GiB (a sample's
+    bytes, checked from the file's or the tar member's size before it is read).
     """
     old = get_limits()
     _C.set_limits(
         int(old.max_pixels if max_pixels is None else max_pixels),
         int(old.max_scans if max_scans is None else max_scans),
         int(old.max_memory if max_memory is None else max_memory),
+        int(old.max_file_size if max_file_size is None else max_file_size),
     )
     return old

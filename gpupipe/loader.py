@@ -325,16 +325,34 @@ class Loader:
         ``set_epoch`` is set to; calling ``set_epoch`` with the same epoch keeps the position). A
         state taken after a whole epoch resumes at that epoch's first batch, as an uninterrupted
         run's next iteration would. A state of another configuration (seed, batch size, sampler,
-        ranks, dataset) is refused."""
-        if state.get("version") != 1:
-            raise ValueError(f"unknown Loader state version {state.get('version')!r}")
+        ranks, dataset) is refused, and so is any field of the wrong type or range (``ValueError``
+        naming it): nothing of a damaged state is taken."""
+        if not isinstance(state, dict):
+            raise ValueError(f"a Loader state is the dict state_dict() returns, got {type(state).__name__}")
         mine = self.state_dict()
+        missing = [k for k in mine if k not in state]
+        if missing:
+            raise ValueError(f"the Loader state lacks {', '.join(missing)}")
+        for k in mine:
+            if not _same_kind(state[k], mine[k]):
+                raise ValueError(f"the Loader state's {k}={state[k]!r} is not a {type(mine[k]).__name__}")
+        if state["version"] != 1:
+            raise ValueError(f"unknown Loader state version {state['version']!r}")
         for k in ("seed", "shuffle", "batch_size", "drop_last", "rank", "world_size", "crop", "source"):
             if state[k] != mine[k]:
                 raise ValueError(f"the state was taken with {k}={state[k]!r}, this Loader has {k}={mine[k]!r}")
-        self.epoch = int(state["epoch"])
-        self._resume = (self.epoch, int(state["batches"]))
-        self._done = (self.epoch, int(state["batches"]))
+        epoch, batches = int(state["epoch"]), int(state["batches"])
+        if epoch < 0:
+            raise ValueError(f"the Loader state's epoch={epoch} is negative")
+        if batches < 0:
+            raise ValueError(f"the Loader state's batches={batches} is negative")
+        if isinstance(self.source, MapSource):  # the count of an epoch's batches is the same for every epoch
+            total = len(self)
+            if batches > total:
+                raise ValueError(f"the Loader state's batches={batches} is more than the {total} batches of epoch {epoch}")
+        self.epoch = epoch
+        self._resume = (epoch, batches)
+        self._done = (epoch, batches)
 
     # --- reporting --------------------------------------------------------------------------------
 
@@ -361,6 +379,15 @@ class Loader:
                 "replaced": list(s.replaced), "failures": failures, "routes": dict(s.routes),
                 "fallback": list(s.fallback), "warnings": list(s.warnings),
             }
+
+
+def _same_kind(value, reference) -> bool:
+    """A state field of the type state_dict() gives it: bool for bool, an integer (not a bool) for int."""
+    if isinstance(reference, bool):
+        return isinstance(value, (bool, np.bool_))
+    if isinstance(reference, int):
+        return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    return isinstance(value, type(reference))
 
 
 class _Epoch:

@@ -2,18 +2,24 @@
 only their own part of the entropy-coded data (see csrc/restart.h).
 
 Every JPEG is rewritten with identical DCT coefficients (so identical pixels, verified per file),
-optimised Huffman tables and restart intervals that tile each MCU row. Non-JPEG, unreadable and
-corrupt files (any libjpeg warning), and files over a limit of :func:`gpupipe.set_limits`, are
-copied unchanged and reported with the reason, never dropped and never rewritten. Folder trees keep their layout (so labels
-in class folders survive); tar shards keep their members, names and order.
+optimised Huffman tables and restart intervals that tile each MCU row. Non-JPEG and corrupt files
+(any libjpeg warning), and JPEGs over a limit of :func:`gpupipe.set_limits`, are copied unchanged
+and reported with the reason (``copied``), never rewritten. What cannot be read or written (a file
+removed after the listing, a FIFO or device, a file or tar member over ``max_file_size``, a sparse
+tar member, an unreadable shard, a full disk) is reported in ``failed`` and left out; the run goes
+on. Folder trees keep their layout (so labels in class folders survive); tar shards keep their
+members, names and order. A destination inside the source folder is never read as a source.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import os
+import secrets
 import shutil
+import stat
 import tarfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +29,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from gpupipe import _C
+from gpupipe.sources import member_refusal, read_file
 
 _JPEG = b"\xff\xd8"
 
@@ -31,7 +38,8 @@ _JPEG = b"\xff\xd8"
 class PrepareReport:
     files: int = 0
     transcoded: int = 0
-    copied: list = dataclasses.field(default_factory=list)  # (path, reason): non-JPEG / unreadable
+    copied: list = dataclasses.field(default_factory=list)  # (path, reason): non-JPEG / corrupt, copied unchanged
+    failed: list = dataclasses.field(default_factory=list)  # (path, reason): not read or not written, left out
     skipped_existing: int = 0  # already prepared by an earlier run (resume)
     bytes_in: int = 0
     bytes_out: int = 0
@@ -43,7 +51,8 @@ class PrepareReport:
 
     def __str__(self) -> str:
         return (f"{self.files} files: {self.transcoded} JPEGs transcoded ({100 * self.overhead:+.2f}% size), "
-                f"{len(self.copied)} copied unchanged, {self.skipped_existing} already prepared")
+                f"{len(self.copied)} copied unchanged, {len(self.failed)} failed, {self.skipped_existing} already "
+                "prepared")
 
 
 def prepare_bytes(data: bytes, *, restart_rows: int = 1, restart_mcus: int = 8, verify: bool = True) -> bytes:
@@ -82,12 +91,21 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
         progress: a tqdm bar.
 
     Resumable: a destination file newer than its source is kept as is.
+
+    Raises:
+        FileNotFoundError: ``src`` (a folder or a shard) does not exist.
+        ValueError: ``dst`` is ``src`` (the sources would be overwritten).
     """
     dst = Path(dst)
     report = PrepareReport()
     lock = threading.Lock()
     threads = num_threads or _C.default_num_threads()
     shards = [Path(src)] if str(src).endswith(".tar") else ([Path(p) for p in src] if isinstance(src, (list, tuple)) else None)
+    for shard in shards or [Path(src)]:
+        if not (shard.is_file() if shards else shard.is_dir()):
+            raise FileNotFoundError(f"prepare: {'shard' if shards else 'source folder'} {str(shard)!r} does not exist")
+    if shards is None and dst.resolve() == Path(src).resolve():
+        raise ValueError(f"prepare: the destination {str(dst)!r} is the source folder: its files would be overwritten")
 
     def convert(name: str, data: bytes) -> bytes:
         if data[:2] != _JPEG:
@@ -106,29 +124,30 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
             report.bytes_out += len(out)
         return out
 
+    def fail(name: str, error: BaseException) -> None:
+        with lock:
+            report.failed.append((name, f"{type(error).__name__}: {error}"))
+
     bar = _bar(progress)
     if shards is None:
         root = Path(src)
-        files = sorted(p for p in root.rglob("*") if p.is_file())
+        files = _source_files(root, dst, fail)
         report.files = len(files)
         if bar is not None:
             bar.reset(total=len(files))
 
         def one(path: Path):
             target = dst / path.relative_to(root)
-            if target.exists() and target.stat().st_mtime >= path.stat().st_mtime and target.stat().st_size > 0:
-                with lock:
-                    report.skipped_existing += 1
-            else:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                data = path.read_bytes()
-                out = convert(str(path), data)
-                tmp = target.with_name(target.name + ".part")
-                if out is data:
-                    shutil.copy2(path, tmp)
+            try:
+                if target.exists() and target.stat().st_mtime >= path.stat().st_mtime and target.stat().st_size > 0:
+                    with lock:
+                        report.skipped_existing += 1
                 else:
-                    tmp.write_bytes(out)
-                os.replace(tmp, target)  # atomic: an interrupted run leaves no half file
+                    data = read_file(path)  # regular files within max_file_size only
+                    out = convert(str(path), data)
+                    _write_atomically(target, out, stat_from=path if out is data else None)
+            except OSError as e:  # removed after the listing, unreadable, not writable: this file only
+                fail(str(path), e)
             if bar is not None:
                 bar.update(1)
 
@@ -138,17 +157,19 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
         dst.mkdir(parents=True, exist_ok=True)
         for shard in shards:
             target = dst / shard.name
-            if target.exists() and target.stat().st_mtime >= shard.stat().st_mtime:
-                report.skipped_existing += 1
+            try:
+                if target.exists() and target.stat().st_mtime >= shard.stat().st_mtime:
+                    report.skipped_existing += 1
+                    continue
+                members, payloads = _read_members(shard, fail)
+            except (tarfile.TarError, OSError, EOFError) as e:  # an unreadable shard: the others go on
+                fail(str(shard), e)
                 continue
-            with tarfile.open(shard, "r") as tin:
-                members = [m for m in tin.getmembers()]
-                payloads = [tin.extractfile(m).read() if m.isfile() else None for m in members]
             with ThreadPoolExecutor(threads) as pool:
                 converted = list(pool.map(lambda mp: convert(f"{shard}:{mp[0].name}", mp[1]) if mp[1] is not None else None,
                                           zip(members, payloads)))
-            tmp = target.with_name(target.name + ".part")
-            with tarfile.open(tmp, "w") as tout:
+            buffer = io.BytesIO()
+            with tarfile.open(fileobj=buffer, mode="w") as tout:
                 for m, data in zip(members, converted):
                     report.files += m.isfile()
                     if data is None:
@@ -157,12 +178,79 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
                         info = tarfile.TarInfo(m.name)
                         info.size, info.mtime, info.mode = len(data), m.mtime, m.mode
                         tout.addfile(info, io.BytesIO(data))
-            os.replace(tmp, target)
+            try:
+                _write_atomically(target, buffer.getvalue())
+            except OSError as e:
+                fail(str(target), e)
             if bar is not None:
                 bar.update(1)
     if bar is not None:
         bar.close()
     return report
+
+
+def _source_files(root: Path, dst: Path, fail) -> list:
+    """The files under ``root`` to prepare, sorted: regular files (symlinks to them too), never those
+    under ``dst`` (a destination inside the source: its outputs are not sources). Other kinds (FIFOs,
+    devices, broken links) are reported failed."""
+    skip = dst.resolve()
+    files = []
+    for p in sorted(root.rglob("*")):
+        if p.resolve() == skip or skip in p.resolve().parents:
+            continue
+        try:
+            mode = p.stat().st_mode
+        except OSError as e:
+            fail(str(p), e)
+            continue
+        if stat.S_ISREG(mode):
+            files.append(p)
+        elif not stat.S_ISDIR(mode):
+            fail(str(p), OSError(f"not a regular file (mode {stat.filemode(mode)}): not read"))
+    return files
+
+
+def _read_members(shard: Path, fail) -> tuple[list, list]:
+    """A shard's members and their data (None for those without: directories, links), leaving out
+    (reported failed) the members a Loader refuses to read: sparse, over ``max_file_size``."""
+    max_size = _C.get_limits()[3]
+    members, payloads = [], []
+    with tarfile.open(shard, "r") as tin:
+        for m in tin:
+            if m.isfile():  # regular or sparse
+                why = member_refusal(m, max_size)
+                if why is not None:
+                    fail(f"{shard}:{m.name}", OSError(f"member {why}"))
+                    continue
+                payloads.append(tin.extractfile(m).read())
+            else:
+                payloads.append(None)
+            members.append(m)
+    return members, payloads
+
+
+def _write_atomically(target: Path, data: bytes, stat_from: Optional[Path] = None) -> None:
+    """Writes ``target`` through a temporary file of a name no other source or output has (an
+    interrupted run leaves no half file; two threads never share one), with ``stat_from``'s mode and
+    times when given (an unchanged copy)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    while True:  # O_EXCL: a name nothing else holds; mode 0666 less the umask, as a plain write
+        tmp = target.parent / f".{target.name}.{secrets.token_hex(6)}.gpupipe-part"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+            break
+        except FileExistsError:
+            continue
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        if stat_from is not None:
+            shutil.copystat(stat_from, tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _bar(progress: bool):

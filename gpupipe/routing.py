@@ -44,7 +44,8 @@ def probe(buffers: Sequence, options: Optional[DecodeOptions] = None) -> HeaderI
         others = np.flatnonzero(infos.kind == ErrorKind.NOT_JPEG)
         if len(others):
             infos.pillow, failed = pillow.probe(buffers, others, infos.messages,
-                                                 options is not None and options.apply_exif_orientation)
+                                                 options is not None and options.apply_exif_orientation,
+                                                 options.mode if options is not None else "rgb")
             for i, (kind, message) in failed.items():
                 infos.table[i, -1] = int(kind)
                 infos.messages[i] = message

@@ -68,8 +68,9 @@ class MapSource:
         return len(self.keys)
 
     def read(self, i: int) -> bytes:
-        with open(self.keys[i], "rb") as f:
-            return f.read()
+        """The bytes of sample ``i``'s file: a regular file of at most ``max_file_size`` bytes
+        (:func:`gpupipe.set_limits`), else ``OSError`` (a FIFO, a device, a directory, too large)."""
+        return read_file(self.keys[i])
 
     def reads_files(self) -> bool:
         """Whether ``read`` is this class's (the key's file), not one a subclass or the instance gave."""
@@ -81,20 +82,34 @@ class MapSource:
         subclass that overrides ``read`` gets its own ``read`` called per sample."""
         if not self.reads_files():
             return [_call_or_error(self.read, i) for i in indices]
-        keys = [self.keys[i] for i in indices]
-        out = [_call_or_error(_file_path, k) for k in keys]  # a key open() would refuse fails alone
-        todo = [j for j, p in enumerate(out) if isinstance(p, bytes)]
-        got = _C.read_files([out[j] for j in todo], num_threads)
-        for j, r in zip(todo, got):
-            # the OSError subclass open() would raise (FileNotFoundError, IsADirectoryError, ...)
-            out[j] = OSError(r, os.strerror(r), keys[j]) if isinstance(r, int) else r
-        return out
+        return read_files([self.keys[i] for i in indices], num_threads)
 
     def epoch_samples(self, *, epoch, seed, shuffle, rank, world_size, drop_last, start=0) -> Iterator[Sample]:
         order = distributed_indices(len(self), epoch=epoch, seed=seed, shuffle=shuffle, rank=rank,
                                     world_size=world_size, drop_last=drop_last)
         for i in order[start:]:
             yield Sample(int(i), self.keys[i], int(self.labels[i]), None)
+
+
+def read_files(paths: Sequence, num_threads: int) -> list:
+    """The bytes of each file, or the exception that stopped its read: one native call on
+    ``num_threads`` threads without the GIL. Only regular files of at most ``max_file_size`` bytes
+    are read; a FIFO, a device (a symlink to ``/dev/zero``), a directory or a larger file fails alone."""
+    out = [_call_or_error(_file_path, p) for p in paths]  # a key open() would refuse fails alone
+    todo = [j for j, p in enumerate(out) if isinstance(p, bytes)]
+    got = _C.read_files([out[j] for j in todo], num_threads)
+    for j, r in zip(todo, got):
+        # the OSError subclass open() would raise (FileNotFoundError, IsADirectoryError, ...)
+        out[j] = OSError(r[0], r[1], os.fspath(paths[j])) if isinstance(r, tuple) else r
+    return out
+
+
+def read_file(path) -> bytes:
+    """One file's bytes, as :func:`read_files` reads them; raises its ``OSError``."""
+    got = read_files([path], 1)[0]
+    if isinstance(got, BaseException):
+        raise got
+    return got
 
 
 def _file_path(key) -> bytes:
@@ -145,6 +160,9 @@ class FileList(MapSource):
         if len(paths) != len(labels):
             raise ValueError(f"{len(paths)} paths but {len(labels)} labels")
         self.keys = [os.fspath(p) for p in paths]
+        for i, label in enumerate(labels):
+            if isinstance(label, bool) or not isinstance(label, (int, np.integer)) or not _INT64_MIN <= label <= _INT64_MAX:
+                raise ValueError(f"label {label!r} of {self.keys[i]!r} is not an int64 integer")
         self.labels = np.asarray(labels, dtype=np.int64)
 
     @classmethod
@@ -155,10 +173,14 @@ class FileList(MapSource):
         base = Path(root) if root is not None else Path(path).parent
         paths, labels = [], []
         with open(path, newline="") as f:
-            for row in csv.DictReader(f):
+            for line, row in enumerate(csv.DictReader(f), 2):
                 p = Path(row[path_column])
                 paths.append(p if p.is_absolute() else base / p)
-                labels.append(int(row[label_column]))
+                try:
+                    labels.append(int(row[label_column]))
+                except (TypeError, ValueError):
+                    raise ValueError(f"{os.fspath(path)}, line {line}: the label {row[label_column]!r} is not an "
+                                     "integer") from None
         return cls(paths, labels)
 
 
@@ -194,27 +216,34 @@ class TarShards:
     @staticmethod
     def read_shard(path: str) -> Iterator[tuple]:
         """(key, label, image bytes, error) per sample, in the shard's order. A sample whose label
-        is not an integer, and a shard that cannot be read (truncated, not a tar), come out as one
-        record with the error, so the stream goes on with the next sample or shard."""
-        current, parts = None, {}
+        is not an integer, a sample with a member that is not read (sparse, a link or device, over
+        ``max_file_size``: checked from the member's header, before any of it is read), and a shard
+        that cannot be read (truncated, not a tar), come out as one record with the error, so the
+        stream goes on with the next sample or shard."""
+        current, parts, refused = None, {}, []
+        max_size = _C.get_limits()[3]
         try:
             with tarfile.open(path, "r|*") as tar:
                 for member in tar:
-                    if not member.isfile():
+                    if member.isdir():
                         continue
                     base = os.path.basename(member.name)
                     key = os.path.join(os.path.dirname(member.name), base.split(".", 1)[0])
                     ext = base.split(".", 1)[1].lower() if "." in base else ""
                     if current is not None and key != current:
-                        yield from TarShards._sample(current, parts, path)
-                        parts = {}
+                        yield from TarShards._sample(current, parts, refused, path)
+                        parts, refused = {}, []
                     current = key
-                    parts[ext] = tar.extractfile(member).read()
+                    why = member_refusal(member, max_size)
+                    if why is not None:
+                        refused.append(f"member {member.name!r} {why}")
+                    else:
+                        parts[ext] = tar.extractfile(member).read()
         except (tarfile.TarError, OSError, EOFError) as e:
             yield f"{path}", -1, None, f"unreadable shard ({type(e).__name__}: {e}); the rest of it is skipped"
             return
         if current is not None:
-            yield from TarShards._sample(current, parts, path)
+            yield from TarShards._sample(current, parts, refused, path)
         if not TarShards._ends_properly(path):  # tarfile takes a cut-off header for the end: say so
             yield f"{path}", -1, None, ("unreadable shard (truncated: no end-of-archive blocks); the samples after "
                                         "the damage are lost")
@@ -236,7 +265,10 @@ class TarShards:
             return False
 
     @staticmethod
-    def _sample(key: str, parts: dict, shard: str):
+    def _sample(key: str, parts: dict, refused: list, shard: str):
+        if refused:  # it may have been the image or the label: the sample fails, named
+            yield f"{shard}:{key}", -1, None, "; ".join(refused)
+            return
         image = next((parts[e] for e in parts if e in ("jpg", "jpeg", "png", "webp", "ppm", "bmp")), None)
         if image is None:
             return  # a key without an image (e.g. metadata only) is not a sample
@@ -244,6 +276,9 @@ class TarShards:
             label = int(parts["cls"].decode().strip()) if "cls" in parts else -1
         except (ValueError, UnicodeDecodeError):
             yield f"{shard}:{key}", -1, None, f"the label {parts['cls'][:32]!r} in {key}.cls is not an integer"
+            return
+        if not _INT64_MIN <= label <= _INT64_MAX:
+            yield f"{shard}:{key}", -1, None, f"the label {label} in {key}.cls is outside the int64 range of labels"
             return
         yield f"{shard}:{key}", label, image, None
 
@@ -284,6 +319,25 @@ class TarShards:
                     yield buffer.pop()
         rng.shuffle(buffer)
         yield from buffer
+
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def member_refusal(member: tarfile.TarInfo, max_size: int) -> Optional[str]:
+    """Why a tar member's data is not read (its kind and size, from its header), or None. A sparse
+    member expands to its claimed size from a map (a 4.5 KB shard made a 300 MB sample, 1 TB a
+    MemoryError); links and devices hold no data of their own."""
+    if member.issparse():
+        return f"is a sparse file claiming {member.size} bytes: not read"
+    if not member.isreg():
+        kind = {tarfile.SYMTYPE: "a symbolic link", tarfile.LNKTYPE: "a hard link", tarfile.CHRTYPE: "a character device",
+                tarfile.BLKTYPE: "a block device", tarfile.FIFOTYPE: "a FIFO"}.get(member.type, f"of type {member.type!r}")
+        return f"is {kind}, not a regular file: not read"
+    if member.size > max_size:
+        return (f"is {member.size} bytes, over the max_file_size limit of {max_size} (gpupipe.set_limits("
+                "max_file_size=...) raises it): not read")
+    return None
 
 
 def write_tar_shards(samples, folder: str | os.PathLike, samples_per_shard: int = 100) -> list[str]:

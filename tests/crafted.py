@@ -111,6 +111,65 @@ def without_segments(jpeg: bytes, marker: int) -> bytes:
     return bytes(out + jpeg[last:])
 
 
+def tar_member(name: str, payload: bytes) -> bytes:
+    """One regular member of a tar archive: its header and its data padded to whole blocks."""
+    import io
+    import tarfile
+
+    info = tarfile.TarInfo(name)
+    info.size = len(payload)
+    return info.tobuf(tarfile.GNU_FORMAT) + payload + bytes(-len(payload) % 512)
+
+
+def sparse_tar_member(name: str, claimed_size: int, stored: bytes = b"\xff\xd8" + bytes(510)) -> bytes:
+    """A GNU sparse member (type 'S') storing ``stored`` at offset 0 of a file claiming
+    ``claimed_size`` bytes: tarfile expands it with zeros to the claimed size (report 3)."""
+    import tarfile
+
+    info = tarfile.TarInfo(name)
+    info.size = len(stored)
+    header = bytearray(info.tobuf(tarfile.GNU_FORMAT))
+    header[156:157] = tarfile.GNUTYPE_SPARSE
+    header[386:410] = tarfile.itn(0, 12, tarfile.GNU_FORMAT) + tarfile.itn(len(stored), 12, tarfile.GNU_FORMAT)
+    header[482] = 0  # no extended sparse headers
+    header[483:495] = tarfile.itn(claimed_size, 12, tarfile.GNU_FORMAT)
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    return bytes(header) + stored + bytes(-len(stored) % 512)
+
+
+def tar_end() -> bytes:
+    return bytes(1024)
+
+
+def big_tiff(width: int = 32, height: int = 16, damaged: bool = True) -> bytes:
+    """A little-endian BigTIFF (magic ``II+``), 8-bit gray, one deflate strip, its compressed data
+    damaged: libtiff decodes it and reports the damage on stderr (report 6)."""
+    import zlib
+
+    pixels = bytes((x * 7 + y * 3) % 256 for y in range(height) for x in range(width))
+    strip = bytearray(zlib.compress(pixels))
+    if damaged:
+        for k in range(2, len(strip) - 4):
+            strip[k] ^= 0x5A
+    entries = [(256, 4, width), (257, 4, height), (258, 3, 8), (259, 3, 8), (262, 3, 1), (273, 16, 0),
+               (277, 3, 1), (278, 4, height), (279, 16, len(strip))]
+    ifd_at = 16
+    data_at = ifd_at + 8 + 20 * len(entries) + 8
+    ifd = struct.pack("<Q", len(entries))
+    for tag, kind, value in entries:
+        ifd += struct.pack("<HHQQ", tag, kind, 1, data_at if tag == 273 else value)
+    ifd += struct.pack("<Q", 0)
+    return b"II+\x00" + struct.pack("<HHQ", 8, 0, ifd_at) + ifd + bytes(strip)
+
+
+def tiff_with_other_magic(tiff: bytes) -> bytes:
+    """A TIFF whose magic has its version bytes swapped (``II\\0*``), which Pillow still opens and
+    libtiff refuses, saying so on stderr (report 6)."""
+    return (b"II\x00*" if tiff[:2] == b"II" else b"MM*\x00") + tiff[4:]
+
+
 __all__ = ["gray_restart_jpeg", "restart_walk_heap_overflow", "restart_walk_garbage", "huge_declared_size",
            "exif_app1", "xmp_app1", "with_app1s", "sos_offset", "without_segments",
-           "incomplete_progressive"]
+           "incomplete_progressive", "big_tiff", "tiff_with_other_magic", "tar_member", "sparse_tar_member",
+           "tar_end"]

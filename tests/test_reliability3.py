@@ -114,3 +114,267 @@ def test_a_forked_child_does_not_wait_for_the_parents_calls(jpeg):
         print(os.waitstatus_to_exitcode(status), round(time.perf_counter() - t0))
         """)
     assert out.stdout.split() == ["0", "0"]
+
+
+# --- 3. tar shards: member kinds and sizes, labels ----------------------------------------------
+
+def _shard(tmp_path, *members) -> str:
+    path = tmp_path / "shard-00000.tar"
+    path.write_bytes(b"".join(members) + crafted.tar_end())
+    return str(path)
+
+
+def test_tar_members_are_checked_before_any_read(tmp_path, jpeg):
+    """A GNU sparse member made a 4.5 KB shard a 300 MB sample, one claiming 1 TB ended the epoch with
+    a bare MemoryError, a label of 20 digits ended it with a ValueError naming no sample. Each now
+    fails its own sample, named, and the others are delivered."""
+    shard = _shard(tmp_path,
+                   crafted.tar_member("a.jpg", jpeg), crafted.tar_member("a.cls", b"1"),
+                   crafted.sparse_tar_member("b.jpg", 300 << 20), crafted.tar_member("b.cls", b"2"),
+                   crafted.sparse_tar_member("c.jpg", 1 << 40), crafted.tar_member("c.cls", b"3"),
+                   crafted.tar_member("d.jpg", jpeg), crafted.tar_member("d.cls", b"99999999999999999999"),
+                   crafted.tar_member("e.jpg", jpeg), crafted.tar_member("e.cls", b"5"))
+    records = list(gpupipe.sources.TarShards.read_shard(shard))
+    assert [(r[0].split(":")[-1], r[1]) for r in records] == [("a", 1), ("b", -1), ("c", -1), ("d", -1), ("e", 5)]
+    assert [r[3] is None for r in records] == [True, False, False, False, True]
+    assert "'b.jpg' is a sparse file claiming 314572800 bytes" in records[1][3]
+    assert "outside the int64 range" in records[3][3]
+    out = run_child(f"""
+        import resource, warnings, gpupipe
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        loader = gpupipe.Loader(gpupipe.sources.TarShards([{shard!r}]), batch_size=8, num_threads=2, shuffle=False,
+                                crop=gpupipe.crops.CenterCrop(32))
+        labels = [l for _, ls in loader for l in ls.tolist()]
+        grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024
+        print(labels, sorted(f.key.split(":")[-1] for f in loader.stats()["skipped"]), grew < 100)
+        """)
+    assert out.stdout.strip() == "[1, 5] ['b', 'c', 'd'] True"
+
+
+def test_a_tar_member_over_max_file_size_or_not_a_file_fails_its_sample(tmp_path, jpeg):
+    link = bytearray(crafted.tar_member("b.jpg", b""))
+    link[156:157] = b"2"  # a symbolic link member
+    link[148:156] = b" " * 8
+    link[148:156] = b"%06o\0 " % sum(link[:512])
+    shard = _shard(tmp_path, crafted.tar_member("a.jpg", jpeg), bytes(link), crafted.tar_member("c.jpg", jpeg))
+    from helpers import limits
+
+    with limits(max_file_size=len(jpeg) - 1):
+        records = list(gpupipe.sources.TarShards.read_shard(shard))
+    assert [r[3] for r in records][1] == "member 'b.jpg' is a symbolic link, not a regular file: not read"
+    assert "over the max_file_size limit" in records[0][3] and "over the max_file_size limit" in records[2][3]
+
+
+@pytest.mark.parametrize("label", [b"99999999999999999999", b"-9223372036854775809"])
+def test_labels_outside_int64_name_their_sample_everywhere(tmp_path, label):
+    with pytest.raises(ValueError, match="is not an int64 integer"):
+        gpupipe.sources.FileList(["a.jpg"], [int(label)])
+    csv_file = tmp_path / "list.csv"
+    csv_file.write_text("path,label\na.jpg,1\nb.jpg,x\n")
+    with pytest.raises(ValueError, match=r"line 3: the label 'x' is not an integer"):
+        gpupipe.sources.FileList.from_csv(csv_file)
+
+
+# --- 4. special files in a folder ---------------------------------------------------------------
+
+def test_special_files_and_oversized_files_fail_their_sample_without_reading(tmp_path, jpeg):
+    """A .jpg that is a symlink to /dev/zero grew RSS past 1.5 GB in a second; a FIFO named .jpg
+    blocked the Loader forever. Only regular files are read, and only up to max_file_size."""
+    import os
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "good.jpg").write_bytes(jpeg)
+    (tmp_path / "a" / "zero.jpg").symlink_to("/dev/zero")
+    os.mkfifo(tmp_path / "a" / "fifo.jpg")
+    (tmp_path / "a" / "large.jpg").write_bytes(jpeg + bytes(4096))
+    out = run_child(f"""
+        import resource, gpupipe
+        gpupipe.set_limits(max_file_size={len(jpeg) + 100})
+        source = gpupipe.sources.ImageFolder({str(tmp_path)!r})
+        loader = gpupipe.Loader(source, batch_size=4, num_threads=2, shuffle=False, crop=gpupipe.crops.CenterCrop(32))
+        images = sum(len(x) for x, _ in loader)
+        for f in sorted(loader.stats()["skipped"], key=lambda f: f.key):
+            print(f.key.rsplit("/", 1)[-1], f.kind.name, f.message)
+        for i in range(len(source)):
+            try:
+                source.read(i)
+            except OSError as e:
+                print("read", e.errno, type(e).__name__)
+        print(images, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 1_000_000)
+        """, timeout=60)
+    lines = out.stdout.strip().splitlines()
+    assert lines[-1] == "1 True"
+    assert lines[0].startswith("fifo.jpg READ") and "a FIFO, not a regular file: not read" in lines[0]
+    assert lines[1].startswith("large.jpg READ") and "over the max_file_size limit" in lines[1]
+    assert lines[2].startswith("zero.jpg READ") and "a character device, not a regular file" in lines[2]
+    assert lines[3:6] == ["read 22 OSError", "read 27 OSError", "read 22 OSError"]
+
+
+# --- 6, 7. the Pillow route: stderr, max_memory ---------------------------------------------------
+
+def test_libtiff_messages_of_every_tiff_magic_stay_off_stderr():
+    """A BigTIFF with a damaged strip, and a TIFF with a byte-swapped version (which Pillow opens and
+    libtiff refuses), printed libtiff's text on stderr; now it is the sample's error."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(buf, "TIFF", compression="tiff_adobe_deflate")
+    out = run_child(f"""
+        import gpupipe
+        for data in ({crafted.big_tiff()!r}, {crafted.tiff_with_other_magic(buf.getvalue())!r}):
+            r = gpupipe.decode_crop_jpegs([data], [[0, 0, 8, 8]], on_error="skip")
+            print(r.errors[0])
+        """)
+    first, second = out.stdout.strip().splitlines()
+    assert "libtiff: ZIPDecode: Decoding error" in first
+    assert "libtiff: tempfile.tif: Not a TIFF file, bad version number" in second
+
+
+def test_the_pillow_route_holds_max_memory(tmp_path):
+    """An 8000x8000 PNG of 186 KB decoded with +249 MB under a 64 MB max_memory; a JPEG of that size
+    is refused. The decode's memory is checked from the header first."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8000, 8000), (10, 20, 30)).save(buf, "PNG")
+    (tmp_path / "big.png").write_bytes(buf.getvalue())
+    out = run_child(f"""
+        import resource, gpupipe
+        data = open({str(tmp_path / "big.png")!r}, "rb").read()
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        gpupipe.set_limits(max_memory=64 << 20)
+        r = gpupipe.decode_crop_jpegs([data], [[0, 0, 8, 8]], on_error="skip")
+        print(r.kinds[0].name, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024 < 40)
+        try:
+            gpupipe.decode_crop_jpeg(data, 0, 0, 8, 8)
+        except gpupipe.MemoryLimitError as e:
+            print(e)
+        gpupipe.set_limits(max_memory=1 << 30)
+        print(gpupipe.decode_crop_jpeg(data, 0, 0, 8, 8)[:, 0, 0].tolist())
+        """)
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == "MEMORY_LIMIT True"
+    assert "takes 256000000 bytes, over the max_memory limit of 67108864" in lines[1]
+    assert lines[2] == "[10, 20, 30]"
+
+
+# --- 8. prepare ----------------------------------------------------------------------------------
+
+def test_prepare_temporary_names_never_collide_with_sources(tmp_path, jpeg):
+    """A large a.jpg beside a small a.jpg.part lost a.jpg's output (both wrote a.jpg.part) while the
+    report said both were copied."""
+    src = tmp_path / "src" / "c"
+    src.mkdir(parents=True)
+    big = encode(photo(1200, 1600))
+    (src / "a.jpg").write_bytes(big)
+    (src / "a.jpg.part").write_bytes(jpeg)
+    for _ in range(3):
+        report = gpupipe.prepare(tmp_path / "src", tmp_path / "dst", num_threads=2, progress=False)
+        assert report.transcoded + report.skipped_existing == 2 and not report.failed
+        np.testing.assert_array_equal(gpupipe.decode_crop_jpeg((tmp_path / "dst" / "c" / "a.jpg").read_bytes(), 0, 0, 1200, 1600),
+                                      gpupipe.decode_crop_jpeg(big, 0, 0, 1200, 1600))
+        assert gpupipe.read_header((tmp_path / "dst" / "c" / "a.jpg.part").read_bytes())[:2] == gpupipe.read_header(jpeg)[:2]
+    assert sorted(p.name for p in (tmp_path / "dst" / "c").iterdir()) == ["a.jpg", "a.jpg.part"]
+
+
+def test_prepare_reports_what_it_cannot_read_and_goes_on(tmp_path, jpeg, monkeypatch):
+    """A file removed after the listing aborted the whole run; special files were skipped silently."""
+    import os
+
+    import importlib
+
+    prepare_module = importlib.import_module("gpupipe.prepare")  # gpupipe.prepare is also the function
+
+    src = tmp_path / "src" / "c"
+    src.mkdir(parents=True)
+    for name in ("a.jpg", "b.jpg", "c.jpg"):
+        (src / name).write_bytes(jpeg)
+    os.mkfifo(src / "fifo.jpg")
+    listed = prepare_module._source_files
+
+    def list_then_remove(*args):
+        files = listed(*args)
+        (src / "b.jpg").unlink()  # gone between the listing and its read
+        return files
+
+    monkeypatch.setattr(prepare_module, "_source_files", list_then_remove)
+    report = gpupipe.prepare(tmp_path / "src", tmp_path / "dst", num_threads=2, progress=False)
+    assert report.transcoded == 2 and "2 failed" in str(report)
+    failed = dict(report.failed)
+    assert "FileNotFoundError" in failed[str(src / "b.jpg")]
+    assert "not a regular file" in failed[str(src / "fifo.jpg")]
+    assert sorted(p.name for p in (tmp_path / "dst" / "c").iterdir()) == ["a.jpg", "c.jpg"]
+
+
+def test_prepare_into_its_own_source_never_reads_its_output(tmp_path, jpeg):
+    src = tmp_path / "src"
+    (src / "c").mkdir(parents=True)
+    (src / "c" / "a.jpg").write_bytes(jpeg)
+    first = gpupipe.prepare(src, src / "prepared", progress=False)
+    second = gpupipe.prepare(src, src / "prepared", progress=False)
+    assert (first.files, first.transcoded) == (1, 1) and (second.files, second.skipped_existing) == (1, 1)
+    assert sorted(str(p.relative_to(src)) for p in src.rglob("*.jpg")) == ["c/a.jpg", "prepared/c/a.jpg"]
+    with pytest.raises(ValueError, match="is the source folder"):
+        gpupipe.prepare(src, src, progress=False)
+
+
+def test_prepare_cli_exits_non_zero_with_one_line_reasons(tmp_path, jpeg):
+    import subprocess
+    import sys
+
+    missing = subprocess.run([sys.executable, "-m", "gpupipe", "prepare", str(tmp_path / "nope"), str(tmp_path / "out")],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr and len(missing.stderr.splitlines()) == 1
+    shard = _shard(tmp_path, crafted.tar_member("a.jpg", jpeg), crafted.sparse_tar_member("b.jpg", 300 << 20))
+    r = subprocess.run([sys.executable, "-m", "gpupipe", "prepare", shard, str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "failed, not in the output" in r.stdout and "sparse" in r.stdout
+    import tarfile
+
+    with tarfile.open(tmp_path / "out" / "shard-00000.tar") as tar:
+        assert tar.getnames() == ["a.jpg"]
+    assert (tmp_path / "out" / "shard-00000.tar").stat().st_size < 100_000
+
+
+# --- 9. Loader.load_state_dict validates every field -----------------------------------------------
+
+@pytest.mark.parametrize("change,match", [
+    ({"batches": -1}, "batches=-1 is negative"),
+    ({"batches": 10**6}, "is more than the"),
+    ({"epoch": -2}, "epoch=-2 is negative"),
+    ({"batches": 1.5}, "batches=1.5 is not a int"),
+    ({"batches": "2"}, "batches='2' is not a int"),
+    ({"batches": True}, "batches=True is not a int"),
+    ({"seed": 0.0}, "seed=0.0 is not a int"),
+    ({"shuffle": 1}, "shuffle=1 is not a bool"),
+    ({"version": 2}, "unknown Loader state version 2"),
+    ({"batches": None}, "batches=None is not a int"),
+])
+def test_load_state_dict_refuses_bad_fields_by_name(loader_folder, change, match):
+    loader = gpupipe.Loader(gpupipe.sources.ImageFolder(loader_folder), batch_size=4, num_threads=1,
+                            crop=gpupipe.crops.CenterCrop(16))
+    state = dict(loader.state_dict(), **change)
+    with pytest.raises(ValueError, match=match):
+        loader.load_state_dict(state)
+    assert loader.state_dict()["batches"] == 0
+
+
+@pytest.mark.parametrize("state", [None, [], "state", {"version": 1}])
+def test_load_state_dict_refuses_what_is_not_a_state(loader_folder, state):
+    loader = gpupipe.Loader(gpupipe.sources.ImageFolder(loader_folder), batch_size=4, num_threads=1,
+                            crop=gpupipe.crops.CenterCrop(16))
+    with pytest.raises(ValueError, match="Loader state"):
+        loader.load_state_dict(state)
+
+
+@pytest.fixture
+def loader_folder(tmp_path, jpeg):
+    for c in ("a", "b"):
+        (tmp_path / c).mkdir()
+        for i in range(5):
+            (tmp_path / c / f"{i}.jpg").write_bytes(jpeg)
+    return tmp_path

@@ -27,7 +27,12 @@ name = "pillow"
 
 
 FORMATS = ("PNG", "WEBP", "BMP", "GIF", "TIFF")
-_LIBTIFF_MESSAGE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*: ")  # libtiff's handlers print "Module: message"
+# libtiff's handlers print "module: message", the module a function ("ZIPDecode") or the file's name
+# ("tempfile.tif", Pillow's name for an in-memory TIFF)
+_LIBTIFF_MESSAGE = re.compile(r"^[^\s:]+: ")
+# Every magic Pillow's TIFF plugin opens (TiffImagePlugin.PREFIXES): classic, BigTIFF, and the
+# byte-swapped versions it accepts ("II\0*"), which libtiff then refuses out loud.
+_TIFF_MAGICS = (b"MM\x00*", b"II*\x00", b"MM*\x00", b"II\x00*", b"MM\x00+", b"II+\x00")
 
 
 def _open(data):
@@ -38,20 +43,30 @@ def _open(data):
 
 def _quiet(data):
     """Catches what libtiff prints while a TIFF is read (a context yielding the list of its lines)."""
-    if bytes(data[:4]) in (b"II*\0", b"MM\0*"):
+    if bytes(data[:4]) in _TIFF_MAGICS:
         return _stderr.captured(lambda line: _LIBTIFF_MESSAGE.match(line.strip()) is not None)
     return contextlib.nullcontext([])
 
 
-def probe(buffers: Sequence, indices, jpeg_messages: dict, orientation: bool = False) -> tuple[dict, dict]:
+def decoded_bytes(img, mode: str) -> int:
+    """The memory Pillow needs to decode ``img`` and convert it to ``mode`` ("RGB" or "L"): its
+    decoded image (Pillow holds 1, 2 or 4 bytes a pixel, RGB as 4) and the converted copy."""
+    pixel = 1 if img.mode in ("1", "L", "P") else 2 if img.mode.startswith("I;16") else 4
+    converted = 0 if img.mode == mode else (4 if mode == "RGB" else 1)
+    return img.size[0] * img.size[1] * (pixel + converted)
+
+
+def probe(buffers: Sequence, indices, jpeg_messages: dict, orientation: bool = False, mode: str = "rgb") -> tuple[dict, dict]:
     """Headers of the files at ``indices`` that Pillow reads: ({index: (height, width, EXIF
     orientation)}, {index: (ErrorKind, message)} for the rest, after libjpeg's message). Decodes no
-    pixels: the size is checked against ``max_pixels`` first, and EXIF is read only when
+    pixels: the size is checked against ``max_pixels`` and the decode's memory against
+    ``max_memory`` first (the limits hold in every route), and EXIF is read only when
     ``orientation`` is asked for (reading a PNG's EXIF loads its pixels)."""
     from PIL import Image
 
     found, failed = {}, {}
-    limit = get_limits().max_pixels
+    limits = get_limits()
+    limit = limits.max_pixels
     for i in indices:
         try:
             with warnings.catch_warnings(), _quiet(buffers[i]):
@@ -70,6 +85,12 @@ def probe(buffers: Sequence, indices, jpeg_messages: dict, orientation: bool = F
         if h * w > limit:
             failed[int(i)] = (ErrorKind.PIXEL_LIMIT, f"image is {w}x{h} = {h * w} pixels, over the max_pixels limit of "
                                                      f"{limit} (gpupipe.set_limits(max_pixels=...) raises it)")
+            continue
+        need = decoded_bytes(img, "RGB" if mode == "rgb" else "L")
+        if need > limits.max_memory:
+            failed[int(i)] = (ErrorKind.MEMORY_LIMIT, f"decoding this {w}x{h} {img.mode} image takes {need} bytes, over the "
+                                                      f"max_memory limit of {limits.max_memory} (gpupipe.set_limits("
+                                                      "max_memory=...) raises it)")
             continue
         turn = 1
         if orientation:
