@@ -20,12 +20,13 @@ import dataclasses
 import itertools
 import math
 import os
+import sys
 import threading
 import time
 import weakref
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -132,14 +133,25 @@ def _rows(params: Any, keep: torch.Tensor, n: int) -> Any:
 
 class _Ring:
     """The host buffers decoded batches go into: a slot is reused once its batch is finished (and,
-    on CUDA, once its copy to the device completed: waited for by the decode thread, never polled)."""
+    on CUDA, once its copy to the device completed: waited for by the decode thread, never polled).
+    One epoch's; the buffers pass to the next epoch's ring (:meth:`Loader._host_ring`)."""
 
-    def __init__(self, slots: int, shape: tuple, pin: bool):
-        self.buffers = [torch.empty(shape, dtype=torch.uint8, pin_memory=pin) for _ in range(slots)]
-        self._free = list(range(slots))
-        self._pending: list = []  # (event, slot): copies still reading a slot
+    def __init__(self, buffers: list, pending: Sequence = ()):
+        self.buffers = buffers
+        self._pending: list = list(pending)  # (event, slot): copies still reading a slot
+        busy = {slot for _, slot in self._pending}
+        self._free = [s for s in range(len(buffers)) if s not in busy]
         self._cond = threading.Condition()
         self._closed = False
+        self.retired = False  # its epoch's threads have all stopped: the buffers may pass on
+
+    def fits(self, slots: int, shape: tuple, pin: bool) -> bool:
+        b = self.buffers[0]
+        return len(self.buffers) == slots and tuple(b.shape) == tuple(shape) and b.is_pinned() == pin
+
+    def pending(self) -> list:
+        with self._cond:
+            return list(self._pending)
 
     def acquire(self) -> int:
         with self._cond:
@@ -162,6 +174,30 @@ class _Ring:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+
+
+class _Recycled:
+    """Host batch tensors for the consumer, each reused once nothing refers to it any more (the
+    consumer dropped the batch and every view of it), across epochs. A new tensor per batch is a new
+    mmap for a large batch (256 x 224 x 224 x 3 is 38 MB, over glibc's mmap threshold), whose page
+    faults and zeroing cost ~30 us an image; a reused one costs nothing. At most ``keep`` are kept."""
+
+    def __init__(self, shape: tuple, keep: int):
+        self.shape, self.keep = shape, keep
+        self._arrays: list = []
+        self._lock = threading.Lock()  # an abandoned epoch's decode thread may still be taking one
+
+    def take(self, n: int) -> torch.Tensor:
+        """A tensor of ``shape`` with ``n`` rows that nothing else refers to."""
+        with self._lock:
+            for a in self._arrays:
+                # Held only by this list, the loop and getrefcount: no tensor of a batch shares it.
+                if sys.getrefcount(a) == 3:
+                    return torch.from_numpy(a)[:n]
+            a = np.empty(self.shape, np.uint8)
+            if len(self._arrays) < self.keep:
+                self._arrays.append(a)
+            return torch.from_numpy(a)[:n]
 
 
 MAX_PREFETCH = 64  # batches decoded ahead: each holds a whole batch buffer
@@ -275,6 +311,25 @@ class Loader:
         self._resume: Optional[tuple[int, int]] = None  # (epoch, first batch) of a restored run
         self._fingerprint: Optional[str] = None
         self._done = (0, 0)  # (epoch, batches yielded) of the latest iteration
+        self._ring: Optional[_Ring] = None  # host buffers, passed from epoch to epoch
+        self._recycled: Optional[_Recycled] = None
+
+    # --- host buffers, kept across epochs (an epoch of 4 batches would otherwise pay for them 4 times) --
+
+    def _host_ring(self, slots: int, shape: tuple, pin: bool) -> _Ring:
+        """A ring over the last epoch's host buffers when they fit and its threads have stopped (CUDA
+        copies still reading a slot carried over), else over new ones (pinned: cudaHostAlloc)."""
+        old = self._ring
+        if old is not None and old.retired and old.fits(slots, shape, pin):
+            self._ring = _Ring(old.buffers, old.pending())
+        else:
+            self._ring = _Ring([torch.empty(shape, dtype=torch.uint8, pin_memory=pin) for _ in range(slots)])
+        return self._ring
+
+    def _host_batches(self, shape: tuple) -> _Recycled:
+        if self._recycled is None or self._recycled.shape != shape:
+            self._recycled = _Recycled(shape, keep=self.prefetch + 6)
+        return self._recycled
 
     # --- sampling ---------------------------------------------------------------------------------
 
@@ -402,8 +457,13 @@ class _Epoch:
         self.reader = None if self.native_reads else ThreadPoolExecutor(loader.io_threads, thread_name_prefix="gpupipe-io")
         h, w = loader.crop.size
         self.ring = None
-        if loader.backend == "cpu":  # GPU backends decode on the device
-            self.ring = _Ring(loader.prefetch + 2, (loader.batch_size, h, w, 3), pin=loader.device.type == "cuda")
+        # Reused host buffers where the decoded batch is read once more: copied to the GPU, or augmented
+        # into new tensors. A CPU batch handed out as decoded gets a new tensor of its own (GPU backends
+        # decode on the device): a ring would cost a copy of every batch.
+        if loader.backend == "cpu" and (loader.device.type == "cuda" or loader.augment is not None):
+            self.ring = loader._host_ring(loader.prefetch + 2, (loader.batch_size, h, w, 3), pin=loader.device.type == "cuda")
+        self.recycled = loader._host_batches((loader.batch_size, h, w, 3)) \
+            if self.ring is None and loader.device.type == "cpu" else None
         self.augment_keyed = _keyed(loader.augment)
         self.transform_keyed = _keyed(loader.batch_transform)
         self.stream = torch.cuda.Stream(loader.device) if loader.device.type == "cuda" else None
@@ -415,6 +475,8 @@ class _Epoch:
 
     def close(self) -> None:
         self.engine.close()
+        if self.ring is not None and not self.engine.alive:  # nothing of this epoch writes a slot any more
+            self.ring.retired = True
         if self.reader is not None:
             self.reader.shutdown(wait=False, cancel_futures=True)
 
@@ -464,6 +526,8 @@ class _Epoch:
         if self.ring is not None:
             batch.slot = self.ring.acquire()
             batch.images = self.ring.buffers[batch.slot][:n]
+        elif self.recycled is not None:
+            batch.images = self.recycled.take(n)
         else:
             batch.images = torch.empty((n, *l.crop.size, 3), dtype=torch.uint8, device=l.device)
         try:
