@@ -3,6 +3,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,9 +33,38 @@ struct SampleStatus {
 // output size is not positive or the product does not fit in size_t.
 size_t slot_bytes(const DecodeRequest& request);
 
+// Thread-seconds every decode_batch of this process has spent decoding samples: over a stretch of
+// wall time and a pool's threads, its utilisation.
+double decode_busy_seconds();
+
 // Decodes sample i into out + i * slot_bytes(options.request). A failed sample's slot is
 // zero-filled, never left half-written. pool == nullptr decodes on the calling thread.
 std::vector<SampleStatus> decode_batch(ThreadPool* pool, const std::vector<BatchSample>& samples,
                                        const BatchOptions& options, uint8_t* out);
+
+// A batch decode started on a pool and not yet waited for. The Loader starts the next batch before
+// it waits for this one, so the pool's threads go from one batch's last samples to the next's first
+// instead of idling while the slowest sample of a batch finishes.
+class PendingBatch {
+ public:
+  // Starts decoding `samples` (whose bytes, and `out`, must outlive the decode) on `pool`; `done`
+  // runs on the pool's thread that finishes the batch.
+  PendingBatch(std::shared_ptr<ThreadPool> pool, std::vector<BatchSample> samples, const BatchOptions& options,
+               uint8_t* out, std::function<void()> done);
+  PendingBatch(const PendingBatch&) = delete;
+  PendingBatch& operator=(const PendingBatch&) = delete;
+  ~PendingBatch();  // waits for the decode when nobody did
+
+  // Every sample's status, once all are decoded (the first wait returns them; later ones too).
+  const std::vector<SampleStatus>& wait();
+
+  struct Job;
+
+ private:
+  std::shared_ptr<ThreadPool> pool_;
+  std::shared_ptr<Job> job_;
+  std::shared_ptr<ThreadPool::Loop> loop_;
+  bool waited_ = false;
+};
 
 }  // namespace gpupipe

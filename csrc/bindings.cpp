@@ -388,6 +388,77 @@ void register_decode(py::module_& m) {
       "Decodes N crops into N x out_height x out_width x C uint8 at out_address on the thread "
       "pool. Returns ([(index, ErrorKind, message)] errors, [(index, message)] warnings).");
 
+  // decode_batch_into, started: the Loader starts batch k + 1 before it waits for batch k.
+  struct PendingDecode {
+    std::vector<BufferView> views;  // the encoded bytes, held until the decode ends
+    py::object out_owner;           // the output tensor: never freed under the pool's writes
+    std::unique_ptr<PendingBatch> batch;
+    ~PendingDecode() {
+      // Dropped without a wait (an abandoned epoch): the pool still reads `views` and writes the
+      // output, so the decode ends first (with the GIL held: the pool's threads never take it).
+      batch.reset();
+    }
+  };
+  py::class_<PendingDecode>(m, "PendingDecode")
+      .def(
+          "wait",
+          [](PendingDecode& p) {
+            const std::vector<SampleStatus>* status;
+            {
+              ReleasedGil released;
+              status = &p.batch->wait();
+            }
+            py::list errors, warnings;
+            for (size_t i = 0; i < status->size(); ++i) {
+              const SampleStatus& s = (*status)[i];
+              if (s.error != ErrorKind::kNone)
+                errors.append(py::make_tuple(i, s.error, s.message));
+              else if (!s.message.empty())
+                warnings.append(py::make_tuple(i, s.message));
+            }
+            return py::make_tuple(errors, warnings);
+          },
+          "([(index, ErrorKind, message)] errors, [(index, message)] warnings), once every sample is decoded.");
+  m.def(
+      "decode_batch_start",
+      [](py::sequence datas, py::object boxes, py::object out_owner, uintptr_t out_address, size_t out_nbytes,
+         int out_height, int out_width, bool resize, int mode, bool strict, bool dct_scaling, int num_threads,
+         bool window) {
+        const size_t n = py::len(datas);
+        const std::vector<Box> box = read_boxes(boxes, n);
+        auto pending = std::make_unique<PendingDecode>();
+        pending->views.reserve(n);
+        std::vector<BatchSample> samples(n);
+        for (size_t i = 0; i < n; ++i) {
+          pending->views.emplace_back(datas[i].ptr());
+          samples[i].data = pending->views.back().data();
+          samples[i].size = pending->views.back().size();
+          samples[i].box = box[i];
+        }
+        BatchOptions opt;
+        opt.request = make_request(out_height, out_width, resize, mode, strict, dct_scaling, window);
+        if (num_threads < 0 || num_threads > kMaxThreads)
+          throw InvalidArgument("num_threads must be within 1.." + std::to_string(kMaxThreads) + " (0: default), got " +
+                                std::to_string(num_threads));
+        uint8_t* out = writable_address(out_address, checked_mul(slot_bytes(opt.request), n, "the batch output"),
+                                        out_nbytes, pending->views);
+        pending->out_owner = std::move(out_owner);
+        std::shared_ptr<ThreadPool> pool = get_pool(num_threads);
+        CallScope::start_detached();  // an exiting interpreter waits for this decode (released_gil.h)
+        try {
+          pending->batch = std::make_unique<PendingBatch>(pool, std::move(samples), opt, out, &CallScope::end_detached);
+        } catch (...) {
+          CallScope::end_detached();
+          throw;
+        }
+        return pending;
+      },
+      py::arg("datas"), py::arg("boxes"), py::arg("out_owner"), py::arg("out_address"), py::arg("out_nbytes"),
+      py::arg("out_height"), py::arg("out_width"), py::arg("resize"), py::arg("mode"), py::arg("strict"),
+      py::arg("dct_scaling"), py::arg("num_threads"), py::arg("window") = false,
+      "decode_batch_into, started on the pool: returns a PendingDecode at once (its wait() gives the same "
+      "result). The decode holds datas and out_owner (the output tensor) until it ends.");
+
   m.def("choose_scale_num", &choose_scale_num, py::arg("box_height"), py::arg("box_width"), py::arg("out_height"),
         py::arg("out_width"));
   m.def(
@@ -426,6 +497,18 @@ void register_restarts(py::module_& m) {
 
 void register_runtime(py::module_& m) {
   m.def("default_num_threads", &default_num_threads);
+  m.def(
+      "cpu_share",
+      [] {
+        const CpuShare s = cpu_share();
+        py::dict d;
+        d["threads"] = s.threads;
+        d["affinity"] = s.affinity;
+        d["online"] = s.online;
+        d["local_world_size"] = s.local_world_size;
+        return d;
+      },
+      "This process's share of the cores (thread_pool.h): threads, affinity, online, local_world_size.");
   m.attr("MAX_THREADS") = kMaxThreads;
   m.def("pool_threads", &pool_threads, "Worker threads alive in this process's decode pool.");
   m.def(
@@ -490,17 +573,20 @@ void register_files(py::module_& m) {
             for (size_t i = 0; i < paths.size(); ++i) read_one(i);
         }
         py::list out(paths.size());
+        py::list failures;
         for (size_t i = 0; i < reads.size(); ++i) {
           const FileRead& r = reads[i];
-          out[i] = r.error ? py::object(py::make_tuple(r.error, r.message.empty() ? std::strerror(r.error) : r.message))
-                           : py::object(py::bytes(r.data));
+          out[i] = py::bytes(r.data);
+          if (r.error)
+            failures.append(py::make_tuple(i, r.error, r.message.empty() ? std::strerror(r.error) : r.message));
           std::string().swap(reads[i].data);  // at most one file held twice at a time
         }
-        return out;
+        return py::make_tuple(out, failures);
       },
       py::arg("paths"), py::arg("num_threads"),
       "Reads whole regular files (paths as bytes, os.fsencode) of at most max_file_size bytes on a pool "
-      "of num_threads without the GIL; returns, per path, its bytes or (errno, message) of the failure.");
+      "of num_threads without the GIL; returns (the bytes of each, b'' where a read failed, "
+      "[(index, errno, message)] of the failures).");
 }
 
 void register_encode(py::module_& m) {
@@ -669,9 +755,24 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "gpupipe's C++ core (libjpeg-turbo ROI decoding, batch engine). Private: use gpupipe.";
   // Before finalization starts, gpupipe calls running on other threads finish (released_gil.h).
   py::module_::import("atexit").attr("register")(py::cpp_function([] { CallScope::wait_for_calls(kExitWaitSeconds); }));
-  m.def("_call_enter", &CallScope::enter, "Counts a gpupipe call of this thread (gpupipe._exit.call_scope).");
-  m.def("_call_leave", &CallScope::leave);
+  // `with _C.CallScope():` around a gpupipe call of this thread (gpupipe._exit). A C++ context
+  // manager: no Python bytecode runs between the count and the block, so a KeyboardInterrupt cannot
+  // leave a call counted (exit would then wait for it), and no frame is added to warnings' stacks.
+  struct CallScopeContext {};
+  py::class_<CallScopeContext>(m, "CallScope")
+      .def(py::init<>())
+      .def("__enter__", [](CallScopeContext&) { CallScope::enter(); })
+      .def("__exit__", [](CallScopeContext&, py::args) {
+        CallScope::leave();
+        return false;
+      });
+  m.def("_interpreter_exiting", &CallScope::exiting,
+        "Whether gpupipe's exit hook has run (threads alive then park at their next gpupipe call).");
   m.def("_calls_running", &CallScope::running, "gpupipe calls running now, on any thread (a test hook).");
+  m.def("_thread_native_cpu_seconds", &ReleasedGil::native_cpu_seconds,
+        "CPU seconds the calling thread has spent in gpupipe's native calls without the GIL.");
+  m.def("decode_busy_seconds", &decode_busy_seconds,
+        "Thread-seconds all batch decodes of this process have spent decoding samples (pool utilisation).");
   register_errors(m);
   register_header(m);
   register_files(m);

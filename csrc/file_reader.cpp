@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <new>
 
 namespace gpupipe {
@@ -29,6 +30,7 @@ std::string too_large(uint64_t size, uint64_t max_size, bool at_least) {
 }
 
 FileRead read_open_file(int fd, uint64_t max_size) {
+  max_size = std::min<uint64_t>(max_size, static_cast<uint64_t>(PTRDIFF_MAX) - 1);  // max_size + 1 fits a size_t
   FileRead r;
   struct stat st;
   if (::fstat(fd, &st) != 0) {

@@ -16,9 +16,11 @@ struct Segment {
 };
 
 // Calls visit(segment) for each segment with a length field after SOI, in file order, until the
-// first SOS or EOI, the data's end, or a length that does not fit; visit returns false to stop.
-// Bytes before a marker and fill bytes are skipped as libjpeg's next_marker skips them, and standalone
-// markers (TEM, RSTn) carry no length: the segments are those jpeg_read_header read.
+// first SOS or EOI, the data's end, or a length that runs past it; visit returns false to stop.
+// Bytes before a marker and fill bytes are skipped as libjpeg's next_marker skips them, standalone
+// markers (TEM, RSTn) carry no length, and a length below 2 (which libjpeg's skip_variable and
+// save_marker pass over, saving nothing) is a segment without payload, not visited: the segments
+// are those jpeg_read_header read.
 template <typename Visit>
 void for_each_header_segment(const uint8_t* data, size_t size, Visit&& visit) {
   size_t i = 2;  // after SOI
@@ -34,7 +36,11 @@ void for_each_header_segment(const uint8_t* data, size_t size, Visit&& visit) {
     if (marker == 0x00 || marker == 0x01 || (marker >= 0xD0 && marker <= 0xD7)) continue;
     if (size - i < 2) return;
     const size_t length = static_cast<size_t>(data[i]) << 8 | data[i + 1];
-    if (length < 2 || length > size - i) return;
+    if (length < 2) {
+      i += 2;
+      continue;
+    }
+    if (length > size - i) return;
     if (!visit(Segment{marker, data + i + 2, length - 2})) return;
     i += length;
   }

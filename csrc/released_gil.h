@@ -10,9 +10,11 @@
 // - an atexit hook, registered at import (it runs before finalization starts), calls
 //   wait_for_calls(): the calls running on other threads finish before finalization begins, torch
 //   ops between their native parts included, and their threads then park for good, GIL released,
-//   instead of returning to code that would drop the call's tensors (torch ops too). So does a thread
-//   that starts a new call meanwhile. They are daemon threads of an exiting interpreter: Python would
-//   stop them at their next GIL request, CPython 3.14 parks them the same way. Nothing is said on stderr;
+//   instead of returning to code that would drop the call's tensors (torch ops too). So does such a
+//   thread that starts a new call meanwhile. These are the threads alive when the hook ran, daemon
+//   threads of an exiting interpreter (the others were joined before atexit): Python would stop them
+//   at their next GIL request, CPython 3.14 parks them the same way. Threads started later, by an
+//   atexit handler that runs after this one, are not touched. Nothing is said on stderr;
 // - a call still running after the wait is abandoned: when its native part ends, its thread parks
 //   instead of asking for the GIL, and the process's exit ends it.
 #pragma once
@@ -21,10 +23,13 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <ctime>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 namespace gpupipe {
 
@@ -43,7 +48,7 @@ class CallScope {
     bool stop;
     {
       std::lock_guard<std::mutex> lock(s.mutex);
-      stop = s.closing && std::this_thread::get_id() != s.exiting_thread;
+      stop = s.parks_this_thread();
       if (!stop) ++s.running;
     }
     if (stop) {
@@ -62,7 +67,7 @@ class CallScope {
     {
       std::lock_guard<std::mutex> lock(s.mutex);
       --s.running;
-      stop = s.closing && std::this_thread::get_id() != s.exiting_thread;
+      stop = s.parks_this_thread();
     }
     s.changed.notify_all();
     if (stop) {
@@ -71,18 +76,49 @@ class CallScope {
     }
   }
 
+  // A call that runs on the pool without its caller (a started batch decode): counted from start()
+  // until its pool thread calls end_detached(), so that exit waits for it too. start() is called
+  // with the GIL held, end_detached() from any thread.
+  static void start_detached() {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    ++s.running;
+  }
+  static void end_detached() {
+    State& s = state();
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      --s.running;
+    }
+    s.changed.notify_all();
+  }
+
   // The atexit hook: stops new calls from other threads, waits up to `seconds` for the running ones
   // to end, then abandons the rest. Called with the GIL held, which it lends out while waiting.
   static void wait_for_calls(double seconds) {
     State& s = state();
+    std::vector<unsigned long> alive;  // threading.get_ident() of every thread alive now but this one
+    for (pybind11::handle t : pybind11::module_::import("threading").attr("enumerate")()) {
+      pybind11::object ident = t.attr("ident");
+      if (!ident.is_none() && ident.cast<unsigned long>() != PyThread_get_thread_ident())
+        alive.push_back(ident.cast<unsigned long>());
+    }
+    std::sort(alive.begin(), alive.end());
     pybind11::gil_scoped_release release;  // the exiting thread: the interpreter is not finalizing yet
     std::unique_lock<std::mutex> lock(s.mutex);
     s.closing = true;
-    s.exiting_thread = std::this_thread::get_id();
+    s.parked = std::move(alive);
     if (!s.changed.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return s.running == 0; })) {
       s.abandoned = true;
       s.changed.wait(lock, [&] { return s.restoring == 0; });  // those already asking get the GIL first
     }
+  }
+
+  // Whether the exit hook has run: a thread alive then that starts or ends a call parks.
+  static bool exiting() {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    return s.closing;
   }
 
   // gpupipe calls running now, on any thread (a test hook).
@@ -100,7 +136,11 @@ class CallScope {
     int restoring = 0;  // threads whose native part ended, asking for the GIL back
     bool closing = false;
     bool abandoned = false;
-    std::thread::id exiting_thread;
+    std::vector<unsigned long> parked;  // sorted idents of the threads alive when the exit hook ran
+
+    bool parks_this_thread() const {  // with mutex held
+      return closing && std::binary_search(parked.begin(), parked.end(), PyThread_get_thread_ident());
+    }
   };
 
   // Never destroyed (threads may use it during exit). A forked child starts with no calls and no exit
@@ -112,7 +152,7 @@ class CallScope {
                        State& c = state();
                        c.running = c.restoring = 0;
                        c.closing = c.abandoned = false;
-                       c.exiting_thread = std::thread::id();
+                       c.parked.clear();
                        c.mutex.unlock();
                      });
       return new State();
@@ -130,12 +170,18 @@ class CallScope {
   }
 };
 
-// py::gil_scoped_release for the bindings' GIL-free regions, inside a CallScope.
+// py::gil_scoped_release for the bindings' GIL-free regions, inside a CallScope. The CPU time the
+// calling thread spends in the region adds to its native_cpu_seconds(): a Loader stage thread's CPU
+// time less that is its host time (Python, torch ops), what the decode pool does not do.
 class ReleasedGil : CallScope {
  public:
-  ReleasedGil() : saved_(PyEval_SaveThread()) {}
+  ReleasedGil() : saved_(PyEval_SaveThread()), start_(thread_cpu_seconds()) {}
+
+  // CPU seconds this thread has spent in GIL-free regions of the bindings.
+  static double native_cpu_seconds() { return native_cpu(); }
 
   ~ReleasedGil() {
+    native_cpu() += thread_cpu_seconds() - start_;
     State& s = state();
     {
       std::unique_lock<std::mutex> lock(s.mutex);
@@ -154,7 +200,19 @@ class ReleasedGil : CallScope {
   }  // then ~CallScope
 
  private:
+  static double& native_cpu() {
+    thread_local double t = 0;
+    return t;
+  }
+
+  static double thread_cpu_seconds() {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  }
+
   PyThreadState* saved_;
+  double start_;
 };
 
 }  // namespace gpupipe

@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <exception>
@@ -18,7 +19,8 @@ namespace gpupipe {
 
 struct ThreadPool::Loop {
   size_t n = 0;
-  const std::function<void(size_t)>* fn = nullptr;
+  std::function<void(size_t)> fn;
+  std::function<void()> done_callback;
   std::atomic<size_t> next{0};
   int participants = 0;  // workers that will join this loop
   int finished = 0;      // guarded by done_mutex
@@ -57,16 +59,34 @@ void ThreadPool::stop_and_join() {
 
 void ThreadPool::parallel_for(size_t n, const std::function<void(size_t)>& fn) {
   if (n == 0) return;
+  wait(start(n, [&fn](size_t i) { fn(i); }));
+}
+
+std::shared_ptr<ThreadPool::Loop> ThreadPool::start(size_t n, std::function<void(size_t)> fn, std::function<void()> done) {
   auto loop = std::make_shared<Loop>();
   loop->n = n;
-  loop->fn = &fn;
+  loop->fn = std::move(fn);
+  loop->done_callback = std::move(done);
   loop->participants = static_cast<int>(std::min<size_t>(n, workers_.size()));
+  if (loop->participants == 0) {  // nothing to run: finished already
+    if (loop->done_callback) loop->done_callback();
+    return loop;
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (int i = 0; i < loop->participants; ++i) queue_.push_back(loop);
   }
   if (loop->participants == 1) wake_.notify_one();
   else wake_.notify_all();
+  return loop;
+}
+
+void ThreadPool::wait_quietly(const std::shared_ptr<Loop>& loop) noexcept {
+  std::unique_lock<std::mutex> lock(loop->done_mutex);
+  loop->done.wait(lock, [&] { return loop->finished == loop->participants; });
+}
+
+void ThreadPool::wait(const std::shared_ptr<Loop>& loop) {
   std::unique_lock<std::mutex> lock(loop->done_mutex);
   loop->done.wait(lock, [&] { return loop->finished == loop->participants; });
   if (loop->error) std::rethrow_exception(loop->error);
@@ -84,14 +104,25 @@ void ThreadPool::worker_main() {
     }
     std::exception_ptr error;
     try {
-      for (size_t i = loop->next.fetch_add(1); i < loop->n; i = loop->next.fetch_add(1)) (*loop->fn)(i);
+      for (size_t i = loop->next.fetch_add(1); i < loop->n; i = loop->next.fetch_add(1)) loop->fn(i);
     } catch (...) {
       error = std::current_exception();
       loop->next.store(loop->n);  // the other participants stop taking indices
     }
-    std::lock_guard<std::mutex> lock(loop->done_mutex);
-    if (error && !loop->error) loop->error = error;
-    if (++loop->finished == loop->participants) loop->done.notify_all();
+    bool last;
+    {
+      std::lock_guard<std::mutex> lock(loop->done_mutex);
+      if (error && !loop->error) loop->error = error;
+      last = ++loop->finished == loop->participants;
+      if (last && loop->done_callback) {
+        try {
+          loop->done_callback();  // before waiters wake: what it releases, they may then free
+        } catch (...) {
+          if (!loop->error) loop->error = std::current_exception();
+        }
+      }
+    }
+    if (last) loop->done.notify_all();
   }
 }
 
@@ -103,13 +134,25 @@ int default_num_threads() {
     throw InvalidArgument("GPUPIPE_NUM_THREADS must be an integer in 1.." + std::to_string(kMaxThreads) + ", got '" +
                           std::string(env) + "'");
   }
+  return cpu_share().threads;
+}
+
+CpuShare cpu_share() {
+  CpuShare s;
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  s.online = online > 0 ? static_cast<int>(std::min<long>(online, 1 << 20)) : 1;
   cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    int count = CPU_COUNT(&set);
-    if (count > 0) return count;
+  s.affinity = sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0 ? CPU_COUNT(&set) : s.online;
+  if (const char* env = std::getenv("LOCAL_WORLD_SIZE")) {
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (end != env && *end == '\0' && v >= 1 && v <= 1 << 16) s.local_world_size = static_cast<int>(v);
   }
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? static_cast<int>(n) : 1;
+  s.threads = s.affinity;
+  if (s.local_world_size > 1 && static_cast<long>(s.affinity) * s.local_world_size > s.online)
+    s.threads = std::max(1, s.affinity / s.local_world_size);
+  s.threads = std::min(s.threads, kMaxThreads);
+  return s;
 }
 
 namespace {

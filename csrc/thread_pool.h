@@ -29,8 +29,17 @@ class ThreadPool {
   // thread never dies of it, and std::terminate is never reached).
   void parallel_for(size_t n, const std::function<void(size_t)>& fn);
 
- private:
+  // The same loop, started: returns at once. The workers take loops in the order they were started,
+  // a worker done with one loop's indices going on to the next, so a caller that starts the next
+  // batch before waiting for this one keeps every thread busy across the boundary. The loop owns fn;
+  // `done` (if any) runs on the worker that finishes the loop, after every index.
   struct Loop;
+  std::shared_ptr<Loop> start(size_t n, std::function<void(size_t)> fn, std::function<void()> done = nullptr);
+  // Returns when the loop has finished, rethrowing its first exception (wait_quietly: dropping it).
+  static void wait(const std::shared_ptr<Loop>& loop);
+  static void wait_quietly(const std::shared_ptr<Loop>& loop) noexcept;
+
+ private:
   void worker_main();
   void stop_and_join();
 
@@ -44,7 +53,20 @@ class ThreadPool {
 // The most threads one pool may have (the same bound as GPUPIPE_NUM_THREADS).
 constexpr int kMaxThreads = 1024;
 
-// Threads to use when the caller gives none: GPUPIPE_NUM_THREADS, else the CPU affinity count.
+// This process's share of the machine's cores. Under a launcher that starts several ranks per node
+// (torchrun sets LOCAL_WORLD_SIZE) and leaves each the same cores, every rank's default pool would be
+// the whole machine: 8 ranks, 8x the cores. When this process sees more than its fair share of the
+// online cores (affinity > online / local ranks), the affinity count is divided by the local ranks; a
+// launcher that binds each rank to its own cores (srun --cpu-bind) already gave it its share.
+struct CpuShare {
+  int threads = 1;           // the share: the default thread count
+  int affinity = 1;          // cores in this process's affinity mask
+  int online = 1;            // cores online in the machine
+  int local_world_size = 1;  // ranks on this node (LOCAL_WORLD_SIZE, 1 when unset or invalid)
+};
+CpuShare cpu_share();
+
+// Threads to use when the caller gives none: GPUPIPE_NUM_THREADS, else cpu_share().threads.
 int default_num_threads();
 
 // What a pool runs: file reads (waits on I/O) get pools of their own, so that they never queue

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 from typing_extensions import Buffer
 
+pybind11_object = object  # the base class pybind11 gives the classes it binds
+
 class ErrorKind(enum.IntEnum):
     """Why a sample failed; the one list of error kinds (csrc/errors.h)."""
 
@@ -95,11 +97,47 @@ def _set_huffman_reader(on: bool) -> bool:
     ...
 def transcode_with_restarts(data: Buffer, restart_rows: int = 1, restart_mcus: int = 0) -> bytes: ...
 def default_num_threads() -> int: ...
+def cpu_share() -> dict[str, int]:
+    """This process's share of the cores (thread_pool.h): threads, affinity, online, local_world_size."""
+
 def pool_threads() -> int: ...
-def read_files(paths: list[bytes], num_threads: int) -> list[bytes | tuple[int, str]]: ...
-def _call_enter() -> None: ...
-def _call_leave() -> None: ...
+def read_files(paths: list[bytes], num_threads: int) -> tuple[list[bytes], list[tuple[int, int, str]]]: ...
+class CallScope(pybind11_object):
+    """``with CallScope():`` around a gpupipe call of this thread (gpupipe._exit)."""
+
+    def __init__(self) -> None: ...
+    def __enter__(self) -> None: ...
+    def __exit__(self, *args) -> bool: ...
+
+def _interpreter_exiting() -> bool: ...
+
+class PendingDecode(pybind11_object):
+    """A batch decode started on the pool (decode_batch_start)."""
+
+    def wait(self) -> tuple[list[tuple[int, ErrorKind, str]], list[tuple[int, str]]]: ...
+
+def decode_batch_start(
+    datas: Sequence[Buffer],
+    boxes: Buffer,
+    out_owner: object,
+    out_address: int,
+    out_nbytes: int,
+    out_height: int,
+    out_width: int,
+    resize: bool,
+    mode: int,
+    strict: bool,
+    dct_scaling: bool,
+    num_threads: int,
+    window: bool = False,
+) -> PendingDecode: ...
 def _calls_running() -> int: ...
+def _thread_native_cpu_seconds() -> float:
+    """CPU seconds the calling thread has spent in gpupipe's native calls without the GIL."""
+
+def decode_busy_seconds() -> float:
+    """Thread-seconds all batch decodes of this process have spent decoding samples (pool utilisation)."""
+
 def _pool_selftest(num_threads: int, n: int, throw_at: int) -> int:
     """Test hook: a parallel_for whose body throws at throw_at (-1: never); returns how many ran."""
 

@@ -137,21 +137,17 @@ def decode_crop_jpeg(
             data, *box, out_hw[0], out_hw[1], size is not None, MODES[mode], strict, dct_scaling, window
         )
         return hwc.permute(2, 0, 1)
-    return _decode_one_eager(data, box, out_hw, size is not None, mode, strict, dct_scaling, window, non_jpeg,
-                             batch_path)
+    with call_scope():  # an exiting interpreter waits for this call (gpupipe._exit)
+        try:
+            hwc = cpu.decode_one_hwc(data, box, out_hw, resize=size is not None, mode=mode, strict=strict,
+                                     dct_scaling=dct_scaling, window=window)
+        except NotAJpegError:
+            if non_jpeg != "pillow":
+                raise
+            return batch_path()  # Pillow's route, if it reads the file
+        return hwc.permute(2, 0, 1)
 
 
-@call_scope
-def _decode_one_eager(data, box, out_hw, resize, mode, strict, dct_scaling, window, non_jpeg, batch_path):
-    """decode_crop_jpeg's CPU path outside torch.compile, as one gpupipe call (gpupipe._exit)."""
-    try:
-        hwc = cpu.decode_one_hwc(data, box, out_hw, resize=resize, mode=mode, strict=strict, dct_scaling=dct_scaling,
-                                 window=window)
-    except NotAJpegError:
-        if non_jpeg != "pillow":
-            raise
-        return batch_path()  # Pillow's route, if it reads the file
-    return hwc.permute(2, 0, 1)
 
 
 def decode_and_crop_jpeg(
@@ -247,7 +243,6 @@ def _output_buffer(out: Optional[torch.Tensor], n: int, h: int, w: int, c: int, 
     )
 
 
-@call_scope
 def decode_crop_jpegs(
     datas: Sequence[Any],
     boxes: Any,
@@ -318,41 +313,42 @@ def decode_crop_jpegs(
         >>> batch.images.shape, batch.ok.tolist(), batch.kinds
         (torch.Size([2, 3, 16, 16]), [True, False], {1: <ErrorKind.NOT_JPEG: 2>})
     """
-    _check_mode(mode)
-    check_on_error(on_error)
-    if window and size is None:
-        raise ValueError("window=True resamples a box to an output size: pass size=(h, w)")
-    if isinstance(datas, (bytes, bytearray, memoryview)):
-        raise TypeError("datas must be a sequence of encoded images, not a single buffer")
-    datas = datas if isinstance(datas, (list, tuple)) else list(datas)
-    n = len(datas)
-    box_arr = _boxes_array(boxes, n)
-    if size is None:
-        if n and not ((box_arr[:, 2] == box_arr[0, 2]).all() and (box_arr[:, 3] == box_arr[0, 3]).all()):
-            raise ValueError("boxes differ in size: pass size=(h, w) to resize each to one size")
-        out_hw = (int(box_arr[0, 2]), int(box_arr[0, 3])) if n else (1, 1)
-        if out_hw[0] < 1 or out_hw[1] < 1:
-            raise ValueError(f"box size {out_hw} is empty")
-        check_output_size(*out_hw)
-    else:
-        out_hw = _as_size(size)
-    if num_threads is not None:
-        check_thread_count("num_threads", num_threads)
-    device = torch.device(device) if device is not None else (out.device if out is not None else torch.device("cpu"))
-    options = DecodeOptions(size=out_hw, resize=size is not None, mode=mode, strict=strict, dct_scaling=dct_scaling,
-                            window=window, num_threads=num_threads or 0, apply_exif_orientation=apply_exif_orientation,
-                            non_jpeg=non_jpeg, backend=backends.resolve(backend, device), device=device)
-    nhwc = _output_buffer(out, n, out_hw[0], out_hw[1], options.channels, device)
-    status = decode_into(datas, box_arr, nhwc, options)
-    apply_policy(status, on_error)
-    warn_corrupt(status)
-    return DecodedBatch(
-        images=nhwc.permute(0, 3, 1, 2),
-        ok=torch.from_numpy(status.ok.copy()),
-        errors=dict(status.errors),
-        warnings=dict(status.warnings),
-        fallback=dict(status.fallback),
-        backend=options.backend,
-        kinds={i: ErrorKind(int(status.kind[i])) for i in sorted(status.errors)},
-        routes=[Route(int(r)).label for r in status.route],
-    )
+    with call_scope():  # an exiting interpreter waits for this call (gpupipe._exit)
+        _check_mode(mode)
+        check_on_error(on_error)
+        if window and size is None:
+            raise ValueError("window=True resamples a box to an output size: pass size=(h, w)")
+        if isinstance(datas, (bytes, bytearray, memoryview)):
+            raise TypeError("datas must be a sequence of encoded images, not a single buffer")
+        datas = datas if isinstance(datas, (list, tuple)) else list(datas)
+        n = len(datas)
+        box_arr = _boxes_array(boxes, n)
+        if size is None:
+            if n and not ((box_arr[:, 2] == box_arr[0, 2]).all() and (box_arr[:, 3] == box_arr[0, 3]).all()):
+                raise ValueError("boxes differ in size: pass size=(h, w) to resize each to one size")
+            out_hw = (int(box_arr[0, 2]), int(box_arr[0, 3])) if n else (1, 1)
+            if out_hw[0] < 1 or out_hw[1] < 1:
+                raise ValueError(f"box size {out_hw} is empty")
+            check_output_size(*out_hw)
+        else:
+            out_hw = _as_size(size)
+        if num_threads is not None:
+            check_thread_count("num_threads", num_threads)
+        device = torch.device(device) if device is not None else (out.device if out is not None else torch.device("cpu"))
+        options = DecodeOptions(size=out_hw, resize=size is not None, mode=mode, strict=strict, dct_scaling=dct_scaling,
+                                window=window, num_threads=num_threads or 0, apply_exif_orientation=apply_exif_orientation,
+                                non_jpeg=non_jpeg, backend=backends.resolve(backend, device), device=device)
+        nhwc = _output_buffer(out, n, out_hw[0], out_hw[1], options.channels, device)
+        status = decode_into(datas, box_arr, nhwc, options)
+        apply_policy(status, on_error)
+        warn_corrupt(status)
+        return DecodedBatch(
+            images=nhwc.permute(0, 3, 1, 2),
+            ok=torch.from_numpy(status.ok.copy()),
+            errors=dict(status.errors),
+            warnings=dict(status.warnings),
+            fallback=dict(status.fallback),
+            backend=options.backend,
+            kinds={i: ErrorKind(int(status.kind[i])) for i in sorted(status.errors)},
+            routes=[Route(int(r)).label for r in status.route],
+        )

@@ -13,7 +13,8 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
-from gpupipe._exit import call_scope
+from gpupipe import _C
+from gpupipe._exit import call_scope, interpreter_exiting
 
 _END = object()
 
@@ -68,16 +69,24 @@ class _Raised:
 
 
 class StageTimes:
-    """Seconds each stage spent working, and the consumer spent waiting (thread-safe)."""
+    """Seconds each stage spent working, the CPU seconds its thread spent outside gpupipe's native
+    calls (its host time: Python, torch ops, bookkeeping; the pools' work is not in it), and the
+    seconds the consumer spent waiting (thread-safe)."""
 
     def __init__(self, names: Iterable[str]):
         self._lock = threading.Lock()
         self.busy = {name: 0.0 for name in names}
+        self.host_cpu = {name: 0.0 for name in names}
         self.wait = 0.0
 
-    def add(self, name: str, seconds: float) -> None:
+    def add(self, name: str, seconds: float, host_cpu: float = 0.0) -> None:
         with self._lock:
             self.busy[name] = self.busy.get(name, 0.0) + seconds
+            self.host_cpu[name] = self.host_cpu.get(name, 0.0) + max(0.0, host_cpu)
+
+    def host(self) -> dict:
+        with self._lock:
+            return dict(self.host_cpu)
 
     def add_wait(self, seconds: float) -> None:
         with self._lock:
@@ -86,6 +95,19 @@ class StageTimes:
     def snapshot(self) -> tuple[dict, float]:
         with self._lock:
             return dict(self.busy), self.wait
+
+
+class HostClock:
+    """The calling thread's wall time, and its CPU time outside gpupipe's native calls, since start."""
+
+    __slots__ = ("wall", "cpu")
+
+    def __init__(self):
+        self.wall, self.cpu = time.perf_counter(), time.thread_time() - _C._thread_native_cpu_seconds()
+
+    def read(self) -> tuple[float, float]:
+        """(wall seconds, host CPU seconds) since this clock started."""
+        return time.perf_counter() - self.wall, time.thread_time() - _C._thread_native_cpu_seconds() - self.cpu
 
 
 class Engine:
@@ -113,7 +135,6 @@ class Engine:
         inputs: list[Optional[BoundedQueue]] = [None] + self._queues[:-1]
         for stage, inbox, outbox in zip(stages, inputs, self._queues):
             stage_name, fn, timed = (*stage, True)[:3]
-            fn = call_scope(fn)  # an exiting interpreter waits for the item in hand (gpupipe._exit)
             items = source if inbox is None else None
             t = threading.Thread(target=self._run, args=(stage_name, fn, timed, items, inbox, outbox),
                                  name=f"{name}-{stage_name}", daemon=True)
@@ -133,10 +154,11 @@ class Engine:
                 if item is _END or isinstance(item, _Raised):
                     outbox.put(item)
                     return
-                t0 = time.perf_counter()
-                result = fn(item)
+                clock = HostClock()
+                with call_scope():  # an exiting interpreter waits for the item in hand (gpupipe._exit)
+                    result = fn(item)
                 if timed:
-                    self.times.add(stage_name, time.perf_counter() - t0)
+                    self.times.add(stage_name, *clock.read())
                 outbox.put(result)
         except Closed:
             return
@@ -174,6 +196,8 @@ class Engine:
         for c in self._closables:
             c.close()
         current = threading.current_thread()
+        if interpreter_exiting():  # its threads are parked for good (gpupipe._exit): nothing to wait for
+            return
         for t in self._threads:
             if t is not current:
                 t.join(timeout)

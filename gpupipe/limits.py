@@ -1,4 +1,5 @@
-"""Process-wide resource limits applied to every decode, checked from the header before allocating."""
+"""Process-wide resource limits applied to every decode, checked from the header before allocating,
+and this process's share of the cores."""
 
 from __future__ import annotations
 
@@ -50,3 +51,18 @@ def set_limits(
         int(old.max_file_size if max_file_size is None else max_file_size),
     )
     return old
+
+
+def cpu_share() -> dict:
+    """This process's share of the cores, the default thread count of its decode pool.
+
+    Under a launcher that starts several ranks per node and leaves each the same cores (``torchrun``
+    sets ``LOCAL_WORLD_SIZE``), every rank's pool would otherwise take the whole machine. When the
+    process's CPU affinity covers more than its fair share of the online cores, ``threads`` is the
+    affinity count divided by ``LOCAL_WORLD_SIZE``; a launcher that binds each rank to its own cores
+    already gave it its share. ``GPUPIPE_NUM_THREADS`` overrides the default thread count.
+
+    Returns:
+        dict: ``threads`` (the share), ``affinity``, ``online``, ``local_world_size``.
+    """
+    return _C.cpu_share()

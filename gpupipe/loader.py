@@ -34,7 +34,7 @@ import torch
 from gpupipe import _C, backends, keyed
 from gpupipe._backends.base import BatchStatus, DecodeOptions, HeaderInfos, Route, check_thread_count
 from gpupipe.crops import CropSampler
-from gpupipe.engine import Closed, Engine, StageTimes
+from gpupipe.engine import Closed, Engine, HostClock, StageTimes
 from gpupipe.policy import apply_policy, check_on_error
 from gpupipe.routing import decode_into, plan_batch
 from gpupipe.sources import MapSource, Source, _call_or_error, distributed_indices
@@ -48,11 +48,16 @@ _PER_THREAD_TORCH_THREADS = "OpenMP" in torch.__config__.parallel_info()
 
 @dataclasses.dataclass
 class Batch:
-    """One batch on its way through the stages."""
+    """One batch on its way through the stages. A map-style source's batch is arrays (its dataset
+    indices and labels; keys looked up only for messages), a streamed source's its Sample records."""
 
     number: int  #: position in the epoch (0, 1, ...)
-    samples: list  #: the source's :class:`Sample` records
+    indices: np.ndarray  #: int64 dataset indices (a stream's: position * world_size + rank)
+    labels: np.ndarray  #: int64
+    samples: Optional[list] = None  #: a streamed source's :class:`Sample` records (bytes or errors)
+    source: Any = None  #: a map-style source, for the keys
     datas: list = dataclasses.field(default_factory=list)  #: encoded bytes
+    read_errors: dict = dataclasses.field(default_factory=dict)  #: {position: message} of failed reads
     infos: Optional[HeaderInfos] = None
     boxes: Optional[np.ndarray] = None
     augment_params: Any = None
@@ -62,13 +67,26 @@ class Batch:
     slot: Optional[int] = None
     ready: Optional[torch.cuda.Event] = None  #: recorded after a GPU decode, for the consumer's stream
 
-    @property
-    def indices(self) -> np.ndarray:
-        return np.array([s.index for s in self.samples], dtype=np.int64)
+    def __len__(self) -> int:
+        return len(self.indices)
 
     @property
-    def keys(self) -> list:
-        return [s.key for s in self.samples]
+    def keys(self) -> Sequence:
+        """The samples' keys (paths, ``shard:member``), looked up when asked for."""
+        return [s.key for s in self.samples] if self.samples is not None else _Keys(self.source.keys, self.indices)
+
+
+class _Keys(Sequence):
+    """A map-style batch's keys, by position, without building the list."""
+
+    def __init__(self, keys: Sequence, indices: np.ndarray):
+        self._keys, self._indices = keys, indices
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __getitem__(self, i):
+        return self._keys[int(self._indices[i])]
 
 
 class _Stats:
@@ -85,10 +103,12 @@ class _Stats:
         self.routes = {r.label: 0 for r in Route if r != Route.NONE}
         self.started: Optional[float] = None
         self.last: Optional[float] = None
+        self.decode_busy0 = _C.decode_busy_seconds()  # the process's, at the epoch's start
 
     def record(self, batch: Batch, delivered: int, on_error: str) -> None:
         """A batch handed to the consumer: its images, failures, warnings and routes."""
-        status, keys = batch.status, batch.keys
+        status = batch.status
+        keys = batch.keys if status.warnings or status.fallback else ()
         with self.lock:
             self.batches += 1
             self.images += delivered
@@ -96,8 +116,9 @@ class _Stats:
             (self.skipped if on_error == "skip" else self.replaced).extend(batch.failures)
             self.warnings += [(keys[i], m) for i, m in sorted(status.warnings.items())]
             self.fallback += [(keys[i], m) for i, m in sorted(status.fallback.items())]
-            for r in status.route[status.ok]:
-                self.routes[Route(int(r)).label] += 1
+            for r, count in enumerate(np.bincount(status.route[status.ok], minlength=len(Route))):
+                if count:
+                    self.routes[Route(r).label] += int(count)
 
 
 def _dist_defaults(rank, world_size):
@@ -225,7 +246,9 @@ class Loader:
         shuffle, seed: sample order per epoch (``set_epoch``), as ``DistributedSampler``; the seed
             also keys the crops and the augmentations.
         drop_last: drop the tail that does not split evenly across ranks and the last partial batch.
-        num_threads: decode threads (default: ``GPUPIPE_NUM_THREADS`` or the CPU affinity count).
+        num_threads: decode threads (default: ``GPUPIPE_NUM_THREADS``, else this rank's share of the
+            cores: the CPU affinity count, divided by ``LOCAL_WORLD_SIZE`` when the node's ranks share
+            the same cores, as under ``torchrun``; :func:`gpupipe.cpu_share`).
         prefetch: batches decoded ahead of the consumer (bounds memory: ``prefetch + 2`` buffers).
         on_error: ``"skip"`` drops failed samples (the batch is smaller), ``"replace"`` keeps zero
             images, ``"raise"`` raises naming the sample's key. Every failure is in ``stats()`` with
@@ -233,10 +256,11 @@ class Loader:
         rank, world_size: default to the ``torch.distributed`` process group's.
         progress: show a tqdm bar.
         io_threads: threads reading a batch's files (one native call per batch for ``ImageFolder`` and
-            ``FileList``, the GIL released; a thread pool calling ``source.read`` otherwise).
+            ``FileList``, the GIL released; a thread pool calling ``source.read`` otherwise); default
+            4, at most the rank's share of the cores.
         augment_threads: torch's intra-op threads in the augment stage when ``device`` is the CPU (its
-            ops and gpupipe's host kernels run beside the decode threads): default ``cores -
-            num_threads``, or half the cores when the decode takes them all (on 2 cores: 1;
+            ops and gpupipe's host kernels run beside the decode threads): default ``share -
+            num_threads``, or half the share when the decode takes it all (on 2 cores: 1;
             oversubscribing costs ~20% on the recipe benchmark, measured). Set on the stage's own
             thread, so the training loop keeps its setting (torch's OpenMP builds).
         apply_exif_orientation: crop in the displayed frame (``PIL.ImageOps.exif_transpose``):
@@ -264,7 +288,7 @@ class Loader:
                  batch_transform: Optional[Callable] = None, device: Any = "cpu", backend: str = "auto",
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False, num_threads: Optional[int] = None,
                  prefetch: int = 2, on_error: str = "skip", rank: Optional[int] = None,
-                 world_size: Optional[int] = None, progress: bool = False, io_threads: int = 4,
+                 world_size: Optional[int] = None, progress: bool = False, io_threads: Optional[int] = None,
                  augment_threads: Optional[int] = None, apply_exif_orientation: bool = False):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -296,10 +320,10 @@ class Loader:
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is not in [0, {self.world_size})")
         self.progress = progress
-        self.io_threads = check_thread_count("io_threads", io_threads)
+        cores = _C.cpu_share()["threads"]  # this rank's share when several share the node (LOCAL_WORLD_SIZE)
+        self.io_threads = min(4, cores) if io_threads is None else check_thread_count("io_threads", io_threads)
         if augment_threads is not None and augment_threads < 1:
             raise ValueError(f"augment_threads must be >= 1, got {augment_threads}")
-        cores = len(os.sched_getaffinity(0))
         decode = num_threads or _C.default_num_threads()
         self.augment_threads = augment_threads or (cores - decode if decode < cores else max(1, cores // 2))
         self.options = DecodeOptions(size=crop.size, resize=crop.resize, window=crop.window, dct_scaling=crop.dct_scaling,
@@ -420,9 +444,19 @@ class Loader:
         key, kind, message), ``failures`` ({kind name: count}), ``routes`` ({route: samples}:
         ``cpu``, ``gpu``, ``pillow``, ``cpu-fallback``), ``fallback`` ([(key, reason)] for samples
         not decoded by the backend's own decoder), ``warnings`` ([(key, message)]).
+
+        Where the host's time goes: ``host_s`` (per stage, the CPU time its thread spent outside
+        gpupipe's native calls: Python, torch ops, bookkeeping; the pools' work is not in it) and
+        ``host_us_per_image`` (their sum per delivered image); ``decode_pool`` (``threads``, ``busy_s``: thread-seconds spent decoding samples,
+        ``utilisation``: busy over threads x wall; decodes of other threads of the process count
+        too); ``threads`` (this rank's ``share`` of the cores, see :func:`gpupipe.cpu_share`, and
+        the ``decode``, ``io`` and ``augment`` threads taken from it).
         """
         s = self._stats
         busy, wait = s.times.snapshot()
+        host = s.times.host()
+        pool_busy = _C.decode_busy_seconds() - s.decode_busy0
+        decode_threads = self.options.num_threads or _C.default_num_threads()
         with s.lock:
             wall = (s.last - s.started) if s.started and s.last else 0.0
             failures: dict = {}
@@ -433,6 +467,11 @@ class Loader:
                 "busy_s": busy, "wait_s": wait, "wall_s": wall, "skipped": list(s.skipped),
                 "replaced": list(s.replaced), "failures": failures, "routes": dict(s.routes),
                 "fallback": list(s.fallback), "warnings": list(s.warnings),
+                "host_s": host, "host_us_per_image": 1e6 * sum(host.values()) / s.images if s.images else 0.0,
+                "decode_pool": {"threads": decode_threads, "busy_s": pool_busy,
+                                "utilisation": pool_busy / (decode_threads * wall) if wall > 0 else 0.0},
+                "threads": {"share": _C.cpu_share()["threads"], "decode": decode_threads, "io": self.io_threads,
+                            "augment": self.augment_threads},
             }
 
 
@@ -484,45 +523,55 @@ class _Epoch:
 
     def batches(self):
         l = self.l
+        start = self.first_batch * l.batch_size
+        if isinstance(l.source, MapSource):  # arrays: no Python per sample
+            order = l.indices()[start:]
+            labels = l.source.labels
+            for number, first in enumerate(range(0, len(order), l.batch_size), self.first_batch):
+                chunk = order[first:first + l.batch_size]
+                if l.drop_last and len(chunk) < l.batch_size:
+                    return
+                yield Batch(number, chunk, labels[chunk], source=l.source)
+            return
         samples = l.source.epoch_samples(epoch=l.epoch, seed=l.seed, shuffle=l.shuffle, rank=l.rank,
-                                         world_size=l.world_size, drop_last=l.drop_last,
-                                         start=self.first_batch * l.batch_size)
+                                         world_size=l.world_size, drop_last=l.drop_last, start=start)
         for number in itertools.count(self.first_batch):
             chunk = list(itertools.islice(samples, l.batch_size))
             if not chunk or (l.drop_last and len(chunk) < l.batch_size):
                 return
-            yield Batch(number, chunk)
+            yield Batch(number, np.array([s.index for s in chunk], dtype=np.int64),
+                        np.array([s.label for s in chunk], dtype=np.int64), samples=chunk)
 
     def read(self, batch: Batch) -> Batch:
         """The batch's bytes: carried by the samples, or read by the source, failures per sample
-        (kind READ), never the epoch's."""
+        (kind READ, in ``read_errors``), never the epoch's."""
         source = self.l.source
-        datas = [_ReadFailure(s.error) if s.error is not None else s.data for s in batch.samples]
-        todo = [k for k, d in enumerate(datas) if d is None]
-        if todo:
-            indices = [batch.samples[k].index for k in todo]
-            if self.native_reads:  # one call per batch, no Python per file
-                got = source.read_many(indices, self.l.io_threads)
-            else:
-                got = list(self.reader.map(lambda i: _call_or_error(source.read, i), indices))
-            for k, d in zip(todo, got):
-                datas[k] = _ReadFailure(f"read error: {type(d).__name__}: {d}") if isinstance(d, BaseException) else d
-        batch.datas = datas
+        if batch.samples is not None:  # a stream: the bytes came with the records
+            batch.datas = [b"" if s.error is not None else s.data for s in batch.samples]
+            batch.read_errors = {k: s.error for k, s in enumerate(batch.samples) if s.error is not None}
+            return batch
+        if self.native_reads:  # one native call per batch, no Python per file
+            batch.datas, failed = source.read_batch(batch.indices, self.l.io_threads)
+            batch.read_errors = {k: f"read error: {type(e).__name__}: {e}" for k, e in failed.items()}
+            return batch
+        got = list(self.reader.map(lambda i: _call_or_error(source.read, i), batch.indices.tolist()))
+        batch.datas = [b"" if isinstance(d, BaseException) else d for d in got]
+        batch.read_errors = {k: f"read error: {type(d).__name__}: {d}" for k, d in enumerate(got)
+                             if isinstance(d, BaseException)}
         return batch
 
     def plan(self, batch: Batch) -> Batch:
         l = self.l
-        errors = {i: d.message for i, d in enumerate(batch.datas) if isinstance(d, _ReadFailure)}
         batch.datas, batch.infos, batch.boxes = plan_batch(batch.datas, l.crop, l.options, seed=l.seed, epoch=l.epoch,
-                                                           indices=batch.indices, read_errors=errors)
+                                                           indices=batch.indices, read_errors=batch.read_errors)
         if self.augment_keyed:
-            batch.augment_params = l.augment.sample_params(len(batch.samples), seed=l.seed, epoch=l.epoch,
+            batch.augment_params = l.augment.sample_params(len(batch), seed=l.seed, epoch=l.epoch,
                                                            indices=torch.from_numpy(batch.indices))
         return batch
 
     def decode(self, batch: Batch) -> Batch:
         l = self.l
-        n = len(batch.samples)
+        n = len(batch)
         if self.ring is not None:
             batch.slot = self.ring.acquire()
             batch.images = self.ring.buffers[batch.slot][:n]
@@ -545,16 +594,16 @@ class _Epoch:
         """(images, labels) of a decoded batch, on the consumer's side of the queue."""
         l = self.l
         images, labels, indices, params = self._kept(batch)
-        t0 = time.perf_counter()
+        clock = HostClock()
         images = self._to_device(batch, images)
         labels = labels.to(l.device, non_blocking=True)
-        l._stats.times.add("transfer", time.perf_counter() - t0)
-        t0 = time.perf_counter()
+        l._stats.times.add("transfer", *clock.read())
+        clock = HostClock()
         if l.device.type == "cpu" and _PER_THREAD_TORCH_THREADS:  # this is the augment stage's own thread
             torch.set_num_threads(l.augment_threads)  # torch's ops and gpupipe's kernels both follow it
         images, labels = self._augment(batch, images, labels, indices, params)
         if l.augment is not None or l.batch_transform is not None:
-            l._stats.times.add("augment", time.perf_counter() - t0)
+            l._stats.times.add("augment", *clock.read())
         return _Finished(images, labels, batch)
 
     def _augment(self, batch: Batch, images, labels, indices, params):
@@ -578,7 +627,7 @@ class _Epoch:
         parameters, without the failed samples when the policy skips them (a copy: the slot is
         released at once)."""
         images = batch.images.permute(0, 3, 1, 2)
-        labels = torch.tensor([s.label for s in batch.samples], dtype=torch.int64)
+        labels = torch.from_numpy(batch.labels)
         indices = torch.from_numpy(batch.indices)
         params = batch.augment_params
         if self.l.on_error == "skip" and not batch.status.ok.all():
@@ -586,7 +635,7 @@ class _Epoch:
             if batch.ready is not None:
                 torch.cuda.current_stream(self.l.device).wait_event(batch.ready)
             images, labels, indices = images[keep.to(images.device)], labels[keep], indices[keep]
-            params = _rows(params, keep, len(batch.samples))
+            params = _rows(params, keep, len(batch))
             self.release(batch)
         return images, labels, indices, params
 
@@ -629,15 +678,6 @@ class _Finished:
 
     def __init__(self, images, labels, batch):
         self.images, self.labels, self.batch = images, labels, batch
-
-
-class _ReadFailure:
-    """A sample whose bytes could not be read, in place of its bytes."""
-
-    __slots__ = ("message",)
-
-    def __init__(self, message: str):
-        self.message = message
 
 
 class _LoaderIterator:

@@ -94,7 +94,8 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
 
     Raises:
         FileNotFoundError: ``src`` (a folder or a shard) does not exist.
-        ValueError: ``dst`` is ``src`` (the sources would be overwritten).
+        ValueError: ``dst`` is ``src``, or a shard's output would be the shard itself or another
+            shard's output (two shards of one name): a source would be overwritten or lost.
     """
     dst = Path(dst)
     report = PrepareReport()
@@ -106,6 +107,15 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
             raise FileNotFoundError(f"prepare: {'shard' if shards else 'source folder'} {str(shard)!r} does not exist")
     if shards is None and dst.resolve() == Path(src).resolve():
         raise ValueError(f"prepare: the destination {str(dst)!r} is the source folder: its files would be overwritten")
+    if shards is not None:
+        names = [s.name for s in shards]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"prepare: shards of the same name ({', '.join(twice)}) would write the same output in "
+                             f"{str(dst)!r}")
+        same = [str(s) for s in shards if (dst / s.name).resolve() == s.resolve()]
+        if same:
+            raise ValueError(f"prepare: the output of {same[0]} would be the shard itself: choose another destination")
 
     def convert(name: str, data: bytes) -> bytes:
         if data[:2] != _JPEG:
@@ -155,35 +165,19 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
             list(pool.map(one, files))
     else:
         dst.mkdir(parents=True, exist_ok=True)
-        for shard in shards:
-            target = dst / shard.name
-            try:
-                if target.exists() and target.stat().st_mtime >= shard.stat().st_mtime:
-                    report.skipped_existing += 1
-                    continue
-                members, payloads = _read_members(shard, fail)
-            except (tarfile.TarError, OSError, EOFError) as e:  # an unreadable shard: the others go on
-                fail(str(shard), e)
-                continue
-            with ThreadPoolExecutor(threads) as pool:
-                converted = list(pool.map(lambda mp: convert(f"{shard}:{mp[0].name}", mp[1]) if mp[1] is not None else None,
-                                          zip(members, payloads)))
-            buffer = io.BytesIO()
-            with tarfile.open(fileobj=buffer, mode="w") as tout:
-                for m, data in zip(members, converted):
-                    report.files += m.isfile()
-                    if data is None:
-                        tout.addfile(m)
-                    else:
-                        info = tarfile.TarInfo(m.name)
-                        info.size, info.mtime, info.mode = len(data), m.mtime, m.mode
-                        tout.addfile(info, io.BytesIO(data))
-            try:
-                _write_atomically(target, buffer.getvalue())
-            except OSError as e:
-                fail(str(target), e)
-            if bar is not None:
-                bar.update(1)
+        with ThreadPoolExecutor(threads) as pool:
+            for shard in shards:
+                target = dst / shard.name
+                try:
+                    if target.exists() and target.stat().st_mtime >= shard.stat().st_mtime:
+                        report.skipped_existing += 1
+                        continue
+                    with _AtomicFile(target) as out, tarfile.open(fileobj=out, mode="w") as tout:
+                        report.files += _copy_shard(shard, tout, pool, threads, convert, fail)
+                except (tarfile.TarError, OSError, EOFError) as e:  # an unreadable shard, a failed write: the others go on
+                    fail(str(shard), e)
+                if bar is not None:
+                    bar.update(1)
     if bar is not None:
         bar.close()
     return report
@@ -191,66 +185,102 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
 
 def _source_files(root: Path, dst: Path, fail) -> list:
     """The files under ``root`` to prepare, sorted: regular files (symlinks to them too), never those
-    under ``dst`` (a destination inside the source: its outputs are not sources). Other kinds (FIFOs,
-    devices, broken links) are reported failed."""
-    skip = dst.resolve()
+    under ``dst`` (a destination inside the source: its outputs are not sources). Symlinked folders
+    are not followed (as rglob); a folder that cannot be listed, a broken or looping link and other
+    kinds (FIFOs, devices) are reported failed."""
+    skip = os.path.realpath(dst)
     files = []
-    for p in sorted(root.rglob("*")):
-        if p.resolve() == skip or skip in p.resolve().parents:
-            continue
-        try:
-            mode = p.stat().st_mode
-        except OSError as e:
-            fail(str(p), e)
-            continue
-        if stat.S_ISREG(mode):
-            files.append(p)
-        elif not stat.S_ISDIR(mode):
-            fail(str(p), OSError(f"not a regular file (mode {stat.filemode(mode)}): not read"))
-    return files
+    for dirpath, dirnames, filenames in os.walk(root, onerror=lambda e: fail(str(e.filename), e)):
+        dirnames[:] = sorted(d for d in dirnames if os.path.realpath(os.path.join(dirpath, d)) != skip)
+        for name in sorted(filenames):
+            p = Path(dirpath) / name
+            try:
+                mode = p.stat().st_mode
+            except OSError as e:
+                fail(str(p), e)
+                continue
+            if stat.S_ISREG(mode):
+                files.append(p)
+            elif not stat.S_ISDIR(mode):
+                fail(str(p), OSError(f"not a regular file (mode {stat.filemode(mode)}): not read"))
+    return sorted(files)
 
 
-def _read_members(shard: Path, fail) -> tuple[list, list]:
-    """A shard's members and their data (None for those without: directories, links), leaving out
-    (reported failed) the members a Loader refuses to read: sparse, over ``max_file_size``."""
+def _copy_shard(shard: Path, tout: tarfile.TarFile, pool, threads: int, convert, fail) -> int:
+    """Writes ``shard``'s members to ``tout`` in order, its JPEGs transcoded ``4 * threads`` at a time
+    (memory: that many members, never the shard), leaving out (reported failed) the members a Loader
+    refuses to read: sparse, over ``max_file_size``. Returns the regular members copied."""
     max_size = _C.get_limits()[3]
-    members, payloads = [], []
-    with tarfile.open(shard, "r") as tin:
+    copied = 0
+    with tarfile.open(shard, "r|*") as tin:
+        chunk: list = []
+
+        def flush():
+            nonlocal copied
+            converted = pool.map(lambda mp: convert(f"{shard}:{mp[0].name}", mp[1]) if mp[1] is not None else None, chunk)
+            for (m, _), data in zip(chunk, list(converted)):
+                if data is None:
+                    tout.addfile(m)
+                else:
+                    info = tarfile.TarInfo(m.name)
+                    info.size, info.mtime, info.mode = len(data), m.mtime, m.mode
+                    tout.addfile(info, io.BytesIO(data))
+                    copied += 1
+            chunk.clear()
+
         for m in tin:
             if m.isfile():  # regular or sparse
                 why = member_refusal(m, max_size)
                 if why is not None:
                     fail(f"{shard}:{m.name}", OSError(f"member {why}"))
                     continue
-                payloads.append(tin.extractfile(m).read())
+                chunk.append((m, tin.extractfile(m).read()))
             else:
-                payloads.append(None)
-            members.append(m)
-    return members, payloads
+                chunk.append((m, None))
+            if len(chunk) >= 4 * threads:
+                flush()
+        flush()
+    return copied
+
+
+class _AtomicFile:
+    """A file written through a temporary name no other source or output has, put in place on a
+    clean exit (an interrupted run leaves no half file), removed otherwise."""
+
+    def __init__(self, target: Path):
+        self.target = target
+
+    def __enter__(self):
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        while True:  # O_EXCL: a name nothing else holds; mode 0666 less the umask, as a plain write
+            self.tmp = self.target.parent / f".{self.target.name}.{secrets.token_hex(6)}.gpupipe-part"
+            try:
+                fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+                break
+            except FileExistsError:
+                continue
+        self.file = os.fdopen(fd, "wb")
+        return self.file
+
+    def __exit__(self, kind, value, tb):
+        self.file.close()
+        if kind is None:
+            os.replace(self.tmp, self.target)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(self.tmp)
+        return False
 
 
 def _write_atomically(target: Path, data: bytes, stat_from: Optional[Path] = None) -> None:
-    """Writes ``target`` through a temporary file of a name no other source or output has (an
-    interrupted run leaves no half file; two threads never share one), with ``stat_from``'s mode and
-    times when given (an unchanged copy)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    while True:  # O_EXCL: a name nothing else holds; mode 0666 less the umask, as a plain write
-        tmp = target.parent / f".{target.name}.{secrets.token_hex(6)}.gpupipe-part"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-            break
-        except FileExistsError:
-            continue
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+    """Writes ``target`` atomically (:class:`_AtomicFile`), with ``stat_from``'s mode and times when
+    given (an unchanged copy)."""
+    atomic = _AtomicFile(target)
+    with atomic as f:
+        f.write(data)
         if stat_from is not None:
-            shutil.copystat(stat_from, tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+            f.flush()
+            shutil.copystat(stat_from, atomic.tmp)
 
 
 def _bar(progress: bool):

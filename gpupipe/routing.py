@@ -33,6 +33,8 @@ BACKENDS = {"cpu": cpu, "dali": dali, "nvjpeg": nvjpeg}
 
 def as_buffers(datas: Sequence[Any]) -> list:
     """Buffer-protocol views of the encoded samples (no copy); TypeError/ValueError naming the sample."""
+    if all(type(d) is bytes for d in datas):  # the Loader's reads: nothing to convert
+        return datas if isinstance(datas, list) else list(datas)
     return [as_buffer(d, f"datas[{i}]") for i, d in enumerate(datas)]
 
 
@@ -44,8 +46,7 @@ def probe(buffers: Sequence, options: Optional[DecodeOptions] = None) -> HeaderI
         others = np.flatnonzero(infos.kind == ErrorKind.NOT_JPEG)
         if len(others):
             infos.pillow, failed = pillow.probe(buffers, others, infos.messages,
-                                                 options is not None and options.apply_exif_orientation,
-                                                 options.mode if options is not None else "rgb")
+                                                 options is not None and options.apply_exif_orientation)
             for i, (kind, message) in failed.items():
                 infos.table[i, -1] = int(kind)
                 infos.messages[i] = message
@@ -98,14 +99,28 @@ def decode_into(datas: Sequence[Any], boxes: np.ndarray, out: torch.Tensor, opti
                          f"{list(out.shape)}")
     if infos is None:
         infos = probe(buffers, options)
+    backend = BACKENDS[options.backend]
+    if not options.apply_exif_orientation and (infos.kind == ErrorKind.NONE).all():  # every one a readable JPEG
+        status = backend.decode(buffers, np.ascontiguousarray(boxes), out, options, infos)
+    else:
+        status = _decode_mixed(buffers, boxes, out, options, infos, backend)
+    failed = np.flatnonzero(status.kind != ErrorKind.NONE)
+    if len(failed):
+        out[torch.from_numpy(failed).to(out.device)] = 0
+    return status
+
+
+def _decode_mixed(buffers: list, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions, infos: HeaderInfos,
+                  backend) -> BatchStatus:
+    """decode_into for a batch with failed headers, Pillow's files or EXIF orientation to apply."""
+    n = len(buffers)
     status = BatchStatus.empty(n)
     jpeg = np.flatnonzero(infos.kind == ErrorKind.NONE)
     images = np.array(sorted(infos.pillow), dtype=np.int64) if options.non_jpeg == "pillow" else np.zeros(0, np.int64)
     for i in np.setdiff1d(np.flatnonzero(infos.kind != ErrorKind.NONE), images):
         status.fail(int(i), int(infos.kind[i]), infos.messages.get(int(i), "unreadable header"))
 
-    backend = BACKENDS[options.backend]
-    if len(jpeg) == n and not options.apply_exif_orientation:  # the common case: straight into out
+    if len(jpeg) == n and not options.apply_exif_orientation:
         status.merge(backend.decode(buffers, np.ascontiguousarray(boxes), out, options, infos), np.arange(n))
     else:
         for rows, stored, turns, transposed in _frames(jpeg, boxes, infos, options):
@@ -123,10 +138,6 @@ def decode_into(datas: Sequence[Any], boxes: np.ndarray, out: torch.Tensor, opti
         status.merge(pillow.decode([buffers[i] for i in images], boxes[images], sub_out, options,
                                    [(h[i], w[i]) for i in images]), images)
         out[torch.from_numpy(images).to(out.device)] = sub_out
-
-    failed = np.flatnonzero(~status.ok)
-    if len(failed):
-        out[torch.from_numpy(failed).to(out.device)] = 0
     return status
 
 

@@ -17,7 +17,7 @@ import math
 import os
 import tarfile
 from pathlib import Path
-from typing import Iterator, NamedTuple, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterator, NamedTuple, Optional, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -78,11 +78,29 @@ class MapSource:
 
     def read_many(self, indices: Sequence[int], num_threads: int) -> list:
         """The bytes of several samples, or the exception that stopped each read: one native call
-        reading the files on ``num_threads`` threads without the GIL (the Loader's read stage). A
-        subclass that overrides ``read`` gets its own ``read`` called per sample."""
+        reading the files on ``num_threads`` threads without the GIL. A subclass that overrides
+        ``read`` gets its own ``read`` called per sample."""
         if not self.reads_files():
             return [_call_or_error(self.read, i) for i in indices]
-        return read_files([self.keys[i] for i in indices], num_threads)
+        datas, failed = self.read_batch(indices, num_threads)
+        for k, error in failed.items():
+            datas[k] = error
+        return datas
+
+    def read_batch(self, indices: Sequence[int], num_threads: int) -> tuple[list, dict]:
+        """The Loader's read stage for a source whose ``read`` is this class's: the bytes of each
+        sample (``b""`` where its read failed) and ``{position: the exception}``, one native call
+        and no Python per file (the keys' encoded paths are kept after the first batch)."""
+        paths = self._encoded_paths()
+        return _read_paths([paths[i] for i in indices], num_threads)
+
+    def _encoded_paths(self) -> list:
+        """The keys as file paths (bytes), or the ValueError open() would raise; made once per list of keys."""
+        cached = getattr(self, "_paths_cache", None)
+        if cached is None or cached[0] is not self.keys or len(cached[1]) != len(self.keys):
+            cached = (self.keys, [_call_or_error(_file_path, k) for k in self.keys])
+            self._paths_cache = cached
+        return cached[1]
 
     def epoch_samples(self, *, epoch, seed, shuffle, rank, world_size, drop_last, start=0) -> Iterator[Sample]:
         order = distributed_indices(len(self), epoch=epoch, seed=seed, shuffle=shuffle, rank=rank,
@@ -95,13 +113,23 @@ def read_files(paths: Sequence, num_threads: int) -> list:
     """The bytes of each file, or the exception that stopped its read: one native call on
     ``num_threads`` threads without the GIL. Only regular files of at most ``max_file_size`` bytes
     are read; a FIFO, a device (a symlink to ``/dev/zero``), a directory or a larger file fails alone."""
-    out = [_call_or_error(_file_path, p) for p in paths]  # a key open() would refuse fails alone
-    todo = [j for j, p in enumerate(out) if isinstance(p, bytes)]
-    got = _C.read_files([out[j] for j in todo], num_threads)
-    for j, r in zip(todo, got):
-        # the OSError subclass open() would raise (FileNotFoundError, IsADirectoryError, ...)
-        out[j] = OSError(r[0], r[1], os.fspath(paths[j])) if isinstance(r, tuple) else r
-    return out
+    datas, failed = _read_paths([_call_or_error(_file_path, p) for p in paths], num_threads)
+    for k, error in failed.items():
+        datas[k] = error
+    return datas
+
+
+def _read_paths(paths: list, num_threads: int) -> tuple[list, dict]:
+    """(bytes per path, b"" where it failed; {position: exception}) for paths as bytes, or the
+    exception a path already is (a key open() refuses fails alone)."""
+    failed = {k: p for k, p in enumerate(paths) if not isinstance(p, bytes)} if not all(
+        type(p) is bytes for p in paths) else {}
+    datas, errors = _C.read_files([b"" if k in failed else p for k, p in enumerate(paths)] if failed else paths,
+                                  num_threads)
+    for k, errno, message in errors:
+        if k not in failed:  # the OSError subclass open() would raise (FileNotFoundError, IsADirectoryError, ...)
+            failed[k] = OSError(errno, message, os.fsdecode(paths[k]))
+    return datas, failed
 
 
 def read_file(path) -> bytes:
@@ -160,10 +188,7 @@ class FileList(MapSource):
         if len(paths) != len(labels):
             raise ValueError(f"{len(paths)} paths but {len(labels)} labels")
         self.keys = [os.fspath(p) for p in paths]
-        for i, label in enumerate(labels):
-            if isinstance(label, bool) or not isinstance(label, (int, np.integer)) or not _INT64_MIN <= label <= _INT64_MAX:
-                raise ValueError(f"label {label!r} of {self.keys[i]!r} is not an int64 integer")
-        self.labels = np.asarray(labels, dtype=np.int64)
+        self.labels = labels_array(labels, self.keys)
 
     @classmethod
     def from_csv(cls, path: str | os.PathLike, *, path_column: str = "path", label_column: str = "label",
@@ -234,6 +259,9 @@ class TarShards:
                         yield from TarShards._sample(current, parts, refused, path)
                         parts, refused = {}, []
                     current = key
+                    image = ext in _SHARD_IMAGE_EXTS and not any(e in _SHARD_IMAGE_EXTS for e in parts)
+                    if not (image or ext == "cls"):
+                        continue  # never read: a key's other members (metadata, a second image) cost nothing
                     why = member_refusal(member, max_size)
                     if why is not None:
                         refused.append(f"member {member.name!r} {why}")
@@ -269,7 +297,7 @@ class TarShards:
         if refused:  # it may have been the image or the label: the sample fails, named
             yield f"{shard}:{key}", -1, None, "; ".join(refused)
             return
-        image = next((parts[e] for e in parts if e in ("jpg", "jpeg", "png", "webp", "ppm", "bmp")), None)
+        image = next((parts[e] for e in parts if e in _SHARD_IMAGE_EXTS), None)
         if image is None:
             return  # a key without an image (e.g. metadata only) is not a sample
         try:
@@ -322,6 +350,29 @@ class TarShards:
 
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_SHARD_IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "ppm", "bmp")  # a sample's image: its first member of these
+
+
+def labels_array(labels: Any, keys: Sequence) -> np.ndarray:
+    """``labels`` as int64, or ValueError naming the first that is not an integer of that range (a
+    whole float or a bool is taken as the integer it is, as numpy casts it)."""
+    try:
+        arr = np.asarray(labels)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ValueError(f"labels must be integers: {e}") from None
+    arr = arr.reshape(-1) if arr.ndim else arr.reshape(1)
+    if arr.dtype.kind in "biu":
+        bad = np.flatnonzero(arr > _INT64_MAX) if arr.dtype.kind == "u" else np.zeros(0, np.int64)
+    elif arr.dtype.kind == "f":
+        bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)) | (arr < _INT64_MIN) | (arr >= 2.0**63))
+    else:
+        bad = [i for i, v in enumerate(arr) if isinstance(v, bool) or not isinstance(v, (int, np.integer))
+               or not _INT64_MIN <= v <= _INT64_MAX]
+    if len(bad):
+        i = int(bad[0])
+        value = arr[i].item() if isinstance(arr[i], np.generic) else arr[i]
+        raise ValueError(f"label {value!r} of {keys[i]!r} is not an int64 integer")
+    return arr.astype(np.int64)
 
 
 def member_refusal(member: tarfile.TarInfo, max_size: int) -> Optional[str]:

@@ -195,7 +195,7 @@ def test_file_reads_get_pools_of_their_own(batch, tmp_path):
     f.write_bytes(batch[0])
     _C.shutdown_pool()
     gpupipe.decode_crop_jpegs(batch, boxes, num_threads=2)
-    assert _C.read_files([bytes(f)] * 3, 2) == [batch[0]] * 3
+    assert _C.read_files([bytes(f)] * 3, 2) == ([batch[0]] * 3, [])
     assert _C.pool_threads() == 4
     _C.shutdown_pool()
 

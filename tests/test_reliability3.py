@@ -260,7 +260,7 @@ def test_the_pillow_route_holds_max_memory(tmp_path):
         """)
     lines = out.stdout.strip().splitlines()
     assert lines[0] == "MEMORY_LIMIT True"
-    assert "takes 256000000 bytes, over the max_memory limit of 67108864" in lines[1]
+    assert "8000x8000 RGB image takes 1024000000 bytes, over the max_memory limit of 67108864" in lines[1]
     assert lines[2] == "[10, 20, 30]"
 
 
@@ -380,3 +380,117 @@ def loader_folder(tmp_path, jpeg):
         for i in range(5):
             (tmp_path / c / f"{i}.jpg").write_bytes(jpeg)
     return tmp_path
+
+
+# --- the audit of this round -----------------------------------------------------------------------
+
+def test_a_thread_started_by_a_later_atexit_handler_runs_its_calls(tmp_path):
+    """Only the threads alive when gpupipe's exit hook runs park: a handler registered before gpupipe
+    was imported runs after the hook, and the thread it starts and joins must finish."""
+    out = run_child("""
+        import atexit, threading
+        def late():
+            import gpupipe
+            from helpers import encode, photo
+            data = encode(photo())
+            done = []
+            t = threading.Thread(target=lambda: done.append(gpupipe.decode_crop_jpegs([data], [(0, 0, 50, 50)], size=32)))
+            t.start()
+            t.join(20)
+            print("finished" if done else "parked", flush=True)
+        atexit.register(late)
+        import gpupipe
+        """, timeout=60)
+    assert out.stdout.strip() == "finished"
+
+
+def test_exit_with_a_loader_iterator_alive_is_prompt(loader_folder):
+    """A step-based loop leaves its iterator alive; its finalizer at exit must not wait for stage
+    threads that gpupipe's exit hook parked (5 s each)."""
+    import time
+
+    t0 = time.perf_counter()
+    run_child(f"""
+        import gpupipe
+        loader = gpupipe.Loader(gpupipe.sources.ImageFolder({str(loader_folder)!r}), batch_size=2, num_threads=2,
+                                crop=gpupipe.crops.RandomResizedCrop(32))
+        batches = iter(loader)
+        for _ in range(2):
+            next(batches)
+        """, timeout=60)
+    assert time.perf_counter() - t0 < 5.0
+
+
+def test_warnings_name_the_callers_line(jpeg):
+    import warnings
+
+    bad = jpeg[:len(jpeg) // 2] + b"\xff\xd9"
+    h, w = gpupipe.read_header(jpeg)[:2]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gpupipe.decode_crop_jpegs([bad], [[0, 0, h, w]])
+        gpupipe.decode_crop_jpeg(bad, 0, 0, h, w)
+    assert [c.filename for c in caught] == [__file__] * 2
+
+
+@pytest.mark.parametrize("segment", [b"\xff\xfe\x00\x00", b"\xff\xe0\x00\x00", b"\xff\xee\x00\x01", b"\xff\xe5\x00\x00"])
+def test_a_segment_length_below_2_is_passed_over_as_libjpeg_does(jpeg, segment):
+    """libjpeg passes over a segment whose length is 0 or 1; the walk stopped there, and the EXIF (and
+    every APPn prepare copies) after it was lost."""
+    data = jpeg[:2] + segment + crafted.exif_app1(6) + jpeg[2:]
+    assert gpupipe.read_header(data).orientation == 6
+    assert crafted.exif_app1(6) in prepare_bytes(data)
+
+
+def test_a_shards_unused_members_are_never_read(tmp_path, jpeg):
+    """Members of a sample's key that are neither its image nor its label (metadata, a second image)
+    were read and kept: six 200 MB members under one key held 1.2 GB."""
+    import gzip
+
+    members = [crafted.tar_member("x.jpg", jpeg), crafted.tar_member("x.cls", b"7")]
+    members += [crafted.tar_member(f"x.m{k}", bytes(20 << 20)) for k in range(6)]
+    path = tmp_path / "shard.tar.gz"
+    path.write_bytes(gzip.compress(b"".join(members) + crafted.tar_end(), 1))
+    out = run_child(f"""
+        import resource, gpupipe
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        records = list(gpupipe.sources.TarShards.read_shard({str(path)!r}))
+        print(len(records), records[0][1], (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024 < 60)
+        """)
+    assert out.stdout.split() == ["1", "7", "True"]
+
+
+def test_prepare_reports_looping_links_and_refuses_colliding_shards(tmp_path, jpeg):
+    import os
+
+    src = tmp_path / "src" / "c"
+    src.mkdir(parents=True)
+    (src / "a.jpg").write_bytes(jpeg)
+    os.symlink("loop.jpg", src / "loop.jpg")
+    report = gpupipe.prepare(tmp_path / "src", tmp_path / "dst", progress=False)
+    assert report.transcoded == 1 and str(src / "loop.jpg") in dict(report.failed)
+    for d in ("train", "val"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "000.tar").write_bytes(crafted.tar_member("a.jpg", jpeg) + crafted.tar_end())
+    with pytest.raises(ValueError, match="shards of the same name"):
+        gpupipe.prepare([tmp_path / "train" / "000.tar", tmp_path / "val" / "000.tar"], tmp_path / "out", progress=False)
+    with pytest.raises(ValueError, match="would be the shard itself"):
+        gpupipe.prepare(tmp_path / "train" / "000.tar", tmp_path / "train", progress=False)
+
+
+def test_labels_of_any_integer_array_type(tmp_path):
+    paths = ["a.jpg", "b.jpg"]
+    for labels in (torch.tensor([1, 2]), np.array([1, 2], np.uint8), [1.0, 2.0], np.array([1, 2], np.int32)):
+        assert gpupipe.sources.FileList(paths, labels).labels.tolist() == [1, 2]
+    for labels, bad in (([1.5, 2], "1.5"), ([1, float("nan")], "nan"), (np.array([1, 2**63], np.uint64), "9223372036854775808")):
+        with pytest.raises(ValueError, match=f"label {bad}"):
+            gpupipe.sources.FileList(paths, labels)
+
+
+def test_the_largest_max_file_size_still_reads_files(tmp_path, jpeg):
+    from helpers import limits
+
+    (tmp_path / "a.jpg").write_bytes(jpeg)
+    with limits(max_file_size=2**64 - 1):
+        assert gpupipe.sources.read_file(tmp_path / "a.jpg") == jpeg
+        assert len(gpupipe.sources.read_file("/proc/self/status")) > 0
