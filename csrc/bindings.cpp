@@ -561,25 +561,76 @@ void register_files(py::module_& m) {
       [](const std::vector<std::string>& paths, int num_threads) {
         if (num_threads < 1 || num_threads > kMaxThreads)
           throw InvalidArgument("num_threads must be in [1, " + std::to_string(kMaxThreads) + "]");
-        std::shared_ptr<ThreadPool> pool = num_threads == 1 || paths.size() <= 1 ? nullptr : get_pool(num_threads, PoolUse::kIo);
-        std::vector<FileRead> reads(paths.size());
-        {
-          ReleasedGil released;
-          const uint64_t max_size = get_limits().max_file_size;
-          auto read_one = [&](size_t i) { reads[i] = read_whole_file(paths[i], max_size); };
-          if (pool)
-            pool->parallel_for(paths.size(), read_one);
-          else
-            for (size_t i = 0; i < paths.size(); ++i) read_one(i);
-        }
-        py::list out(paths.size());
+        const size_t n = paths.size();
+        std::shared_ptr<ThreadPool> pool = num_threads == 1 || n <= 1 ? nullptr : get_pool(num_threads, PoolUse::kIo);
+        auto each = [&](size_t first, size_t count, const std::function<void(size_t)>& fn) {
+          if (pool) pool->parallel_for(count, [&](size_t k) { fn(first + k); });
+          else for (size_t k = 0; k < count; ++k) fn(first + k);
+        };
+        const uint64_t max_size = get_limits().max_file_size;
+        py::list out(n);
         py::list failures;
-        for (size_t i = 0; i < reads.size(); ++i) {
-          const FileRead& r = reads[i];
-          out[i] = py::bytes(r.data);
-          if (r.error)
-            failures.append(py::make_tuple(i, r.error, r.message.empty() ? std::strerror(r.error) : r.message));
-          std::string().swap(reads[i].data);  // at most one file held twice at a time
+        // Files are opened and sized without the GIL, their bytes objects made with it, and read
+        // straight into those without it again: no copy, and no Python per file but the allocation.
+        // A chunk at a time, so that a large batch never holds more descriptors than that.
+        constexpr size_t kChunk = 256;
+        std::vector<OpenedFile> files;
+        std::vector<py::object> objects;
+        std::vector<uint64_t> got;
+        std::vector<char> grew;
+        for (size_t first = 0; first < n; first += kChunk) {
+          const size_t count = std::min(kChunk, n - first);
+          files.assign(count, OpenedFile());
+          {
+            ReleasedGil released;
+            each(first, count, [&](size_t i) { files[i - first] = open_file(paths[i], max_size); });
+          }
+          objects.assign(count, py::object());
+          try {
+            for (size_t k = 0; k < count; ++k)
+              if (!files[k].error) {
+                objects[k] = py::reinterpret_steal<py::object>(
+                    PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(files[k].size)));
+                if (!objects[k]) throw py::error_already_set();
+              }
+          } catch (...) {
+            for (OpenedFile& f : files) close_file(&f);
+            throw;
+          }
+          got.assign(count, 0);
+          grew.assign(count, 0);
+          {
+            ReleasedGil released;
+            each(first, count, [&](size_t i) {
+              const size_t k = i - first;
+              if (files[k].error) return;
+              bool more = false;
+              got[k] = read_into(&files[k], reinterpret_cast<uint8_t*>(PyBytes_AS_STRING(objects[k].ptr())), &more);
+              grew[k] = more;
+            });
+          }
+          for (size_t k = 0; k < count; ++k) {
+            OpenedFile& f = files[k];
+            if (!f.error && grew[k]) {  // changed while read: read it whole again, as one file
+              FileRead again;
+              {
+                ReleasedGil released;
+                again = read_whole_file(paths[first + k], max_size);
+              }
+              f.error = again.error;
+              f.message = std::move(again.message);
+              objects[k] = py::bytes(again.data);
+            } else if (!f.error && got[k] < f.size) {  // shrank while read
+              PyObject* obj = objects[k].release().ptr();
+              if (_PyBytes_Resize(&obj, static_cast<Py_ssize_t>(got[k])) != 0) throw py::error_already_set();
+              objects[k] = py::reinterpret_steal<py::object>(obj);
+            }
+            if (f.error) {
+              failures.append(py::make_tuple(first + k, f.error, f.message.empty() ? std::strerror(f.error) : f.message));
+              objects[k] = py::bytes();
+            }
+            out[first + k] = std::move(objects[k]);
+          }
         }
         return py::make_tuple(out, failures);
       },
@@ -766,6 +817,8 @@ PYBIND11_MODULE(_C, m) {
         CallScope::leave();
         return false;
       });
+  m.def("_thread_parked", &CallScope::parked, py::arg("ident"),
+        "Whether the thread of this threading ident has parked for good at exit (never join it).");
   m.def("_interpreter_exiting", &CallScope::exiting,
         "Whether gpupipe's exit hook has run (threads alive then park at their next gpupipe call).");
   m.def("_calls_running", &CallScope::running, "gpupipe calls running now, on any thread (a test hook).");

@@ -29,32 +29,89 @@ std::string too_large(uint64_t size, uint64_t max_size, bool at_least) {
          " (gpupipe.set_limits(max_file_size=...) raises it)";
 }
 
-FileRead read_open_file(int fd, uint64_t max_size) {
-  max_size = std::min<uint64_t>(max_size, static_cast<uint64_t>(PTRDIFF_MAX) - 1);  // max_size + 1 fits a size_t
+uint64_t clamp(uint64_t max_size) {  // max_size + 1 fits a size_t
+  return std::min<uint64_t>(max_size, static_cast<uint64_t>(PTRDIFF_MAX) - 1);
+}
+
+}  // namespace
+
+OpenedFile open_file(const std::string& path, uint64_t max_size) {
+  max_size = clamp(max_size);
+  OpenedFile f;
+  struct stat st;  // a special file is refused before it is opened (opening some devices acts)
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+    f.error = EINVAL;
+    f.message = not_regular(st.st_mode);
+    return f;
+  }
+  do {  // O_NONBLOCK: opening a FIFO must not wait for a writer (its kind is refused below)
+    f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  } while (f.fd < 0 && errno == EINTR);
+  if (f.fd < 0) {
+    f.error = errno;
+    return f;
+  }
+  if (::fstat(f.fd, &st) != 0) f.error = errno;
+  else if (S_ISDIR(st.st_mode)) f.error = EISDIR;
+  else if (!S_ISREG(st.st_mode)) {
+    f.error = EINVAL;
+    f.message = not_regular(st.st_mode);
+  } else if (static_cast<uint64_t>(st.st_size) > max_size) {
+    f.error = EFBIG;
+    f.message = too_large(static_cast<uint64_t>(st.st_size), max_size, false);
+  }
+  if (f.error) close_file(&f);
+  else f.size = static_cast<uint64_t>(st.st_size);
+  return f;
+}
+
+void close_file(OpenedFile* f) {
+  if (f->fd >= 0) ::close(f->fd);
+  f->fd = -1;
+}
+
+namespace {
+// read() until `n` bytes or the end; the bytes read, or -1 with errno.
+int64_t read_fully(int fd, uint8_t* dst, uint64_t n) {
+  uint64_t used = 0;
+  while (used < n) {
+    const ssize_t got = ::read(fd, dst + used, n - used);
+    if (got == 0) break;
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    used += static_cast<uint64_t>(got);
+  }
+  return static_cast<int64_t>(used);
+}
+}  // namespace
+
+uint64_t read_into(OpenedFile* f, uint8_t* dst, bool* grew) {
+  *grew = false;
+  const int64_t got = read_fully(f->fd, dst, f->size);
+  uint8_t probe;
+  if (got < 0) f->error = errno;
+  else if (static_cast<uint64_t>(got) == f->size) {
+    const int64_t more = read_fully(f->fd, &probe, 1);
+    if (more < 0) f->error = errno;
+    else *grew = more > 0;
+  }
+  close_file(f);
+  return got < 0 ? 0 : static_cast<uint64_t>(got);
+}
+
+FileRead read_whole_file(const std::string& path, uint64_t max_size) {
+  max_size = clamp(max_size);
+  OpenedFile f = open_file(path, max_size);
   FileRead r;
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    r.error = errno;
-    return r;
-  }
-  if (S_ISDIR(st.st_mode)) {
-    r.error = EISDIR;
-    return r;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    r.error = EINVAL;
-    r.message = not_regular(st.st_mode);
-    return r;
-  }
-  if (static_cast<uint64_t>(st.st_size) > max_size) {
-    r.error = EFBIG;
-    r.message = too_large(static_cast<uint64_t>(st.st_size), max_size, false);
-    return r;
-  }
+  r.error = f.error;
+  r.message = std::move(f.message);
+  if (r.error) return r;
   try {
     // The size is a hint (a file may change under us): one read of size + 1 finds the end at once.
+    r.data.resize(static_cast<size_t>(f.size) + 1);
     size_t used = 0;
-    r.data.resize(static_cast<size_t>(st.st_size) + 1);
     for (;;) {
       if (used == r.data.size()) {
         if (used > max_size) {
@@ -64,14 +121,13 @@ FileRead read_open_file(int fd, uint64_t max_size) {
         }
         r.data.resize(std::min<uint64_t>(max_size + 1, 2 * static_cast<uint64_t>(r.data.size())));
       }
-      const ssize_t n = ::read(fd, &r.data[used], r.data.size() - used);
-      if (n == 0) break;
+      const int64_t n = read_fully(f.fd, reinterpret_cast<uint8_t*>(&r.data[used]), r.data.size() - used);
       if (n < 0) {
-        if (errno == EINTR) continue;
         r.error = errno;
         break;
       }
       used += static_cast<size_t>(n);
+      if (used < r.data.size()) break;  // the end
     }
     if (r.error) std::string().swap(r.data);
     else r.data.resize(used);
@@ -79,30 +135,7 @@ FileRead read_open_file(int fd, uint64_t max_size) {
     r.data = std::string();
     r.error = ENOMEM;
   }
-  return r;
-}
-
-}  // namespace
-
-FileRead read_whole_file(const std::string& path, uint64_t max_size) {
-  struct stat st;  // a special file is refused before it is opened (opening some devices acts)
-  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
-    FileRead r;
-    r.error = EINVAL;
-    r.message = not_regular(st.st_mode);
-    return r;
-  }
-  int fd;
-  do {  // O_NONBLOCK: opening a FIFO must not wait for a writer (its kind is refused below)
-    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-  } while (fd < 0 && errno == EINTR);
-  if (fd < 0) {
-    FileRead r;
-    r.error = errno;
-    return r;
-  }
-  FileRead r = read_open_file(fd, max_size);
-  ::close(fd);
+  close_file(&f);
   return r;
 }
 

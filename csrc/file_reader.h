@@ -19,4 +19,19 @@ struct FileRead {
 // file that grows). Never throws: a failure, ENOMEM included, is the result's error.
 FileRead read_whole_file(const std::string& path, uint64_t max_size);
 
+// The same read in two halves, for a caller that allocates the destination in between (the bindings
+// read straight into Python bytes objects, allocated with the GIL between two GIL-free passes).
+struct OpenedFile {
+  int fd = -1;          // closed by read_into, or by close_file on the way out
+  uint64_t size = 0;    // its size when opened
+  int error = 0;        // as FileRead's
+  std::string message;
+};
+OpenedFile open_file(const std::string& path, uint64_t max_size);
+// Reads the opened file's `size` bytes into dst and closes it. Returns the bytes read: fewer when the
+// file shrank meanwhile; *grew is set when it has more (the caller then reads it whole again).
+// A failed read sets file->error.
+uint64_t read_into(OpenedFile* file, uint8_t* dst, bool* grew);
+void close_file(OpenedFile* file);
+
 }  // namespace gpupipe

@@ -51,10 +51,7 @@ class CallScope {
       stop = s.parks_this_thread();
       if (!stop) ++s.running;
     }
-    if (stop) {
-      PyEval_SaveThread();
-      park();
-    }
+    if (stop) park_released();
   }
 
   // Ends the thread's outermost call. When the interpreter is exiting on another thread, the thread
@@ -70,10 +67,14 @@ class CallScope {
       stop = s.parks_this_thread();
     }
     s.changed.notify_all();
-    if (stop) {
-      PyEval_SaveThread();
-      park();
-    }
+    if (stop) park_released();
+  }
+
+  // Whether the thread of this threading ident is parked for good (gpupipe._exit: never join it).
+  static bool parked(unsigned long ident) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    return std::find(s.parked_now.begin(), s.parked_now.end(), ident) != s.parked_now.end();
   }
 
   // A call that runs on the pool without its caller (a started batch decode): counted from start()
@@ -136,7 +137,8 @@ class CallScope {
     int restoring = 0;  // threads whose native part ended, asking for the GIL back
     bool closing = false;
     bool abandoned = false;
-    std::vector<unsigned long> parked;  // sorted idents of the threads alive when the exit hook ran
+    std::vector<unsigned long> parked;      // sorted idents of the threads alive when the exit hook ran
+    std::vector<unsigned long> parked_now;  // those that have parked
 
     bool parks_this_thread() const {  // with mutex held
       return closing && std::binary_search(parked.begin(), parked.end(), PyThread_get_thread_ident());
@@ -153,6 +155,7 @@ class CallScope {
                        c.running = c.restoring = 0;
                        c.closing = c.abandoned = false;
                        c.parked.clear();
+                       c.parked_now.clear();
                        c.mutex.unlock();
                      });
       return new State();
@@ -167,6 +170,16 @@ class CallScope {
 
   [[noreturn]] static void park() {
     for (;;) pause();
+  }
+
+  [[noreturn]] static void park_released() {  // with the GIL held: recorded, released, parked
+    {
+      State& s = state();
+      std::lock_guard<std::mutex> lock(s.mutex);
+      s.parked_now.push_back(PyThread_get_thread_ident());
+    }
+    PyEval_SaveThread();
+    park();
   }
 };
 

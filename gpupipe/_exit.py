@@ -16,5 +16,6 @@ from __future__ import annotations
 
 from gpupipe._C import CallScope as call_scope
 from gpupipe._C import _interpreter_exiting as interpreter_exiting
+from gpupipe._C import _thread_parked as thread_parked
 
-__all__ = ["call_scope", "interpreter_exiting"]
+__all__ = ["call_scope", "interpreter_exiting", "thread_parked"]

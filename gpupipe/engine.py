@@ -14,7 +14,7 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 from gpupipe import _C
-from gpupipe._exit import call_scope, interpreter_exiting
+from gpupipe._exit import call_scope, interpreter_exiting, thread_parked
 
 _END = object()
 
@@ -196,10 +196,10 @@ class Engine:
         for c in self._closables:
             c.close()
         current = threading.current_thread()
-        if interpreter_exiting():  # its threads are parked for good (gpupipe._exit): nothing to wait for
-            return
         for t in self._threads:
-            if t is not current:
+            # A thread parked for good at exit never ends (gpupipe._exit); the others end at once, and
+            # must before the interpreter finalizes: they drop their batches' tensors as they return.
+            if t is not current and not (interpreter_exiting() and thread_parked(t.ident)):
                 t.join(timeout)
 
     @property

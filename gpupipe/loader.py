@@ -32,14 +32,16 @@ import numpy as np
 import torch
 
 from gpupipe import _C, backends, keyed
+from gpupipe._backends import cpu
 from gpupipe._backends.base import BatchStatus, DecodeOptions, HeaderInfos, Route, check_thread_count
+from gpupipe._errors import ErrorKind
 from gpupipe.crops import CropSampler
 from gpupipe.engine import Closed, Engine, HostClock, StageTimes
 from gpupipe.policy import apply_policy, check_on_error
 from gpupipe.routing import decode_into, plan_batch
 from gpupipe.sources import MapSource, Source, _call_or_error, distributed_indices
 
-STAGES = ("read", "plan", "decode", "transfer", "augment")
+STAGES = ("read", "plan", "decode", "collect", "transfer", "augment")
 
 # torch built with OpenMP (its Linux wheels) keeps the intra-op thread count per thread: the CPU
 # augment stage can then run with fewer threads than the training loop without touching it.
@@ -66,6 +68,7 @@ class Batch:
     images: Optional[torch.Tensor] = None  #: uint8 NHWC: a ring slot, or a device tensor
     slot: Optional[int] = None
     ready: Optional[torch.cuda.Event] = None  #: recorded after a GPU decode, for the consumer's stream
+    pending: Any = None  #: the CPU core's decode, started on the pool and not yet waited for
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -104,6 +107,7 @@ class _Stats:
         self.started: Optional[float] = None
         self.last: Optional[float] = None
         self.decode_busy0 = _C.decode_busy_seconds()  # the process's, at the epoch's start
+        self.created = time.perf_counter()  # the pool starts decoding before the consumer's first batch
 
     def record(self, batch: Batch, delivered: int, on_error: str) -> None:
         """A batch handed to the consumer: its images, failures, warnings and routes."""
@@ -249,7 +253,7 @@ class Loader:
         num_threads: decode threads (default: ``GPUPIPE_NUM_THREADS``, else this rank's share of the
             cores: the CPU affinity count, divided by ``LOCAL_WORLD_SIZE`` when the node's ranks share
             the same cores, as under ``torchrun``; :func:`gpupipe.cpu_share`).
-        prefetch: batches decoded ahead of the consumer (bounds memory: ``prefetch + 2`` buffers).
+        prefetch: batches decoded ahead of the consumer (bounds memory: ``prefetch + 3`` buffers).
         on_error: ``"skip"`` drops failed samples (the batch is smaller), ``"replace"`` keeps zero
             images, ``"raise"`` raises naming the sample's key. Every failure is in ``stats()`` with
             its kind (:mod:`gpupipe.policy`).
@@ -459,6 +463,7 @@ class Loader:
         decode_threads = self.options.num_threads or _C.default_num_threads()
         with s.lock:
             wall = (s.last - s.started) if s.started and s.last else 0.0
+            pool_wall = (s.last - s.created) if s.last else 0.0
             failures: dict = {}
             for f in s.skipped + s.replaced:
                 failures[f.kind.name.lower()] = failures.get(f.kind.name.lower(), 0) + 1
@@ -469,7 +474,7 @@ class Loader:
                 "fallback": list(s.fallback), "warnings": list(s.warnings),
                 "host_s": host, "host_us_per_image": 1e6 * sum(host.values()) / s.images if s.images else 0.0,
                 "decode_pool": {"threads": decode_threads, "busy_s": pool_busy,
-                                "utilisation": pool_busy / (decode_threads * wall) if wall > 0 else 0.0},
+                                "utilisation": pool_busy / (decode_threads * pool_wall) if pool_wall > 0 else 0.0},
                 "threads": {"share": _C.cpu_share()["threads"], "decode": decode_threads, "io": self.io_threads,
                             "augment": self.augment_threads},
             }
@@ -500,13 +505,15 @@ class _Epoch:
         # into new tensors. A CPU batch handed out as decoded gets a new tensor of its own (GPU backends
         # decode on the device): a ring would cost a copy of every batch.
         if loader.backend == "cpu" and (loader.device.type == "cuda" or loader.augment is not None):
-            self.ring = loader._host_ring(loader.prefetch + 2, (loader.batch_size, h, w, 3), pin=loader.device.type == "cuda")
+            # a slot per batch queued for the consumer, one in the finish stage, one being collected
+            # and one started: prefetch + 3
+            self.ring = loader._host_ring(loader.prefetch + 3, (loader.batch_size, h, w, 3), pin=loader.device.type == "cuda")
         self.recycled = loader._host_batches((loader.batch_size, h, w, 3)) \
             if self.ring is None and loader.device.type == "cpu" else None
         self.augment_keyed = _keyed(loader.augment)
         self.transform_keyed = _keyed(loader.batch_transform)
         self.stream = torch.cuda.Stream(loader.device) if loader.device.type == "cuda" else None
-        stages = [("read", self.read), ("plan", self.plan), ("decode", self.decode)]
+        stages = [("read", self.read), ("plan", self.plan), ("decode", self.decode), ("collect", self.collect)]
         if loader.device.type == "cpu":  # real work on the CPU: overlapped; on CUDA, queued GPU work
             stages.append(("finish", self.finish, False))  # times its transfer and augment parts
         self.engine = Engine(self.batches(), stages, capacity=loader.prefetch, times=loader._stats.times,
@@ -580,14 +587,30 @@ class _Epoch:
         else:
             batch.images = torch.empty((n, *l.crop.size, 3), dtype=torch.uint8, device=l.device)
         try:
-            batch.status = decode_into(batch.datas, batch.boxes, batch.images, l.options, infos=batch.infos)
-            batch.failures = apply_policy(batch.status, l.on_error, batch.keys)
+            if l.backend == "cpu" and not l.options.apply_exif_orientation and (batch.infos.kind == ErrorKind.NONE).all():
+                # started: the pool takes this batch's samples as soon as the previous batch's are taken
+                batch.pending = cpu.start(batch.datas, np.ascontiguousarray(batch.boxes), batch.images, l.options)
+            else:
+                batch.status = decode_into(batch.datas, batch.boxes, batch.images, l.options, infos=batch.infos)
         except BaseException:
             self.release(batch)
             raise
         if batch.images.is_cuda:  # the consumer's stream must wait for this thread's decode work
             batch.ready = torch.cuda.Event()
             batch.ready.record()
+        return batch
+
+    def collect(self, batch: Batch) -> Batch:
+        """The batch's decode, waited for (when it was started), and the error policy applied."""
+        l = self.l
+        try:
+            if batch.pending is not None:
+                batch.status = cpu.wait(batch.pending, len(batch))
+                batch.pending = None
+            batch.failures = apply_policy(batch.status, l.on_error, batch.keys)
+        except BaseException:
+            self.release(batch)
+            raise
         return batch
 
     def finish(self, batch: Batch):

@@ -303,7 +303,7 @@ def test_augment_stage_and_stats(folder):
     assert all(x.dtype == torch.float32 and x.shape[1:] == (3, 32, 32) for x, _ in batches)
     st = loader.stats()
     assert st["images"] == N and st["batches"] == 4 and st["images_per_s"] > 0
-    assert set(st["busy_s"]) == {"read", "plan", "decode", "transfer", "augment"}
+    assert set(st["busy_s"]) == {"read", "plan", "decode", "collect", "transfer", "augment"}
     assert st["busy_s"]["augment"] > 0
 
 

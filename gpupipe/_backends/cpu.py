@@ -30,16 +30,35 @@ def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Dec
     through a pinned host buffer and one non-blocking copy)."""
     n, h, w, _ = out.shape
     host = out if out.device.type == "cpu" else torch.empty(out.shape, dtype=torch.uint8, pin_memory=True)
-    errors, warns = _C.decode_batch_into(buffers, boxes, host.data_ptr(), host.numel(), h, w, options.resize,
-                                         MODES[options.mode], options.strict, options.dct_scaling,
-                                         options.num_threads, options.window)
+    result = _C.decode_batch_into(buffers, boxes, host.data_ptr(), host.numel(), h, w, options.resize,
+                                  MODES[options.mode], options.strict, options.dct_scaling, options.num_threads,
+                                  options.window)
+    if host is not out:
+        out.copy_(host, non_blocking=True)
+    return _status(n, *result)
+
+
+def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions) -> "_C.PendingDecode":
+    """:func:`decode` into a CPU ``out``, started on the pool: returns at once; :func:`wait` gives
+    its status. Started batches queue on the pool, so its threads go from one batch to the next
+    without idling (the Loader starts batch k + 1 before it waits for batch k). The pending decode
+    holds the buffers and ``out`` until it ends."""
+    n, h, w, _ = out.shape
+    return _C.decode_batch_start(buffers, boxes, out, out.data_ptr(), out.numel(), h, w, options.resize,
+                                 MODES[options.mode], options.strict, options.dct_scaling, options.num_threads,
+                                 options.window)
+
+
+def wait(pending: "_C.PendingDecode", n: int) -> BatchStatus:
+    return _status(n, *pending.wait())
+
+
+def _status(n: int, errors: list, warns: list) -> BatchStatus:
     status = BatchStatus.empty(n)
     status.route[:] = Route.CPU
     for i, kind, message in errors:
         status.fail(i, kind, message)
     status.warnings.update({int(i): m for i, m in warns})
-    if host is not out:
-        out.copy_(host, non_blocking=True)
     return status
 
 
