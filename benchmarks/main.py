@@ -10,11 +10,11 @@ import argparse
 import time
 from pathlib import Path
 
-from benchmarks import augment, batch_decode, datasets, decode_crop, loader, policies, seed_experiment
+from benchmarks import augment, batch_decode, datasets, decode_crop, loader, loader_scale, policies, seed_experiment
 from benchmarks.harness import environment, save, table
 
 WORKLOADS = ("decode_crop", "restart", "batch_threads", "rrc", "backends", "augment", "policies", "loader", "recipe",
-             "seed")
+             "loader_scale", "seed")
 
 
 def main(argv=None) -> Path:
@@ -50,6 +50,9 @@ def main(argv=None) -> Path:
         rows += loader.run(repeats=1 if args.quick else 5, n=256 if args.quick else 512)
     if "recipe" in args.workloads:
         rows += loader.recipe(repeats=1 if args.quick else 5, n=256 if args.quick else 512)
+    if "loader_scale" in args.workloads:
+        rows += loader_scale.run(repeats=1 if args.quick else 3,
+                                 names=("160x120", "400x300") if args.quick else ("160x120", "400x300", "seed", "hd"))
     extra = ""
     if "seed" in args.workloads:
         _, extra = seed_experiment.run(steps=6 if args.quick else 12, n=512 if args.quick else 1024)

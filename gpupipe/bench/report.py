@@ -186,6 +186,10 @@ def stage_table(stats: dict, batches: int) -> str:
     for name, s in rows:
         share = f"{100 * s / wall:.0f}%" if wall > 0 else "-"
         out.append(f"| {name} | {s:.2f} | {1e3 * s / max(1, batches):.1f} | {share} |")
+    pool, host = stats.get("decode_pool") or {}, stats.get("host_us_per_image")
+    if isinstance(host, (int, float)) and isinstance(pool.get("utilisation"), (int, float)):
+        out.append(f"\nhost CPU outside the decode pool: {host:.1f} us/image; decode pool ({pool.get('threads')} "
+                   f"threads) busy {100 * pool['utilisation']:.0f}% of the time")
     return "\n".join(out)
 
 

@@ -24,9 +24,10 @@ import torch
 import gpupipe
 from gpupipe.bench import recipes, report
 from gpupipe.bench.dataset import DEFAULT_IMAGES, BenchData, DataError, PilDataset, PilTarDataset, open_data
+from gpupipe.routing import probe
 from gpupipe.sources import TarShards
 
-METHODS = ("gpupipe", "dataloader", "dali")
+METHODS = ("gpupipe", "raw", "dataloader", "dali")
 
 
 def _cores() -> int:
@@ -100,6 +101,55 @@ class LoaderRun:
     def close(self):
         if self._it is not None and hasattr(self._it, "close"):
             self._it.close()
+
+
+class RawDecodeRun:
+    """The Loader's ceiling: ``decode_crop_jpegs`` on the same files already in memory, the same
+    boxes (the recipe's crop sampler, keyed as the Loader's), the same threads, into one reused
+    buffer; no read, no augmentation. Boxes are drawn before the timed loop, from headers read once."""
+
+    def __init__(self, data: BenchData, parts: recipes.RecipeParts, args, device: torch.device, epoch: int = 0):
+        if not isinstance(data.source, gpupipe.sources.MapSource):
+            raise ValueError("the raw decode row needs a folder or file list (tar shards are streamed)")
+        self.source, self.crop, self.args, self.device, self.epoch = data.source, parts.crop, args, device, epoch
+        self.datas = gpupipe.sources.read_files(self.source.keys, args.threads)
+        bad = [k for k, d in zip(self.source.keys, self.datas) if isinstance(d, BaseException)]
+        if bad:
+            raise ValueError(f"{len(bad)} files could not be read, first {bad[0]!r}")
+        infos = probe(self.datas)
+        self.heights, self.widths = infos.sizes(displayed=False)
+        h, w = parts.crop.size
+        self.out = torch.empty((args.batch_size, h, w, 3), dtype=torch.uint8, pin_memory=device.type == "cuda")
+
+    def _epoch(self, epoch: int):
+        order = gpupipe.sources.distributed_indices(len(self.source), epoch=epoch, seed=self.args.seed, shuffle=True,
+                                                    rank=0, world_size=1, drop_last=True)
+        bs = self.args.batch_size
+        order = order[:len(order) // bs * bs]
+        boxes, _ = self.crop.plan(self.heights[order], self.widths[order], seed=self.args.seed, epoch=epoch,
+                                  indices=order)
+        return order, boxes
+
+    def batches(self):
+        bs, size = self.args.batch_size, self.crop.size if self.crop.resize else None
+        labels = torch.from_numpy(self.source.labels)
+        order, boxes = self._epoch(self.epoch)
+        while True:
+            for first in range(0, len(order), bs):
+                rows = order[first:first + bs]
+                batch = gpupipe.decode_crop_jpegs([self.datas[i] for i in rows], boxes[first:first + bs], size=size,
+                                                  out=self.out, num_threads=self.args.threads, on_error="replace",
+                                                  window=self.crop.window, dct_scaling=self.crop.dct_scaling)
+                images = batch.images.to(self.device, non_blocking=True) if self.device.type == "cuda" else batch.images
+                yield images, labels[rows]
+            self.epoch += 1
+            order, boxes = self._epoch(self.epoch)
+
+    def stats(self) -> dict:
+        return {}
+
+    def close(self):
+        self.datas = None
 
 
 def _skipped(stats: dict) -> str:
@@ -286,6 +336,8 @@ def _schedule(args, images: int) -> tuple[int, int, int]:
 def _pipelines(args, device: torch.device, parts, steps: int) -> tuple[list, list]:
     """The asked-for pipelines: their result records (skipped where they cannot run) and classes."""
     kinds = {"gpupipe": ("gpupipe Loader", LoaderRun, None, "threads, ROI decode, batched augment"),
+             "raw": ("raw decode_crop_jpegs", RawDecodeRun, None,
+                     "the same files in memory, same boxes and threads; no read, no augment: the Loader's ceiling"),
              "dataloader": (f"DataLoader ({args.threads} workers)", DataLoaderRun, None, "PIL + torchvision transforms"),
              "dali": ("DALI " + ("GPU" if device.type == "cuda" else "CPU"), DaliRun,
                       dali_missing() or (None if parts.dali else "this recipe has no DALI version"),
@@ -328,8 +380,12 @@ def _print_summary(results, baseline, loader_stats, parts, args, batches: int) -
     print()
     print(report.table(results, baseline, args.step_ms))
     gp = results[0] if results and results[0].method == "gpupipe Loader" else None
+    raw = next((r for r in results if r.method.startswith("raw ") and not r.skipped), None)
     fed_ms = None
     if gp is not None and not gp.skipped:
+        if raw is not None:
+            print(f"\ngpupipe Loader / raw decode_crop_jpegs on the same bytes in memory: "
+                  f"{gp.images_per_s / raw.images_per_s:.2f}x")
         if loader_stats:
             print()
             print(report.stage_table(loader_stats, int(loader_stats.get("batches") or batches)))
@@ -397,4 +453,4 @@ def main(argv=None) -> int:
     return 1 if gp is not None and gp.skipped else 0
 
 
-__all__ = ["DaliRun", "DataLoaderRun", "LoaderRun", "build_parser", "main", "measure"]
+__all__ = ["DaliRun", "DataLoaderRun", "LoaderRun", "RawDecodeRun", "build_parser", "main", "measure"]
