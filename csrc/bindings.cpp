@@ -311,6 +311,51 @@ DecodeRequest make_request(int out_height, int out_width, bool resize, int mode,
   return req;
 }
 
+// A batch's inputs, checked and converted with the GIL held: the encoded bytes (held until the
+// decode ends), the samples, the options and the output address.
+struct BatchInputs {
+  std::vector<BufferView> views;
+  std::vector<BatchSample> samples;
+  BatchOptions options;
+  uint8_t* out = nullptr;
+};
+
+BatchInputs batch_inputs(py::sequence datas, py::object boxes, uintptr_t out_address, size_t out_nbytes,
+                         int out_height, int out_width, bool resize, int mode, bool strict, bool dct_scaling,
+                         int num_threads, bool window) {
+  const size_t n = py::len(datas);
+  const std::vector<Box> box = read_boxes(boxes, n);
+  BatchInputs in;
+  in.views.reserve(n);
+  in.samples.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    in.views.emplace_back(datas[i].ptr());
+    in.samples[i].data = in.views.back().data();
+    in.samples[i].size = in.views.back().size();
+    in.samples[i].box = box[i];
+  }
+  in.options.request = make_request(out_height, out_width, resize, mode, strict, dct_scaling, window);
+  if (num_threads < 0 || num_threads > kMaxThreads)
+    throw InvalidArgument("num_threads must be within 1.." + std::to_string(kMaxThreads) + " (0: default), got " +
+                          std::to_string(num_threads));
+  in.out = writable_address(out_address, checked_mul(slot_bytes(in.options.request), n, "the batch output"),
+                            out_nbytes, in.views);
+  return in;
+}
+
+// ([(index, ErrorKind, message)] errors, [(index, message)] warnings) of a decoded batch.
+py::tuple status_lists(const std::vector<SampleStatus>& status) {
+  py::list errors, warnings;
+  for (size_t i = 0; i < status.size(); ++i) {
+    const SampleStatus& s = status[i];
+    if (s.error != ErrorKind::kNone)
+      errors.append(py::make_tuple(i, s.error, s.message));
+    else if (!s.message.empty())
+      warnings.append(py::make_tuple(i, s.message));
+  }
+  return py::make_tuple(errors, warnings);
+}
+
 void register_decode(py::module_& m) {
   m.def(
       "decode_into",
@@ -347,40 +392,16 @@ void register_decode(py::module_& m) {
       "decode_batch_into",
       [](py::sequence datas, py::object boxes, uintptr_t out_address, size_t out_nbytes, int out_height,
          int out_width, bool resize, int mode, bool strict, bool dct_scaling, int num_threads, bool window) {
-        const size_t n = py::len(datas);
-        const std::vector<Box> box = read_boxes(boxes, n);
-        std::vector<BufferView> views;
-        views.reserve(n);
-        std::vector<BatchSample> samples(n);
-        for (size_t i = 0; i < n; ++i) {
-          views.emplace_back(datas[i].ptr());
-          samples[i].data = views.back().data();
-          samples[i].size = views.back().size();
-          samples[i].box = box[i];
-        }
-        BatchOptions opt;
-        opt.request = make_request(out_height, out_width, resize, mode, strict, dct_scaling, window);
-        if (num_threads < 0 || num_threads > kMaxThreads)
-          throw InvalidArgument("num_threads must be within 1.." + std::to_string(kMaxThreads) + " (0: default), got " +
-                                std::to_string(num_threads));
-        uint8_t* out =
-            writable_address(out_address, checked_mul(slot_bytes(opt.request), n, "the batch output"), out_nbytes, views);
+        const BatchInputs in = batch_inputs(datas, boxes, out_address, out_nbytes, out_height, out_width, resize, mode,
+                                            strict, dct_scaling, num_threads, window);
         std::vector<SampleStatus> status;
         {
           ReleasedGil released;
           std::shared_ptr<ThreadPool> pool;
-          if (num_threads != 1 && n > 1) pool = get_pool(num_threads);
-          status = decode_batch(pool.get(), samples, opt, out);
+          if (num_threads != 1 && in.samples.size() > 1) pool = get_pool(num_threads);
+          status = decode_batch(pool.get(), in.samples, in.options, in.out);
         }
-        py::list errors, warnings;
-        for (size_t i = 0; i < n; ++i) {
-          const SampleStatus& s = status[i];
-          if (s.error != ErrorKind::kNone)
-            errors.append(py::make_tuple(i, s.error, s.message));
-          else if (!s.message.empty())
-            warnings.append(py::make_tuple(i, s.message));
-        }
-        return py::make_tuple(errors, warnings);
+        return status_lists(status);
       },
       py::arg("datas"), py::arg("boxes"), py::arg("out_address"), py::arg("out_nbytes"), py::arg("out_height"),
       py::arg("out_width"), py::arg("resize"), py::arg("mode"), py::arg("strict"), py::arg("dct_scaling"),
@@ -408,15 +429,7 @@ void register_decode(py::module_& m) {
               ReleasedGil released;
               status = &p.batch->wait();
             }
-            py::list errors, warnings;
-            for (size_t i = 0; i < status->size(); ++i) {
-              const SampleStatus& s = (*status)[i];
-              if (s.error != ErrorKind::kNone)
-                errors.append(py::make_tuple(i, s.error, s.message));
-              else if (!s.message.empty())
-                warnings.append(py::make_tuple(i, s.message));
-            }
-            return py::make_tuple(errors, warnings);
+            return status_lists(*status);
           },
           "([(index, ErrorKind, message)] errors, [(index, message)] warnings), once every sample is decoded.");
   m.def(
@@ -424,29 +437,16 @@ void register_decode(py::module_& m) {
       [](py::sequence datas, py::object boxes, py::object out_owner, uintptr_t out_address, size_t out_nbytes,
          int out_height, int out_width, bool resize, int mode, bool strict, bool dct_scaling, int num_threads,
          bool window) {
-        const size_t n = py::len(datas);
-        const std::vector<Box> box = read_boxes(boxes, n);
+        BatchInputs in = batch_inputs(datas, boxes, out_address, out_nbytes, out_height, out_width, resize, mode, strict,
+                                      dct_scaling, num_threads, window);
         auto pending = std::make_unique<PendingDecode>();
-        pending->views.reserve(n);
-        std::vector<BatchSample> samples(n);
-        for (size_t i = 0; i < n; ++i) {
-          pending->views.emplace_back(datas[i].ptr());
-          samples[i].data = pending->views.back().data();
-          samples[i].size = pending->views.back().size();
-          samples[i].box = box[i];
-        }
-        BatchOptions opt;
-        opt.request = make_request(out_height, out_width, resize, mode, strict, dct_scaling, window);
-        if (num_threads < 0 || num_threads > kMaxThreads)
-          throw InvalidArgument("num_threads must be within 1.." + std::to_string(kMaxThreads) + " (0: default), got " +
-                                std::to_string(num_threads));
-        uint8_t* out = writable_address(out_address, checked_mul(slot_bytes(opt.request), n, "the batch output"),
-                                        out_nbytes, pending->views);
+        pending->views = std::move(in.views);  // the samples point into the buffers, not into the views
         pending->out_owner = std::move(out_owner);
         std::shared_ptr<ThreadPool> pool = get_pool(num_threads);
         CallScope::start_detached();  // an exiting interpreter waits for this decode (released_gil.h)
         try {
-          pending->batch = std::make_unique<PendingBatch>(pool, std::move(samples), opt, out, &CallScope::end_detached);
+          pending->batch = std::make_unique<PendingBatch>(pool, std::move(in.samples), in.options, in.out,
+                                                          &CallScope::end_detached);
         } catch (...) {
           CallScope::end_detached();
           throw;
