@@ -80,15 +80,21 @@ def run(repeats: int = 3, names=("160x120", "400x300", "seed", "hd"), batches=(6
             raw_row = Row(loader_row.workload, "raw decode_crop_jpegs", steps * bs,
                           note="the same bytes in memory, same boxes and threads, one reused buffer")
             host, util = [], []
-            for rep in range(repeats + 1):  # the first round warms both up, untimed
-                for row, cls in ((loader_row, LoaderRun), (raw_row, RawDecodeRun)):
-                    seconds, images, _, stats = measure(cls(data, parts, args, _cpu(), epoch=rep), warmup=1,
-                                                        steps=steps, step_s=0.0, device=_cpu())
+            # One runner of each for all the rounds, as a training run keeps one Loader: its buffers are
+            # made in the first round (untimed) and reused after, as over a real run's thousands of batches.
+            runners = ((loader_row, LoaderRun(data, parts, args, _cpu())), (raw_row, RawDecodeRun(data, parts, args, _cpu())))
+            for rep in range(repeats + 1):
+                for row, runner in runners:
+                    runner.epoch = rep
+                    seconds, images, _, stats = measure(runner, warmup=1, steps=steps, step_s=0.0, device=_cpu(),
+                                                        keep_open=True)
                     if rep:
                         row.times.append(seconds * (steps * bs) / images)
-                        if cls is LoaderRun:
+                        if runner is runners[0][1]:
                             host.append(stats["host_us_per_image"])
                             util.append(stats["decode_pool"]["utilisation"])
+            for _, runner in runners:
+                runner.close()
             loader_row.note += (f"; host CPU outside the pool {np.median(host):.1f} us/image, decode pool busy "
                                 f"{100 * np.median(util):.0f}%")
             rows += [loader_row, raw_row]

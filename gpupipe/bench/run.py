@@ -84,16 +84,19 @@ class LoaderRun:
         self._it = None
 
     def batches(self):
-        while True:
-            self.loader.set_epoch(self.epoch)
-            self._it = iter(self.loader)
-            got = False
-            for batch in self._it:
-                got = True
-                yield batch
-            if not got:
-                raise RuntimeError(f"the Loader delivered no batch: {_skipped(self.loader.stats())}")
-            self.epoch += 1
+        try:
+            while True:
+                self.loader.set_epoch(self.epoch)
+                self._it = iter(self.loader)
+                got = False
+                for batch in self._it:
+                    got = True
+                    yield batch
+                if not got:
+                    raise RuntimeError(f"the Loader delivered no batch: {_skipped(self.loader.stats())}")
+                self.epoch += 1
+        finally:  # a caller done with these batches: the epoch's stage threads stop now
+            self.close()
 
     def stats(self) -> dict:
         return self.loader.stats()
@@ -260,8 +263,12 @@ def _sync(device: torch.device):
         torch.cuda.synchronize(device)
 
 
-def measure(run, *, warmup: int, steps: int, step_s: float, device: torch.device, bar=None) -> tuple:
-    """(seconds, images, seconds waited, stats) of ``steps`` timed batches after ``warmup``."""
+def measure(run, *, warmup: int, steps: int, step_s: float, device: torch.device, bar=None,
+            keep_open: bool = False) -> tuple:
+    """(seconds, images, seconds waited, stats) of ``steps`` timed batches after ``warmup``; the run
+    is closed after, unless ``keep_open`` (a caller measuring it again: its iteration is closed, the
+    pipeline kept, as a training run keeps its Loader)."""
+    it = None
     try:
         it = run.batches()
         for _ in range(warmup):
@@ -284,7 +291,11 @@ def measure(run, *, warmup: int, steps: int, step_s: float, device: torch.device
         seconds = time.perf_counter() - t0
         return seconds, images, waited, run.stats()
     finally:
-        run.close()
+        if keep_open:
+            if it is not None:
+                it.close()
+        else:
+            run.close()
 
 
 def _progress(total: int, quiet: bool):
