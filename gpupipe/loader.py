@@ -356,7 +356,8 @@ class Loader:
 
     def _host_batches(self, shape: tuple) -> _Recycled:
         if self._recycled is None or self._recycled.shape != shape:
-            self._recycled = _Recycled(shape, keep=self.prefetch + 6)
+            # a batch being decoded, collected and finished, three queues of `prefetch`, the consumer's
+            self._recycled = _Recycled(shape, keep=3 * self.prefetch + 5)
         return self._recycled
 
     # --- sampling ---------------------------------------------------------------------------------
