@@ -28,7 +28,6 @@
 #include <condition_variable>
 #include <ctime>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 namespace gpupipe {

@@ -144,7 +144,7 @@ def _pool_selftest(num_threads: int, n: int, throw_at: int) -> int:
 
 def shutdown_pool() -> None: ...
 def get_limits() -> tuple[int, int, int, int]:
-    """(max_pixels, max_scans, max_memory)."""
+    """(max_pixels, max_scans, max_memory, max_file_size)."""
 
 def set_limits(max_pixels: int, max_scans: int, max_memory: int, max_file_size: int) -> None: ...
 def encode_jpeg(

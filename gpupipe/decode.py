@@ -148,8 +148,6 @@ def decode_crop_jpeg(
         return hwc.permute(2, 0, 1)
 
 
-
-
 def decode_and_crop_jpeg(
     data: Any, crop_y: int, crop_x: int, crop_height: int, crop_width: int, **kwargs: Any
 ) -> torch.Tensor:

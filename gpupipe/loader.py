@@ -34,11 +34,10 @@ import torch
 from gpupipe import _C, backends, keyed
 from gpupipe._backends import cpu
 from gpupipe._backends.base import BatchStatus, DecodeOptions, HeaderInfos, Route, check_thread_count
-from gpupipe._errors import ErrorKind
 from gpupipe.crops import CropSampler
 from gpupipe.engine import Closed, Engine, HostClock, StageTimes
 from gpupipe.policy import apply_policy, check_on_error
-from gpupipe.routing import decode_into, plan_batch
+from gpupipe.routing import decode_into, plan_batch, straight
 from gpupipe.sources import MapSource, Source, _call_or_error, distributed_indices
 
 STAGES = ("read", "plan", "decode", "collect", "transfer", "augment")
@@ -324,7 +323,7 @@ class Loader:
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is not in [0, {self.world_size})")
         self.progress = progress
-        cores = _C.cpu_share()["threads"]  # this rank's share when several share the node (LOCAL_WORLD_SIZE)
+        self.cpu_share = cores = _C.cpu_share()["threads"]  # this rank's share of the node (LOCAL_WORLD_SIZE)
         self.io_threads = min(4, cores) if io_threads is None else check_thread_count("io_threads", io_threads)
         if augment_threads is not None and augment_threads < 1:
             raise ValueError(f"augment_threads must be >= 1, got {augment_threads}")
@@ -476,7 +475,7 @@ class Loader:
                 "host_s": host, "host_us_per_image": 1e6 * sum(host.values()) / s.images if s.images else 0.0,
                 "decode_pool": {"threads": decode_threads, "busy_s": pool_busy,
                                 "utilisation": pool_busy / (decode_threads * pool_wall) if pool_wall > 0 else 0.0},
-                "threads": {"share": _C.cpu_share()["threads"], "decode": decode_threads, "io": self.io_threads,
+                "threads": {"share": self.cpu_share, "decode": decode_threads, "io": self.io_threads,
                             "augment": self.augment_threads},
             }
 
@@ -588,7 +587,7 @@ class _Epoch:
         else:
             batch.images = torch.empty((n, *l.crop.size, 3), dtype=torch.uint8, device=l.device)
         try:
-            if l.backend == "cpu" and not l.options.apply_exif_orientation and (batch.infos.kind == ErrorKind.NONE).all():
+            if l.backend == "cpu" and straight(batch.infos, l.options):
                 # started: the pool takes this batch's samples as soon as the previous batch's are taken
                 batch.pending = cpu.start(batch.datas, np.ascontiguousarray(batch.boxes), batch.images, l.options)
             else:

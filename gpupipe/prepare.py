@@ -29,6 +29,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from gpupipe import _C
+from gpupipe.limits import get_limits
 from gpupipe.sources import member_refusal, read_file
 
 _JPEG = b"\xff\xd8"
@@ -210,7 +211,7 @@ def _copy_shard(shard: Path, tout: tarfile.TarFile, pool, threads: int, convert,
     """Writes ``shard``'s members to ``tout`` in order, its JPEGs transcoded ``4 * threads`` at a time
     (memory: that many members, never the shard), leaving out (reported failed) the members a Loader
     refuses to read: sparse, over ``max_file_size``. Returns the regular members copied."""
-    max_size = _C.get_limits()[3]
+    max_size = get_limits().max_file_size
     copied = 0
     with tarfile.open(shard, "r|*") as tin:
         chunk: list = []

@@ -100,7 +100,7 @@ def decode_into(datas: Sequence[Any], boxes: np.ndarray, out: torch.Tensor, opti
     if infos is None:
         infos = probe(buffers, options)
     backend = BACKENDS[options.backend]
-    if not options.apply_exif_orientation and (infos.kind == ErrorKind.NONE).all():  # every one a readable JPEG
+    if straight(infos, options):
         status = backend.decode(buffers, np.ascontiguousarray(boxes), out, options, infos)
     else:
         status = _decode_mixed(buffers, boxes, out, options, infos, backend)
@@ -108,6 +108,12 @@ def decode_into(datas: Sequence[Any], boxes: np.ndarray, out: torch.Tensor, opti
     if len(failed):
         out[torch.from_numpy(failed).to(out.device)] = 0
     return status
+
+
+def straight(infos: HeaderInfos, options: DecodeOptions) -> bool:
+    """Whether a batch goes straight to its backend, every sample into its own slot: every header a
+    readable JPEG's, no EXIF orientation to apply (else _decode_mixed sorts it out)."""
+    return not options.apply_exif_orientation and bool((infos.kind == ErrorKind.NONE).all())
 
 
 def _decode_mixed(buffers: list, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions, infos: HeaderInfos,

@@ -22,6 +22,7 @@ from typing import Any, Iterator, NamedTuple, Optional, Protocol, Sequence, runt
 import numpy as np
 
 from gpupipe import _C
+from gpupipe.limits import get_limits
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -82,10 +83,7 @@ class MapSource:
         ``read`` gets its own ``read`` called per sample."""
         if not self.reads_files():
             return [_call_or_error(self.read, i) for i in indices]
-        datas, failed = self.read_batch(indices, num_threads)
-        for k, error in failed.items():
-            datas[k] = error
-        return datas
+        return _in_place(*self.read_batch(indices, num_threads))
 
     def read_batch(self, indices: Sequence[int], num_threads: int) -> tuple[list, dict]:
         """The Loader's read stage for a source whose ``read`` is this class's: the bytes of each
@@ -113,7 +111,11 @@ def read_files(paths: Sequence, num_threads: int) -> list:
     """The bytes of each file, or the exception that stopped its read: one native call on
     ``num_threads`` threads without the GIL. Only regular files of at most ``max_file_size`` bytes
     are read; a FIFO, a device (a symlink to ``/dev/zero``), a directory or a larger file fails alone."""
-    datas, failed = _read_paths([_call_or_error(_file_path, p) for p in paths], num_threads)
+    return _in_place(*_read_paths([_call_or_error(_file_path, p) for p in paths], num_threads))
+
+
+def _in_place(datas: list, failed: dict) -> list:
+    """The bytes of each read, with the exception that stopped a failed one in its place."""
     for k, error in failed.items():
         datas[k] = error
     return datas
@@ -122,8 +124,7 @@ def read_files(paths: Sequence, num_threads: int) -> list:
 def _read_paths(paths: list, num_threads: int) -> tuple[list, dict]:
     """(bytes per path, b"" where it failed; {position: exception}) for paths as bytes, or the
     exception a path already is (a key open() refuses fails alone)."""
-    failed = {k: p for k, p in enumerate(paths) if not isinstance(p, bytes)} if not all(
-        type(p) is bytes for p in paths) else {}
+    failed = {k: p for k, p in enumerate(paths) if type(p) is not bytes}
     datas, errors = _C.read_files([b"" if k in failed else p for k, p in enumerate(paths)] if failed else paths,
                                   num_threads)
     for k, errno, message in errors:
@@ -246,7 +247,7 @@ class TarShards:
         that cannot be read (truncated, not a tar), come out as one record with the error, so the
         stream goes on with the next sample or shard."""
         current, parts, refused = None, {}, []
-        max_size = _C.get_limits()[3]
+        max_size = get_limits().max_file_size
         try:
             with tarfile.open(path, "r|*") as tar:
                 for member in tar:
