@@ -1,6 +1,7 @@
 // Host build of the augmentation kernels. Work is done a row at a time in short loops the compiler
-// vectorises, each calling the per-pixel functions of augment_pixel.h / augment_kernels.h (the ones
-// the CUDA kernels call per pixel), so the results are the device's bit for bit:
+// vectorises at the CPU's width (a task's rows run under dispatch(), multiversion.h), each calling
+// the per-pixel functions of augment_pixel.h / augment_kernels.h (the ones the CUDA kernels call
+// per pixel), so the results are the device's bit for bit:
 //   sample   the warped input row (axis-aligned maps: direct reads; rotations: the 4 neighbours of
 //            each interior pixel gathered as two 8-byte loads, weights and blend vectorised; border
 //            pixels through pixel::sample),
@@ -89,8 +90,8 @@ void fill_span(Row& row, int64_t begin, int64_t end, const pixel::Fill& fill) {
   }
 }
 
-GPUPIPE_MULTIVERSION void sample_axis_aligned(const pixel::Image8& im, const float* m, int interpolation,
-                                              const pixel::Fill& fill, int64_t y, int64_t w, Row& row) {
+inline void sample_axis_aligned(const pixel::Image8& im, const float* m, int interpolation,
+                                const pixel::Fill& fill, int64_t y, int64_t w, Row& row) {
   float sx0, sy;  // sx0 unused: the row's x range follows from m
   pixel::affine_source(m, 0.0f, static_cast<float>(y), &sx0, &sy);
   if (!(sy >= 0.0f && sy <= static_cast<float>(im.h - 1))) return fill_span(row, 0, w, fill);
@@ -144,9 +145,9 @@ GPUPIPE_MULTIVERSION void sample_axis_aligned(const pixel::Image8& im, const flo
 
 // pixel::sample's bilinear arithmetic for pixels whose 4 neighbours are inside the image, from the
 // gathered pairs (bytes r00 g00 b00 r01 | g01 b01 . . of rows y0 and y0 + 1).
-GPUPIPE_MULTIVERSION void blend_gathered(const float* __restrict__ sx, const float* __restrict__ sy,
-                                         const uint32_t* __restrict__ top, const uint32_t* __restrict__ bottom,
-                                         int64_t w, float* __restrict__ r, float* __restrict__ g, float* __restrict__ b) {
+inline void blend_gathered(const float* __restrict__ sx, const float* __restrict__ sy,
+                           const uint32_t* __restrict__ top, const uint32_t* __restrict__ bottom,
+                           int64_t w, float* __restrict__ r, float* __restrict__ g, float* __restrict__ b) {
   auto byte = [](uint32_t v, int k) { return static_cast<float>(static_cast<int32_t>((v >> (8 * k)) & 255u)); };
   for (int64_t x = 0; x < w; ++x) {
     const float x0 = pixel::floor(sx[x]), y0 = pixel::floor(sy[x]);
@@ -165,9 +166,9 @@ GPUPIPE_MULTIVERSION void blend_gathered(const float* __restrict__ sx, const flo
 }
 
 // The fill blend of those pixels: (v - fill) * mask + fill, mask the sum of the 4 weights.
-GPUPIPE_MULTIVERSION void fill_gathered(const float* __restrict__ sx, const float* __restrict__ sy, int64_t w,
-                                        const pixel::Fill& fill, float* __restrict__ r, float* __restrict__ g,
-                                        float* __restrict__ b) {
+inline void fill_gathered(const float* __restrict__ sx, const float* __restrict__ sy, int64_t w,
+                          const pixel::Fill& fill, float* __restrict__ r, float* __restrict__ g,
+                          float* __restrict__ b) {
   const float f0 = fill.value[0], f1 = fill.value[1], f2 = fill.value[2];
   for (int64_t x = 0; x < w; ++x) {
     const float x0 = pixel::floor(sx[x]), y0 = pixel::floor(sy[x]);
@@ -187,8 +188,8 @@ GPUPIPE_MULTIVERSION void fill_gathered(const float* __restrict__ sx, const floa
 // kOutside when none is (the pixel is the fill), kPartial otherwise (pixel::sample, one by one).
 constexpr int32_t kPartial = -1, kOutside = -2;
 
-GPUPIPE_MULTIVERSION void gather_offsets(const float* __restrict__ sx, const float* __restrict__ sy, int64_t w,
-                                         const pixel::Image8& im, bool nearest, int32_t* __restrict__ offset) {
+inline void gather_offsets(const float* __restrict__ sx, const float* __restrict__ sy, int64_t w,
+                           const pixel::Image8& im, bool nearest, int32_t* __restrict__ offset) {
   const float last_x = static_cast<float>(im.w - 1), last_y = static_cast<float>(im.h - 1);
   const float read_x = last_x - (nearest ? 1.0f : 2.0f), read_y = last_y - (nearest ? 0.0f : 1.0f);
   const float out_lo = nearest ? 0.0f : -1.0f;  // bilinear: x0 = -1 still reads pixel 0
@@ -204,8 +205,8 @@ GPUPIPE_MULTIVERSION void gather_offsets(const float* __restrict__ sx, const flo
 }
 
 // The value of pixels that read nothing from the image: the fill, or 0 (zero padding).
-GPUPIPE_MULTIVERSION void fill_outside(const int32_t* __restrict__ offset, int64_t w, const pixel::Fill& fill,
-                                       float* __restrict__ r, float* __restrict__ g, float* __restrict__ b) {
+inline void fill_outside(const int32_t* __restrict__ offset, int64_t w, const pixel::Fill& fill,
+                         float* __restrict__ r, float* __restrict__ g, float* __restrict__ b) {
   const float f0 = fill.enabled ? fill.value[0] : 0.0f, f1 = fill.enabled ? fill.value[1] : 0.0f,
               f2 = fill.enabled ? fill.value[2] : 0.0f;
   for (int64_t x = 0; x < w; ++x) {
@@ -220,8 +221,8 @@ GPUPIPE_MULTIVERSION void fill_outside(const int32_t* __restrict__ offset, int64
 // with unaligned loads (nearest: 4 bytes, the pixel; bilinear: 8 bytes, the pixel pair (x0, x0 + 1)
 // of rows y0 and y0 + 1), then unpacked and blended in vectorised loops; pixels outside the image
 // are the fill; the few with some neighbours outside go through pixel::sample.
-GPUPIPE_MULTIVERSION void sample_gathered(const pixel::Image8& im, const float* m, int interpolation,
-                                          const pixel::Fill& fill, int64_t y, int64_t w, Row& row) {
+inline void sample_gathered(const pixel::Image8& im, const float* m, int interpolation,
+                            const pixel::Fill& fill, int64_t y, int64_t w, Row& row) {
   float* __restrict__ sx = row.sx;
   float* __restrict__ sy = row.sy;
   const float fy = static_cast<float>(y);
@@ -298,7 +299,7 @@ void sample_row(const pixel::Image8& im, const float* m, int interpolation, cons
 
 // --- color over a row ([0, 1] scale) -----------------------------------------------------------
 
-GPUPIPE_MULTIVERSION void scale_row(float* __restrict__ r, float* __restrict__ g, float* __restrict__ b, int64_t w) {
+inline void scale_row(float* __restrict__ r, float* __restrict__ g, float* __restrict__ b, int64_t w) {
   for (int64_t x = 0; x < w; ++x) {
     r[x] = pixel::mul(r[x], pixel::kInv255);
     g[x] = pixel::mul(g[x], pixel::kInv255);
@@ -307,8 +308,8 @@ GPUPIPE_MULTIVERSION void scale_row(float* __restrict__ r, float* __restrict__ g
 }
 
 template <int Op>
-GPUPIPE_MULTIVERSION void op_row(float* __restrict__ r, float* __restrict__ g, float* __restrict__ b, int64_t w,
-                                 float factor, float contrast_term) {
+inline void op_row(float* __restrict__ r, float* __restrict__ g, float* __restrict__ b, int64_t w,
+                   float factor, float contrast_term) {
   for (int64_t x = 0; x < w; ++x) pixel::color_op(Op, &r[x], &g[x], &b[x], factor, contrast_term);
 }
 
@@ -322,7 +323,7 @@ void color_op_row(int op, Row& row, int64_t w, float factor, float contrast_term
 }
 
 // The sum of mean_fixed(luma) over a row (pass 1's reduction).
-GPUPIPE_MULTIVERSION int64_t luma_sum(const float* __restrict__ r, const float* __restrict__ g,
+inline int64_t luma_sum(const float* __restrict__ r, const float* __restrict__ g,
                                        const float* __restrict__ b, int64_t w, bool linear) {
   int64_t sum = 0;
   if (linear) {
@@ -333,7 +334,7 @@ GPUPIPE_MULTIVERSION int64_t luma_sum(const float* __restrict__ r, const float* 
   return sum;
 }
 
-GPUPIPE_MULTIVERSION void linear_row(float* __restrict__ r, float* __restrict__ g, float* __restrict__ b, int64_t w,
+inline void linear_row(float* __restrict__ r, float* __restrict__ g, float* __restrict__ b, int64_t w,
                                       const float* A, MeanTerms terms) {
   for (int64_t x = 0; x < w; ++x) {
     float v[3];
@@ -344,8 +345,8 @@ GPUPIPE_MULTIVERSION void linear_row(float* __restrict__ r, float* __restrict__ 
   }
 }
 
-GPUPIPE_MULTIVERSION void gray_normalize_row(float* __restrict__ r, float* __restrict__ g, float* __restrict__ b,
-                                             int64_t w, bool gray, const float* mean, const float* inv_std) {
+inline void gray_normalize_row(float* __restrict__ r, float* __restrict__ g, float* __restrict__ b,
+                               int64_t w, bool gray, const float* mean, const float* inv_std) {
   if (gray)
     for (int64_t x = 0; x < w; ++x) r[x] = g[x] = b[x] = pixel::luma(r[x], g[x], b[x]);
   const float m0 = mean[0], m1 = mean[1], m2 = mean[2];
@@ -392,9 +393,9 @@ struct AsFloat16 {
 };
 
 template <typename Out, typename Convert>
-GPUPIPE_MULTIVERSION void store_row(const float* __restrict__ r, const float* __restrict__ g,
-                                    const float* __restrict__ b, int64_t w, Out* __restrict__ out,
-                                    const int64_t* stride, Convert convert) {
+inline void store_row(const float* __restrict__ r, const float* __restrict__ g,
+                      const float* __restrict__ b, int64_t w, Out* __restrict__ out,
+                      const int64_t* stride, Convert convert) {
   const int64_t sc = stride[1], sw = stride[3];
   if (sw == 1) {  // planar rows (contiguous NCHW)
     Out* __restrict__ o0 = out;
@@ -429,7 +430,7 @@ void store(const AugmentArgs& a, const Row& row, int64_t i, int64_t y, int64_t w
 }
 
 template <typename Out>
-GPUPIPE_MULTIVERSION void store_warped(const Row& row, int64_t w, Out* __restrict__ out, const int64_t* stride) {
+inline void store_warped(const Row& row, int64_t w, Out* __restrict__ out, const int64_t* stride) {
   const int64_t sc = stride[1], sw = stride[3];
   const float* src[3] = {row.r, row.g, row.b};
   for (int c = 0; c < 3; ++c) {
@@ -450,13 +451,15 @@ void warp_affine_cpu(const WarpArgs& a, int num_threads) {
   const int64_t h = a.input.h, w = a.input.w;
   parallel_rows(a.input.n * h, num_threads, [&](int64_t begin, int64_t end) {
     Row& row = thread_row(w);
-    for (int64_t rr = begin; rr < end; ++rr) {
-      const int64_t i = rr / h, y = rr % h;
-      sample_row(a.input.sample(i), a.matrices + 6 * i, a.interpolation, a.fill, y, w, row);
-      const int64_t offset = i * a.out_stride[0] + y * a.out_stride[2];
-      if (a.out_type == kUInt8) store_warped(row, w, static_cast<uint8_t*>(a.output) + offset, a.out_stride);
-      else store_warped(row, w, static_cast<float*>(a.output) + offset, a.out_stride);
-    }
+    dispatch([&](auto) {
+      for (int64_t rr = begin; rr < end; ++rr) {
+        const int64_t i = rr / h, y = rr % h;
+        sample_row(a.input.sample(i), a.matrices + 6 * i, a.interpolation, a.fill, y, w, row);
+        const int64_t offset = i * a.out_stride[0] + y * a.out_stride[2];
+        if (a.out_type == kUInt8) store_warped(row, w, static_cast<uint8_t*>(a.output) + offset, a.out_stride);
+        else store_warped(row, w, static_cast<float*>(a.output) + offset, a.out_stride);
+      }
+    });
   });
 }
 
@@ -481,39 +484,41 @@ void augment_by_samples(const AugmentArgs& a, int num_threads) {
   parallel_rows(a.input.n, num_threads, [&](int64_t begin, int64_t end) {
     Row& row = thread_row(w);
     thread_local std::vector<float> plane;
-    for (int64_t i = begin; i < end; ++i) {
-      const float* P = a.params + i * param::kCount;
-      const ColorProgram prog = color_program(P);
-      const pixel::Image8 im = a.input.sample(i);
-      if (!axis_aligned(P + param::kMatrix)) prefetch(im);
-      if (!needs_mean(a, i)) {
-        const MeanTerms terms = mean_terms(a, P, 0.0f);
+    dispatch([&](auto) {
+      for (int64_t i = begin; i < end; ++i) {
+        const float* P = a.params + i * param::kCount;
+        const ColorProgram prog = color_program(P);
+        const pixel::Image8 im = a.input.sample(i);
+        if (!axis_aligned(P + param::kMatrix)) prefetch(im);
+        if (!needs_mean(a, i)) {
+          const MeanTerms terms = mean_terms(a, P, 0.0f);
+          for (int64_t y = 0; y < h; ++y) {
+            sample_row(im, P + param::kMatrix, a.interpolation, a.fill, y, w, row);
+            chain_before_mean(a, prog, row, w);
+            chain_after_mean(a, P, prog, terms, row, w);
+            store(a, row, i, y, w);
+          }
+          continue;
+        }
+        plane.resize(static_cast<size_t>(3 * h * w));
+        int64_t sum = 0;
         for (int64_t y = 0; y < h; ++y) {
+          float* r = plane.data() + 3 * y * w;
+          row.write_to(r, r + w, r + 2 * w);
           sample_row(im, P + param::kMatrix, a.interpolation, a.fill, y, w, row);
           chain_before_mean(a, prog, row, w);
+          sum += luma_sum(row.r, row.g, row.b, w, a.color == kColorLinear);
+        }
+        const MeanTerms terms = mean_terms(a, P, pixel::mean_from_sum(sum, h * w));
+        for (int64_t y = 0; y < h; ++y) {
+          float* r = plane.data() + 3 * y * w;
+          row.write_to(r, r + w, r + 2 * w);
           chain_after_mean(a, P, prog, terms, row, w);
           store(a, row, i, y, w);
         }
-        continue;
+        row.reserve(w);  // back to the row's own buffers
       }
-      plane.resize(static_cast<size_t>(3 * h * w));
-      int64_t sum = 0;
-      for (int64_t y = 0; y < h; ++y) {
-        float* r = plane.data() + 3 * y * w;
-        row.write_to(r, r + w, r + 2 * w);
-        sample_row(im, P + param::kMatrix, a.interpolation, a.fill, y, w, row);
-        chain_before_mean(a, prog, row, w);
-        sum += luma_sum(row.r, row.g, row.b, w, a.color == kColorLinear);
-      }
-      const MeanTerms terms = mean_terms(a, P, pixel::mean_from_sum(sum, h * w));
-      for (int64_t y = 0; y < h; ++y) {
-        float* r = plane.data() + 3 * y * w;
-        row.write_to(r, r + w, r + 2 * w);
-        chain_after_mean(a, P, prog, terms, row, w);
-        store(a, row, i, y, w);
-      }
-      row.reserve(w);  // back to the row's own buffers
-    }
+    });
   });
 }
 
@@ -532,18 +537,20 @@ void augment_by_rows(const AugmentArgs& a, int num_threads) {
   parallel_rows(static_cast<int64_t>(active.size()) * h, num_threads, [&](int64_t begin, int64_t end) {
     Row& row = thread_row(w);
     int64_t current = -1, sum = 0;
-    for (int64_t rr = begin; rr < end; ++rr) {
-      const int64_t i = active[static_cast<size_t>(rr / h)], y = rr % h;
-      if (i != current) {
-        if (current >= 0) sums[current].fetch_add(sum, std::memory_order_relaxed);
-        current = i;
-        sum = 0;
+    dispatch([&](auto) {
+      for (int64_t rr = begin; rr < end; ++rr) {
+        const int64_t i = active[static_cast<size_t>(rr / h)], y = rr % h;
+        if (i != current) {
+          if (current >= 0) sums[current].fetch_add(sum, std::memory_order_relaxed);
+          current = i;
+          sum = 0;
+        }
+        const float* P = a.params + i * param::kCount;
+        sample_row(a.input.sample(i), P + param::kMatrix, a.interpolation, a.fill, y, w, row);
+        chain_before_mean(a, programs[static_cast<size_t>(i)], row, w);
+        sum += luma_sum(row.r, row.g, row.b, w, a.color == kColorLinear);  // integers: exact in any order
       }
-      const float* P = a.params + i * param::kCount;
-      sample_row(a.input.sample(i), P + param::kMatrix, a.interpolation, a.fill, y, w, row);
-      chain_before_mean(a, programs[static_cast<size_t>(i)], row, w);
-      sum += luma_sum(row.r, row.g, row.b, w, a.color == kColorLinear);  // integers: exact in any order
-    }
+    });
     if (current >= 0) sums[current].fetch_add(sum, std::memory_order_relaxed);
   });
   std::vector<MeanTerms> terms(static_cast<size_t>(n));
@@ -553,15 +560,17 @@ void augment_by_rows(const AugmentArgs& a, int num_threads) {
   }
   parallel_rows(n * h, num_threads, [&](int64_t begin, int64_t end) {
     Row& row = thread_row(w);
-    for (int64_t rr = begin; rr < end; ++rr) {
-      const int64_t i = rr / h, y = rr % h;
-      const float* P = a.params + i * param::kCount;
-      const ColorProgram& prog = programs[static_cast<size_t>(i)];
-      sample_row(a.input.sample(i), P + param::kMatrix, a.interpolation, a.fill, y, w, row);
-      chain_before_mean(a, prog, row, w);
-      chain_after_mean(a, P, prog, terms[static_cast<size_t>(i)], row, w);
-      store(a, row, i, y, w);
-    }
+    dispatch([&](auto) {
+      for (int64_t rr = begin; rr < end; ++rr) {
+        const int64_t i = rr / h, y = rr % h;
+        const float* P = a.params + i * param::kCount;
+        const ColorProgram& prog = programs[static_cast<size_t>(i)];
+        sample_row(a.input.sample(i), P + param::kMatrix, a.interpolation, a.fill, y, w, row);
+        chain_before_mean(a, prog, row, w);
+        chain_after_mean(a, P, prog, terms[static_cast<size_t>(i)], row, w);
+        store(a, row, i, y, w);
+      }
+    });
   });
 }
 

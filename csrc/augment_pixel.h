@@ -5,7 +5,7 @@
 // Rounding contract: every float operation below is ONE IEEE-754 binary32 operation, rounded to
 // nearest even, in the order written. On the device the arithmetic goes through the _rn intrinsics,
 // which nvcc never contracts into FMAs; on the host every file including this header is compiled
-// with -ffp-contract=off (CMakeLists.txt), and the AVX2 clones of GPUPIPE_MULTIVERSION enable no FMA.
+// with -ffp-contract=off (CMakeLists.txt), so the FMA of the AVX2 and AVX-512 builds (multiversion.h) is never used.
 // Vectorising a loop of these calls does not change any result (SIMD add/mul/div/min/max/round are
 // the same IEEE operations lane by lane). So host and device give the same bits for the same inputs;
 // tests/test_augment_pixel.py holds the host build to a float32 emulation of this exact sequence.

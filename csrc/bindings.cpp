@@ -28,6 +28,7 @@
 #include "jpeg_encoder.h"
 #include "erase_cpu.h"
 #include "mix_cpu.h"
+#include "multiversion.h"
 #include "policy_bindings.h"
 #include "policy_cpu.h"
 #include "released_gil.h"
@@ -510,6 +511,19 @@ void register_runtime(py::module_& m) {
       },
       "This process's share of the cores (thread_pool.h): threads, affinity, online, local_world_size.");
   m.attr("MAX_THREADS") = kMaxThreads;
+  m.def(
+      "cpu_capability",
+      [] { return py::make_tuple(cpu_level_name(cpu_level()), cpu_level_name(cpu_level_supported())); },
+      "(in force, the CPU's widest): the instruction set level the CPU kernels run at (multiversion.h).");
+  m.def(
+      "set_cpu_capability",
+      [](const std::string& name) {
+        for (int l = 0; l < kCpuLevels; ++l)
+          if (name == cpu_level_name(static_cast<CpuLevel>(l)))
+            return std::string(cpu_level_name(set_cpu_level(static_cast<CpuLevel>(l))));
+        throw InvalidArgument("unknown CPU capability '" + name + "': expected default, avx2, avx512 or avx512_vbmi");
+      },
+      py::arg("name"), "Caps the CPU kernels' level (never above the CPU's); returns the level in force.");
   m.def("pool_threads", &pool_threads, "Worker threads alive in this process's decode pool.");
   m.def(
       "_pool_selftest",

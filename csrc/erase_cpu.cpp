@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "multiversion.h"
 #include "thread_pool.h"
 
 namespace gpupipe {
@@ -20,7 +21,8 @@ void fill_elements(uint8_t* start, int64_t count, int64_t step, const uint8_t* v
   }
 }
 
-void erase_sample(const EraseArgs& a, int64_t i) {
+// Run under dispatch() (multiversion.h): the fills are stored at the CPU's vector width.
+inline void erase_sample(const EraseArgs& a, int64_t i) {
   const int64_t* box = a.boxes + 4 * i;
   const int64_t top = box[0], left = box[1], height = box[2], width = box[3];
   if (height <= 0 || width <= 0) return;
@@ -41,10 +43,14 @@ void erase_sample(const EraseArgs& a, int64_t i) {
 
 void erase_boxes_cpu(const EraseArgs& a, int num_threads) {
   if (num_threads <= 1 || a.n < 2) {
-    for (int64_t i = 0; i < a.n; ++i) erase_sample(a, i);
+    dispatch([&](auto) {
+      for (int64_t i = 0; i < a.n; ++i) erase_sample(a, i);
+    });
     return;
   }
-  get_pool(num_threads)->parallel_for(static_cast<size_t>(a.n), [&](size_t i) { erase_sample(a, static_cast<int64_t>(i)); });
+  get_pool(num_threads)->parallel_for(static_cast<size_t>(a.n), [&](size_t i) {
+    dispatch([&](auto) { erase_sample(a, static_cast<int64_t>(i)); });
+  });
 }
 
 }  // namespace gpupipe

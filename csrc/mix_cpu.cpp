@@ -10,8 +10,8 @@ namespace gpupipe {
 namespace {
 
 // out[k] = other[k] * a + self[k] * b. `out` may be `self` (the in-place blend), never `other`.
-GPUPIPE_MULTIVERSION void blend(const float* __restrict__ other, const float* self, float* out, int64_t count, float a,
-                                float b) {
+inline void blend(const float* __restrict__ other, const float* self, float* out, int64_t count, float a,
+                  float b) {
   for (int64_t k = 0; k < count; ++k) {
     const float p = other[k] * a;  // torchvision: images.roll(1, 0).mul_(1 - lam)
     const float q = self[k] * b;   //              .add_(images.mul(lam))
@@ -29,12 +29,14 @@ void mixup_rolled_cpu(const float* x, float* out, int64_t n, int64_t per_sample,
   const float a = static_cast<float>(1.0 - lam), b = static_cast<float>(lam);
   const int64_t per_chunks = (per_sample + kChunk - 1) / kChunk;
   parallel_rows(n * per_chunks, num_threads, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t i = r / per_chunks, k0 = (r % per_chunks) * kChunk;
-      const int64_t count = per_sample - k0 < kChunk ? per_sample - k0 : kChunk;
-      const int64_t prev = i == 0 ? n - 1 : i - 1;
-      blend(x + prev * per_sample + k0, x + i * per_sample + k0, out + i * per_sample + k0, count, a, b);
-    }
+    dispatch([&](auto) {
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t i = r / per_chunks, k0 = (r % per_chunks) * kChunk;
+        const int64_t count = per_sample - k0 < kChunk ? per_sample - k0 : kChunk;
+        const int64_t prev = i == 0 ? n - 1 : i - 1;
+        blend(x + prev * per_sample + k0, x + i * per_sample + k0, out + i * per_sample + k0, count, a, b);
+      }
+    });
   });
 }
 
@@ -46,15 +48,17 @@ void mixup_rolled_inplace_cpu(float* x, int64_t n, int64_t per_sample, double la
   // overwritten (i = n-1 down to 1), and sample 0 the copy of sample n-1's original span.
   parallel_rows(per_chunks, num_threads, [&](int64_t begin, int64_t end) {
     std::vector<float> last(static_cast<size_t>(kChunk));
-    for (int64_t c = begin; c < end; ++c) {
-      const int64_t k0 = c * kChunk, count = per_sample - k0 < kChunk ? per_sample - k0 : kChunk;
-      std::copy(x + (n - 1) * per_sample + k0, x + (n - 1) * per_sample + k0 + count, last.begin());
-      for (int64_t i = n - 1; i >= 1; --i) {
-        float* xi = x + i * per_sample + k0;
-        blend(xi - per_sample, xi, xi, count, a, b);
+    dispatch([&](auto) {
+      for (int64_t c = begin; c < end; ++c) {
+        const int64_t k0 = c * kChunk, count = per_sample - k0 < kChunk ? per_sample - k0 : kChunk;
+        std::copy(x + (n - 1) * per_sample + k0, x + (n - 1) * per_sample + k0 + count, last.begin());
+        for (int64_t i = n - 1; i >= 1; --i) {
+          float* xi = x + i * per_sample + k0;
+          blend(xi - per_sample, xi, xi, count, a, b);
+        }
+        blend(last.data(), x + k0, x + k0, count, a, b);
       }
-      blend(last.data(), x + k0, x + k0, count, a, b);
-    }
+    });
   });
 }
 

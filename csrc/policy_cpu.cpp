@@ -9,6 +9,7 @@
 #include "errors.h"
 #include "multiversion.h"
 #include "parallel_rows.h"
+#include "simd_avx512.h"
 #include "thread_pool.h"
 
 namespace gpupipe {
@@ -16,19 +17,11 @@ namespace {
 
 using namespace policy;
 
-// The row kernels whose math is fused multiply-adds (color, contrast's gray sum, sharpness) are also
-// built for AVX2 with FMA and picked at run time: the FMA instruction gives the bits the baseline
-// build computes through double (policy_ops.h, fma_small), in a third of the instructions.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define POLICY_FMA_BUILD __attribute__((target("avx2,fma")))
-inline bool cpu_has_fma() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-}
-#else
-#define POLICY_FMA_BUILD
-inline bool cpu_has_fma() { return false; }
-#endif
+// Every row kernel is a template on the instruction set (multiversion.h): dispatch() runs a pass's
+// rows built for the CPU's widest level. Isa::fma picks the fused multiply-add instruction for the
+// row math that is fused multiply-adds (color, contrast's gray sum, sharpness): it gives the bits
+// the baseline build computes through double (policy_ops.h, fma_small), in a third of the
+// instructions.
 #define POLICY_INLINE inline __attribute__((always_inline))
 
 // Rows are read and written in place, whatever the layout: pixel x of a row has its channels at
@@ -60,7 +53,7 @@ inline uint8_t* pixel_at(uint8_t* row, L l, int64_t x) {
 // loads, and this loop is bound by its memory reads and writes.
 constexpr int kHistCopies = 4;
 template <typename L>
-GPUPIPE_MULTIVERSION void histogram_row(const uint8_t* __restrict__ row, L l, int64_t w, uint32_t* __restrict__ hist) {
+POLICY_INLINE void histogram_row(const uint8_t* __restrict__ row, L l, int64_t w, uint32_t* __restrict__ hist) {
   uint32_t* __restrict__ h1 = hist + 768;
   uint32_t* __restrict__ h2 = hist + 2 * 768;
   uint32_t* __restrict__ h3 = hist + 3 * 768;
@@ -105,28 +98,19 @@ GPUPIPE_MULTIVERSION void histogram_row(const uint8_t* __restrict__ row, L l, in
 }
 
 // Sum of gray_floor over a row: gray levels are integers 0..255, so the sum is exact.
-template <typename L, bool kFma>
-POLICY_INLINE int64_t gray_sum_impl(const uint8_t* __restrict__ row, L l, int64_t w) {
+template <typename Isa, typename L>
+POLICY_INLINE int64_t gray_sum_row(const uint8_t* __restrict__ row, L l, int64_t w) {
   int32_t sum = 0;  // at most 255 * w < 2^31 for w < 2^23
   for (int64_t x = 0; x < w; ++x) {
     const uint8_t* p = pixel_at(row, l, x);
-    sum += static_cast<int32_t>(gray_floor<kFma>(p[0], p[l.sc], p[2 * l.sc]));
+    sum += static_cast<int32_t>(gray_floor<Isa::fma>(p[0], p[l.sc], p[2 * l.sc]));
   }
   return sum;
 }
-template <typename L>
-POLICY_FMA_BUILD int64_t gray_sum_fma(const uint8_t* row, L l, int64_t w) { return gray_sum_impl<L, true>(row, l, w); }
-template <typename L>
-GPUPIPE_MULTIVERSION int64_t gray_sum_plain(const uint8_t* row, L l, int64_t w) { return gray_sum_impl<L, false>(row, l, w); }
-template <typename L>
-int64_t gray_sum_row(const uint8_t* row, L l, int64_t w) {
-  return cpu_has_fma() ? gray_sum_fma(row, l, w) : gray_sum_plain(row, l, w);
-}
-
 // --- output rows -------------------------------------------------------------------------------------
 
 template <typename L>
-GPUPIPE_MULTIVERSION void copy_row(const uint8_t* __restrict__ in, L li, uint8_t* __restrict__ out, L lo, int64_t w) {
+POLICY_INLINE void copy_row(const uint8_t* __restrict__ in, L li, uint8_t* __restrict__ out, L lo, int64_t w) {
   for (int64_t x = 0; x < w; ++x) {
     const uint8_t* p = pixel_at(in, li, x);
     uint8_t* q = pixel_at(out, lo, x);
@@ -137,7 +121,7 @@ GPUPIPE_MULTIVERSION void copy_row(const uint8_t* __restrict__ in, L li, uint8_t
 }
 
 template <typename L>
-GPUPIPE_MULTIVERSION void lut_row(const uint8_t* __restrict__ in, L li, uint8_t* __restrict__ out, L lo, int64_t w,
+POLICY_INLINE void lut_row_scalar(const uint8_t* __restrict__ in, L li, uint8_t* __restrict__ out, L lo, int64_t w,
                                   const uint8_t* __restrict__ lut) {
   const uint8_t *l0 = lut, *l1 = lut + 256, *l2 = lut + 512;
   int64_t x = 0;
@@ -163,8 +147,21 @@ GPUPIPE_MULTIVERSION void lut_row(const uint8_t* __restrict__ in, L li, uint8_t*
   }
 }
 
+// A row through its channel tables: AVX-512 VBMI looks 64 bytes up per few byte permutes
+// (simd_avx512.h); other levels and layouts byte by byte. one_table: the three tables are equal.
+template <typename Isa, typename L>
+POLICY_INLINE void lut_row(const uint8_t* in, L li, uint8_t* out, L lo, int64_t w, const uint8_t* lut, bool one_table) {
+  if constexpr (isa::at_least<Isa>(CpuLevel::kAvx512Vbmi) && std::is_same<L, ChannelsLast>::value) {
+    if (one_table) simd::lut_bytes_vbmi(in, out, 3 * w, lut);
+    else simd::lut_channels_vbmi(in, out, 3 * w, lut);
+  } else {
+    (void)one_table;
+    lut_row_scalar(in, li, out, lo, w, lut);
+  }
+}
+
 // The direct point ops (is_direct_kind) over n contiguous bytes: one vectorised loop per kind.
-GPUPIPE_MULTIVERSION void direct_bytes(int32_t kind, double param, const uint8_t* __restrict__ in,
+POLICY_INLINE void direct_bytes(int32_t kind, double param, const uint8_t* __restrict__ in,
                                        uint8_t* __restrict__ out, int64_t n) {
   switch (kind) {
     case kBrightness: {
@@ -196,44 +193,30 @@ GPUPIPE_MULTIVERSION void direct_bytes(int32_t kind, double param, const uint8_t
 }
 
 // adjust_saturation: each channel blended with the pixel's floored gray level.
-template <typename L, bool kFma>
-POLICY_INLINE void color_impl(const uint8_t* __restrict__ in, L li, uint8_t* __restrict__ out, L lo, int64_t w,
+template <typename Isa, typename L>
+POLICY_INLINE void color_row(const uint8_t* __restrict__ in, L li, uint8_t* __restrict__ out, L lo, int64_t w,
                               Blend bl) {
   for (int64_t x = 0; x < w; ++x) {
     const uint8_t* p = pixel_at(in, li, x);
     uint8_t* q = pixel_at(out, lo, x);
     const float r = p[0], g = p[li.sc], b = p[2 * li.sc];
-    const float gray = gray_floor<kFma>(r, g, b);
-    q[0] = blend_pixel<kFma>(bl, r, gray);
-    q[lo.sc] = blend_pixel<kFma>(bl, g, gray);
-    q[2 * lo.sc] = blend_pixel<kFma>(bl, b, gray);
+    const float gray = gray_floor<Isa::fma>(r, g, b);
+    q[0] = blend_pixel<Isa::fma>(bl, r, gray);
+    q[lo.sc] = blend_pixel<Isa::fma>(bl, g, gray);
+    q[2 * lo.sc] = blend_pixel<Isa::fma>(bl, b, gray);
   }
 }
-template <typename L>
-POLICY_FMA_BUILD void color_fma(const uint8_t* in, L li, uint8_t* out, L lo, int64_t w, Blend bl) {
-  color_impl<L, true>(in, li, out, lo, w, bl);
-}
-template <typename L>
-GPUPIPE_MULTIVERSION void color_plain(const uint8_t* in, L li, uint8_t* out, L lo, int64_t w, Blend bl) {
-  color_impl<L, false>(in, li, out, lo, w, bl);
-}
-template <typename L>
-void color_row(const uint8_t* in, L li, uint8_t* out, L lo, int64_t w, Blend bl) {
-  if (cpu_has_fma()) color_fma(in, li, out, lo, w, bl);
-  else color_plain(in, li, out, lo, w, bl);
-}
-
 // adjust_sharpness on an interior row (above, mid, below: its three input rows); the first and last
 // pixels keep their values. A channel's horizontal neighbours are one pixel stride away.
-template <typename L, bool kFma>
-POLICY_INLINE void sharpen_impl(const uint8_t* __restrict__ above, const uint8_t* __restrict__ mid,
+template <typename Isa, typename L>
+POLICY_INLINE void sharpen_row(const uint8_t* __restrict__ above, const uint8_t* __restrict__ mid,
                                 const uint8_t* __restrict__ below, L li, uint8_t* __restrict__ out, L lo, int64_t w,
                                 float alpha) {
   if constexpr (std::is_same<L, ChannelsLast>::value) {  // interleaved: one flat loop over the bytes
     for (int64_t o = 3; o < 3 * (w - 1); ++o) {
       const int32_t sum9 = above[o - 3] + above[o] + above[o + 3] + mid[o - 3] + mid[o] + mid[o + 3] +
                            below[o - 3] + below[o] + below[o + 3];
-      out[o] = sharpen_pixel<kFma>(sum9, mid[o], alpha);
+      out[o] = sharpen_pixel<Isa::fma>(sum9, mid[o], alpha);
     }
   } else {
     for (int c = 0; c < 3; ++c) {
@@ -242,29 +225,12 @@ POLICY_INLINE void sharpen_impl(const uint8_t* __restrict__ above, const uint8_t
         const int64_t o = x * s + c * li.sc;
         const int32_t sum9 = above[o - s] + above[o] + above[o + s] + mid[o - s] + mid[o] + mid[o + s] +
                              below[o - s] + below[o] + below[o + s];
-        out[x * lo.sw + c * lo.sc] = sharpen_pixel<kFma>(sum9, mid[o], alpha);
+        out[x * lo.sw + c * lo.sc] = sharpen_pixel<Isa::fma>(sum9, mid[o], alpha);
       }
     }
   }
   for (int64_t x : {int64_t{0}, w - 1})
     for (int c = 0; c < 3; ++c) out[x * lo.sw + c * lo.sc] = mid[x * li.sw + c * li.sc];
-}
-
-template <typename L>
-POLICY_FMA_BUILD void sharpen_fma(const uint8_t* above, const uint8_t* mid, const uint8_t* below, L li, uint8_t* out,
-                                  L lo, int64_t w, float alpha) {
-  sharpen_impl<L, true>(above, mid, below, li, out, lo, w, alpha);
-}
-template <typename L>
-GPUPIPE_MULTIVERSION void sharpen_plain(const uint8_t* above, const uint8_t* mid, const uint8_t* below, L li,
-                                        uint8_t* out, L lo, int64_t w, float alpha) {
-  sharpen_impl<L, false>(above, mid, below, li, out, lo, w, alpha);
-}
-template <typename L>
-void sharpen_row(const uint8_t* above, const uint8_t* mid, const uint8_t* below, L li, uint8_t* out, L lo, int64_t w,
-                 float alpha) {
-  if (cpu_has_fma()) sharpen_fma(above, mid, below, li, out, lo, w, alpha);
-  else sharpen_plain(above, mid, below, li, out, lo, w, alpha);
 }
 
 template <typename L>
@@ -300,8 +266,8 @@ inline void touch_image(const pixel::Image8& im) {
 // The geometric ops: each output pixel samples the input through the sample's inverse affine map
 // (augment_pixel.h, the warp shared with warp_affine and the CUDA kernels). Nearest, the common
 // case, in two loops: the row's source pixels (vectorised), then the gather.
-template <typename L>
-GPUPIPE_MULTIVERSION void affine_row(const PolicyArgs& a, const pixel::Image8& im, const float* m, int64_t y,
+template <typename Isa, typename L>
+POLICY_INLINE void affine_row(const PolicyArgs& a, const pixel::Image8& im, const float* m, int64_t y,
                                      uint8_t* __restrict__ out, L lo, int32_t* __restrict__ columns,
                                      int32_t* __restrict__ rows) {
   const int32_t w = static_cast<int32_t>(im.w);  // < 2^24 (augment_bindings.h)
@@ -342,6 +308,9 @@ GPUPIPE_MULTIVERSION void affine_row(const PolicyArgs& a, const pixel::Image8& i
       // reads of an input row's last pixel and the output row's last write, which stay in bounds.
       uint32_t fill_word = 0;
       std::memcpy(&fill_word, fill, 3);
+      if constexpr (isa::at_least<Isa>(CpuLevel::kAvx512))
+        if (im.h * im.sy < (int64_t{1} << 31))
+          x = simd::gather_pixels_avx512(im.data, static_cast<int32_t>(im.sy), w, columns, rows, w, fill_word, out);
       for (; x + 1 < w; ++x) {
         uint32_t v = fill_word;
         if (columns[x] >= 0) {
@@ -423,7 +392,7 @@ void plan(const int64_t* kinds, int64_t slots, std::vector<Pass>& passes) {
 // The channel histograms (counts, [3][256]) and the gray sum of an image. The 32-bit copies are
 // added into `counts` every `chunk` rows, before any counter could wrap (a copy counts at most w
 // values of a row).
-template <typename L>
+template <typename Isa, typename L>
 void stats_rows(const pixel::Image8& im, L l, bool hist, bool gray, unsigned long long* counts, int64_t* gray_sum) {
   uint32_t copies[kHistCopies * 768];
   const int64_t chunk = std::max<int64_t>(1, int64_t{0xffffffff} / std::max<int64_t>(1, im.w));
@@ -433,7 +402,7 @@ void stats_rows(const pixel::Image8& im, L l, bool hist, bool gray, unsigned lon
     for (int64_t y = y0; y < y1; ++y) {
       const uint8_t* row = im.data + y * im.sy;
       if (hist) histogram_row(row, l, im.w, copies);
-      if (gray) *gray_sum += gray_sum_row(row, l, im.w);
+      if (gray) *gray_sum += gray_sum_row<Isa>(row, l, im.w);
     }
     if (hist)
       for (int i = 0; i < 768; ++i)
@@ -452,8 +421,11 @@ void fold_tables(const pixel::Image8& im, const int64_t* kinds, const double* pa
   Stats s;
   s.pixels = im.h * im.w;
   if (hist || gray) {
-    if (im.sc == 1 && im.sx == 3) stats_rows(im, ChannelsLast{}, hist, gray, counts, &s.gray_sum);
-    else stats_rows(im, AnyStrides{im.sc, im.sx}, hist, gray, counts, &s.gray_sum);
+    dispatch([&](auto isa) {
+      using Isa = decltype(isa);
+      if (im.sc == 1 && im.sx == 3) stats_rows<Isa>(im, ChannelsLast{}, hist, gray, counts, &s.gray_sum);
+      else stats_rows<Isa>(im, AnyStrides{im.sc, im.sx}, hist, gray, counts, &s.gray_sum);
+    });
   }
   for (int i = 0; i < 768; ++i) lut[i] = static_cast<uint8_t>(i & 255);
   uint8_t step[768];
@@ -475,7 +447,8 @@ void fold_tables(const pixel::Image8& im, const int64_t* kinds, const double* pa
 
 // A run of direct point ops (run[i] = {kind, param}) over a row of n bytes: each op one vectorised
 // loop, the intermediate rows in two small buffers.
-void direct_run(const int64_t* kinds, const double* params, int64_t count, const uint8_t* in, uint8_t* out, int64_t n) {
+inline void direct_run(const int64_t* kinds, const double* params, int64_t count, const uint8_t* in, uint8_t* out,
+                       int64_t n) {
   thread_local std::vector<uint8_t> rows[2];
   const uint8_t* src = in;
   for (int64_t i = 0; i < count; ++i) {
@@ -491,26 +464,28 @@ void direct_run(const int64_t* kinds, const double* params, int64_t count, const
 
 // Rows [y0, y1) of one pass from `im` into `dst`: a run of direct point ops (direct: its first
 // `direct` steps), a table (lut), or one op.
-template <typename L>
+template <typename Isa, typename L>
 void pass_rows(const PolicyArgs& a, const pixel::Image8& im, const Target& dst, L li, L lo, int32_t kind,
                const int64_t* kinds, const double* params, const float* matrix, const uint8_t* lut, int64_t direct,
                int64_t y0, int64_t y1, std::vector<int32_t>& ints) {
   const int64_t w = im.w, h = im.h;
   const double param = params[0];
+  const bool one_table =
+      lut != nullptr && std::memcmp(lut, lut + 256, 256) == 0 && std::memcmp(lut, lut + 512, 256) == 0;
   for (int64_t y = y0; y < y1; ++y) {
     const uint8_t* in = im.data + y * im.sy;
     uint8_t* out = dst.row(y);
     if (direct) {
       direct_run(kinds, params, direct, in, out, 3 * w);
     } else if (lut != nullptr) {
-      lut_row(in, li, out, lo, w, lut);
+      lut_row<Isa>(in, li, out, lo, w, lut, one_table);
     } else if (kind == kAffine) {
       ints.resize(static_cast<size_t>(2 * w));
-      affine_row(a, im, matrix, y, out, lo, ints.data(), ints.data() + w);
+      affine_row<Isa>(a, im, matrix, y, out, lo, ints.data(), ints.data() + w);
     } else if (kind == kColor) {
-      color_row(in, li, out, lo, w, make_blend(param));
+      color_row<Isa>(in, li, out, lo, w, make_blend(param));
     } else if (kind == kSharpness && y > 0 && y + 1 < h && w > 2) {
-      sharpen_row(in - im.sy, in, in + im.sy, li, out, lo, w, static_cast<float>(1.0 - param));
+      sharpen_row<Isa>(in - im.sy, in, in + im.sy, li, out, lo, w, static_cast<float>(1.0 - param));
     } else {  // sharpness on border rows, identity
       copy_row(in, li, out, lo, w);
     }
@@ -536,11 +511,14 @@ void run_pass(const PolicyArgs& a, const pixel::Image8& im, const Target& dst, c
   const int64_t* k = kinds + p.first;
   const double* q = params + p.first;
   rows(im.h, [&](int64_t y0, int64_t y1, std::vector<int32_t>& ints) {
-    if (channels_last)
-      pass_rows(a, im, dst, ChannelsLast{}, ChannelsLast{}, kind, k, q, matrix, table, direct, y0, y1, ints);
-    else
-      pass_rows(a, im, dst, AnyStrides{im.sc, im.sx}, AnyStrides{dst.sc, dst.sx}, kind, k, q, matrix, table, 0, y0,
-                y1, ints);
+    dispatch([&](auto isa) {
+      using Isa = decltype(isa);
+      if (channels_last)
+        pass_rows<Isa>(a, im, dst, ChannelsLast{}, ChannelsLast{}, kind, k, q, matrix, table, direct, y0, y1, ints);
+      else
+        pass_rows<Isa>(a, im, dst, AnyStrides{im.sc, im.sx}, AnyStrides{dst.sc, dst.sx}, kind, k, q, matrix, table, 0,
+                       y0, y1, ints);
+    });
   });
 }
 

@@ -6,11 +6,8 @@
 
 #include "multiversion.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)  // gcc and clang: target("avx2") + __builtin_cpu_supports
+#if GPUPIPE_X86_LEVELS
 #include <immintrin.h>
-#define GPUPIPE_HAS_AVX2_RGB 1
-#else
-#define GPUPIPE_HAS_AVX2_RGB 0
 #endif
 
 namespace gpupipe {
@@ -30,7 +27,7 @@ inline uint8_t clip8(int32_t v) {
   return static_cast<uint8_t>(v >> kPrecisionBits);
 }
 
-// The passes below are GPUPIPE_MULTIVERSION (multiversion.h): AVX2 where the CPU has it.
+// The passes below run under dispatch() (multiversion.h): vectorised at the CPU's width.
 
 // Outputs [x_begin, out_w) of one row.
 template <int C>
@@ -57,7 +54,7 @@ inline void horizontal_pass_impl(const uint8_t* src, size_t src_stride, int firs
                       0, out_w, ksize, bounds, weights);
 }
 
-#if GPUPIPE_HAS_AVX2_RGB
+#if GPUPIPE_X86_LEVELS
 // RGB, eight outputs at a time: tap i of the eight is eight 4-byte loads (the pixel and the next
 // byte, which is masked off) at precomputed byte offsets, put in one vector, then exact int32
 // multiply-adds in the order of the scalar loop, so the result is bit-identical to it. Plain loads
@@ -69,7 +66,7 @@ inline void horizontal_pass_impl(const uint8_t* src, size_t src_stride, int firs
 // tap repeats the output's last real one; its weight is 0) and the weight. `group_taps[g]`: the
 // taps outputs 8g..8g+7 have (the most of their xn); ksize pads for the widest window of the row,
 // and a shrinking box's outputs mostly have fewer (scale 1.1: 2-3 taps of 5), the rest adding 0.
-__attribute__((target("avx2"))) int horizontal_rgb_avx2(const uint8_t* in, uint8_t* out, int out_w, int vec_w,
+GPUPIPE_TARGET_AVX2 int horizontal_rgb_avx2(const uint8_t* in, uint8_t* out, int out_w, int vec_w,
                                                         const int32_t* group_taps, const int32_t* offsets,
                                                         const int32_t* lane_weights) {
   const __m256i half = _mm256_set1_epi32(1 << (kPrecisionBits - 1));
@@ -109,48 +106,47 @@ __attribute__((target("avx2"))) int horizontal_rgb_avx2(const uint8_t* in, uint8
   }
   return x;
 }
-
-bool cpu_has_avx2() {
-  static const bool has = __builtin_cpu_supports("avx2");
-  return has;
-}
 #endif
 
-GPUPIPE_MULTIVERSION void horizontal_pass(int channels, const uint8_t* src, size_t src_stride,
+void horizontal_pass(int channels, const uint8_t* src, size_t src_stride,
                                           int first_row, int rows, uint8_t* dst, size_t dst_stride,
                                           int out_w, int ksize, const int* bounds,
                                           const int32_t* weights) {
-  switch (channels) {
-    case 1:
-      horizontal_pass_impl<1>(src, src_stride, first_row, rows, dst, dst_stride, out_w, ksize, bounds, weights);
-      break;
-    case 3:
-      horizontal_pass_impl<3>(src, src_stride, first_row, rows, dst, dst_stride, out_w, ksize, bounds, weights);
-      break;
-    default:
-      horizontal_pass_impl<4>(src, src_stride, first_row, rows, dst, dst_stride, out_w, ksize, bounds, weights);
-      break;
-  }
+  dispatch([&](auto) {
+    switch (channels) {
+      case 1:
+        horizontal_pass_impl<1>(src, src_stride, first_row, rows, dst, dst_stride, out_w, ksize, bounds, weights);
+        break;
+      case 3:
+        horizontal_pass_impl<3>(src, src_stride, first_row, rows, dst, dst_stride, out_w, ksize, bounds, weights);
+        break;
+      default:
+        horizontal_pass_impl<4>(src, src_stride, first_row, rows, dst, dst_stride, out_w, ksize, bounds, weights);
+        break;
+    }
+  });
 }
 
 // Vertical taps are applied a whole row at a time so the inner loop runs over contiguous bytes.
-GPUPIPE_MULTIVERSION void vertical_pass(const uint8_t* src, size_t src_stride, int row_offset, uint8_t* dst,
-                   size_t dst_stride, int out_h, int row_bytes, int ksize, const int* bounds,
-                   const int32_t* weights, std::vector<int32_t>* acc_buf) {
+void vertical_pass(const uint8_t* src, size_t src_stride, int row_offset, uint8_t* dst, size_t dst_stride, int out_h,
+                   int row_bytes, int ksize, const int* bounds, const int32_t* weights,
+                   std::vector<int32_t>* acc_buf) {
   acc_buf->resize(row_bytes);
   int32_t* acc = acc_buf->data();
-  for (int y = 0; y < out_h; ++y) {
-    const int ymin = bounds[2 * y] - row_offset, yn = bounds[2 * y + 1];
-    const int32_t* k = weights + static_cast<size_t>(y) * ksize;
-    std::fill(acc, acc + row_bytes, 1 << (kPrecisionBits - 1));
-    for (int i = 0; i < yn; ++i) {
-      const uint8_t* in = src + static_cast<size_t>(ymin + i) * src_stride;
-      const int32_t w = k[i];
-      for (int b = 0; b < row_bytes; ++b) acc[b] += in[b] * w;
+  dispatch([&](auto) {
+    for (int y = 0; y < out_h; ++y) {
+      const int ymin = bounds[2 * y] - row_offset, yn = bounds[2 * y + 1];
+      const int32_t* k = weights + static_cast<size_t>(y) * ksize;
+      std::fill(acc, acc + row_bytes, 1 << (kPrecisionBits - 1));
+      for (int i = 0; i < yn; ++i) {
+        const uint8_t* in = src + static_cast<size_t>(ymin + i) * src_stride;
+        const int32_t w = k[i];
+        for (int b = 0; b < row_bytes; ++b) acc[b] += in[b] * w;
+      }
+      uint8_t* out = dst + static_cast<size_t>(y) * dst_stride;
+      for (int b = 0; b < row_bytes; ++b) out[b] = clip8(acc[b]);
     }
-    uint8_t* out = dst + static_cast<size_t>(y) * dst_stride;
-    for (int b = 0; b < row_bytes; ++b) out[b] = clip8(acc[b]);
-  }
+  });
 }
 
 }  // namespace
@@ -193,8 +189,8 @@ void Resampler::compute(int in_size, double in0, double in1, int out_size, Coeff
 
 bool Resampler::horizontal_rgb_fast(int channels, const uint8_t* src, size_t src_stride, int first_row, int rows,
                                     uint8_t* dst, size_t dst_stride, int src_w, int out_w) {
-#if GPUPIPE_HAS_AVX2_RGB
-  if (channels != 3 || !cpu_has_avx2()) return false;
+#if GPUPIPE_X86_LEVELS
+  if (channels != 3 || cpu_level() < CpuLevel::kAvx2) return false;
   const Coeffs& h = horizontal_;
   const int ksize = h.ksize;
   // The prefix of outputs read 4 bytes per tap: every such read stays inside the row.

@@ -16,7 +16,7 @@ from gpupipe._errors import (
 )
 from gpupipe.decode import DecodedBatch, decode_and_crop_jpeg, decode_crop_jpeg, decode_crop_jpegs
 from gpupipe.header import JpegInfo, read_header
-from gpupipe.limits import Limits, cpu_share, get_limits, set_limits
+from gpupipe.limits import Limits, cpu_capability, cpu_share, get_limits, set_cpu_capability, set_limits
 from gpupipe.loader import Loader
 from gpupipe.prepare import PrepareReport, prepare
 
@@ -41,6 +41,7 @@ __all__ = [
     "prepare",
     "augment",
     "backends_available",
+    "cpu_capability",
     "cpu_share",
     "data",
     "sources",
@@ -50,5 +51,6 @@ __all__ = [
     "decode_crop_jpegs",
     "get_limits",
     "read_header",
+    "set_cpu_capability",
     "set_limits",
 ]

@@ -1,8 +1,9 @@
 """Process-wide resource limits applied to every decode, checked from the header before allocating,
-and this process's share of the cores."""
+this process's share of the cores, and the instruction set its CPU kernels use."""
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple, Optional
 
 import torch
@@ -66,3 +67,42 @@ def cpu_share() -> dict:
         dict: ``threads`` (the share), ``affinity``, ``online``, ``local_world_size``.
     """
     return _C.cpu_share()
+
+
+CPU_CAPABILITIES = ("default", "avx2", "avx512", "avx512_vbmi")  #: narrowest first
+
+
+def cpu_capability() -> dict:
+    """The x86-64 instruction set level the CPU kernels (decode's resize, the augmentations, the
+    policies, MixUp, erasing) run at, and the widest this CPU has.
+
+    Every level gives the same bits. The level is the CPU's widest unless lowered by the environment
+    variable ``GPUPIPE_CPU_CAPABILITY`` (read at import, like torch's ``ATEN_CPU_CAPABILITY``) or by
+    :func:`set_cpu_capability`.
+
+    Returns:
+        dict: ``active`` and ``supported``, each one of ``default`` (x86-64; any other architecture),
+        ``avx2`` (AVX2 + FMA), ``avx512`` (F, BW, VL, DQ, CD), ``avx512_vbmi`` (and VBMI).
+    """
+    active, supported = _C.cpu_capability()
+    return {"active": active, "supported": supported}
+
+
+def set_cpu_capability(name: str) -> str:
+    """Caps the level the CPU kernels run at (one of :data:`CPU_CAPABILITIES`; a level above the
+    CPU's gives the CPU's) and returns the level now in force. Process-wide; for comparing paths
+    and benchmarking narrower CPUs."""
+    if name not in CPU_CAPABILITIES:
+        raise ValueError(f"unknown CPU capability {name!r}: expected one of {', '.join(CPU_CAPABILITIES)}")
+    return _C.set_cpu_capability(name)
+
+
+def _apply_environment() -> None:
+    name = os.environ.get("GPUPIPE_CPU_CAPABILITY", "").strip().lower()
+    if name:
+        if name not in CPU_CAPABILITIES:
+            raise ValueError(f"GPUPIPE_CPU_CAPABILITY={name!r}: expected one of {', '.join(CPU_CAPABILITIES)}")
+        set_cpu_capability(name)
+
+
+_apply_environment()

@@ -20,7 +20,7 @@ CXX=${FUZZ_CXX:-$(command -v clang++ || command -v clang++-14 || true)}
 OUT=build/fuzz
 mkdir -p "$OUT/obj" "$OUT/findings"
 FLAGS="-std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined -Icsrc"
-CORE="jpeg_decoder jpeg_error resize thread_pool batch_decode restart huffman_reader"
+CORE="jpeg_decoder jpeg_error resize thread_pool batch_decode restart huffman_reader multiversion"
 objs=()
 for f in $CORE; do
   o="$OUT/obj/$f.o"

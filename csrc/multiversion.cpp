@@ -1,0 +1,52 @@
+#include "multiversion.h"
+
+#include <algorithm>
+#include <atomic>
+
+namespace gpupipe {
+namespace {
+
+CpuLevel detect() {
+#if GPUPIPE_X86_LEVELS
+  __builtin_cpu_init();
+  if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return CpuLevel::kBaseline;
+  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512cd")))
+    return CpuLevel::kAvx2;
+  return __builtin_cpu_supports("avx512vbmi") ? CpuLevel::kAvx512Vbmi : CpuLevel::kAvx512;
+#else
+  return CpuLevel::kBaseline;
+#endif
+}
+
+std::atomic<int>& level_in_force() {
+  static std::atomic<int> level{static_cast<int>(cpu_level_supported())};
+  return level;
+}
+
+}  // namespace
+
+const char* cpu_level_name(CpuLevel level) {
+  switch (level) {
+    case CpuLevel::kAvx2: return "avx2";
+    case CpuLevel::kAvx512: return "avx512";
+    case CpuLevel::kAvx512Vbmi: return "avx512_vbmi";
+    default: return "default";
+  }
+}
+
+CpuLevel cpu_level_supported() {
+  static const CpuLevel supported = detect();
+  return supported;
+}
+
+CpuLevel cpu_level() { return static_cast<CpuLevel>(level_in_force().load(std::memory_order_relaxed)); }
+
+CpuLevel set_cpu_level(CpuLevel cap) {
+  const int level = std::min(static_cast<int>(cap), static_cast<int>(cpu_level_supported()));
+  level_in_force().store(level, std::memory_order_relaxed);
+  return static_cast<CpuLevel>(level);
+}
+
+}  // namespace gpupipe
