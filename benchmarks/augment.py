@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from benchmarks import peers
-from benchmarks.harness import run_side_by_side
+from benchmarks.harness import at_cpu_capability, run_side_by_side, wider_than_avx2
+import gpupipe
 from gpupipe.augment import IMAGENET_MEAN, IMAGENET_STD, BatchAugment
 
 JITTER = (0.4, 0.4, 0.4, 0.1)
@@ -44,7 +45,10 @@ def _chain_methods(x: torch.Tensor, rotation: bool) -> tuple[dict, dict, dict]:
     fused = BatchAugment(**common)
     linear = BatchAugment(**common, color="linear")
     methods["gpupipe fused"] = lambda: fused(x)
-    notes["gpupipe fused"] = "BatchAugment, color='torchvision', one pass per pixel"
+    notes["gpupipe fused"] = f"BatchAugment, color='torchvision', one pass per pixel, {gpupipe.cpu_capability()['active']}"
+    if wider_than_avx2():
+        methods["gpupipe fused, AVX2 path"] = at_cpu_capability("avx2", lambda: fused(x))
+        notes["gpupipe fused, AVX2 path"] = "GPUPIPE_CPU_CAPABILITY=avx2: the kernels an AVX2-only CPU runs"
     methods["gpupipe color='linear'"] = lambda: linear(x)
     notes["gpupipe color='linear'"] = "one 3x4 matrix per sample, DALI-like"
     mean, std = torch.tensor(IMAGENET_MEAN)[None, :, None, None], torch.tensor(IMAGENET_STD)[None, :, None, None]

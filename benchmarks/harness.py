@@ -149,3 +149,26 @@ if __name__ == "__main__":
     import sys
 
     plot_json(Path(sys.argv[1]), Path(sys.argv[2]))
+
+
+def at_cpu_capability(name: str, fn: Callable) -> Callable:
+    """fn, run with gpupipe's CPU kernels capped at `name` (gpupipe.set_cpu_capability): the row a
+    narrower CPU would get from the same code, beside the CPU's own in one run."""
+    import gpupipe
+
+    def run():
+        before = gpupipe.cpu_capability()["active"]
+        gpupipe.set_cpu_capability(name)
+        try:
+            return fn()
+        finally:
+            gpupipe.set_cpu_capability(before)
+
+    return run
+
+
+def wider_than_avx2() -> bool:
+    """Whether this CPU's kernels run above AVX2 (then the benchmarks add an AVX2 row)."""
+    import gpupipe
+
+    return gpupipe.cpu_capability()["active"] in ("avx512", "avx512_vbmi")

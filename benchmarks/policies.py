@@ -11,14 +11,18 @@ import torch
 
 from benchmarks import peers
 from benchmarks.augment import _batch
-from benchmarks.harness import run_side_by_side
+from benchmarks.harness import at_cpu_capability, run_side_by_side, wider_than_avx2
+import gpupipe
 from gpupipe import augment
 
 
 def _policy_rows(name: str, ours, tv, kornia_module, x: torch.Tensor, repeats: int) -> list:
     methods, skipped, notes = {}, {}, {}
     methods["gpupipe"] = lambda: ours(x)
-    notes["gpupipe"] = "per-sample ops and magnitudes, one kernel call"
+    notes["gpupipe"] = f"per-sample ops and magnitudes, one kernel call, {gpupipe.cpu_capability()['active']}"
+    if wider_than_avx2():
+        methods["gpupipe, AVX2 path"] = at_cpu_capability("avx2", lambda: ours(x))
+        notes["gpupipe, AVX2 path"] = "GPUPIPE_CPU_CAPABILITY=avx2: the kernels an AVX2-only CPU runs"
     planar = x.contiguous()  # per-sample tensors as a Dataset hands them over: contiguous CHW
     methods["torchvision v2 (per sample)"] = lambda: torch.stack([tv(img) for img in planar])
     methods["torchvision v2 (batch)"] = lambda: tv(x)

@@ -44,14 +44,22 @@ def libjpeg_turbo_version() -> str:
 
 
 def cpu_name() -> str:
+    """The CPU's model name with its family and model numbers (a cloud VM may name only the vendor:
+    "AMD EPYC (family 25 model 17)" is Zen 4)."""
+    fields = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+                if not line.strip():
+                    break
     except OSError:
         pass
-    return platform.processor()
+    name = fields.get("model name") or platform.processor()
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']} model {fields['model']})"
+    return name
 
 
 def environment(threads: int) -> dict:
@@ -73,6 +81,9 @@ def environment(threads: int) -> dict:
         "cuda_available": torch.cuda.is_available(),
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "gpupipe": gpupipe.__version__,
+        # the instruction set each side's CPU kernels run at: ratios against torch differ by it
+        "gpupipe_cpu_capability": gpupipe.cpu_capability()["active"],
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
     }
     env.update({module: _version(module) for module in OPTIONAL})
     env["libjpeg_turbo"] = gpupipe._C.libjpeg_turbo_version
@@ -102,6 +113,8 @@ def info() -> str:
         f"torch {torch.__version__}, CUDA device: {device}",
         f"CPU: {cpu_name()}, {environment(0)['cores_affinity']} cores available, "
         f"default decode threads {_C.default_num_threads()}",
+        f"CPU kernels at {gpupipe.cpu_capability()['active']} (this CPU: {gpupipe.cpu_capability()['supported']}; "
+        f"GPUPIPE_CPU_CAPABILITY lowers it), torch's at {torch.backends.cpu.get_cpu_capability()}",
         "",
         "| backend | available | devices | note |",
         "|---|---|---|---|",
