@@ -524,6 +524,9 @@ void register_runtime(py::module_& m) {
         throw InvalidArgument("unknown CPU capability '" + name + "': expected default, avx2, avx512 or avx512_vbmi");
       },
       py::arg("name"), "Caps the CPU kernels' level (never above the CPU's); returns the level in force.");
+  m.def(
+      "_dispatch_level", [] { return cpu_level_name(dispatch([](auto isa) { return decltype(isa)::level; })); },
+      "The level a dispatched kernel is built for now (tests: the wider paths do run).");
   m.def("pool_threads", &pool_threads, "Worker threads alive in this process's decode pool.");
   m.def(
       "_pool_selftest",

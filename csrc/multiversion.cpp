@@ -9,7 +9,17 @@ namespace {
 CpuLevel detect() {
 #if GPUPIPE_X86_LEVELS
   __builtin_cpu_init();
-  if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return CpuLevel::kBaseline;
+  // Everything GPUPIPE_TARGET_AVX2 lets the compiler use (gcc emits shlx/shrx from BMI2): a VM's CPU
+  // model may offer AVX2 + FMA without the rest.
+#if defined(__clang__)
+  const bool lzcnt = __builtin_cpu_supports("abm");
+#else
+  const bool lzcnt = __builtin_cpu_supports("lzcnt");
+#endif
+  if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi") &&
+        __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("popcnt") &&
+        lzcnt))
+    return CpuLevel::kBaseline;
   if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
         __builtin_cpu_supports("avx512cd")))

@@ -309,7 +309,7 @@ POLICY_INLINE void affine_row(const PolicyArgs& a, const pixel::Image8& im, cons
       uint32_t fill_word = 0;
       std::memcpy(&fill_word, fill, 3);
       if constexpr (isa::at_least<Isa>(CpuLevel::kAvx512))
-        if (im.h * im.sy < (int64_t{1} << 31))
+        if ((im.h - 1) * im.sy + 3 * im.w < (int64_t{1} << 31))  // the largest gathered offset + 4 bytes
           x = simd::gather_pixels_avx512(im.data, static_cast<int32_t>(im.sy), w, columns, rows, w, fill_word, out);
       for (; x + 1 < w; ++x) {
         uint32_t v = fill_word;

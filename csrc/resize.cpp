@@ -127,6 +127,20 @@ void horizontal_pass(int channels, const uint8_t* src, size_t src_stride,
   });
 }
 
+// One output row of the vertical pass from its `taps` input rows. Arguments by value and restrict
+// pointers: written inline in the dispatched lambda, the loop's bound (captured by reference) could
+// alias the int32 accumulator, and gcc left it scalar (2.5x slower, measured).
+inline void vertical_row(const uint8_t* __restrict__ first, size_t stride, int taps, const int32_t* __restrict__ k,
+                         int row_bytes, int32_t* __restrict__ acc, uint8_t* __restrict__ out) {
+  std::fill(acc, acc + row_bytes, 1 << (kPrecisionBits - 1));
+  for (int i = 0; i < taps; ++i) {
+    const uint8_t* __restrict__ in = first + static_cast<size_t>(i) * stride;
+    const int32_t w = k[i];
+    for (int b = 0; b < row_bytes; ++b) acc[b] += in[b] * w;
+  }
+  for (int b = 0; b < row_bytes; ++b) out[b] = clip8(acc[b]);
+}
+
 // Vertical taps are applied a whole row at a time so the inner loop runs over contiguous bytes.
 void vertical_pass(const uint8_t* src, size_t src_stride, int row_offset, uint8_t* dst, size_t dst_stride, int out_h,
                    int row_bytes, int ksize, const int* bounds, const int32_t* weights,
@@ -135,16 +149,9 @@ void vertical_pass(const uint8_t* src, size_t src_stride, int row_offset, uint8_
   int32_t* acc = acc_buf->data();
   dispatch([&](auto) {
     for (int y = 0; y < out_h; ++y) {
-      const int ymin = bounds[2 * y] - row_offset, yn = bounds[2 * y + 1];
-      const int32_t* k = weights + static_cast<size_t>(y) * ksize;
-      std::fill(acc, acc + row_bytes, 1 << (kPrecisionBits - 1));
-      for (int i = 0; i < yn; ++i) {
-        const uint8_t* in = src + static_cast<size_t>(ymin + i) * src_stride;
-        const int32_t w = k[i];
-        for (int b = 0; b < row_bytes; ++b) acc[b] += in[b] * w;
-      }
-      uint8_t* out = dst + static_cast<size_t>(y) * dst_stride;
-      for (int b = 0; b < row_bytes; ++b) out[b] = clip8(acc[b]);
+      const int ymin = bounds[2 * y] - row_offset;
+      vertical_row(src + static_cast<size_t>(ymin) * src_stride, src_stride, bounds[2 * y + 1],
+                   weights + static_cast<size_t>(y) * ksize, row_bytes, acc, dst + static_cast<size_t>(y) * dst_stride);
     }
   });
 }

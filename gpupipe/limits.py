@@ -4,6 +4,7 @@ this process's share of the cores, and the instruction set its CPU kernels use."
 from __future__ import annotations
 
 import os
+import warnings
 from typing import NamedTuple, Optional
 
 import torch
@@ -98,11 +99,17 @@ def set_cpu_capability(name: str) -> str:
 
 
 def _apply_environment() -> None:
+    """GPUPIPE_CPU_CAPABILITY, read at import (so DataLoader workers and other processes started
+    with it follow it; set_cpu_capability is this process's only). A wrong value warns and leaves
+    the CPU's level, as torch does with ATEN_CPU_CAPABILITY: a typo must not stop a training job."""
     name = os.environ.get("GPUPIPE_CPU_CAPABILITY", "").strip().lower()
-    if name:
-        if name not in CPU_CAPABILITIES:
-            raise ValueError(f"GPUPIPE_CPU_CAPABILITY={name!r}: expected one of {', '.join(CPU_CAPABILITIES)}")
-        set_cpu_capability(name)
+    if not name:
+        return
+    if name not in CPU_CAPABILITIES:
+        warnings.warn(f"GPUPIPE_CPU_CAPABILITY={name!r} is not one of {', '.join(CPU_CAPABILITIES)}: ignored, the CPU "
+                      f"kernels run at {_C.cpu_capability()[1]}", RuntimeWarning, stacklevel=2)
+        return
+    set_cpu_capability(name)
 
 
 _apply_environment()
