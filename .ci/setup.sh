@@ -58,6 +58,11 @@ if ! command -v clang++ >/dev/null && ! command -v clang++-14 >/dev/null; then
     >/dev/null 2>&1 || log "clang unavailable: the fuzz smoke will be skipped"
 fi
 
+# The distribution was named "gpupipe" before it became torch-gpupipe: one editable install only.
+if "$VPY" -m pip show -q gpupipe >/dev/null 2>&1; then
+  log "removing the old gpupipe distribution (now torch-gpupipe)"
+  "$VPY" -m pip uninstall -q -y gpupipe
+fi
 log "building gpupipe (editable)"
 pip_q --no-build-isolation -e .
 "$VPY" -c "import gpupipe; print('[setup] gpupipe', gpupipe.__version__, 'with libjpeg-turbo', gpupipe._C.libjpeg_turbo_version)" >&2

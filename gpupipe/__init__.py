@@ -12,6 +12,7 @@ from gpupipe._errors import (
     NotAJpegError,
     PixelLimitError,
     ScanLimitError,
+    SkippedSamplesWarning,
     UnsupportedJpegError,
 )
 from gpupipe.decode import DecodedBatch, decode_and_crop_jpeg, decode_crop_jpeg, decode_crop_jpegs
@@ -35,6 +36,7 @@ __all__ = [
     "NotAJpegError",
     "PixelLimitError",
     "ScanLimitError",
+    "SkippedSamplesWarning",
     "UnsupportedJpegError",
     "Loader",
     "PrepareReport",

@@ -37,10 +37,30 @@ class JpegWarning(UserWarning):
     """
 
 
+class SkippedSamplesWarning(UserWarning):
+    """Samples of an epoch a :class:`gpupipe.Loader` could not deliver (``on_error="skip"``) or
+    delivered as zero images (``"replace"``): one warning per epoch, counted by kind, naming the
+    first; ``Loader.stats()`` lists them all. Silence it with ``warnings.filterwarnings``."""
+
+
+DISTRIBUTION = "torch-gpupipe"  #: the name gpupipe installs under (``gpupipe`` on the index is another project)
+
+
+def import_extra(module: str, extra: str, what: str):
+    """``module``, imported; ModuleNotFoundError naming the extra that installs it otherwise."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(f"{what} needs {module.split('.')[0]}: pip install '{DISTRIBUTION}[{extra}]' "
+                                  f"({e})") from e
+
+
 def error_class(kind) -> type:
     """The exception class of an :class:`ErrorKind`."""
     return ERROR_CLASSES[ErrorKind(kind)]
 
 
-__all__ = ["JpegError", "NotAJpegError", "CorruptJpegError", "UnsupportedJpegError", "DecompressionBombError",
+__all__ = ["SkippedSamplesWarning", "JpegError", "NotAJpegError", "CorruptJpegError", "UnsupportedJpegError", "DecompressionBombError",
            "PixelLimitError", "ScanLimitError", "MemoryLimitError", "JpegWarning", "ErrorKind", "error_class"]

@@ -49,6 +49,11 @@ class DecodeCropDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.source)
 
+    def __repr__(self) -> str:
+        source = "\n".join("    " + line for line in repr(self.source).splitlines())
+        return (f"DecodeCropDataset(crop={self.crop!r}, seed={self.seed}, epoch={self.epoch}, "
+                f"on_error={self.on_error!r}, backend={self.options.backend!r})\n{source}")
+
     def __getitem__(self, i: int):
         key, label = self.source.keys[i], int(self.source.labels[i])
         out = torch.zeros((1, *self.crop.size, 3), dtype=torch.uint8)

@@ -210,6 +210,12 @@ class DecodedBatch:
     def __len__(self) -> int:
         return self.images.shape[0]
 
+    def __repr__(self) -> str:  # the tensor's shape, not its values
+        failed = int((~self.ok).sum()) if self.ok.numel() else 0
+        return (f"DecodedBatch(images={self.images.dtype} {list(self.images.shape)} on {self.images.device}, "
+                f"backend={self.backend!r}, failed={failed}, warnings={len(self.warnings)}, "
+                f"fallback={len(self.fallback)})")
+
 
 def _boxes_array(boxes: Any, n: int) -> np.ndarray:
     """int64 [N, 4], or float64 [N, 4] for fractional boxes (resized exactly from the box)."""

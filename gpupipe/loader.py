@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 import weakref
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 
 from gpupipe import _C, backends, keyed
+from gpupipe._errors import SkippedSamplesWarning, import_extra
 from gpupipe._backends import cpu
 from gpupipe._backends.base import BatchStatus, DecodeOptions, HeaderInfos, Route, check_thread_count
 from gpupipe.crops import CropSampler
@@ -122,6 +124,38 @@ class _Stats:
             for r, count in enumerate(np.bincount(status.route[status.ok], minlength=len(Route))):
                 if count:
                     self.routes[Route(r).label] += int(count)
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    """``value`` as an int >= ``minimum`` (``2.5`` or ``True`` is a TypeError, not 2 or 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _report_losses(loader: "Loader", st: _Stats) -> None:
+    """At an epoch's end: one SkippedSamplesWarning counting what was skipped or replaced, by kind;
+    a ValueError when samples were tried and none delivered (a crop larger than every image, an
+    unreadable dataset), which torchvision would have raised at its first sample."""
+    with st.lock:
+        lost, delivered = list(st.skipped if loader.on_error == "skip" else st.replaced), st.images
+    if not lost:
+        return
+    kinds: dict = {}
+    for f in lost:
+        kinds[f.kind.name] = kinds.get(f.kind.name, 0) + 1
+    by_kind = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    first = f"first: {lost[0].key!r}: {lost[0].message}"
+    if loader.on_error == "skip" and delivered == 0:
+        raise ValueError(f"gpupipe.Loader epoch {loader.epoch} delivered no image: all {len(lost)} samples failed "
+                         f"({by_kind}); {first}")
+    done = "skipped" if loader.on_error == "skip" else "replaced by zero images"
+    tried = delivered + len(lost) if loader.on_error == "skip" else delivered
+    warnings.warn(f"gpupipe.Loader epoch {loader.epoch}: {len(lost)} of {tried} samples {done} (on_error="
+                  f"{loader.on_error!r}): {by_kind}; {first}. Loader.stats() lists them all; on_error='raise' "
+                  "stops at the first.", SkippedSamplesWarning, stacklevel=3)
 
 
 def _dist_defaults(rank, world_size):
@@ -293,8 +327,10 @@ class Loader:
                  prefetch: int = 2, on_error: str = "skip", rank: Optional[int] = None,
                  world_size: Optional[int] = None, progress: bool = False, io_threads: Optional[int] = None,
                  augment_threads: Optional[int] = None, apply_exif_orientation: bool = False):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        batch_size = _check_int("batch_size", batch_size, 1)
+        seed = _check_int("seed", seed, 0)
+        if num_threads is not None:
+            check_thread_count("num_threads", num_threads)
         if not isinstance(crop, CropSampler):
             raise TypeError("crop must be a gpupipe.crops sampler (RandomResizedCrop, RandomCrop, ...)")
         check_on_error(on_error)
@@ -323,10 +359,12 @@ class Loader:
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is not in [0, {self.world_size})")
         self.progress = progress
+        if progress:
+            import_extra("tqdm", "progress", "Loader(progress=True)")  # now, not at the first epoch
         self.cpu_share = cores = _C.cpu_share()["threads"]  # this rank's share of the node (LOCAL_WORLD_SIZE)
         self.io_threads = min(4, cores) if io_threads is None else check_thread_count("io_threads", io_threads)
-        if augment_threads is not None and augment_threads < 1:
-            raise ValueError(f"augment_threads must be >= 1, got {augment_threads}")
+        if augment_threads is not None:
+            check_thread_count("augment_threads", augment_threads)
         decode = num_threads or _C.default_num_threads()
         self.augment_threads = augment_threads or (cores - decode if decode < cores else max(1, cores // 2))
         self.options = DecodeOptions(size=crop.size, resize=crop.resize, window=crop.window, dct_scaling=crop.dct_scaling,
@@ -340,6 +378,14 @@ class Loader:
         self._done = (0, 0)  # (epoch, batches yielded) of the latest iteration
         self._ring: Optional[_Ring] = None  # host buffers, passed from epoch to epoch
         self._recycled: Optional[_Recycled] = None
+
+    def __repr__(self) -> str:
+        source = "\n".join("    " + line for line in repr(self.source).splitlines())
+        augment = "" if self.augment is None else f"\n    augment={self.augment!r}"
+        return (f"Loader(batch_size={self.batch_size}, crop={self.crop!r}, device={str(self.device)!r}, "
+                f"backend={self.backend!r}, shuffle={self.shuffle}, seed={self.seed}, drop_last={self.drop_last}, "
+                f"num_threads={self.num_threads or _C.default_num_threads()}, prefetch={self.prefetch}, "
+                f"on_error={self.on_error!r}, rank={self.rank}, world_size={self.world_size}){augment}\n{source}")
 
     # --- host buffers, kept across epochs (an epoch of 4 batches would otherwise pay for them 4 times) --
 
@@ -713,8 +759,7 @@ class _LoaderIterator:
         self._finalizer = weakref.finalize(self, self.epoch.close)
         self._bar = None
         if loader.progress:
-            from tqdm import tqdm
-
+            tqdm = import_extra("tqdm", "progress", "Loader(progress=True)").tqdm
             total = len(loader) if isinstance(loader.source, MapSource) else None
             self._bar = tqdm(total=total, initial=first_batch, unit="batch", desc=f"epoch {loader.epoch}")
 
@@ -740,6 +785,7 @@ class _LoaderIterator:
         except StopIteration:
             self.l._done = (self.l.epoch, 0)  # the epoch is complete: a restored run starts it over
             self.close()
+            _report_losses(self.l, st)
             raise
         except BaseException:
             self.close()

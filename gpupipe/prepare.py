@@ -89,7 +89,7 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
         restart_mcus: target MCUs per interval inside rows (0: rows only).
         num_threads: parallel files (the transcode releases the GIL).
         verify: decode source and result and require identical pixels.
-        progress: a tqdm bar.
+        progress: a tqdm bar, where tqdm is installed (``pip install 'torch-gpupipe[progress]'``).
 
     Resumable: a destination file newer than its source is kept as is.
 
@@ -287,7 +287,7 @@ def _write_atomically(target: Path, data: bytes, stat_from: Optional[Path] = Non
 def _bar(progress: bool):
     if not progress:
         return None
-    try:
+    try:  # best effort: the default, so it must not need the extra
         from tqdm import tqdm
 
         return tqdm(unit="file", desc="prepare")

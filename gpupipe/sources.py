@@ -68,6 +68,13 @@ class MapSource:
     def __len__(self) -> int:
         return len(self.keys)
 
+    def __repr__(self) -> str:  # torchvision's dataset repr: the class, then indented facts
+        lines = [f"Number of datapoints: {len(self)}", *self._repr_lines()]
+        return "\n".join([f"{type(self).__name__}"] + ["    " + line for line in lines])
+
+    def _repr_lines(self) -> list:
+        return []
+
     def read(self, i: int) -> bytes:
         """The bytes of sample ``i``'s file: a regular file of at most ``max_file_size`` bytes
         (:func:`gpupipe.set_limits`), else ``OSError`` (a FIFO, a device, a directory, too large)."""
@@ -181,6 +188,9 @@ class ImageFolder(MapSource):
         self.keys = keys
         self.labels = np.asarray(labels, dtype=np.int64)
 
+    def _repr_lines(self) -> list:
+        return [f"Root location: {self.root}", f"Classes: {len(self.classes)}"]
+
 
 class FileList(MapSource):
     """An explicit list of files and integer labels."""
@@ -232,6 +242,10 @@ class TarShards:
         if samples_per_rank is not None and samples_per_rank < 1:
             raise ValueError(f"samples_per_rank must be >= 1, got {samples_per_rank}")
         self.samples_per_rank = samples_per_rank
+
+    def __repr__(self) -> str:
+        per_rank = "" if self.samples_per_rank is None else f", samples_per_rank={self.samples_per_rank}"
+        return f"TarShards({len(self.paths)} shards from {self.paths[0]!r}, shuffle_buffer={self.shuffle_buffer}{per_rank})"
 
     def shards_for(self, *, epoch: int, seed: int, rank: int, world_size: int, shuffle: bool) -> list:
         order = list(range(len(self.paths)))

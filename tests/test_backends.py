@@ -138,8 +138,8 @@ def test_backend_selection_and_clear_errors(monkeypatch, photos):
         with pytest.raises(RuntimeError, match="no CUDA device"):
             gpupipe.decode_crop_jpegs(photos, boxes, device="cuda")
     monkeypatch.setattr(dali_backend, "unavailable_reason",
-                        lambda device=None: "NVIDIA DALI is not installed: pip install gpupipe[dali]")
-    with pytest.raises(RuntimeError, match=r"pip install gpupipe\[dali\]"):
+                        lambda device=None: "NVIDIA DALI is not installed: pip install 'torch-gpupipe[dali]'")
+    with pytest.raises(RuntimeError, match=r"pip install 'torch-gpupipe\[dali\]'"):
         gpupipe.decode_crop_jpegs(photos, boxes, backend="dali")
 
 

@@ -70,6 +70,7 @@ def _loader_samples(root, backend, device):
     return images, failed, st
 
 
+@pytest.mark.filterwarnings("ignore::gpupipe.SkippedSamplesWarning")  # counted below
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICES)
 def test_three_entry_points_deliver_the_same_samples(messy_folder, backend, device):
     src = sources.ImageFolder(messy_folder)
@@ -121,7 +122,8 @@ def test_failures_reach_the_caller_with_kind_and_key(messy_folder):
 def test_a_crop_larger_than_the_image_is_an_invalid_argument_with_its_key(messy_folder):
     loader = gpupipe.Loader(sources.ImageFolder(messy_folder), batch_size=32, crop=crops.CenterCrop(125), shuffle=False,
                             on_error="skip")
-    list(loader)
+    with pytest.warns(gpupipe.SkippedSamplesWarning, match="INVALID_ARGUMENT"):
+        list(loader)
     small = [f for f in loader.stats()["skipped"] if f.kind == gpupipe.ErrorKind.INVALID_ARGUMENT]
     assert small and all("smaller than the 125x125 crop" in f.message for f in small)
     assert any(f.key.endswith("gray.jpg") for f in small)  # 100x100

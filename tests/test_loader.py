@@ -157,7 +157,10 @@ def messy(tmp_path_factory):
 def test_on_error_skip_reports_and_continues(messy, backend, device):
     loader = gpupipe.Loader(sources.ImageFolder(messy), batch_size=5, crop=crops.CenterCrop(32), shuffle=False,
                             on_error="skip", backend=backend, device=device)
-    got, _ = all_indices(loader)
+    # the user hears about it: one warning at the epoch's end, by kind, naming the first
+    with pytest.warns(gpupipe.SkippedSamplesWarning, match=r"epoch 0: 3 of 14 samples skipped \(on_error='skip'\): "
+                                                           r"2 CORRUPT, 1 NOT_JPEG; first: '.*b_corrupt\.jpg': "):
+        got, _ = all_indices(loader)
     assert got == list(range(10)) + [12]  # the PNG decoded through the fallback
     st = loader.stats()
     skipped = {os.path.basename(f.key): f for f in st["skipped"]}
@@ -171,6 +174,7 @@ def test_on_error_skip_reports_and_continues(messy, backend, device):
     assert len(st["fallback"]) == 1 and st["fallback"][0][0].endswith("d_image.png")
 
 
+@pytest.mark.filterwarnings("ignore::gpupipe.SkippedSamplesWarning")
 def test_on_error_skip_cuts_nested_augment_params(messy):
     """A RandomChoice of keyed policies as the augment: its parameters (the batch size, the chosen
     policy's per-sample rows) are cut to the samples kept, and each kept sample gets the
@@ -196,7 +200,8 @@ def test_on_error_skip_cuts_nested_augment_params(messy):
 def test_on_error_replace_keeps_zero_images(messy, backend, device):
     loader = gpupipe.Loader(sources.ImageFolder(messy), batch_size=5, crop=crops.CenterCrop(32), shuffle=False,
                             on_error="replace", backend=backend, device=device)
-    images = torch.cat([x for x, _ in loader])
+    with pytest.warns(gpupipe.SkippedSamplesWarning, match="3 of 14 samples replaced by zero images"):
+        images = torch.cat([x for x, _ in loader])
     assert images.shape[0] == 14 and len(loader.stats()["replaced"]) == 3
     assert (images[10] == 0).all() and (images[11] == 0).all() and (images[13] == 0).all()
 
@@ -327,6 +332,7 @@ def test_argument_validation(folder):
         gpupipe.Loader(src, batch_size=4, crop=crops.CenterCrop(8), io_threads=2.5)
 
 
+@pytest.mark.filterwarnings("ignore::gpupipe.SkippedSamplesWarning")
 @pytest.mark.skipif(not gpupipe.backends_available()["dali"]["available"], reason="DALI not installed")
 def test_loader_with_the_dali_backend_matches_the_cpu_core(folder, messy):
     root, _ = folder
@@ -362,6 +368,7 @@ def test_loader_and_dataset_take_resize_center_crop(folder):
     assert torch.equal(ds[5][0], ref.images[5])
 
 
+@pytest.mark.filterwarnings("ignore::gpupipe.SkippedSamplesWarning")
 def test_tar_shards_with_bad_samples_go_on_and_report_them(folder, tmp_path):
     import tarfile
 
@@ -397,6 +404,7 @@ def test_tar_shards_samples_per_rank_keep_ranks_in_step(folder, tmp_path):
     assert counts[0] == counts[1] == [8, 8, 8, 6]
 
 
+@pytest.mark.filterwarnings("ignore::gpupipe.SkippedSamplesWarning")
 def test_stats_count_what_was_delivered_and_an_all_failed_batch_is_empty(messy):
     loader = gpupipe.Loader(sources.ImageFolder(messy), batch_size=1, crop=crops.CenterCrop(32), shuffle=False,
                             prefetch=3)
@@ -483,6 +491,7 @@ def test_map_source_read_many_equals_read_and_keeps_each_failure(folder, tmp_pat
     assert type(nul[0]) is ValueError and "null byte" in str(nul[0]) and nul[1] == src.read(0)
 
 
+@pytest.mark.filterwarnings("ignore::gpupipe.SkippedSamplesWarning")
 def test_loader_reports_a_file_gone_after_listing_as_a_read_failure(folder, tmp_path):
     root, samples = folder
     paths = [p for p, _, _ in samples[:12]]

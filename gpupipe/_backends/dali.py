@@ -28,7 +28,7 @@ def unavailable_reason(device: Optional[torch.device] = None) -> Optional[str]:
     try:
         import nvidia.dali  # noqa: F401
     except Exception as e:
-        return f"NVIDIA DALI is not installed ({type(e).__name__}): pip install gpupipe[dali] (package {PACKAGE})"
+        return f"NVIDIA DALI is not installed ({type(e).__name__}): pip install 'torch-gpupipe[dali]' (package {PACKAGE})"
     if device is not None and device.type == "cuda" and not torch.cuda.is_available():
         return "DALI's GPU decoder needs a CUDA device (torch.cuda.is_available() is False)"
     return None

@@ -403,4 +403,5 @@ class BatchAugment(GeneratorOwner, nn.Module):
                 f"rotation={self.rotation}, translate={self.translate}, scale={self.scale}, shear={self.shear}, "
                 f"interpolation={self.interpolation!r}, fill={self.fill}, brightness={self.brightness}, "
                 f"contrast={self.contrast}, saturation={self.saturation}, hue={self.hue}, grayscale={self.grayscale}, "
-                f"out_dtype={self.out_dtype}, out_memory_format={self.out_memory_format}")
+                f"mean={self.mean}, std={self.std}, out_dtype={self.out_dtype}, "
+                f"out_memory_format={self.out_memory_format}")

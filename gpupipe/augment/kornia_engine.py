@@ -21,11 +21,12 @@ import math
 
 import torch
 
+from gpupipe._errors import import_extra
 from gpupipe.augment.affine_matrix import affine_matrices
 
 
 def kornia_augment(module, x: torch.Tensor, params: dict) -> torch.Tensor:
-    import kornia
+    kornia = import_extra("kornia", "kornia", "BatchAugment(engine='kornia')")
     from kornia.enhance import (adjust_brightness_accumulative, adjust_contrast_with_mean_subtraction, adjust_hue,
                                 adjust_saturation_with_gray_subtraction)
 

@@ -112,7 +112,7 @@ def bundled_photos() -> list:
         import skimage.data
     except ImportError as e:
         raise DataError("the default data set is made from scikit-image's bundled photos: pip install scikit-image "
-                        "(or gpupipe[bench]), or pass --data DIR") from e
+                        "(or 'torch-gpupipe[bench]'), or pass --data DIR") from e
     return [np.asarray(getattr(skimage.data, name)()) for name in PHOTOS]
 
 

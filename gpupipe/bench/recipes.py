@@ -93,7 +93,7 @@ def _torchvision_transforms():
         import torchvision.transforms as T
     except ImportError as e:
         raise ValueError("the DataLoader side runs torchvision's transforms: pip install torchvision "
-                         "(or gpupipe[bench])") from e
+                         "(or 'torch-gpupipe[bench]')") from e
     return T
 
 
