@@ -112,3 +112,14 @@ def test_reprs_say_what_an_object_is(folder, tmp_path):
     assert repr(batch) == ("DecodedBatch(images=torch.uint8 [6, 3, 8, 8] on cpu, backend='cpu', failed=2, warnings=0, "
                            "fallback=0)")
     assert "tensor(" not in repr(batch)
+
+
+def test_a_failed_bench_pipeline_is_one_line_in_the_table():
+    from gpupipe.bench.run import one_line
+
+    wrapped = RuntimeError("Caught UnidentifiedImageError in DataLoader worker process 0.\nOriginal Traceback (most "
+                           "recent call last):\n  File \"worker.py\", line 375\n    data = fetcher.fetch(index)\n"
+                           "PIL.UnidentifiedImageError: cannot identify image file 'x.png'\n")
+    assert one_line(wrapped) == "PIL.UnidentifiedImageError: cannot identify image file 'x.png' (in a DataLoader worker)"
+    assert one_line(ValueError("bad\nsecond line")) == "ValueError: bad"
+    assert len(one_line(ValueError("x" * 1000))) == 200

@@ -362,6 +362,18 @@ def _pipelines(args, device: torch.device, parts, steps: int) -> tuple[list, lis
     return results, runners
 
 
+def one_line(e: BaseException, limit: int = 200) -> str:
+    """An exception as one table cell: its type and first line; for an error re-raised from a
+    DataLoader worker ("Caught X in DataLoader worker process 0. Original Traceback ..."), the
+    original's last line, which names the file."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if len(lines) > 1 and any(line.startswith("Original Traceback") for line in lines):
+        text = f"{lines[-1]} (in a DataLoader worker)"
+    else:
+        text = f"{type(e).__name__}: {lines[0] if lines else ''}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _run_all(results, runners, data, parts, args, device, warmup: int, repeats: int, steps: int):
     """Every live pipeline, ``repeats`` times in turn; returns the last Loader run's stats."""
     bar = _progress(repeats * sum(not r.skipped for r in results) * (warmup + steps), quiet=args.quick)
@@ -374,7 +386,7 @@ def _run_all(results, runners, data, parts, args, device, warmup: int, repeats: 
                 seconds, images, waited, stats = measure(cls(data, parts, args, device, epoch=rep), warmup=warmup,
                                                          steps=steps, step_s=args.step_ms / 1e3, device=device, bar=bar)
             except Exception as e:  # reported in the table, the other pipelines still run
-                result.skipped = f"failed: {type(e).__name__}: {e}"[:300]
+                result.skipped = f"failed: {one_line(e)}"
                 continue
             result.seconds.append(seconds)
             result.images.append(images)
