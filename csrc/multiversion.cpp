@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <atomic>
 
+#if GPUPIPE_X86_LEVELS
+#include <cpuid.h>
+#endif
+
 namespace gpupipe {
 namespace {
 
@@ -10,15 +14,13 @@ CpuLevel detect() {
 #if GPUPIPE_X86_LEVELS
   __builtin_cpu_init();
   // Everything GPUPIPE_TARGET_AVX2 lets the compiler use (gcc emits shlx/shrx from BMI2): a VM's CPU
-  // model may offer AVX2 + FMA without the rest.
-#if defined(__clang__)
-  const bool lzcnt = __builtin_cpu_supports("abm");
-#else
-  const bool lzcnt = __builtin_cpu_supports("lzcnt");
-#endif
+  // model may offer AVX2 + FMA without the rest. F16C and LZCNT from CPUID: clang's
+  // __builtin_cpu_supports knows neither name.
+  unsigned a, b, c, d;
+  const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
+  const bool lzcnt = __get_cpuid(0x80000001u, &a, &b, &c, &d) && (c >> 5 & 1);
   if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi") &&
-        __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("popcnt") &&
-        lzcnt))
+        __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("popcnt") && f16c && lzcnt))
     return CpuLevel::kBaseline;
   if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
