@@ -13,6 +13,9 @@ def main(argv=None) -> int:
 
         return bench_main(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m gpupipe")
+    from gpupipe import __version__
+
+    ap.add_argument("--version", action="version", version=f"gpupipe {__version__} (distribution torch-gpupipe)")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="transcode a dataset (folder or tar shards) with restart markers, losslessly")
     p.add_argument("src", help="folder, .tar shard, or several shards")

@@ -123,3 +123,14 @@ def test_a_failed_bench_pipeline_is_one_line_in_the_table():
     assert one_line(wrapped) == "PIL.UnidentifiedImageError: cannot identify image file 'x.png' (in a DataLoader worker)"
     assert one_line(ValueError("bad\nsecond line")) == "ValueError: bad"
     assert len(one_line(ValueError("x" * 1000))) == 200
+
+
+def test_version_license_and_classifiers():
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "gpupipe", "--version"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == f"gpupipe {gpupipe.__version__} (distribution torch-gpupipe)"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["version"] == gpupipe.__version__
+    assert "License :: OSI Approved :: Apache Software License" in project["classifiers"]
+    assert (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License")
