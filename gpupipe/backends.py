@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from gpupipe._backends import dali, nvjpeg
+from gpupipe._backends import cpu, dali, nvjpeg
 
-BACKENDS = ("auto", "cpu", "dali", "nvjpeg")
+BACKENDS = {"cpu": cpu, "dali": dali, "nvjpeg": nvjpeg}  #: the one registry: name -> module
+BACKEND_NAMES = ("auto", *BACKENDS)  #: what ``backend=`` accepts
 
 
 def backends_available() -> dict:
@@ -42,8 +43,8 @@ def resolve(backend: str, device: torch.device) -> str:
     """The backend that runs for (backend, device); raises a clear error when it cannot."""
     if device.type == "cpu" and (backend == "auto" or backend == "cpu"):
         return "cpu"  # the common case, first
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend not in BACKEND_NAMES:
+        raise ValueError(f"backend must be one of {BACKEND_NAMES}, got {backend!r}")
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or a CUDA device, got {device}")
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -56,7 +57,6 @@ def resolve(backend: str, device: torch.device) -> str:
         return "nvjpeg" if nvjpeg.unavailable_reason() is None else "cpu"
     if backend == "nvjpeg" and device.type != "cuda":
         raise ValueError("the nvjpeg backend decodes on the GPU: pass device='cuda'")
-    module = dali if backend == "dali" else nvjpeg if backend == "nvjpeg" else None
-    if module is not None and (reason := module.unavailable_reason(device)):
+    if reason := BACKENDS[backend].unavailable_reason(device):
         raise RuntimeError(reason)
     return backend

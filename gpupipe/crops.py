@@ -17,6 +17,7 @@ from typing import Any, Sequence, Union
 
 import numpy as np
 
+from gpupipe.decode_types import DecodeOptions
 from gpupipe.keyed import uniforms
 
 Size = Union[int, Sequence[int]]
@@ -71,6 +72,12 @@ class CropSampler:
 
     def boxes(self, heights: Any, widths: Any, *, seed: int = 0, epoch: int = 0, indices: Any = None) -> np.ndarray:
         raise NotImplementedError
+
+    def decode_options(self, **options: Any) -> DecodeOptions:
+        """The decode options of this sampler's crops (output size, resize, window, DCT scaling),
+        with the caller's ``options`` (threads, backend, device, ...)."""
+        return DecodeOptions(size=self.size, resize=self.resize, window=self.window, dct_scaling=self.dct_scaling,
+                             **options)
 
     def plan(self, heights: Any, widths: Any, *, seed: int = 0, epoch: int = 0,
              indices: Any = None) -> tuple[np.ndarray, dict]:

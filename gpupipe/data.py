@@ -8,7 +8,6 @@ import numpy as np
 import torch
 
 from gpupipe import backends
-from gpupipe._backends.base import DecodeOptions
 from gpupipe.crops import CropSampler
 from gpupipe.policy import apply_policy, check_on_error, warn_corrupt
 from gpupipe.routing import decode_into, plan_batch
@@ -38,9 +37,8 @@ class DecodeCropDataset(torch.utils.data.Dataset):
         self.seed = int(seed)
         self.epoch = 0
         self.on_error = check_on_error(on_error)
-        self.options = DecodeOptions(size=crop.size, resize=crop.resize, window=crop.window, dct_scaling=crop.dct_scaling,
-                                     apply_exif_orientation=apply_exif_orientation,
-                                     backend=backends.resolve(backend, torch.device("cpu")))
+        self.options = crop.decode_options(apply_exif_orientation=apply_exif_orientation,
+                                           backend=backends.resolve(backend, torch.device("cpu")))
         self.last_failure = None
 
     def set_epoch(self, epoch: int) -> None:

@@ -11,7 +11,7 @@ import torch
 
 from gpupipe import backends
 from gpupipe._backends import cpu
-from gpupipe._backends.base import MODES, DecodeOptions, Route, check_thread_count
+from gpupipe.decode_types import MODES, DecodeOptions, Route, check_thread_count
 from gpupipe._errors import ErrorKind, NotAJpegError
 from gpupipe._exit import call_scope
 from gpupipe.limits import check_output_size

@@ -35,7 +35,7 @@ import torch
 from gpupipe import _C, backends, keyed
 from gpupipe._errors import SkippedSamplesWarning, import_extra
 from gpupipe._backends import cpu
-from gpupipe._backends.base import BatchStatus, DecodeOptions, HeaderInfos, Route, check_thread_count
+from gpupipe.decode_types import BatchStatus, HeaderInfos, Route, check_thread_count
 from gpupipe.crops import CropSampler
 from gpupipe.engine import Closed, Engine, HostClock, StageTimes
 from gpupipe.policy import apply_policy, check_on_error
@@ -367,10 +367,9 @@ class Loader:
             check_thread_count("augment_threads", augment_threads)
         decode = num_threads or _C.default_num_threads()
         self.augment_threads = augment_threads or (cores - decode if decode < cores else max(1, cores // 2))
-        self.options = DecodeOptions(size=crop.size, resize=crop.resize, window=crop.window, dct_scaling=crop.dct_scaling,
-                                     num_threads=num_threads or 0, apply_exif_orientation=apply_exif_orientation,
-                                     backend=self.backend,
-                                     device=torch.device("cpu") if self.backend == "cpu" else self.device)
+        self.options = crop.decode_options(num_threads=num_threads or 0, apply_exif_orientation=apply_exif_orientation,
+                                           backend=self.backend,
+                                           device=torch.device("cpu") if self.backend == "cpu" else self.device)
         self.epoch = 0
         self._stats = _Stats()
         self._resume: Optional[tuple[int, int]] = None  # (epoch, first batch) of a restored run

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from gpupipe._backends.base import BatchStatus
+from gpupipe.decode_types import BatchStatus
 from gpupipe._errors import ErrorKind, JpegWarning, error_class
 
 ON_ERROR = ("raise", "skip", "replace")

@@ -23,12 +23,12 @@ import numpy as np
 import torch
 
 from gpupipe import orientation
-from gpupipe._backends import cpu, dali, nvjpeg, pillow
-from gpupipe._backends.base import BatchStatus, DecodeOptions, HeaderInfos, Route, read_infos
+from gpupipe._backends import pillow
+from gpupipe.backends import BACKENDS
+from gpupipe.decode_types import BatchStatus, DecodeOptions, HeaderInfos, Route, read_infos
 from gpupipe._buffers import as_buffer
 from gpupipe._errors import ErrorKind
 
-BACKENDS = {"cpu": cpu, "dali": dali, "nvjpeg": nvjpeg}
 
 
 def as_buffers(datas: Sequence[Any]) -> list:

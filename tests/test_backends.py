@@ -160,7 +160,7 @@ def test_gpu_decoders_get_only_files_that_end_with_their_eoi(photos):
     """nvJPEG decodes a truncated file without a word: such files (and any without EOI at the end)
     are the CPU core's, which reports them. Runs without a GPU: the routing decision itself."""
     from gpupipe._backends import hybrid
-    from gpupipe._backends.base import DecodeOptions
+    from gpupipe.decode_types import DecodeOptions
     from gpupipe.routing import probe
 
     datas = list(photos[:4])

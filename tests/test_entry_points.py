@@ -13,7 +13,7 @@ from PIL import Image
 
 import gpupipe
 from gpupipe import crops, sources
-from gpupipe._backends.base import DecodeOptions
+from gpupipe.decode_types import DecodeOptions
 from gpupipe.routing import as_buffers, probe
 from helpers import BACKEND_DEVICES, encode, photo, run_child
 from test_orientation import with_orientation

@@ -371,7 +371,7 @@ def _sequential_scans(count: int) -> bytes:
 
 def test_baseline_files_with_many_scans_count_against_max_scans_in_every_route():
     from gpupipe._backends import hybrid
-    from gpupipe._backends.base import DecodeOptions
+    from gpupipe.decode_types import DecodeOptions
     from gpupipe.routing import probe
 
     datas = [_sequential_scans(3), _sequential_scans(150)]

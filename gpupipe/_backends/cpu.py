@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from gpupipe import _C
-from gpupipe._backends.base import MODES, BatchStatus, DecodeOptions, HeaderInfos, Route
+from gpupipe.decode_types import MODES, BatchStatus, DecodeOptions, HeaderInfos, Route
 from gpupipe._buffers import as_buffer
 from gpupipe._errors import JpegWarning
 from gpupipe.limits import check_output_size

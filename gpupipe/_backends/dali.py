@@ -14,7 +14,7 @@ import torch
 
 from gpupipe import _C, _stderr
 from gpupipe._backends import hybrid
-from gpupipe._backends.base import BatchStatus, DecodeOptions, HeaderInfos
+from gpupipe.decode_types import BatchStatus, DecodeOptions, HeaderInfos
 
 PACKAGE = "nvidia-dali-cuda120"
 _pipelines: dict = {}

@@ -10,7 +10,7 @@ import torch
 
 from gpupipe import _C
 from gpupipe._backends import cpu
-from gpupipe._backends.base import BatchStatus, DecodeOptions, HeaderInfos, Route
+from gpupipe.decode_types import BatchStatus, DecodeOptions, HeaderInfos, Route
 from gpupipe.limits import get_limits
 
 GPU_COLORSPACES = tuple(_C.COLORSPACES.index(c) for c in ("gray", "ycbcr", "rgb"))

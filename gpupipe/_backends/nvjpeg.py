@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from gpupipe._backends import hybrid
-from gpupipe._backends.base import BatchStatus, DecodeOptions, HeaderInfos
+from gpupipe.decode_types import BatchStatus, DecodeOptions, HeaderInfos
 
 name = "nvjpeg"
 

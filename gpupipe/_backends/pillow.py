@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from gpupipe import _stderr
-from gpupipe._backends.base import BatchStatus, DecodeOptions, Route
+from gpupipe.decode_types import BatchStatus, DecodeOptions, Route
 from gpupipe._errors import ErrorKind
 from gpupipe.limits import get_limits
 

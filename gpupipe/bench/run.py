@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=_cores(),
                     help="gpupipe decode threads = DataLoader num_workers = DALI threads (default: the cores here, "
                          f"{_cores()})")
-    ap.add_argument("--backend", default="auto", choices=gpupipe.backends.BACKENDS, help="the Loader's decode backend")
+    ap.add_argument("--backend", default="auto", choices=gpupipe.backends.BACKEND_NAMES, help="the Loader's decode backend")
     ap.add_argument("--steps", type=int, default=None,
                     help="timed batches per repeat (default: one epoch's worth less the warm-up, at least 4 per "
                          "thread and at most 30 or 4 per thread; 5 with --quick)")

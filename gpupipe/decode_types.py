@@ -1,5 +1,7 @@
-"""What every decode backend shares: the options of a batch, the per-sample status it reports, the
-header table it is handed, and the protocol it implements.
+"""The decode types shared by the backends (gpupipe/_backends/, which import this module, never the
+other way round) and the modules above them (routing, loader, decode, data, policy): the options of
+a batch, the per-sample status a backend reports, the header table it is handed, and the protocol it
+implements.
 
 A backend decodes JPEG crops into its slots of an NHWC uint8 buffer and reports, per sample, an
 :class:`gpupipe.ErrorKind`, a message, a warning, and the route that decoded it. Headers are read
