@@ -1,0 +1,70 @@
+"""Every ```python block of the README and docs/ runs, in order, one namespace per file, in a folder
+holding small ``train/`` and ``val/`` ImageFolders. The blocks are run as written except for the
+scale a test can afford, each rewrite listed in SCALE: CUDA devices become this machine's device,
+epochs become 1, batches 4 images, workers and threads 2 at most. A block that stops running (a
+missing import, a renamed argument) fails here."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import gpupipe
+from helpers import encode, photo
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ["README.md", "docs/recipes.md", "docs/migrating.md"]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+SCALE = [
+    (r'device="cuda"', f'device="{DEVICE}"'),
+    (r"\.cuda\(non_blocking=True\)", f'.to("{DEVICE}", non_blocking=True)'),
+    (r"\.cuda\(\)", f'.to("{DEVICE}")'),
+    (r"range\((?:90|600|epochs)\)", "range(1)"),
+    (r"batch_size=\d+", "batch_size=4"),
+    (r"num_workers=\d+", "num_workers=2"),
+    (r"num_threads=\d+", "num_threads=2"),
+]
+
+
+def python_blocks(path: Path) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", path.read_text(), flags=re.S | re.M)
+
+
+def at_test_scale(code: str) -> str:
+    for pattern, replacement in SCALE:
+        code = re.sub(pattern, replacement, code)
+    return code
+
+
+@pytest.fixture
+def dataset_dir(tmp_path, monkeypatch):
+    """train/ and val/: two classes of six 96x128 photos each; the blocks' relative paths land here."""
+    pixels = photo(96, 128)
+    for split in ("train", "val"):
+        for c in range(2):
+            (tmp_path / split / f"class{c}").mkdir(parents=True)
+            for i in range(6):
+                img = np.roll(pixels, 7 * i + 31 * c, axis=1)
+                (tmp_path / split / f"class{c}" / f"{i}.jpg").write_bytes(encode(np.ascontiguousarray(img)))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_every_doc_has_python_blocks():
+    assert all(python_blocks(ROOT / doc) for doc in DOCS)
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_the_docs_python_blocks_run(doc, dataset_dir):
+    namespace: dict = {"__name__": "__docs__"}
+    for k, block in enumerate(python_blocks(ROOT / doc)):
+        try:
+            exec(compile(at_test_scale(block), f"{doc} python block {k + 1}", "exec"), namespace)
+        except Exception as e:
+            raise AssertionError(f"{doc}, python block {k + 1} failed: {type(e).__name__}: {e}\n{block}") from e
+    assert gpupipe.cpu_capability()["active"]  # the package is still importable and sane afterwards
