@@ -68,3 +68,11 @@ def test_the_docs_python_blocks_run(doc, dataset_dir):
         except Exception as e:
             raise AssertionError(f"{doc}, python block {k + 1} failed: {type(e).__name__}: {e}\n{block}") from e
     assert gpupipe.cpu_capability()["active"]  # the package is still importable and sane afterwards
+
+
+def test_the_readme_quickstart_runs_verbatim(dataset_dir):
+    """No rewrite at all: 90 epochs of the 12-image train/ folder, on whatever device this is."""
+    quickstart = python_blocks(ROOT / "README.md")[0]
+    namespace: dict = {"__name__": "__docs__"}
+    exec(compile(quickstart, "README.md quickstart", "exec"), namespace)
+    assert namespace["loader"].stats()["images"] == 12 and (dataset_dir / "loader.pt").exists()
