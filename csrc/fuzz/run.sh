@@ -50,7 +50,8 @@ for h in "${HARNESSES[@]}"; do
   [ ${#HARNESSES[@]} -eq 1 ] && share=6
   secs=$(( SECONDS_TO_RUN * share / 6 )); [ "$secs" -ge 1 ] || secs=1
   echo "[fuzz] $h: replaying the corpus, then fuzzing for ${secs}s"
-  "$OUT/fuzz_$h" -runs=0 "$OUT/corpus/$h"
+  regressions=(); [ -d "csrc/fuzz/regressions/$h" ] && regressions=("csrc/fuzz/regressions/$h")
+  "$OUT/fuzz_$h" -runs=0 "$OUT/corpus/$h" "${regressions[@]}"  # the findings of earlier runs too
   "$OUT/fuzz_$h" "$OUT/corpus/$h" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
     -artifact_prefix="$OUT/findings/$h-" -print_final_stats=1 "$@"
 done
