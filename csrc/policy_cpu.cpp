@@ -162,7 +162,7 @@ POLICY_INLINE void lut_row(const uint8_t* in, L li, uint8_t* out, L lo, int64_t 
 
 // The direct point ops (is_direct_kind) over n contiguous bytes: one vectorised loop per kind.
 POLICY_INLINE void direct_bytes(int32_t kind, double param, const uint8_t* __restrict__ in,
-                                       uint8_t* __restrict__ out, int64_t n) {
+                                uint8_t* __restrict__ out, int64_t n) {
   switch (kind) {
     case kBrightness: {
       const float f = static_cast<float>(param);
@@ -195,7 +195,7 @@ POLICY_INLINE void direct_bytes(int32_t kind, double param, const uint8_t* __res
 // adjust_saturation: each channel blended with the pixel's floored gray level.
 template <typename Isa, typename L>
 POLICY_INLINE void color_row(const uint8_t* __restrict__ in, L li, uint8_t* __restrict__ out, L lo, int64_t w,
-                              Blend bl) {
+                             Blend bl) {
   for (int64_t x = 0; x < w; ++x) {
     const uint8_t* p = pixel_at(in, li, x);
     uint8_t* q = pixel_at(out, lo, x);
@@ -210,8 +210,8 @@ POLICY_INLINE void color_row(const uint8_t* __restrict__ in, L li, uint8_t* __re
 // pixels keep their values. A channel's horizontal neighbours are one pixel stride away.
 template <typename Isa, typename L>
 POLICY_INLINE void sharpen_row(const uint8_t* __restrict__ above, const uint8_t* __restrict__ mid,
-                                const uint8_t* __restrict__ below, L li, uint8_t* __restrict__ out, L lo, int64_t w,
-                                float alpha) {
+                               const uint8_t* __restrict__ below, L li, uint8_t* __restrict__ out, L lo, int64_t w,
+                               float alpha) {
   if constexpr (std::is_same<L, ChannelsLast>::value) {  // interleaved: one flat loop over the bytes
     for (int64_t o = 3; o < 3 * (w - 1); ++o) {
       const int32_t sum9 = above[o - 3] + above[o] + above[o + 3] + mid[o - 3] + mid[o] + mid[o + 3] +
@@ -268,8 +268,8 @@ inline void touch_image(const pixel::Image8& im) {
 // case, in two loops: the row's source pixels (vectorised), then the gather.
 template <typename Isa, typename L>
 POLICY_INLINE void affine_row(const PolicyArgs& a, const pixel::Image8& im, const float* m, int64_t y,
-                                     uint8_t* __restrict__ out, L lo, int32_t* __restrict__ columns,
-                                     int32_t* __restrict__ rows) {
+                              uint8_t* __restrict__ out, L lo, int32_t* __restrict__ columns,
+                              int32_t* __restrict__ rows) {
   const int32_t w = static_cast<int32_t>(im.w);  // < 2^24 (augment_bindings.h)
   const float fy = static_cast<float>(y);
   uint8_t fill[3];

@@ -11,6 +11,7 @@ from gpupipe import backends
 from gpupipe.crops import CropSampler
 from gpupipe.policy import apply_policy, check_on_error, warn_corrupt
 from gpupipe.routing import decode_into, plan_batch
+from gpupipe.sources import indented
 
 
 class DecodeCropDataset(torch.utils.data.Dataset):
@@ -48,9 +49,8 @@ class DecodeCropDataset(torch.utils.data.Dataset):
         return len(self.source)
 
     def __repr__(self) -> str:
-        source = "\n".join("    " + line for line in repr(self.source).splitlines())
         return (f"DecodeCropDataset(crop={self.crop!r}, seed={self.seed}, epoch={self.epoch}, "
-                f"on_error={self.on_error!r}, backend={self.options.backend!r})\n{source}")
+                f"on_error={self.on_error!r}, backend={self.options.backend!r})\n{indented(repr(self.source))}")
 
     def __getitem__(self, i: int):
         key, label = self.source.keys[i], int(self.source.labels[i])

@@ -38,14 +38,20 @@ class Route(enum.IntEnum):
         return self.name.lower().replace("_", "-")
 
 
+def as_int(name: str, value: Any) -> int:
+    """``value`` as an int: ``2.5`` or ``True`` is a TypeError naming ``name``, not 2 or 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    return int(value)
+
+
 def check_thread_count(name: str, value: Any, *, default_ok: bool = False) -> int:
     """``value`` as a thread count: an int within 1..MAX_THREADS (or 0, the default count, where
     ``default_ok``). TypeError / ValueError naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    value = as_int(name, value)
     if not (0 if default_ok else 1) <= value <= _C.MAX_THREADS:
         raise ValueError(f"{name} must be within 1..{_C.MAX_THREADS}, got {value}")
-    return int(value)
+    return value
 
 
 @dataclasses.dataclass(frozen=True)

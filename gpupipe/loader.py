@@ -35,12 +35,12 @@ import torch
 from gpupipe import _C, backends, keyed
 from gpupipe._errors import SkippedSamplesWarning, import_extra
 from gpupipe._backends import cpu
-from gpupipe.decode_types import BatchStatus, HeaderInfos, Route, check_thread_count
+from gpupipe.decode_types import BatchStatus, HeaderInfos, Route, as_int, check_thread_count
 from gpupipe.crops import CropSampler
 from gpupipe.engine import Closed, Engine, HostClock, StageTimes
 from gpupipe.policy import apply_policy, check_on_error
 from gpupipe.routing import decode_into, plan_batch, straight
-from gpupipe.sources import MapSource, Source, _call_or_error, distributed_indices
+from gpupipe.sources import MapSource, Source, _call_or_error, distributed_indices, indented
 
 STAGES = ("read", "plan", "decode", "collect", "transfer", "augment")
 
@@ -124,15 +124,6 @@ class _Stats:
             for r, count in enumerate(np.bincount(status.route[status.ok], minlength=len(Route))):
                 if count:
                     self.routes[Route(r).label] += int(count)
-
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    """``value`` as an int >= ``minimum`` (``2.5`` or ``True`` is a TypeError, not 2 or 1)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 def _report_losses(loader: "Loader", st: _Stats) -> None:
@@ -327,8 +318,11 @@ class Loader:
                  prefetch: int = 2, on_error: str = "skip", rank: Optional[int] = None,
                  world_size: Optional[int] = None, progress: bool = False, io_threads: Optional[int] = None,
                  augment_threads: Optional[int] = None, apply_exif_orientation: bool = False):
-        batch_size = _check_int("batch_size", batch_size, 1)
-        seed = _check_int("seed", seed, 0)
+        batch_size, seed = as_int("batch_size", batch_size), as_int("seed", seed)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
         if num_threads is not None:
             check_thread_count("num_threads", num_threads)
         if not isinstance(crop, CropSampler):
@@ -379,12 +373,12 @@ class Loader:
         self._recycled: Optional[_Recycled] = None
 
     def __repr__(self) -> str:
-        source = "\n".join("    " + line for line in repr(self.source).splitlines())
         augment = "" if self.augment is None else f"\n    augment={self.augment!r}"
         return (f"Loader(batch_size={self.batch_size}, crop={self.crop!r}, device={str(self.device)!r}, "
                 f"backend={self.backend!r}, shuffle={self.shuffle}, seed={self.seed}, drop_last={self.drop_last}, "
                 f"num_threads={self.num_threads or _C.default_num_threads()}, prefetch={self.prefetch}, "
-                f"on_error={self.on_error!r}, rank={self.rank}, world_size={self.world_size}){augment}\n{source}")
+                f"on_error={self.on_error!r}, rank={self.rank}, world_size={self.world_size}){augment}\n"
+                f"{indented(repr(self.source))}")
 
     # --- host buffers, kept across epochs (an epoch of 4 batches would otherwise pay for them 4 times) --
 

@@ -59,6 +59,11 @@ def distributed_indices(n: int, *, epoch: int, seed: int, shuffle: bool, rank: i
     return order[:total][rank::world_size]
 
 
+def indented(text: str) -> str:
+    """Every line of ``text`` indented 4 spaces: an object's repr nested in another's."""
+    return "\n".join("    " + line for line in text.splitlines())
+
+
 class MapSource:
     """Random access to keys, labels and bytes; ordered per epoch as DistributedSampler."""
 
@@ -70,7 +75,7 @@ class MapSource:
 
     def __repr__(self) -> str:  # torchvision's dataset repr: the class, then indented facts
         lines = [f"Number of datapoints: {len(self)}", *self._repr_lines()]
-        return "\n".join([f"{type(self).__name__}"] + ["    " + line for line in lines])
+        return f"{type(self).__name__}\n" + indented("\n".join(lines))
 
     def _repr_lines(self) -> list:
         return []
@@ -245,7 +250,8 @@ class TarShards:
 
     def __repr__(self) -> str:
         per_rank = "" if self.samples_per_rank is None else f", samples_per_rank={self.samples_per_rank}"
-        return f"TarShards({len(self.paths)} shards from {self.paths[0]!r}, shuffle_buffer={self.shuffle_buffer}{per_rank})"
+        return (f"TarShards({len(self.paths)} shards from {self.paths[0]!r}, shuffle_buffer={self.shuffle_buffer}"
+                f"{per_rank})")
 
     def shards_for(self, *, epoch: int, seed: int, rank: int, world_size: int, shuffle: bool) -> list:
         order = list(range(len(self.paths)))
