@@ -9,7 +9,7 @@ import torch
 
 from gpupipe import backends
 from gpupipe.crops import CropSampler
-from gpupipe.policy import apply_policy, check_on_error, warn_corrupt
+from gpupipe.error_policy import apply_policy, check_on_error, warn_corrupt
 from gpupipe.routing import decode_into, plan_batch
 from gpupipe.sources import indented
 

@@ -15,7 +15,7 @@ from gpupipe.decode_types import MODES, DecodeOptions, Route, check_thread_count
 from gpupipe._errors import ErrorKind, NotAJpegError
 from gpupipe._exit import call_scope
 from gpupipe.limits import check_output_size
-from gpupipe.policy import apply_policy, check_on_error, warn_corrupt
+from gpupipe.error_policy import apply_policy, check_on_error, warn_corrupt
 from gpupipe.routing import decode_into
 
 Size = Union[int, Sequence[int]]
@@ -286,7 +286,7 @@ def decode_crop_jpegs(
             and the decoder's message (its class says the kind; the exception's ``failures`` holds
             them all). ``"skip"``: report failures in ``ok``/``errors``/``kinds``; drop them with
             ``images[ok]``. ``"replace"``: same report; the failed slots are zero images meant to be
-            kept. See :mod:`gpupipe.policy`.
+            kept. See :mod:`gpupipe.error_policy`.
         mode: ``"rgb"`` (C=3) or ``"gray"`` (C=1).
         strict: recoverable corruption is a failure instead of a warning.
         dct_scaling: with ``size``, decode boxes >= 2x the size already downscaled by libjpeg.

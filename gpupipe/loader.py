@@ -38,7 +38,7 @@ from gpupipe._backends import cpu
 from gpupipe.decode_types import BatchStatus, HeaderInfos, Route, as_int, check_thread_count
 from gpupipe.crops import CropSampler
 from gpupipe.engine import Closed, Engine, HostClock, StageTimes
-from gpupipe.policy import apply_policy, check_on_error
+from gpupipe.error_policy import apply_policy, check_on_error
 from gpupipe.routing import decode_into, plan_batch, straight
 from gpupipe.sources import MapSource, Source, _call_or_error, distributed_indices, indented
 
@@ -280,7 +280,7 @@ class Loader:
         prefetch: batches decoded ahead of the consumer (bounds memory: ``prefetch + 3`` buffers).
         on_error: ``"skip"`` drops failed samples (the batch is smaller), ``"replace"`` keeps zero
             images, ``"raise"`` raises naming the sample's key. Every failure is in ``stats()`` with
-            its kind (:mod:`gpupipe.policy`).
+            its kind (:mod:`gpupipe.error_policy`).
         rank, world_size: default to the ``torch.distributed`` process group's.
         progress: show a tqdm bar.
         io_threads: threads reading a batch's files (one native call per batch for ``ImageFolder`` and
@@ -483,7 +483,7 @@ class Loader:
 
         Keys: ``images``, ``batches``, ``images_per_s``, ``wall_s``, ``busy_s`` (per stage: read,
         plan, decode, transfer, augment; stages overlap), ``wait_s`` (time the consumer waited for
-        a batch: starvation), ``skipped`` / ``replaced`` (:class:`gpupipe.policy.SampleFailure`:
+        a batch: starvation), ``skipped`` / ``replaced`` (:class:`gpupipe.error_policy.SampleFailure`:
         key, kind, message), ``failures`` ({kind name: count}), ``routes`` ({route: samples}:
         ``cpu``, ``gpu``, ``pillow``, ``cpu-fallback``), ``fallback`` ([(key, reason)] for samples
         not decoded by the backend's own decoder), ``warnings`` ([(key, message)]).

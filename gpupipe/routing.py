@@ -11,7 +11,7 @@ One batch, one pass::
        EXIF orientation, when asked for, around every route; failed slots zeroed here, once.
 
 It applies no error policy: it reports, per sample, the outcome (:class:`BatchStatus`); the
-callers apply one policy function (:mod:`gpupipe.policy`).
+callers apply one policy function (:mod:`gpupipe.error_policy`).
 """
 
 from __future__ import annotations

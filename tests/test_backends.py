@@ -159,7 +159,7 @@ def test_what_gpu_decoders_cannot_honour_goes_to_the_cpu_core(photos, backend, d
 def test_gpu_decoders_get_only_files_that_end_with_their_eoi(photos):
     """nvJPEG decodes a truncated file without a word: such files (and any without EOI at the end)
     are the CPU core's, which reports them. Runs without a GPU: the routing decision itself."""
-    from gpupipe._backends import hybrid
+    from gpupipe._backends import gpu_fallback
     from gpupipe.decode_types import DecodeOptions
     from gpupipe.routing import probe
 
@@ -168,5 +168,5 @@ def test_gpu_decoders_get_only_files_that_end_with_their_eoi(photos):
     datas[2] = datas[2] + b"\0" * 8  # data after EOI: libjpeg ignores it; the CPU core takes it all the same
     infos = probe(datas, DecodeOptions(size=None))
     assert infos.column("eoi").tolist() == [1, 0, 0, 1]
-    eligible = hybrid.gpu_eligible(infos, edge_boxes(datas, 16, 16), DecodeOptions(size=None))
+    eligible = gpu_fallback.gpu_eligible(infos, edge_boxes(datas, 16, 16), DecodeOptions(size=None))
     assert eligible.tolist() == [True, False, False, True]

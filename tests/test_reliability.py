@@ -370,14 +370,14 @@ def _sequential_scans(count: int) -> bytes:
 
 
 def test_baseline_files_with_many_scans_count_against_max_scans_in_every_route():
-    from gpupipe._backends import hybrid
+    from gpupipe._backends import gpu_fallback
     from gpupipe.decode_types import DecodeOptions
     from gpupipe.routing import probe
 
     datas = [_sequential_scans(3), _sequential_scans(150)]
     infos = probe(datas, DecodeOptions(size=None))
     assert infos.column("progressive").tolist() == [0, 0] and infos.column("scans").tolist() == [3, 150]
-    assert hybrid.gpu_eligible(infos, np.array([[0, 0, 8, 8]] * 2), DecodeOptions(size=None)).tolist() == [True, False]
+    assert gpu_fallback.gpu_eligible(infos, np.array([[0, 0, 8, 8]] * 2), DecodeOptions(size=None)).tolist() == [True, False]
     with pytest.raises(gpupipe.ScanLimitError, match="sample 1: JPEG has more than max_scans=100"):
         gpupipe.decode_crop_jpegs(datas, [[0, 0, 8, 8]] * 2)
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from gpupipe import _C, _stderr
-from gpupipe._backends import hybrid
+from gpupipe._backends import gpu_fallback
 from gpupipe.decode_types import BatchStatus, DecodeOptions, HeaderInfos
 
 PACKAGE = "nvidia-dali-cuda120"
@@ -129,7 +129,7 @@ def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Dec
             raise DaliReportedProblems("; ".join(messages[:3]))
         _copy_out(images, out, idx)
 
-    return hybrid.decode_with_fallback("DALI", gpu_decode, buffers, boxes, out, options, infos)
+    return gpu_fallback.decode_with_fallback("DALI", gpu_decode, buffers, boxes, out, options, infos)
 
 
 def _copy_out(images, out_nhwc: torch.Tensor, idx: np.ndarray) -> None:

@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from gpupipe._backends import hybrid
+from gpupipe._backends import gpu_fallback
 from gpupipe.decode_types import BatchStatus, DecodeOptions, HeaderInfos
 
 name = "nvjpeg"
@@ -47,4 +47,4 @@ def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Dec
                 crop = F.resize(crop, list(out.shape[1:3]), antialias=True)
             out[i] = crop.permute(1, 2, 0)
 
-    return hybrid.decode_with_fallback("nvJPEG", gpu_decode, buffers, boxes, out, options, infos)
+    return gpu_fallback.decode_with_fallback("nvJPEG", gpu_decode, buffers, boxes, out, options, infos)
