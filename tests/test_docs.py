@@ -17,7 +17,7 @@ import gpupipe
 from helpers import encode, photo
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ["README.md", "docs/recipes.md", "docs/migrating.md"]
+DOCS = ["README.md"] + sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 SCALE = [
@@ -55,8 +55,18 @@ def dataset_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_every_doc_has_python_blocks():
-    assert all(python_blocks(ROOT / doc) for doc in DOCS)
+def test_the_docs_with_examples_still_have_them():
+    """Guards the block pattern itself: a change that matched nothing would run no example."""
+    assert all(python_blocks(ROOT / doc) for doc in ["README.md", "docs/recipes.md", "docs/migrating.md"])
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_the_docs_links_lead_somewhere(doc):
+    """Every relative link (and image) of the README and docs/ names a file of the repository."""
+    text = (ROOT / doc).read_text()
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    missing = [t for t in targets if "://" not in t and not ((ROOT / doc).parent / t).exists()]
+    assert not missing, f"{doc} links to missing files: {missing}"
 
 
 @pytest.mark.parametrize("doc", DOCS)
@@ -76,3 +86,16 @@ def test_the_readme_quickstart_runs_verbatim(dataset_dir):
     namespace: dict = {"__name__": "__docs__"}
     exec(compile(quickstart, "README.md quickstart", "exec"), namespace)
     assert namespace["loader"].stats()["images"] == 12 and (dataset_dir / "loader.pt").exists()
+
+
+@pytest.mark.parametrize("name", ["Loader", "decode_crop_jpeg", "decode_crop_jpegs", "prepare",
+                                  "data.DecodeCropDataset", "augment.BatchAugment", "augment.warp_affine"])
+def test_the_api_table_names_every_argument(name):
+    """docs/api.md writes out the signatures of the main calls: each of their arguments is there."""
+    import inspect
+    obj = gpupipe
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    row = next(line for line in (ROOT / "docs/api.md").read_text().splitlines() if f"`{name}(" in line)
+    missing = [p for p in inspect.signature(obj).parameters if p not in row]
+    assert not missing, f"docs/api.md's row of {name} lacks {missing}"
