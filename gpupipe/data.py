@@ -4,6 +4,8 @@ error policy, so the same folder gives the same samples."""
 
 from __future__ import annotations
 
+import collections.abc
+
 import numpy as np
 import torch
 
@@ -24,9 +26,11 @@ class DecodeCropDataset(torch.utils.data.Dataset):
         source: a map-style :mod:`gpupipe.sources` source.
         crop: a :mod:`gpupipe.crops` sampler.
         seed: the boxes' seed (as the Loader's).
-        on_error: ``"skip"``: a sample that cannot be delivered is ``None``, which :func:`collate`
-            drops (the failure is in ``last_failure``); ``"replace"``: a zero image; ``"raise"``:
-            its error, naming the key.
+        on_error: ``"skip"``: a sample that cannot be delivered is a :class:`SkippedSample` (falsy,
+            naming the key and the failure, also in ``last_failure``), which :func:`collate` drops;
+            ``DataLoader``'s default collate cannot drop samples and raises a ``TypeError`` saying
+            so. ``"replace"``: a zero image, which the default collate takes. ``"raise"``: its
+            error, naming the key.
         apply_exif_orientation: crop in the displayed frame.
         backend: ``"cpu"`` (the C++ core) or ``"dali"`` (DALI's CPU operators); outputs are on the CPU.
     """
@@ -66,14 +70,43 @@ class DecodeCropDataset(torch.utils.data.Dataset):
         warn_corrupt(status, keys=[key])
         self.last_failure = failures[0] if failures else None
         if failures and self.on_error == "skip":
-            return None
+            return SkippedSample(key, failures[0])
         return out[0].permute(2, 0, 1), label
+
+
+class SkippedSample(collections.abc.Sequence):
+    """What ``DecodeCropDataset[i]`` gives for a sample skipped under ``on_error="skip"``: falsy,
+    with the sample's ``key`` and ``failure`` (a :class:`gpupipe.error_policy.SampleFailure`).
+
+    It is a ``Sequence`` only so that ``DataLoader``'s default collate, which asks every sample of
+    a batch of pairs for its length, stops with a message naming the sample and the way out
+    (:func:`collate` drops skipped samples) instead of ``'NoneType' has no len()``."""
+
+    def __init__(self, key, failure):
+        self.key, self.failure = key, failure
+
+    def __bool__(self) -> bool:
+        return False
+
+    def _refuse(self):
+        raise TypeError(f"sample {self.key!r} was skipped ({self.failure.kind.name}: {self.failure.message}); "
+                        "DataLoader's default collate cannot drop a sample: pass collate_fn=gpupipe.data.collate, "
+                        "or build the dataset with on_error='replace' (a zero image) or 'raise'")
+
+    def __len__(self) -> int:
+        self._refuse()
+
+    def __getitem__(self, i):
+        self._refuse()
+
+    def __repr__(self) -> str:
+        return f"SkippedSample(key={self.key!r}, kind={self.failure.kind.name})"
 
 
 def collate(batch):
     """Stacks ``(image, label)`` pairs into a channels-last uint8 ``[N, 3, H, W]`` batch and labels;
-    samples a dataset skipped (``None``) are dropped."""
-    batch = [b for b in batch if b is not None]
+    samples a dataset skipped (:class:`SkippedSample`, or ``None``) are dropped."""
+    batch = [b for b in batch if b is not None and not isinstance(b, SkippedSample)]
     if not batch:
         return torch.empty((0, 3, 0, 0), dtype=torch.uint8), torch.empty(0, dtype=torch.int64)
     images, labels = zip(*batch)
@@ -83,4 +116,4 @@ def collate(batch):
     return out, torch.as_tensor(np.asarray(labels, dtype=np.int64))
 
 
-__all__ = ["DecodeCropDataset", "collate"]
+__all__ = ["DecodeCropDataset", "SkippedSample", "collate"]

@@ -113,10 +113,29 @@ def test_failures_reach_the_caller_with_kind_and_key(messy_folder):
     with pytest.raises(gpupipe.PixelLimitError, match="bomb.jpg.*max_pixels"):
         ds[i]
     skip = gpupipe.data.DecodeCropDataset(src, CROP, on_error="skip")
-    assert skip[i] is None and skip.last_failure.kind == gpupipe.ErrorKind.PIXEL_LIMIT
+    skipped = skip[i]
+    assert not skipped and skipped.key.endswith("bomb.jpg") and skip.last_failure.kind == gpupipe.ErrorKind.PIXEL_LIMIT
+    assert skipped.failure == skip.last_failure
     replace = gpupipe.data.DecodeCropDataset(src, CROP, on_error="replace")
     image, _ = replace[i]
     assert image.shape == (3, 40, 48) and not image.any()
+
+
+@pytest.mark.parametrize("position", ["first", "later"])
+def test_default_collate_takes_good_batches_and_names_a_skipped_sample(messy_folder, position):
+    """DataLoader's default collate stacks the dataset's samples; it cannot drop one, so a skipped
+    sample stops it with a message naming the sample and gpupipe.data.collate, wherever it sits."""
+    src = sources.ImageFolder(messy_folder)
+    ds = gpupipe.data.DecodeCropDataset(src, CROP, on_error="skip")
+    bad = next(k for k, key in enumerate(src.keys) if key.endswith("bomb.jpg"))
+    good = [k for k in range(len(src)) if os.path.basename(src.keys[k]) not in EXPECTED_FAILURES][:3]
+    images, labels = torch.utils.data.default_collate([ds[k] for k in good])
+    assert images.shape == (3, 3, 40, 48) and labels.tolist() == [int(src.labels[k]) for k in good]
+    order = [bad] + good if position == "first" else good + [bad]
+    with pytest.raises(TypeError, match=r"bomb\.jpg.*skipped.*collate_fn=gpupipe\.data\.collate"):
+        torch.utils.data.default_collate([ds[k] for k in order])
+    images, _ = gpupipe.data.collate([ds[k] for k in order])
+    assert images.shape[0] == len(good)
 
 
 def test_a_crop_larger_than_the_image_is_an_invalid_argument_with_its_key(messy_folder):
