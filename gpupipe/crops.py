@@ -13,36 +13,13 @@ not the same random stream).
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence, Union
+from typing import Any, Sequence
 
 import numpy as np
 
+from gpupipe._args import Size, is_int, positive_pair, size_pair
 from gpupipe.decode_types import DecodeOptions
 from gpupipe.keyed import uniforms
-
-Size = Union[int, Sequence[int]]
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
-def _as_size(size: Size, name: str = "size") -> tuple[int, int]:
-    pair = (size, size) if _is_int(size) else size
-    if not isinstance(pair, Sequence) or len(pair) != 2 or not all(_is_int(v) and v >= 1 for v in pair):
-        raise ValueError(f"{name} must be a positive int or (height, width) of positive ints, got {size!r}")
-    return int(pair[0]), int(pair[1])
-
-
-def _as_range(value: Any, name: str) -> tuple[float, float]:
-    """A (min, max) pair of finite positive numbers."""
-    if not isinstance(value, Sequence) or len(value) != 2 or not all(
-            isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) for v in value):
-        raise ValueError(f"{name} must be a (min, max) pair of numbers, got {value!r}")
-    lo, hi = float(value[0]), float(value[1])
-    if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
-        raise ValueError(f"{name} must be finite, positive and (min, max), got {value!r}")
-    return lo, hi
 
 
 def _dims(heights: Any, widths: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -118,9 +95,9 @@ class RandomResizedCrop(CropSampler):
     resize = True
 
     def __init__(self, size: Size, scale: Sequence[float] = (0.08, 1.0), ratio: Sequence[float] = (3 / 4, 4 / 3)):
-        self.size = _as_size(size)
-        self.scale = _as_range(scale, "scale")
-        self.ratio = _as_range(ratio, "ratio")
+        self.size = size_pair(size)
+        self.scale = positive_pair(scale, "scale")
+        self.ratio = positive_pair(ratio, "ratio")
 
     def boxes(self, heights, widths, *, seed=0, epoch=0, indices=None):
         H, W = _dims(heights, widths)
@@ -159,7 +136,7 @@ class RandomCrop(CropSampler):
     resize = False
 
     def __init__(self, size: Size):
-        self.size = _as_size(size)
+        self.size = size_pair(size)
 
     def boxes(self, heights, widths, *, seed=0, epoch=0, indices=None):
         H, W = _dims(heights, widths)
@@ -177,7 +154,7 @@ class CenterCrop(CropSampler):
     resize = False
 
     def __init__(self, size: Size):
-        self.size = _as_size(size)
+        self.size = size_pair(size)
 
     def boxes(self, heights, widths, *, seed=0, epoch=0, indices=None):
         H, W = _dims(heights, widths)
@@ -199,7 +176,7 @@ class Resize(CropSampler):
     resize = True
 
     def __init__(self, size: Size):
-        self.size = _as_size(size)
+        self.size = size_pair(size)
 
     def boxes(self, heights, widths, *, seed=0, epoch=0, indices=None):
         H, W = _dims(heights, widths)
@@ -236,16 +213,16 @@ class ResizeCenterCrop(CropSampler):
     window = True
 
     def __init__(self, crop_size: Size = 224, resize_size: Size = 256, *, dct_scaling: bool = False):
-        self.size = _as_size(crop_size, "crop_size")
+        self.size = size_pair(crop_size, "crop_size")
         self.dct_scaling = bool(dct_scaling)
-        if _is_int(resize_size):
+        if is_int(resize_size):
             if resize_size < 1:
                 raise ValueError(f"resize_size must be positive, got {resize_size}")
             self.resize_size: Any = int(resize_size)
             # the shorter side becomes resize_size, on any image (a square one: both sides)
             too_large = max(self.size) > self.resize_size
         else:
-            self.resize_size = _as_size(resize_size, "resize_size")
+            self.resize_size = size_pair(resize_size, "resize_size")
             too_large = self.size[0] > self.resize_size[0] or self.size[1] > self.resize_size[1]
         if too_large:
             raise ValueError(f"crop_size {self.size} is larger than the resized image ({self.resize_size}) on some "

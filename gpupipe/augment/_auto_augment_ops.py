@@ -17,15 +17,16 @@ Everything per sample is a tensor: no Python loop over samples.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
 
 from gpupipe import keyed
+from gpupipe._args import interpolation_mode, is_python_int, policy_fill
 from gpupipe.augment._keyed_params import GeneratorOwner, check_params, draw_uniforms
 from gpupipe.augment.affine_matrix import affine_matrices
-from gpupipe.augment._policy_kernels import INTERPOLATIONS, KINDS, policy_apply
+from gpupipe.augment._policy_kernels import KINDS, policy_apply
 
 MagnitudeFn = Callable[[int, int, int], Optional[torch.Tensor]]
 
@@ -97,23 +98,11 @@ AUTO_AUGMENT_SPACE: dict = {**_RAND_AUGMENT_SPACE_BASE, "Invert": (_none, False)
 
 def parse_interpolation(interpolation: Any) -> str:
     """"nearest" or "bilinear" from a string or a torchvision ``InterpolationMode``."""
-    value = getattr(interpolation, "value", interpolation)
-    if value not in INTERPOLATIONS:
+    value = interpolation_mode(interpolation)
+    if value is None:
         raise ValueError(f"interpolation must be 'nearest' or 'bilinear' (or the InterpolationMode of one), "
                          f"got {interpolation!r}")
     return value
-
-
-def parse_fill(fill: Union[None, float, Sequence[float]]) -> Optional[list]:
-    """torchvision's ``fill`` (None, a number, or one value per channel) as 3 floats on 0..255."""
-    if fill is None:
-        return None
-    values = [fill] if isinstance(fill, (int, float)) and not isinstance(fill, bool) else list(fill)
-    if len(values) not in (1, 3) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-        raise ValueError(f"fill must be None, a number or a sequence of 1 or 3 numbers, got {fill!r}")
-    if not all(0 <= v <= 255 for v in values):
-        raise ValueError(f"fill must lie in [0, 255] for uint8 images, got {fill!r}")
-    return [float(v) for v in values] * (3 // len(values))
 
 
 def check_images(x: Any) -> torch.Tensor:
@@ -206,7 +195,7 @@ class PolicyBase(GeneratorOwner, nn.Module):
         super().__init__()
         self.interpolation = parse_interpolation(interpolation)
         self.fill = fill
-        self._fill = parse_fill(fill)
+        self._fill = policy_fill(fill)
         self._set_generator(generator)
         self._stream = keyed.stream_of(self._stream_name)  # computed once: torch.compile cannot trace crc32
         self._op_ids = torch.tensor([_OP[name] for name in self._space], dtype=torch.int64)
@@ -295,7 +284,7 @@ def negate_draw(u: torch.Tensor) -> torch.Tensor:
 
 
 def check_bins(num_magnitude_bins: Any) -> int:
-    if isinstance(num_magnitude_bins, bool) or not isinstance(num_magnitude_bins, int) or num_magnitude_bins < 2:
+    if not is_python_int(num_magnitude_bins) or num_magnitude_bins < 2:
         raise ValueError(f"num_magnitude_bins must be an int >= 2, got {num_magnitude_bins!r}")
     return num_magnitude_bins
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpupipe import keyed
+from gpupipe._args import is_python_int, is_python_number
 from gpupipe.augment._keyed_params import GeneratorLike, as_generator, check_count
 
 
@@ -41,7 +42,7 @@ def batch_rng(stream: int, n: int, generator: Optional[torch.Generator], seed: O
 
 
 def check_alpha(alpha: Any) -> float:
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < float("inf"):
+    if not is_python_number(alpha) or not 0 < alpha < float("inf"):
         raise ValueError(f"alpha must be a positive finite number (the Beta(alpha, alpha) parameter), got {alpha!r}")
     return float(alpha)
 
@@ -49,7 +50,7 @@ def check_alpha(alpha: Any) -> float:
 def check_num_classes(num_classes: Any) -> Optional[int]:
     if num_classes is None:
         return None
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+    if not is_python_int(num_classes) or num_classes < 1:
         raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
     return num_classes
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from gpupipe import keyed
+from gpupipe._args import is_int
 
 GeneratorLike = Union[torch.Generator, int, None]
 
@@ -30,7 +31,7 @@ def as_generator(generator: GeneratorLike) -> Optional[torch.Generator]:
 
 
 def check_count(n: Any) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+    if not is_int(n) or n < 0:
         raise ValueError(f"n must be a non-negative int, got {n!r}")
     return int(n)
 

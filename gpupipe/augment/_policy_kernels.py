@@ -16,10 +16,10 @@ from typing import Optional
 import torch
 
 from gpupipe import _C
+from gpupipe._args import INTERPOLATIONS
 from gpupipe.augment import _kernels
 
 KINDS: dict = dict(_C.policy_kinds())
-INTERPOLATIONS = {"nearest": 0, "bilinear": 1}
 
 
 def _check(x, kinds, params, matrices):

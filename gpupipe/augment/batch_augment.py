@@ -3,7 +3,6 @@ ToTensor, Normalize) as one batched ``nn.Module``, run by a one-pass engine on t
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence, Union
 
 import numpy as np
@@ -11,11 +10,12 @@ import torch
 from torch import nn
 
 from gpupipe import keyed
+from gpupipe._args import (INTERPOLATIONS, finite_number, finite_numbers, interpolation_mode, is_number, probability,
+                           warp_fill)
 from gpupipe.augment import fused
 from gpupipe.augment._keyed_params import GeneratorOwner, draw_uniforms
 from gpupipe.augment.affine_matrix import affine_matrices
 from gpupipe.augment.color_linear import linear_color_params
-from gpupipe.augment.warp_affine import INTERPOLATIONS, _fill_list
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -31,50 +31,27 @@ DRAWS = 17
 STREAM = keyed.stream_of("BatchAugment")
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-
-
-def _number(value, name: str) -> float:
-    """A finite number (not a bool)."""
-    if not _is_number(value):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return float(value)
-
-
-def _numbers(value, name: str, counts: Sequence[int]) -> tuple:
-    """A sequence of finite numbers, of one of the lengths ``counts``."""
-    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray, torch.Tensor)):
-        raise ValueError(f"{name} must be a sequence of {' or '.join(map(str, counts))} numbers, got {value!r}")
-    values = list(value.tolist() if isinstance(value, (np.ndarray, torch.Tensor)) else value)
-    if len(values) not in counts:
-        raise ValueError(f"{name} must have {' or '.join(map(str, counts))} entries, got {value!r}")
-    return tuple(_number(v, name) for v in values)
-
-
 def _factor_range(value: Range, name: str) -> tuple[float, float]:
     """torchvision's ColorJitter convention: a float v means [max(0, 1 - v), 1 + v]."""
-    if _is_number(value):
-        v = _number(value, name)
+    if is_number(value):
+        v = finite_number(value, name)
         if v < 0:
             raise ValueError(f"{name} must be non-negative, got {value}")
         return (max(0.0, 1.0 - v), 1.0 + v)
-    lo, hi = _numbers(value, name, (2,))
+    lo, hi = finite_numbers(value, name, (2,))
     if not 0 <= lo <= hi:
         raise ValueError(f"{name} range must satisfy 0 <= min <= max, got {value}")
     return (lo, hi)
 
 
 def _symmetric_range(value: Range, name: str, bound: Optional[float] = None) -> tuple[float, float]:
-    if _is_number(value):
-        v = _number(value, name)
+    if is_number(value):
+        v = finite_number(value, name)
         if v < 0:
             raise ValueError(f"{name} must be non-negative, got {value}")
         lo, hi = -v, v
     else:
-        lo, hi = _numbers(value, name, (2,))
+        lo, hi = finite_numbers(value, name, (2,))
     if lo > hi:
         raise ValueError(f"{name} must be a (min, max) range with min <= max, got {value}")
     if bound is not None and (lo < -bound or hi > bound):
@@ -82,16 +59,10 @@ def _symmetric_range(value: Range, name: str, bound: Optional[float] = None) -> 
     return (lo, hi)
 
 
-def _probability(p: float, name: str) -> float:
-    if not _is_number(p) or not 0.0 <= p <= 1.0:
-        raise ValueError(f"{name} must be a probability in [0, 1], got {p!r}")
-    return float(p)
-
-
 def _translate_range(value) -> tuple[float, float]:
     if value is None:
         return (0.0, 0.0)
-    a, b = _numbers(value, "translate", (2,))
+    a, b = finite_numbers(value, "translate", (2,))
     if not (0.0 <= a <= 1.0 and 0.0 <= b <= 1.0):
         raise ValueError(f"translate must be two fractions in [0, 1] (RandomAffine's), got {value}")
     return (a, b)
@@ -100,7 +71,7 @@ def _translate_range(value) -> tuple[float, float]:
 def _scale_range(value) -> tuple[float, float]:
     if value is None:
         return (1.0, 1.0)
-    lo, hi = _numbers(value, "scale", (2,))
+    lo, hi = finite_numbers(value, "scale", (2,))
     if not 0 < lo <= hi:
         raise ValueError(f"scale must be a (min, max) range with 0 < min <= max, got {value}")
     return (lo, hi)
@@ -110,11 +81,11 @@ def _shear_ranges(value) -> tuple[float, float, float, float]:
     """RandomAffine's shear: s -> x in [-s, s]; (a, b) -> x in [a, b]; (a, b, c, d) -> x, y."""
     if value is None:
         return (0.0, 0.0, 0.0, 0.0)
-    if _is_number(value):
+    if is_number(value):
         lo, hi = _symmetric_range(value, "shear")
         r = (lo, hi, 0.0, 0.0)
     else:
-        r = _numbers(value, "shear", (2, 4))
+        r = finite_numbers(value, "shear", (2, 4))
         r = r if len(r) == 4 else r + (0.0, 0.0)  # (a, b): x only
     if r[0] > r[1] or r[2] > r[3] or max(abs(v) for v in r) >= 90:
         raise ValueError(f"shear ranges must be (min, max) within (-90, 90) degrees, got {value}")
@@ -213,25 +184,26 @@ class BatchAugment(GeneratorOwner, nn.Module):
             raise ValueError(f"engine must be 'fused' or 'kornia', got {engine!r}")
         if color not in fused.COLOR_MODELS:
             raise ValueError(f"color must be 'torchvision' or 'linear', got {color!r}")
-        interpolation = getattr(interpolation, "value", interpolation)  # torchvision's InterpolationMode too
-        if interpolation not in INTERPOLATIONS:
-            raise ValueError(f"interpolation must be 'nearest' or 'bilinear', got {interpolation!r}")
+        mode = interpolation_mode(interpolation)  # torchvision's InterpolationMode too
+        if mode is None:
+            raise ValueError(f"interpolation must be 'nearest' or 'bilinear', got "
+                             f"{getattr(interpolation, 'value', interpolation)!r}")
         if out_dtype not in fused.OUT_DTYPES:
             raise ValueError(f"out_dtype must be one of {list(fused.OUT_DTYPES)}, got {out_dtype}")
         if out_memory_format not in (torch.contiguous_format, torch.channels_last):
             raise ValueError(f"out_memory_format must be torch.contiguous_format or torch.channels_last, got {out_memory_format}")
-        mean, std = _numbers(mean, "mean", (3,)), _numbers(std, "std", (3,))
+        mean, std = finite_numbers(mean, "mean", (3,)), finite_numbers(std, "std", (3,))
         if min(std) <= 0:
             raise ValueError(f"std must be positive, got {std}")
-        self.hflip = _probability(hflip, "hflip")
-        self.vflip = _probability(vflip, "vflip")
-        self.grayscale = _probability(grayscale, "grayscale")
+        self.hflip = probability(hflip, "hflip")
+        self.vflip = probability(vflip, "vflip")
+        self.grayscale = probability(grayscale, "grayscale")
         self.rotation = _symmetric_range(rotation, "rotation")
         self.translate = _translate_range(translate)
         self.scale = _scale_range(scale)
         self.shear = _shear_ranges(shear)
-        self.interpolation = interpolation
-        self.fill = _fill_list(fill)
+        self.interpolation = mode
+        self.fill = warp_fill(fill)
         self.brightness = _factor_range(brightness, "brightness")
         self.contrast = _factor_range(contrast, "contrast")
         self.saturation = _factor_range(saturation, "saturation")

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from gpupipe._args import is_python_int
 from gpupipe.augment._auto_augment_ops import RAND_AUGMENT_SPACE, PolicyBase, check_bins, negate_draw, uniform_index
 from gpupipe.augment._keyed_params import GeneratorLike
 
@@ -50,10 +51,10 @@ class RandAugment(PolicyBase):
 
     def __init__(self, num_ops: int = 2, magnitude: int = 9, num_magnitude_bins: int = 31, interpolation: Any = "nearest",
                  fill: Any = None, generator: GeneratorLike = None):
-        if isinstance(num_ops, bool) or not isinstance(num_ops, int) or num_ops < 0:
+        if not is_python_int(num_ops) or num_ops < 0:
             raise ValueError(f"num_ops must be a non-negative int, got {num_ops!r}")
         self._num_bins = check_bins(num_magnitude_bins)
-        if isinstance(magnitude, bool) or not isinstance(magnitude, int) or not 0 <= magnitude < num_magnitude_bins:
+        if not is_python_int(magnitude) or not 0 <= magnitude < num_magnitude_bins:
             raise ValueError(f"magnitude must be an int bin in [0, num_magnitude_bins={num_magnitude_bins}), "
                              f"got {magnitude!r}")
         self.num_ops = num_ops

@@ -10,20 +10,11 @@ import torch
 from torch import nn
 
 from gpupipe import keyed
+from gpupipe._args import bounded_pair, is_python_number, probability
 from gpupipe.augment import _kernels
 from gpupipe.augment._keyed_params import GeneratorLike, GeneratorOwner, check_params, draw_uniforms
 
 _TRIES = 10  # torchvision's attempts at a box that fits
-
-
-def _pair(value: Any, name: str, low: float, high: float) -> tuple[float, float]:
-    try:
-        lo, hi = (float(v) for v in value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a (min, max) pair of numbers, got {value!r}") from None
-    if not low <= lo <= hi <= high:
-        raise ValueError(f"{name} must satisfy {low} <= min <= max <= {high}, got {value!r}")
-    return lo, hi
 
 
 def _normal_noise(keys: torch.Tensor, sample: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
@@ -86,18 +77,16 @@ class RandomErasing(GeneratorOwner, nn.Module):
                  value: Union[float, str, Sequence[float]] = 0.0, inplace: bool = False,
                  generator: GeneratorLike = None):
         super().__init__()
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-            raise ValueError(f"p must be a probability in [0, 1], got {p!r}")
-        self.p = float(p)
-        self.scale = _pair(scale, "scale", 0.0, 1.0)
-        self.ratio = _pair(ratio, "ratio", 0.0, math.inf)
+        self.p = probability(p, "p", number=is_python_number)
+        self.scale = bounded_pair(scale, "scale", 0.0, 1.0)
+        self.ratio = bounded_pair(ratio, "ratio", 0.0, math.inf)
         if self.ratio[0] <= 0:
             raise ValueError(f"ratio must be positive, got {ratio!r}")
         if isinstance(value, str):
             if value != "random":
                 raise ValueError(f"value must be a number, a sequence of numbers or 'random', got {value!r}")
             self._values: Optional[list] = None
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        elif is_python_number(value):
             self._values = [float(value)]
         else:
             try:

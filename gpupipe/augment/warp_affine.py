@@ -10,23 +10,8 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from gpupipe._args import INTERPOLATIONS, warp_fill
 from gpupipe.augment import _kernels
-
-INTERPOLATIONS = {"nearest": 0, "bilinear": 1}
-
-
-def _fill_list(fill) -> Optional[list]:
-    if fill is None:
-        return None
-    try:
-        values = [float(fill)] * 3 if isinstance(fill, (int, float)) else [float(v) for v in fill]
-    except (TypeError, ValueError):
-        values = []
-    if len(values) != 3 or isinstance(fill, (str, bytes)):
-        raise ValueError(f"fill must be a number or 3 numbers (one per channel), got {fill}")
-    if not all(0.0 <= v <= 255.0 for v in values):
-        raise ValueError(f"fill must be within [0, 255] (the uint8 scale), got {fill}")
-    return values
 
 
 def _check(x: torch.Tensor, matrix: torch.Tensor) -> None:
@@ -123,7 +108,7 @@ def warp_affine(
         raise ValueError(f"interpolation must be 'nearest' or 'bilinear', got {interpolation!r}")
     if out_dtype not in (torch.uint8, torch.float32):
         raise TypeError(f"out_dtype must be torch.uint8 or torch.float32, got {out_dtype}")
-    fill = _fill_list(fill)
+    fill = warp_fill(fill)
     if x.device.type not in ("cpu", "cuda"):
         raise ValueError(f"x must be on a CPU or CUDA device, got {x.device}")
     m = matrix.to(device=x.device, dtype=torch.float32)

@@ -1,0 +1,150 @@
+"""Argument validators shared by the crop samplers and the augmentation modules.
+
+Each returns the checked value in its canonical form or raises a ``ValueError`` (``TypeError``
+where noted) naming the argument. Where two callers accept different inputs for the same kind of
+argument (sizes, ranges, fills), the rules stay distinct, each under a name that says which inputs
+it accepts, and the docstrings say how they differ.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+# The sampling modes of gpupipe's warps (csrc: 0 nearest, 1 bilinear).
+INTERPOLATIONS = {"nearest": 0, "bilinear": 1}
+
+Size = Union[int, Sequence[int]]
+
+
+# --- predicates ------------------------------------------------------------------------------------
+
+
+def is_int(value: Any) -> bool:
+    """An int or a numpy integer (not a bool)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def is_python_int(value: Any) -> bool:
+    """A Python int (not a bool, not a numpy integer)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """An int, a float or a numpy number (not a bool)."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+def is_python_number(value: Any) -> bool:
+    """A Python int or float (numpy's float64, a float subclass, too; not a bool, not other numpy numbers)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# --- numbers ---------------------------------------------------------------------------------------
+
+
+def finite_number(value: Any, name: str) -> float:
+    """A finite :func:`is_number` as a float."""
+    if not is_number(value):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return float(value)
+
+
+def finite_numbers(value: Any, name: str, counts: Sequence[int]) -> tuple:
+    """A sequence (numpy array, tensor) of finite numbers of one of the lengths ``counts``, as floats."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray, torch.Tensor)):
+        raise ValueError(f"{name} must be a sequence of {' or '.join(map(str, counts))} numbers, got {value!r}")
+    values = list(value.tolist() if isinstance(value, (np.ndarray, torch.Tensor)) else value)
+    if len(values) not in counts:
+        raise ValueError(f"{name} must have {' or '.join(map(str, counts))} entries, got {value!r}")
+    return tuple(finite_number(v, name) for v in values)
+
+
+def probability(p: Any, name: str, *, number: Callable[[Any], bool] = is_number) -> float:
+    """A number in [0, 1]; ``number`` says which types count as numbers (:func:`is_number` or, for
+    the modules that take Python numbers only, :func:`is_python_number`)."""
+    if not number(p) or not 0.0 <= p <= 1.0:
+        raise ValueError(f"{name} must be a probability in [0, 1], got {p!r}")
+    return float(p)
+
+
+# --- (min, max) pairs ------------------------------------------------------------------------------
+
+
+def positive_pair(value: Any, name: str) -> tuple[float, float]:
+    """A (min, max) Sequence of two finite :func:`is_number` values with ``0 < min <= max``
+    (the crop samplers' ``scale`` and ``ratio``; numpy arrays and tensors refused)."""
+    if not isinstance(value, Sequence) or len(value) != 2 or not all(is_number(v) for v in value):
+        raise ValueError(f"{name} must be a (min, max) pair of numbers, got {value!r}")
+    lo, hi = float(value[0]), float(value[1])
+    if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
+        raise ValueError(f"{name} must be finite, positive and (min, max), got {value!r}")
+    return lo, hi
+
+
+def bounded_pair(value: Any, name: str, low: float, high: float) -> tuple[float, float]:
+    """A (min, max) of any two values ``float()`` converts (numeric strings too, as before) with
+    ``low <= min <= max <= high`` (RandomErasing's ``scale`` and ``ratio``)."""
+    try:
+        lo, hi = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a (min, max) pair of numbers, got {value!r}") from None
+    if not low <= lo <= hi <= high:
+        raise ValueError(f"{name} must satisfy {low} <= min <= max <= {high}, got {value!r}")
+    return lo, hi
+
+
+# --- sizes, sampling, fill -------------------------------------------------------------------------
+
+
+def size_pair(size: Size, name: str = "size") -> tuple[int, int]:
+    """(height, width) from a positive :func:`is_int` (a square) or a Sequence of two; floats
+    refused (the crop samplers' sizes; ``gpupipe.decode`` converts its ``size`` with ``int()``)."""
+    pair = (size, size) if is_int(size) else size
+    if not isinstance(pair, Sequence) or len(pair) != 2 or not all(is_int(v) and v >= 1 for v in pair):
+        raise ValueError(f"{name} must be a positive int or (height, width) of positive ints, got {size!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def interpolation_mode(value: Any) -> Optional[str]:
+    """The key of :data:`INTERPOLATIONS` a string or a torchvision ``InterpolationMode`` names, None
+    for any other value (the caller raises, naming what it accepts)."""
+    value = getattr(value, "value", value)
+    return value if value in INTERPOLATIONS else None  # an unhashable value: TypeError
+
+
+def warp_fill(fill: Any) -> Optional[list]:
+    """``warp_affine``'s and BatchAugment's fill: None, a Python int or float (a bool too) for all
+    channels, or exactly 3 values ``float()`` converts (numpy numbers, numeric strings), within
+    [0, 255], as 3 floats. Unlike :func:`policy_fill`: a 1-entry sequence is refused, and the
+    entries of a sequence need only convert."""
+    if fill is None:
+        return None
+    try:
+        values = [float(fill)] * 3 if isinstance(fill, (int, float)) else [float(v) for v in fill]
+    except (TypeError, ValueError):
+        values = []
+    if len(values) != 3 or isinstance(fill, (str, bytes)):
+        raise ValueError(f"fill must be a number or 3 numbers (one per channel), got {fill}")
+    if not all(0.0 <= v <= 255.0 for v in values):
+        raise ValueError(f"fill must be within [0, 255] (the uint8 scale), got {fill}")
+    return values
+
+
+def policy_fill(fill: Union[None, float, Sequence[float]]) -> Optional[list]:
+    """The policies' fill, as torchvision's: None, a :func:`is_python_number` or a sequence of 1 or 3
+    of them, within [0, 255], as 3 floats (None stays None). Unlike :func:`warp_fill`, numpy
+    numbers other than float64 are refused and a 1-entry sequence is accepted."""
+    if fill is None:
+        return None
+    values = [fill] if is_python_number(fill) else list(fill)
+    if len(values) not in (1, 3) or not all(is_python_number(v) for v in values):
+        raise ValueError(f"fill must be None, a number or a sequence of 1 or 3 numbers, got {fill!r}")
+    if not all(0 <= v <= 255 for v in values):
+        raise ValueError(f"fill must lie in [0, 255] for uint8 images, got {fill!r}")
+    return [float(v) for v in values] * (3 // len(values))
