@@ -20,11 +20,9 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 import torch
-from torch import nn
 
-from gpupipe import keyed
 from gpupipe._args import interpolation_mode, is_python_int, policy_fill
-from gpupipe.augment._keyed_params import GeneratorOwner, check_params, draw_uniforms
+from gpupipe.augment._keyed_module import KeyedModule
 from gpupipe.augment.affine_matrix import affine_matrices
 from gpupipe.augment._policy_kernels import KINDS, policy_apply
 
@@ -178,17 +176,16 @@ class SlotTable:
         self.identity = self.op.shape[0] - 1
 
 
-class PolicyBase(GeneratorOwner, nn.Module):
-    """Shared by the policy modules: keyed parameters, checks, and the slots' kernel calls.
+class PolicyBase(KeyedModule):
+    """Shared by the policy modules: the op tables and the slots' kernel call (the keyed parameters
+    and ``forward``: :class:`~gpupipe.augment._keyed_module.KeyedModule`'s; ``eval()`` returns x).
 
-    A subclass sets ``_space`` (its ops in torchvision's order), ``_stream_name``, ``_num_bins`` and
-    implements ``_draws`` (uniforms per sample), ``_params_from_uniforms``, ``_param_spec``,
-    ``_identity_params`` and ``_slot_rows`` (per slot, the :class:`SlotTable` row of each sample).
+    A subclass sets ``_space`` (its ops in torchvision's order), ``_stream_name``, ``_num_bins``,
+    ``_draws`` (uniforms per sample) and implements ``_params_from_uniforms``, ``_param_spec`` and
+    ``_slot_rows`` (per slot, the :class:`SlotTable` row of each sample).
     """
 
     _space: dict
-    _stream_name: str
-    _draws: int
     _num_bins: int
 
     def __init__(self, interpolation: Any, fill: Any, generator: Any):
@@ -197,28 +194,9 @@ class PolicyBase(GeneratorOwner, nn.Module):
         self.fill = fill
         self._fill = policy_fill(fill)
         self._set_generator(generator)
-        self._stream = keyed.stream_of(self._stream_name)  # computed once: torch.compile cannot trace crc32
         self._op_ids = torch.tensor([_OP[name] for name in self._space], dtype=torch.int64)
         self._signed = torch.tensor([signed for _, signed in self._space.values()])
         self._tables: dict = {}
-        self.last_params: Optional[dict] = None
-
-    @property
-    def stream(self) -> int:
-        """This module's stream of :func:`gpupipe.keyed.uniforms`."""
-        return self._stream
-
-    def sample_params(self, n: int, *, seed: Optional[int] = None, epoch: Optional[int] = None,
-                      indices: Any = None) -> dict:
-        """Per-sample parameters for a batch of ``n``: a dict of CPU tensors with leading dim ``n``.
-
-        With ``seed``, a pure function of (seed, epoch, sample index) (``indices``: the samples'
-        dataset indices, default ``0..n-1``) on this module's stream of :mod:`gpupipe.keyed`;
-        without, drawn from the module's ``generator``.
-        """
-        u = draw_uniforms(n, self._draws, stream=self.stream, owner=self, seed=seed, epoch=epoch,
-                          indices=indices)
-        return self._params_from_uniforms(u)
 
     def _table(self, height: int, width: int) -> SlotTable:
         key = (height, width)
@@ -238,16 +216,12 @@ class PolicyBase(GeneratorOwner, nn.Module):
         ``params=None`` draws new parameters in ``train()`` mode and applies none in ``eval()``
         mode (x is returned as is); ``params=p`` (e.g. ``last_params``) replays exactly.
         """
-        x = check_images(x)
-        n = x.shape[0]
-        if params is None:
-            if not self.training:
-                self.last_params = self._identity_params(n)
-                return x
-            params = self.sample_params(n)
-        shapes, dtypes = self._param_spec()
-        params = check_params(params, n, shapes, dtypes)
-        self.last_params = params
+        return self._forward((x,), params)
+
+    def _check_inputs(self, x: Any) -> int:
+        return check_images(x).shape[0]
+
+    def _apply(self, x: torch.Tensor, params: dict) -> torch.Tensor:
         table = self._table(x.shape[2], x.shape[3])
         slot_rows = self._slot_rows(params)
         if not slot_rows:  # RandAugment(num_ops=0): torchvision returns the input

@@ -16,11 +16,11 @@ from typing import Any, Optional
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from gpupipe import keyed
 from gpupipe._args import is_python_int, is_python_number
-from gpupipe.augment._keyed_params import GeneratorLike, as_generator, check_count
+from gpupipe.augment._keyed_module import KeyedModule
+from gpupipe.augment._keyed_params import GeneratorLike, check_count
 
 
 def batch_rng(stream: int, n: int, generator: Optional[torch.Generator], seed: Optional[int], epoch: Optional[int],
@@ -55,28 +55,34 @@ def check_num_classes(num_classes: Any) -> Optional[int]:
     return num_classes
 
 
-class BatchTransformBase(nn.Module):
-    """Batch transform on ``(images, labels)``: per-batch parameters, keyed; soft labels out."""
+class BatchTransformBase(KeyedModule):
+    """Batch transform on ``(images, labels)``: per-batch parameters, keyed; soft labels out.
 
-    _stream_name: str
-    _param_keys: tuple  # the keys of sample_params besides "n"
+    A subclass sets ``_stream_name`` and ``_param_keys`` (the keys of its parameters besides ``"n"``)
+    and writes ``_params_from_rng(rng)`` (the batch's draws from :func:`batch_rng`) and
+    ``_apply(images, labels, params)``.
+    """
+
+    _param_keys: tuple
 
     def __init__(self, alpha: float, num_classes: Optional[int], generator: GeneratorLike):
         super().__init__()
         self.alpha = check_alpha(alpha)
         self.num_classes = check_num_classes(num_classes)
-        self.generator = as_generator(generator)
-        self._stream = keyed.stream_of(self._stream_name)  # computed once: torch.compile cannot trace crc32
-        self.last_params: Optional[dict] = None
+        self._set_generator(generator)
 
-    @property
-    def stream(self) -> int:
-        return self._stream
+    def sample_params(self, n: int, *, seed: Optional[int] = None, epoch: Optional[int] = None,
+                      indices: Any = None) -> dict:
+        """The batch's parameters: ``n`` and the draws named in the class's docstring, keyed as the
+        module docstring says."""
+        rng = batch_rng(self.stream, n, self.generator, seed, epoch, indices)
+        return {"n": torch.tensor(n, dtype=torch.int64), **self._params_from_rng(rng)}
 
-    def _rng(self, n: int, seed, epoch, indices) -> np.random.Generator:
-        return batch_rng(self.stream, n, self.generator, seed, epoch, indices)
+    def identity_params(self, n: int) -> None:
+        """None: ``eval()`` mode mixes nothing (the labels still come out as soft labels)."""
+        return None
 
-    def _check(self, images: Any, labels: Any, params: Optional[dict]) -> int:
+    def _check_inputs(self, images: Any, labels: Any) -> int:
         if not isinstance(images, torch.Tensor) or images.dim() != 4:
             raise ValueError(f"images must be a batched [N, C, H, W] tensor, got "
                              f"{getattr(images, 'shape', type(images).__name__)}")
@@ -100,15 +106,17 @@ class BatchTransformBase(nn.Module):
                                      f"lie in [0, num_classes)")
         elif self.num_classes is not None and labels.shape[1] != self.num_classes:
             raise ValueError(f"labels [N, C] must have C = num_classes = {self.num_classes}, got {labels.shape[1]}")
-        if params is not None:
-            if not isinstance(params, dict):
-                raise ValueError("params must be a dict from sample_params")
-            missing = [k for k in ("n", *self._param_keys) if k not in params]
-            if missing:
-                raise ValueError(f"params lack {missing} (a dict from sample_params holds {['n', *self._param_keys]})")
-            if int(params["n"]) != n:
-                raise ValueError(f"params were drawn for a batch of {int(params['n'])}, this batch has {n}")
         return n
+
+    def _checked_params(self, params: Any, n: int) -> dict:
+        if not isinstance(params, dict):
+            raise ValueError("params must be a dict from sample_params")
+        missing = [k for k in ("n", *self._param_keys) if k not in params]
+        if missing:
+            raise ValueError(f"params lack {missing} (a dict from sample_params holds {['n', *self._param_keys]})")
+        if int(params["n"]) != n:
+            raise ValueError(f"params were drawn for a batch of {int(params['n'])}, this batch has {n}")
+        return params
 
     def soft_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """float ``[N, num_classes]``: one-hot of class indices, or the given probabilities as float."""
@@ -127,11 +135,7 @@ class BatchTransformBase(nn.Module):
         ``params=None`` draws in ``train()`` mode and mixes nothing in ``eval()`` mode (the labels
         still come out as soft labels); ``params=p`` replays exactly.
         """
-        n = self._check(images, labels, params)
-        if params is None:
-            if not self.training:
-                self.last_params = None
-                return images, self.soft_labels(labels)
-            params = self.sample_params(n)
-        self.last_params = params
-        return self._apply(images, labels, params)
+        return self._forward((images, labels), params)
+
+    def _apply_identity(self, images: torch.Tensor, labels: torch.Tensor, params: None):
+        return images, self.soft_labels(labels)

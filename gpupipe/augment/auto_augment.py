@@ -157,10 +157,6 @@ class AutoAugment(PolicyBase):
         return ({"policy": (), "apply": (2,), "negate": (2,)},
                 {"policy": torch.int64, "apply": torch.bool, "negate": torch.bool})
 
-    def _identity_params(self, n: int) -> dict:
-        return {"policy": torch.zeros(n, dtype=torch.int64), "apply": torch.zeros(n, 2, dtype=torch.bool),
-                "negate": torch.zeros(n, 2, dtype=torch.bool)}
-
     def _slot_rows(self, params: dict) -> list:
         self._check_range(params, "policy", len(self._step_op))
         rows = self._step_rows[params["policy"][:, None], torch.arange(2), params["negate"].long()]  # [N, 2]

@@ -7,13 +7,12 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
-from torch import nn
 
 from gpupipe import keyed
 from gpupipe._args import (INTERPOLATIONS, finite_number, finite_numbers, interpolation_mode, is_number, probability,
                            warp_fill)
 from gpupipe.augment import fused
-from gpupipe.augment._keyed_params import GeneratorOwner, draw_uniforms
+from gpupipe.augment._keyed_module import KeyedModule
 from gpupipe.augment.affine_matrix import affine_matrices
 from gpupipe.augment.color_linear import linear_color_params
 
@@ -28,7 +27,7 @@ PARAM_KEYS = ("hflip", "vflip", "angle", "translate", "scale", "shear", "brightn
 _DRAW = {"hflip": 0, "vflip": 1, "angle": 2, "translate": 3, "scale": 5, "shear": 6, "brightness": 8,
          "contrast": 9, "saturation": 10, "hue": 11, "order": 12, "grayscale": 16}
 DRAWS = 17
-STREAM = keyed.stream_of("BatchAugment")
+STREAM = keyed.stream_of("BatchAugment")  # BatchAugment.stream
 
 
 def _factor_range(value: Range, name: str) -> tuple[float, float]:
@@ -92,7 +91,7 @@ def _shear_ranges(value) -> tuple[float, float, float, float]:
     return r
 
 
-class BatchAugment(GeneratorOwner, nn.Module):
+class BatchAugment(KeyedModule):
     """Batched, per-sample augmentation and normalisation, as one module on the input's device.
 
     The chain, per sample, in this order (torchvision's definitions; ``docs/semantics.md``):
@@ -140,6 +139,13 @@ class BatchAugment(GeneratorOwner, nn.Module):
     converts and normalises, so the module can sit in a model's ``forward``, also under
     ``torch.compile(fullgraph=True)``.
 
+    Parameters (``sample_params``, ``last_params``): ``hflip, vflip, grayscale`` bool ``[n]``;
+    ``angle`` (degrees, counter-clockwise), ``scale``, ``brightness, contrast, saturation, hue``
+    float64 ``[n]``; ``translate`` float64 ``[n, 2]`` (fractions of W and H; the shift is
+    ``round(translate * (W, H))`` pixels), ``shear`` float64 ``[n, 2]`` (degrees, x and y);
+    ``order`` int64 ``[n, 4]`` (ColorJitter's ``fn_idx``: 0 brightness, 1 contrast, 2 saturation,
+    3 hue). Keyed stream: ``keyed.stream_of("BatchAugment")``.
+
     Example:
         >>> import torch
         >>> from gpupipe.augment import BatchAugment
@@ -153,6 +159,9 @@ class BatchAugment(GeneratorOwner, nn.Module):
         >>> torch.equal(aug(x, params=aug.last_params), y)
         True
     """
+
+    _stream_name = "BatchAugment"
+    _draws = DRAWS
 
     def __init__(
         self,
@@ -217,28 +226,9 @@ class BatchAugment(GeneratorOwner, nn.Module):
         self._set_generator(generator)
         self.reuse_outputs = reuse_outputs
         self._outputs = fused.OutputCache()
-        self.last_params: Optional[dict] = None
         self.last_path: Optional[str] = None  # which implementation ran: "cuda-kernel", "cpu-kernel", "kornia"
 
-    # --- parameters -------------------------------------------------------------------------------
-
-    def sample_params(self, n: int, *, seed: Optional[int] = None, epoch: Optional[int] = None,
-                      indices=None) -> dict:
-        """Per-sample parameters for a batch of ``n``: a dict of CPU tensors with leading dim ``n``.
-
-        With ``seed``: a pure function of ``(seed, epoch, indices[i])`` through
-        :func:`gpupipe.keyed.uniforms` on this module's stream (``keyed.stream_of("BatchAugment")``),
-        so a sample's parameters never depend on the batch it is in, the thread count or what ran
-        before (``epoch`` defaults to 0, ``indices`` to ``range(n)``). Without: from ``generator``.
-
-        Keys: ``hflip, vflip, grayscale`` bool ``[n]``; ``angle`` (degrees, counter-clockwise),
-        ``scale``, ``brightness, contrast, saturation, hue`` float64 ``[n]``; ``translate`` float64
-        ``[n, 2]`` (fractions of W and H; the shift is ``round(translate * (W, H))`` pixels),
-        ``shear`` float64 ``[n, 2]`` (degrees, x and y); ``order`` int64 ``[n, 4]`` (ColorJitter's
-        ``fn_idx``: 0 brightness, 1 contrast, 2 saturation, 3 hue).
-        """
-        u = draw_uniforms(n, DRAWS, stream=STREAM, owner=self, seed=seed, epoch=epoch, indices=indices)
-        return self._params_from_uniforms(u)
+    # --- parameters (sample_params: KeyedModule's) ---------------------------------------------------
 
     def _params_from_uniforms(self, u: torch.Tensor) -> dict:
         def between(lo_hi, col):
@@ -317,6 +307,10 @@ class BatchAugment(GeneratorOwner, nn.Module):
         if not (np.sort(p["order"], axis=1) == np.arange(4)).all():
             raise ValueError("params['order'] rows must be permutations of 0, 1, 2, 3")
 
+    def _checked_params(self, params: dict, n: int) -> dict:
+        self.check_params(params, n)
+        return params
+
     def pack_params(self, params: dict, height: int, width: int) -> torch.Tensor:
         """float32 ``[N, 24]`` on the CPU: the engine's per-sample rows (``csrc/augment_kernels.h``)."""
         f64 = torch.float64
@@ -333,9 +327,12 @@ class BatchAugment(GeneratorOwner, nn.Module):
         packed = torch.cat([m, color], 1)
         return torch.nn.functional.pad(packed, (0, fused.PARAM_COUNT - packed.shape[1])).to(torch.float32)
 
-    # --- forward ----------------------------------------------------------------------------------
+    # --- forward (KeyedModule's template) ---------------------------------------------------------
 
     def forward(self, x: torch.Tensor, params: Optional[dict] = None) -> torch.Tensor:
+        return self._forward((x,), params)
+
+    def _check_inputs(self, x: torch.Tensor) -> int:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a tensor, got {type(x).__name__}")
         if x.dim() != 4 or x.shape[1] != 3:
@@ -343,12 +340,13 @@ class BatchAugment(GeneratorOwner, nn.Module):
         if x.dtype != torch.uint8:
             raise TypeError(f"x must be uint8 (gpupipe's decode output; convert float images in [0, 1] with "
                             f"(x * 255).round().to(torch.uint8)), got {x.dtype}")
-        n, _, h, w = x.shape
-        if params is None:  # drawn here, valid by construction: only a caller's params are checked
-            params = self.sample_params(n) if self.training else self.identity_params(n)
-        else:
-            self.check_params(params, n)
-        self.last_params = params
+        return x.shape[0]
+
+    def _apply_identity(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        return self._apply(x, params)  # eval(): conversion and normalisation
+
+    def _apply(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        h, w = x.shape[2], x.shape[3]
         if self.engine == "kornia":
             from gpupipe.augment.kornia_engine import kornia_augment
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Optional
 
+import numpy as np
 import torch
 
 from gpupipe.augment._batch_transform import BatchTransformBase
@@ -56,13 +57,9 @@ class CutMix(BatchTransformBase):
         super().__init__(alpha, num_classes, generator)
         self.inplace = bool(inplace)
 
-    def sample_params(self, n: int, *, seed: Optional[int] = None, epoch: Optional[int] = None,
-                      indices: Any = None) -> dict:
-        """The batch's ``lam`` and box centre (see the class docstring)."""
-        rng = self._rng(n, seed, epoch, indices)
-        lam = rng.beta(self.alpha, self.alpha)
-        return {"n": torch.tensor(n, dtype=torch.int64), "lam": torch.tensor(lam, dtype=torch.float64),
-                "center": torch.from_numpy(rng.random(2))}
+    def _params_from_rng(self, rng: np.random.Generator) -> dict:
+        lam = rng.beta(self.alpha, self.alpha)  # first: the draws' order is part of the keyed stream
+        return {"lam": torch.tensor(lam, dtype=torch.float64), "center": torch.from_numpy(rng.random(2))}
 
     @staticmethod
     def box(params: dict, height: int, width: int) -> tuple[tuple[int, int, int, int], float]:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
+import numpy as np
 import torch
 
 from gpupipe.augment import _kernels
@@ -56,12 +57,8 @@ class MixUp(BatchTransformBase):
         super().__init__(alpha, num_classes, generator)
         self.inplace = bool(inplace)
 
-    def sample_params(self, n: int, *, seed: Optional[int] = None, epoch: Optional[int] = None,
-                      indices: Any = None) -> dict:
-        """The batch's ``lam`` (see the class docstring for the keyed draw)."""
-        rng = self._rng(n, seed, epoch, indices)
-        return {"n": torch.tensor(n, dtype=torch.int64),
-                "lam": torch.tensor(rng.beta(self.alpha, self.alpha), dtype=torch.float64)}
+    def _params_from_rng(self, rng: np.random.Generator) -> dict:
+        return {"lam": torch.tensor(rng.beta(self.alpha, self.alpha), dtype=torch.float64)}
 
     def _apply(self, images: torch.Tensor, labels: torch.Tensor, params: dict):
         if not images.is_floating_point():

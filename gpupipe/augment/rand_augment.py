@@ -73,10 +73,6 @@ class RandAugment(PolicyBase):
         shape = (self.num_ops,)
         return {"op": shape, "negate": shape}, {"op": torch.int64, "negate": torch.bool}
 
-    def _identity_params(self, n: int) -> dict:
-        return {"op": torch.zeros(n, self.num_ops, dtype=torch.int64),
-                "negate": torch.zeros(n, self.num_ops, dtype=torch.bool)}
-
     def _slot_rows(self, params: dict) -> list:
         self._check_range(params, "op", len(self._space))
         op, negate = params["op"], params["negate"]

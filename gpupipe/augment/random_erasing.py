@@ -7,12 +7,12 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
-from torch import nn
 
 from gpupipe import keyed
 from gpupipe._args import bounded_pair, is_python_number, probability
 from gpupipe.augment import _kernels
-from gpupipe.augment._keyed_params import GeneratorLike, GeneratorOwner, check_params, draw_uniforms
+from gpupipe.augment._keyed_module import KeyedModule
+from gpupipe.augment._keyed_params import GeneratorLike
 
 _TRIES = 10  # torchvision's attempts at a box that fits
 
@@ -30,7 +30,7 @@ def _normal_noise(keys: torch.Tensor, sample: torch.Tensor, counter: torch.Tenso
     return torch.from_numpy(z.astype(np.float32))
 
 
-class RandomErasing(GeneratorOwner, nn.Module):
+class RandomErasing(KeyedModule):
     """torchvision's ``RandomErasing``, batched: each sample gets its own box, as torchvision draws it.
 
     Per sample, as ``torchvision.transforms.v2.RandomErasing``: with probability ``p``, up to 10
@@ -73,6 +73,9 @@ class RandomErasing(GeneratorOwner, nn.Module):
         torch.Size([4, 4])
     """
 
+    _stream_name = "RandomErasing"
+    _draws = 2 + 4 * _TRIES
+
     def __init__(self, p: float = 0.5, scale: Sequence[float] = (0.02, 0.33), ratio: Sequence[float] = (0.3, 3.3),
                  value: Union[float, str, Sequence[float]] = 0.0, inplace: bool = False,
                  generator: GeneratorLike = None):
@@ -98,19 +101,8 @@ class RandomErasing(GeneratorOwner, nn.Module):
         self.value = value
         self.inplace = bool(inplace)
         self._set_generator(generator)
-        self._stream = keyed.stream_of("RandomErasing")  # computed once: torch.compile cannot trace crc32
-        self.last_params: Optional[dict] = None
 
-    @property
-    def stream(self) -> int:
-        return self._stream
-
-    def sample_params(self, n: int, *, seed: Optional[int] = None, epoch: Optional[int] = None,
-                      indices: Any = None) -> dict:
-        """Per-sample draws for a batch of ``n`` (CPU tensors, leading dim ``n``): with ``seed`` a
-        pure function of (seed, epoch, sample index), else from ``generator``."""
-        u = draw_uniforms(n, 2 + 4 * _TRIES, stream=self.stream, owner=self, seed=seed, epoch=epoch,
-                          indices=indices)
+    def _params_from_uniforms(self, u: torch.Tensor) -> dict:
         tries = u[:, 2:].reshape(-1, _TRIES, 4)
         s0, s1 = self.scale
         l0, l1 = math.log(self.ratio[0]), math.log(self.ratio[1])
@@ -122,6 +114,9 @@ class RandomErasing(GeneratorOwner, nn.Module):
                "noise_key": ()}
     _DTYPES = {"erase": torch.bool, "area": torch.float64, "log_ratio": torch.float64, "top": torch.float64,
                "left": torch.float64, "noise_key": torch.int64}
+
+    def _param_spec(self) -> tuple[dict, dict]:
+        return self._SHAPES, self._DTYPES
 
     @staticmethod
     def boxes(params: dict, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,20 +143,20 @@ class RandomErasing(GeneratorOwner, nn.Module):
         ``params=None`` draws in ``train()`` mode and erases nothing in ``eval()`` mode; ``params=p``
         replays exactly.
         """
+        return self._forward((x,), params)
+
+    def _check_inputs(self, x: Any) -> int:
         if not isinstance(x, torch.Tensor) or x.dim() != 4:
             raise ValueError(f"x must be an [N, C, H, W] tensor, got {getattr(x, 'shape', type(x).__name__)}")
-        n, c, height, width = x.shape
+        c = x.shape[1]
         if self._values is not None and len(self._values) not in (1, c):
             raise ValueError(f"value has {len(self._values)} entries; images have {c} channels (give 1 or {c})")
         if self._values is None and not x.is_floating_point():
             raise TypeError(f"value='random' (normal noise) needs floating-point images, got {x.dtype}")
-        if params is None:
-            if not self.training:
-                self.last_params = {k: torch.zeros((n, *shape), dtype=self._DTYPES[k]) for k, shape in self._SHAPES.items()}
-                return x
-            params = self.sample_params(n)
-        params = check_params(params, n, self._SHAPES, self._DTYPES)
-        self.last_params = params
+        return x.shape[0]
+
+    def _apply(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        n, c, height, width = x.shape
         erased, box = self.boxes(params, height, width)  # box: zeros where not erased
         values = None if self._values is None else self._values * (c // len(self._values))
         if values is not None and x.device.type == "cpu" and x.dtype in _kernels.ELEM_TYPES and \

@@ -73,10 +73,6 @@ class TrivialAugmentWide(PolicyBase):
     def _param_spec(self):
         return {"op": (), "bin": (), "negate": ()}, {"op": torch.int64, "bin": torch.int64, "negate": torch.bool}
 
-    def _identity_params(self, n: int) -> dict:
-        zero = torch.zeros(n, dtype=torch.int64)
-        return {"op": zero, "bin": zero.clone(), "negate": torch.zeros(n, dtype=torch.bool)}
-
     def _slot_rows(self, params: dict) -> list:
         self._check_range(params, "op", len(self._space))
         self._check_range(params, "bin", self._num_bins)
