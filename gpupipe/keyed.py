@@ -8,10 +8,14 @@ fresh process, and a resumed run continues with the same draws.
 
 ``stream`` separates independent consumers (the crop sampler is stream 0; each augmentation module
 uses :func:`stream_of` its own name), so adding an augmentation does not change the crops.
+
+A module follows the keyed protocol, :class:`Keyed`, when its ``sample_params(n, *, seed=None,
+epoch=None, indices=None)`` takes keys and it replays with ``module(..., params=p)``.
 """
 
 from __future__ import annotations
 
+import abc
 import inspect
 import zlib
 from typing import Any
@@ -64,15 +68,37 @@ def derive_seed(seed: int, *keys: int) -> int:
     return int(h[0])
 
 
-def takes_keys(module: Any) -> bool:
-    """True when ``module.sample_params`` follows the keyed protocol (accepts ``seed``)."""
-    fn = getattr(module, "sample_params", None)
+class Keyed(abc.ABC):
+    """The keyed protocol as a type: ``isinstance(module, Keyed)``.
+
+    A keyed module draws its parameters with ``sample_params(n, *, seed=None, epoch=None,
+    indices=None)`` (a pure function of (seed, epoch, sample index) when ``seed`` is given) and
+    replays them with ``module(..., params=p)``. gpupipe's modules are registered (the augmentation
+    modules through their base class, ``gpupipe.augment._keyed_module.KeyedModule``); a class of
+    another library or of the user is Keyed when its ``sample_params`` accepts ``seed`` (looked up
+    once per class), so a module of the first protocol, ``sample_params(n)`` alone, is not.
+    """
+
+    @classmethod
+    def __subclasshook__(cls, other: type) -> Any:
+        if cls is Keyed and _sample_params_takes_seed(other):
+            return True
+        return NotImplemented  # registered classes and their subclasses still are
+
+
+def _sample_params_takes_seed(cls: type) -> bool:
+    fn = getattr(cls, "sample_params", None)
     if fn is None:
         return False
     try:
         return "seed" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
+
+
+def takes_keys(module: Any) -> bool:
+    """True when ``module`` follows the keyed protocol: ``isinstance(module, Keyed)``."""
+    return isinstance(module, Keyed)
 
 
 def child_params(child: Any, k: int, n: int, *, seed: Any, epoch: Any, indices: Any) -> Any:
@@ -86,4 +112,4 @@ def child_params(child: Any, k: int, n: int, *, seed: Any, epoch: Any, indices: 
     return child.sample_params(n)
 
 
-__all__ = ["uniforms", "stream_of", "derive_seed", "takes_keys", "child_params"]
+__all__ = ["uniforms", "stream_of", "derive_seed", "Keyed", "takes_keys", "child_params"]

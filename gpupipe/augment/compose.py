@@ -9,6 +9,7 @@ from torch import nn
 from gpupipe import keyed
 
 
+@keyed.Keyed.register
 class Compose(nn.Module):
     """Augmentation modules applied in order, with keyed, replayable parameters for the whole chain.
 
