@@ -1,0 +1,75 @@
+"""The keyed protocol as a type (gpupipe.keyed.Keyed) and what every keyed augmentation module shares:
+its stream, its identity parameters in eval() mode, replay from last_params."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpupipe import keyed
+from gpupipe.augment import (AutoAugment, BatchAugment, Compose, CutMix, MixUp, RandAugment, RandomChoice,
+                             RandomErasing, TrivialAugmentWide)
+
+
+class ForeignKeyed:
+    """Another library's keyed module: the protocol by its sample_params' signature."""
+
+    def sample_params(self, n, *, seed=None, epoch=None, indices=None):
+        return {}
+
+
+class FirstProtocol(torch.nn.Module):
+    """``sample_params(n)`` alone: drawn from its own generator, never keyed."""
+
+    def sample_params(self, n):
+        return {}
+
+
+def modules():
+    return [BatchAugment(brightness=0.2), TrivialAugmentWide(), RandAugment(), AutoAugment(), RandomErasing(p=1.0),
+            MixUp(num_classes=4), CutMix(num_classes=4)]
+
+
+def test_the_protocol_is_a_type():
+    keyed_ones = [*modules(), Compose([TrivialAugmentWide()]), RandomChoice([MixUp(num_classes=2)]), ForeignKeyed()]
+    for m in keyed_ones:
+        assert isinstance(m, keyed.Keyed) and keyed.takes_keys(m), type(m).__name__
+    for m in (FirstProtocol(), object(), torch.nn.Identity(), None):
+        assert not isinstance(m, keyed.Keyed) and not keyed.takes_keys(m), type(m).__name__
+    chain = Compose([FirstProtocol(), TrivialAugmentWide()])  # a first-protocol child draws unkeyed
+    p = chain.sample_params(2, seed=1)
+    assert p["0"] == {} and torch.equal(
+        p["1"]["op"], TrivialAugmentWide().sample_params(2, seed=keyed.derive_seed(1, 1))["op"])
+
+
+@pytest.mark.parametrize("module", modules(), ids=lambda m: type(m).__name__)
+def test_each_module_draws_on_its_own_named_stream(module):
+    assert module.stream == keyed.stream_of(type(module).__name__)
+
+
+def inputs_of(module):
+    g = torch.Generator().manual_seed(0)
+    if isinstance(module, (MixUp, CutMix)):
+        return torch.rand(4, 3, 12, 14, generator=g), torch.tensor([0, 1, 3, 2])
+    if isinstance(module, RandomErasing):
+        return (torch.rand(4, 3, 12, 14, generator=g),)
+    return (torch.randint(0, 256, (4, 3, 12, 14), dtype=torch.uint8, generator=g),)
+
+
+@pytest.mark.parametrize("module", modules(), ids=lambda m: type(m).__name__)
+def test_eval_keeps_the_identity_params_and_replays(module):
+    x = inputs_of(module)
+    drawn = module(*x)
+    replayed = module(*x, params=module.last_params)
+    if isinstance(drawn, torch.Tensor):
+        drawn, replayed = (drawn,), (replayed,)
+    assert all(torch.equal(a, b) for a, b in zip(drawn, replayed))
+    module.eval()
+    out = module(*x)
+    identity = module.identity_params(4)
+    if identity is None:  # the batch transforms: nothing mixed, labels as soft labels
+        assert module.last_params is None and torch.equal(out[0], x[0])
+        return
+    assert sorted(module.last_params) == sorted(identity)
+    assert all(torch.equal(module.last_params[k], v) for k, v in identity.items())
+    assert torch.equal(module(*x, params=identity), out)  # the identity parameters are what eval() applies
