@@ -54,10 +54,44 @@ def reference(tv, x: torch.Tensor, steps: list) -> torch.Tensor:
 
 
 def steps_of(module, params: dict, height: int, width: int) -> list:
-    """The (op name, magnitude) sequence each sample undergoes, from the module's own parameters."""
-    slots = module._slots(params, height, width)
-    n = len(params[next(iter(params))])
-    return [[(ops.OP_NAMES[int(op[i])], float(mag[i])) for op, mag in slots] for i in range(n)]
+    """The (op name, magnitude) sequence each sample undergoes, read from the module's parameters as
+    its docstring defines them, with torchvision's op lists, sub-policies and magnitudes (not the
+    module's tables): an op index is an index into torchvision's list, a bin into its magnitudes, a
+    signed op's magnitude is negated where ``negate``; an AutoAugment step that does not apply is
+    the identity."""
+    tv = torchvision_module(module)
+    space = tv._AUGMENTATION_SPACE
+    names = list(space)
+
+    def step(name: str, bin_: int, negate: bool, num_bins: int) -> tuple:
+        magnitudes, signed = space[name]
+        m = magnitudes(num_bins, height, width)
+        value = 0.0 if m is None else float(m[bin_])
+        return name, -value if signed and negate else value
+
+    if isinstance(module, TrivialAugmentWide):
+        return [[step(names[op], bin_, negate, module.num_magnitude_bins)]
+                for op, bin_, negate in zip(params["op"].tolist(), params["bin"].tolist(), params["negate"].tolist())]
+    if isinstance(module, RandAugment):
+        bins = module.num_magnitude_bins
+        return [[step(names[op], module.magnitude, negate, bins) for op, negate in zip(ops_, negates)]
+                for ops_, negates in zip(params["op"].tolist(), params["negate"].tolist())]
+    sub_policies = tv._policies
+    return [[step(name, bin_ or 0, negate, 10) if applied else ("Identity", 0.0)
+             for (name, _, bin_), applied, negate in zip(sub_policies[policy], apply, negates)]
+            for policy, apply, negates in zip(params["policy"].tolist(), params["apply"].tolist(),
+                                              params["negate"].tolist())]
+
+
+def slot_tensors(steps: list) -> list:
+    """Per slot, (op ids int64 [N] into ops.OP_NAMES, signed magnitudes float64 [N]) of steps_of's steps."""
+    return [(torch.tensor([ops.OP_NAMES.index(s[k][0]) for s in steps]),
+             torch.tensor([s[k][1] for s in steps], dtype=torch.float64)) for k in range(len(steps[0]))]
+
+
+def fill_levels(fill):
+    """A policy's ``fill`` as its kernel takes it: None (zeros), or 3 values on the 0..255 scale."""
+    return None if fill is None else torch.tensor(fill, dtype=torch.float64).expand(3).tolist()
 
 
 def level_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -89,8 +123,11 @@ def test_autoaugment_policies_are_torchvisions(policy):
 
 def test_kinds_come_from_the_kernel():
     kinds = _C.policy_kinds()
-    assert set(ops._KIND_OF_OP.values()) <= set(kinds)
     assert len(set(kinds.values())) == len(kinds)
+    n = len(ops.OP_NAMES)
+    op_kinds, _, _ = ops.slot_arguments(torch.arange(n), torch.zeros(n, dtype=torch.float64), 8, 8)
+    for name, kind in zip(ops.OP_NAMES, op_kinds.tolist()):  # each op runs as the kernel's kind of its name
+        assert kind == kinds["affine" if name in GEOMETRIC else name.lower()], name
 
 
 # --- every op against torchvision, per sample --------------------------------------------------------
@@ -165,25 +202,26 @@ def assert_op_matches(out: torch.Tensor, ref: torch.Tensor, name: str, matrix: t
     return frac
 
 
-def check_op(module, x, op_index: int, bin_: int, negate: bool):
+def check_op(module, x, name: str, bin_: int, negate: bool):
+    """TrivialAugmentWide's op ``name`` (its index in torchvision's list) on every sample of x."""
     n, height, width = x.shape[0], x.shape[2], x.shape[3]
+    op_index = list(v2.TrivialAugmentWide._AUGMENTATION_SPACE).index(name)
     params = {"op": torch.full((n,), op_index), "bin": torch.full((n,), bin_), "negate": torch.full((n,), negate)}
     out = module(x, params=params)
-    ref = reference(torchvision_module(module), x, steps_of(module, params, height, width))
-    (op, magnitude), = module._slots(params, height, width)
+    steps = steps_of(module, params, height, width)
+    ref = reference(torchvision_module(module), x, steps)
+    (op, magnitude), = slot_tensors(steps)
     matrices = ops.geometric_matrices(op, magnitude, height, width)
-    name = list(module._space)[op_index]
     return [assert_op_matches(out[i], ref[i], name, matrices[i], module.interpolation, (name, bin_, negate, i), x[i],
-                              module._fill) for i in range(n)]
+                              fill_levels(module.fill)) for i in range(n)]
 
 
-@pytest.mark.parametrize("name", list(ops.TRIVIAL_AUGMENT_WIDE_SPACE))
+@pytest.mark.parametrize("name", list(v2.TrivialAugmentWide._AUGMENTATION_SPACE))
 def test_trivial_augment_ops_equal_torchvision(batch, name):
     module = TrivialAugmentWide()
-    op_index = list(module._space).index(name)
     for bin_ in (0, 1, 13, 20, 30):  # bin 20 of Rotate is 90 degrees
         for negate in (False, True):
-            check_op(module, batch, op_index, bin_, negate)
+            check_op(module, batch, name, bin_, negate)
 
 
 @pytest.mark.parametrize("name", ["ShearX", "TranslateY", "Rotate"])
@@ -193,14 +231,14 @@ def test_geometric_ops_on_a_square_image(name):
     module = TrivialAugmentWide()
     for bin_ in (7, 20, 30):
         for negate in (False, True):
-            check_op(module, x, list(module._space).index(name), bin_, negate)
+            check_op(module, x, name, bin_, negate)
 
 
 @pytest.mark.parametrize("name", GEOMETRIC)
 def test_geometric_ops_bilinear_with_fill(batch, name):
     module = TrivialAugmentWide(interpolation="bilinear", fill=[10, 128, 250])
     for bin_ in (5, 30):
-        check_op(module, batch, list(module._space).index(name), bin_, True)
+        check_op(module, batch, name, bin_, True)
 
 
 @pytest.mark.parametrize("policy", ["imagenet", "svhn"])
@@ -217,7 +255,7 @@ def test_auto_augment_bilinear_with_fill(policy):
 @pytest.mark.parametrize("name", GEOMETRIC)
 def test_geometric_ops_nearest_with_fill(batch, name):
     module = TrivialAugmentWide(fill=77)
-    check_op(module, batch, list(module._space).index(name), 17, False)
+    check_op(module, batch, name, 17, False)
 
 
 def test_a_mixed_batch_gives_each_sample_its_own_op():
@@ -227,10 +265,12 @@ def test_a_mixed_batch_gives_each_sample_its_own_op():
     params = module.sample_params(16, seed=5, epoch=0, indices=range(16))
     params["op"] = torch.arange(16) % 14  # every op once at least
     out = module(x, params=params)
-    ref = reference(torchvision_module(module), x, steps_of(module, params, 101, 133))
-    (op, magnitude), = module._slots(params, 101, 133)
+    steps = steps_of(module, params, 101, 133)
+    ref = reference(torchvision_module(module), x, steps)
+    (op, magnitude), = slot_tensors(steps)
     matrices = ops.geometric_matrices(op, magnitude, 101, 133)
-    for i, name in enumerate(list(module._space)[k] for k in params["op"].tolist()):
+    names = list(v2.TrivialAugmentWide._AUGMENTATION_SPACE)
+    for i, name in enumerate(names[k] for k in params["op"].tolist()):
         assert_op_matches(out[i], ref[i], name, matrices[i], "nearest", (i, name))
 
 
@@ -239,16 +279,16 @@ def check_steps(module, x: torch.Tensor, params: dict) -> None:
     sample to the previous slot's output, within that op's tolerance; the module's output is the last."""
     height, width = x.shape[2], x.shape[3]
     tv = torchvision_module(module)
+    fill = fill_levels(module.fill)
     current = x
-    for op, magnitude in module._slots(params, height, width):
+    for op, magnitude in slot_tensors(steps_of(module, params, height, width)):
         kinds, p, matrices = ops.slot_arguments(op, magnitude, height, width)
-        step = ops.policy_apply(current, kinds[:, None], p[:, None], matrices[:, None], module.interpolation,
-                                module._fill)
+        step = ops.policy_apply(current, kinds[:, None], p[:, None], matrices[:, None], module.interpolation, fill)
         names = [ops.OP_NAMES[int(k)] for k in op]
         ref = reference(tv, current, [[(names[i], float(magnitude[i]))] for i in range(x.shape[0])])
         for i, name in enumerate(names):
             assert_op_matches(step[i], ref[i], name, matrices[i], module.interpolation, (i, name, float(magnitude[i])),
-                              current[i], module._fill)
+                              current[i], fill)
         current = step
     assert torch.equal(module(x, params=params), current)
 
@@ -347,7 +387,7 @@ def test_trivial_augment_draws_are_uniform():
 
 
 @pytest.mark.parametrize("cls", [TrivialAugmentWide, RandAugment, AutoAugment])
-def test_keyed_params_depend_only_on_seed_epoch_index(cls):
+def test_keyed_params_depend_only_on_seed_epoch_index(cls, monkeypatch):
     module = cls()
     whole = module.sample_params(8, seed=7, epoch=2, indices=range(10, 18))
     part = module.sample_params(3, seed=7, epoch=2, indices=[13, 14, 15])
@@ -355,8 +395,18 @@ def test_keyed_params_depend_only_on_seed_epoch_index(cls):
         assert torch.equal(whole[k][3:6], part[k]), k
     other_epoch = module.sample_params(8, seed=7, epoch=3, indices=range(10, 18))
     assert any(not torch.equal(whole[k], other_epoch[k]) for k in whole)
-    u = torch.from_numpy(keyed.uniforms(7, 2, range(10, 18), module._draws, stream=keyed.stream_of(cls.__name__)))
-    assert all(torch.equal(whole[k], v) for k, v in module._params_from_uniforms(u).items())
+    # the draws are keyed.uniforms of (seed, epoch, index) on the documented stream, and nothing else
+    assert module.stream == keyed.stream_of(cls.__name__)
+    calls, uniforms = [], keyed.uniforms
+
+    def spy(seed, epoch, indices, count, *, stream=0):
+        calls.append((seed, epoch, list(indices), stream))
+        return uniforms(seed, epoch, indices, count, stream=stream)
+
+    monkeypatch.setattr(keyed, "uniforms", spy)
+    again = module.sample_params(8, seed=7, epoch=2, indices=range(10, 18))
+    assert calls == [(7, 2, list(range(10, 18)), keyed.stream_of(cls.__name__))]
+    assert all(torch.equal(whole[k], again[k]) for k in whole)
 
 
 def test_modules_draw_from_their_own_streams():
@@ -516,7 +566,7 @@ def test_cuda_kernel_is_built_when_nvcc_was_found():
 def test_table_runs_fold_as_slot_by_slot():
     """Consecutive table ops run as one pass (histograms remapped through the tables before them):
     the result is each slot applied in turn, for every memory format and both thread paths."""
-    names = list(ops.RAND_AUGMENT_SPACE)
+    names = list(v2.RandAugment._AUGMENTATION_SPACE)
     sequences = [("Solarize", "Equalize", "AutoContrast", "Posterize"), ("Posterize", "Contrast", "Equalize", "Identity"),
                  ("Equalize", "Identity", "Equalize", "Brightness"), ("Contrast", "Contrast", "Solarize", "AutoContrast"),
                  ("Rotate", "Equalize", "Color", "AutoContrast"), ("Identity", "Identity", "Identity", "Identity"),
@@ -528,7 +578,7 @@ def test_table_runs_fold_as_slot_by_slot():
     params = {"op": torch.tensor([[names.index(s) for s in seq] for seq in sequences]),
               "negate": torch.rand(12, 4, generator=torch.Generator().manual_seed(0)) < 0.5}
     current = x
-    for op, magnitude in module._slots(params, 61, 83):
+    for op, magnitude in slot_tensors(steps_of(module, params, 61, 83)):
         kinds, p, matrices = ops.slot_arguments(op, magnitude, 61, 83)
         current = ops.policy_apply(current, kinds[:, None], p[:, None], matrices[:, None])
     threads = torch.get_num_threads()
