@@ -1,5 +1,9 @@
 """Timing and reporting shared by the benchmarks: peers side by side in one process, warm-up,
-round-robin repeats (so drift on a shared machine hits every method alike), medians and spread."""
+round-robin repeats (so drift on a shared machine hits every method alike), medians and spread.
+
+``run_side_by_side`` times calls (a decode, an augmentation). Input pipelines (the Loader, a
+DataLoader, DALI, SPDL) are the installed bench's runners timed by its ``measure``
+(``gpupipe.bench.run``, as ``python -m gpupipe bench`` times them): see benchmarks/loader.py."""
 
 from __future__ import annotations
 
@@ -145,12 +149,6 @@ def plot_json(json_path: Path, png_path: Path) -> None:
     plot(rows, Path(png_path), data["title"])
 
 
-if __name__ == "__main__":
-    import sys
-
-    plot_json(Path(sys.argv[1]), Path(sys.argv[2]))
-
-
 def at_cpu_capability(name: str, fn: Callable) -> Callable:
     """fn, run with gpupipe's CPU kernels capped at `name` (gpupipe.set_cpu_capability): the row a
     narrower CPU would get from the same code, beside the CPU's own in one run."""
@@ -172,3 +170,9 @@ def wider_than_avx2() -> bool:
     import gpupipe
 
     return gpupipe.cpu_capability()["active"] in ("avx512", "avx512_vbmi")
+
+
+if __name__ == "__main__":
+    import sys
+
+    plot_json(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -5,6 +5,11 @@ gpupipe.Loader (threads, ROI decode, fused augmentation) vs DataLoader(ImageFold
 transforms, num_workers=2) vs a DALI CPU pipeline vs an SPDL pipeline. Each method runs two
 warm-up epochs, then the timed epochs are taken round robin (one epoch of each method in turn); a
 result is images/s over the timed epoch.
+
+The pipelines are the installed bench's runners (``gpupipe.bench.run``: ``LoaderRun``,
+``DataLoaderRun``, ``DaliRun``) on the seed workload's recipe, SPDL's is one more runner here, and
+every epoch is timed by the bench's ``measure``: one way to time a pipeline, here and in ``python -m
+gpupipe bench``.
 """
 
 from __future__ import annotations
@@ -12,17 +17,22 @@ from __future__ import annotations
 import gc
 import os
 import shutil
-import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
 from benchmarks import datasets, peers
 from benchmarks.harness import Row
-from gpupipe.augment import IMAGENET_MEAN, IMAGENET_STD
+from gpupipe import crops
+from gpupipe.augment import IMAGENET_MEAN, IMAGENET_STD, BatchAugment
+from gpupipe.bench.dataset import BenchData, open_data
+from gpupipe.bench.recipes import RecipeParts
+from gpupipe.bench.run import DaliRun, DataLoaderRun, LoaderRun, measure, one_line
 
 BATCH, CROP = 64, 256
+CPU = torch.device("cpu")
 
 
 def image_folder(n: int = 512, classes: int = 8) -> Path:
@@ -45,108 +55,55 @@ def image_folder(n: int = 512, classes: int = 8) -> Path:
     return root
 
 
-def _epoch(make_iter, images: int) -> float:
-    """Seconds for one epoch of ``make_iter()``, which must yield every image once."""
-    t0 = time.perf_counter()
-    seen = 0
-    for x, _ in make_iter():
-        seen += x.shape[0]
-    assert seen == images, (seen, images)
-    return time.perf_counter() - t0
+def runner_args(threads: int, batch_size: int = BATCH, backend: str = "auto") -> SimpleNamespace:
+    """What the bench's runners read of ``python -m gpupipe bench``'s arguments."""
+    return SimpleNamespace(batch_size=batch_size, threads=threads, seed=0, backend=backend)
 
 
-WARMUP_ROUNDS = 2
-
-
-def _epochs_round_robin(rows: list, makers: list, images: int, repeats: int) -> None:
-    """Fills each live row's ``times``: two untimed warm-up rounds (one epoch of each method each),
-    then ``repeats`` timed epochs taken in turn (method 1, 2, ..., 1, 2, ...), so drift on a shared
-    machine hits every method alike (as benchmarks.harness.run_side_by_side). A method that fails is
-    reported, not fatal.
-
-    Two warm-up rounds: the DataLoader forks its workers in its first epoch, after which the parent
-    process pays (most likely) a copy-on-write fault for each page it first writes. With one round
-    that cost fell into the next method's first timed epoch (gpupipe's first timed epoch of each loader
-    row took 1.6-2.2 ms per image where its others took 0.8-1.3). Every epoch starts after a full
-    ``gc.collect()`` (untimed): the main process holds ~340k objects here, so a full collection
-    takes 0.1-0.2 s, and without this one the garbage a method leaves (the DataLoader's unpickled
-    batches) was collected in the next method's timed epoch."""
-    live = [(row, make) for row, make in zip(rows, makers) if not row.skipped]
-    for r in range(WARMUP_ROUNDS + repeats):
-        for row, make in live:
-            if row.skipped:
-                continue
-            gc.collect()
-            try:
-                seconds = _epoch(make, images)
-            except Exception as e:  # a broken peer is reported, not fatal to the run
-                row.skipped, row.times = f"failed: {type(e).__name__}: {e}"[:200], []
-                continue
-            if r >= WARMUP_ROUNDS:
-                row.times.append(seconds)
-
-
-def gpupipe_loader(root, threads):
-    import gpupipe
-
-    aug = gpupipe.augment.BatchAugment(hflip=0.5, brightness=0.4, contrast=0.4, saturation=0.4, generator=0)
-    loader = gpupipe.Loader(gpupipe.sources.ImageFolder(root), batch_size=BATCH, crop=gpupipe.crops.RandomCrop(CROP),
-                            augment=aug, num_threads=threads, seed=0)
-    state = {"epoch": 0}
-
-    def epoch():
-        loader.set_epoch(state["epoch"])
-        state["epoch"] += 1
-        return loader
-
-    return epoch
-
-
-def torch_dataloader(root, workers):
-    from torchvision import datasets as tvd
+def seed_parts() -> RecipeParts:
+    """The seed workload as the bench's runners take a recipe: RandomCrop 256 + flip +
+    ColorJitter(0.4, 0.4, 0.4) + normalise for the Loader, torchvision's transforms (PIL) for the
+    DataLoader, and DALI's operators (readers.file + image_crop + color_twist + crop_mirror_normalize)."""
     from torchvision import transforms as T
 
-    tf = T.Compose([T.RandomCrop(CROP), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4), T.ToTensor(),
-                    T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
-    dl = torch.utils.data.DataLoader(tvd.ImageFolder(str(root), transform=tf), batch_size=BATCH, shuffle=True,
-                                     num_workers=workers, persistent_workers=workers > 0, prefetch_factor=2 if workers else None)
-    return lambda: dl
+    def dali(fn, types, jpegs, decoder):
+        uniform = fn.random.uniform
+        images = fn.decoders.image_crop(jpegs, crop=(CROP, CROP), crop_pos_x=uniform(range=(0.0, 1.0)),
+                                        crop_pos_y=uniform(range=(0.0, 1.0)), device=decoder)
+        images = fn.color_twist(images, brightness=uniform(range=(0.6, 1.4)), contrast=uniform(range=(0.6, 1.4)),
+                                saturation=uniform(range=(0.6, 1.4)))
+        return fn.crop_mirror_normalize(images, mirror=fn.random.coin_flip(), dtype=types.FLOAT, output_layout="CHW",
+                                        mean=[m * 255 for m in IMAGENET_MEAN], std=[s * 255 for s in IMAGENET_STD])
+
+    return RecipeParts(
+        crop=crops.RandomCrop(CROP),
+        augment=BatchAugment(hflip=0.5, brightness=0.4, contrast=0.4, saturation=0.4, generator=0),
+        torchvision=T.Compose([T.RandomCrop(CROP), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4), T.ToTensor(),
+                               T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]),
+        dali=dali)
 
 
-def dali_cpu(root, threads):
-    import nvidia.dali.fn as fn
-    import nvidia.dali.types as types
-    from nvidia.dali import pipeline_def
+class DaliEpochRun(DaliRun):
+    """``DaliRun``, one reader epoch per ``batches()``: DALI's own prefetch (its queue depth of
+    batches in flight), but none past the epoch's last batch, where ``pipe.run()`` would leave work
+    running into the next method's timed epoch (round robin)."""
 
-    n = sum(1 for _ in Path(root).rglob("*.jpg"))
+    def __init__(self, data: BenchData, parts: RecipeParts, args, device: torch.device, epoch: int = 0):
+        super().__init__(data, parts, args, device, epoch)
+        self.per_epoch = data.images // args.batch_size
+        depth = self.pipe.prefetch_queue_depth
+        self.depth = depth if isinstance(depth, int) else 2
+        self.first = True
 
-    @pipeline_def(batch_size=BATCH, num_threads=threads, device_id=None, exec_dynamic=True)
-    def pipe():
-        jpegs, labels = fn.readers.file(file_root=str(root), random_shuffle=True, name="reader")
-        images = fn.decoders.image_crop(jpegs, crop=(CROP, CROP), crop_pos_x=fn.random.uniform(range=(0.0, 1.0)),
-                                        crop_pos_y=fn.random.uniform(range=(0.0, 1.0)), device="cpu")
-        images = fn.color_twist(images, brightness=fn.random.uniform(range=(0.6, 1.4)),
-                                contrast=fn.random.uniform(range=(0.6, 1.4)), saturation=fn.random.uniform(range=(0.6, 1.4)))
-        images = fn.crop_mirror_normalize(images, mirror=fn.random.coin_flip(), dtype=types.FLOAT, output_layout="CHW",
-                                          mean=[m * 255 for m in IMAGENET_MEAN], std=[s * 255 for s in IMAGENET_STD])
-        return images, labels
-
-    p = pipe()
-    p.build()
-    batches = n // BATCH
-    depth = p.prefetch_queue_depth if isinstance(p.prefetch_queue_depth, int) else 2
-    state = {"first": True}
-
-    def epoch():
-        # DALI's own prefetch (depth batches in flight), but none past the epoch's last batch:
-        # p.run() would leave work running into the next method's timed epoch (round robin).
-        if state["first"]:  # the first schedule_run() fills the queue: depth batches
-            state["first"] = False
+    def batches(self):
+        p, batches = self.pipe, self.per_epoch
+        if self.first:  # the first schedule_run() fills the queue: depth batches
+            self.first = False
             p.schedule_run()
-            inflight = depth
+            inflight = self.depth
         else:
             inflight = 0
-            while inflight < min(depth, batches):
+            while inflight < min(self.depth, batches):
                 p.schedule_run()
                 inflight += 1
         for b in range(batches):
@@ -155,67 +112,130 @@ def dali_cpu(root, threads):
             if batches - (b + 1) - inflight > 0:
                 p.schedule_run()
                 inflight += 1
-            yield torch.from_numpy(np.asarray(images.as_tensor())), labels
-
-    return epoch
+            yield self.to_torch(images), labels
 
 
-def spdl_pipeline(root, threads):
-    import spdl.io
-    from spdl.pipeline import PipelineBuilder
-    from torchvision.transforms import v2
+class SpdlRun:
+    """An SPDL pipeline of the seed workload: FFmpeg decode + crop per sample on threads, then the
+    batch's v2 transforms; a new pipeline per epoch."""
 
-    files = sorted(str(p) for p in Path(root).rglob("*.jpg"))
-    tf = v2.Compose([v2.RandomHorizontalFlip(), v2.ColorJitter(0.4, 0.4, 0.4), v2.ToDtype(torch.float32, scale=True),
-                     v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
-    rng = np.random.default_rng(0)
+    def __init__(self, data: BenchData, parts: RecipeParts, args, device: torch.device, epoch: int = 0):
+        from torchvision.transforms import v2
 
-    def decode(item):
+        self.files = sorted(data.source.keys)
+        self.threads = args.threads
+        self.tf = v2.Compose([v2.RandomHorizontalFlip(), v2.ColorJitter(0.4, 0.4, 0.4),
+                              v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+        self.rng = np.random.default_rng(0)
+
+    def _decode(self, item):
+        import spdl.io
+
         path, x, y = item
         buf = spdl.io.load_image(path, filter_desc=f"crop={CROP}:{CROP}:{x}:{y},format=pix_fmts=rgb24")
         return spdl.io.to_torch(buf)
 
-    def batchify(frames):
+    def _batchify(self, frames):
         x = torch.stack(frames).reshape(len(frames), CROP, CROP, 3).permute(0, 3, 1, 2)
-        return tf(x), None
+        return self.tf(x), None
 
-    def epoch():
-        order = rng.permutation(len(files))
-        items = [(files[i], int(rng.integers(0, 800 - CROP + 1)), int(rng.integers(0, 533 - CROP + 1))) for i in order]
-        pipeline = (PipelineBuilder().add_source(items).pipe(decode, concurrency=threads, output_order="input")
-                    .aggregate(BATCH).pipe(batchify).add_sink(2).build(num_threads=threads))
-        with pipeline.auto_stop():
-            yield from pipeline
+    def batches(self):
+        """Epoch after epoch; an epoch's last batch comes once its pipeline has stopped, so that the
+        stop (~0.1 s) is timed with the epoch, as in a loop over it."""
+        from spdl.pipeline import PipelineBuilder
 
-    return epoch
+        while True:
+            order, rng = self.rng.permutation(len(self.files)), self.rng
+            items = [(self.files[i], int(rng.integers(0, 800 - CROP + 1)), int(rng.integers(0, 533 - CROP + 1)))
+                     for i in order]
+            pipeline = (PipelineBuilder().add_source(items).pipe(self._decode, concurrency=self.threads,
+                                                                 output_order="input")
+                        .aggregate(BATCH).pipe(self._batchify).add_sink(2).build(num_threads=self.threads))
+            with pipeline.auto_stop():
+                it = iter(pipeline)
+                last = next(it)
+                for batch in it:
+                    yield last
+                    last = batch
+            yield last
+
+    def stats(self) -> dict:
+        return {}
+
+    def close(self):
+        pass
 
 
-def run(repeats: int = 3, n: int = 512, threads: int = 2) -> list:
-    root = image_folder(n)
-    torch.set_num_threads(threads)
-    workload = f"end-to-end loader: {n} x 800x533 -> RandomCrop {CROP} + flip + jitter + normalise, batch {BATCH}, {threads} cores"
-    rows = []
-    candidates = [
-        ("gpupipe Loader", None, lambda: gpupipe_loader(root, threads), "threads, ROI decode, fused augment"),
-        (f"DataLoader ({threads} workers)", None, lambda: torch_dataloader(root, threads), "ImageFolder + torchvision transforms (PIL)"),
-        ("DALI CPU", peers.unavailable("nvidia.dali"), lambda: dali_cpu(root, threads), "readers.file + image_crop + color_twist + crop_mirror_normalize"),
-        ("SPDL", peers.unavailable("spdl.io") or _spdl_ffmpeg_missing(), lambda: spdl_pipeline(root, threads), "FFmpeg decode+crop, batch v2 transforms"),
-    ]
-    epochs = []
-    for name, reason, make, note in candidates:
-        row = Row(workload, name, n, note=note)
-        epoch = None
+WARMUP_ROUNDS = 2
+
+
+def epochs_round_robin(rows: list, runners: list, images: int, repeats: int) -> None:
+    """Fills each live row's ``times`` with epochs of its runner, each timed by the bench's
+    ``measure`` (``keep_open``: one runner for all the rounds, as a training run keeps its loader):
+    two untimed warm-up rounds (one epoch of each method each), then ``repeats`` timed epochs taken
+    in turn (method 1, 2, ..., 1, 2, ...), so drift on a shared machine hits every method alike (as
+    benchmarks.harness.run_side_by_side). A method that fails is reported, not fatal. The runners
+    are closed at the end.
+
+    Two warm-up rounds: the DataLoader forks its workers in its first epoch, after which the parent
+    process pays (most likely) a copy-on-write fault for each page it first writes. With one round
+    that cost fell into the next method's first timed epoch (gpupipe's first timed epoch of each loader
+    row took 1.6-2.2 ms per image where its others took 0.8-1.3). Every epoch starts after a full
+    ``gc.collect()`` (untimed): the main process holds ~340k objects here, so a full collection
+    takes 0.1-0.2 s, and without this one the garbage a method leaves (the DataLoader's unpickled
+    batches) was collected in the next method's timed epoch."""
+    live = [(row, run) for row, run in zip(rows, runners) if not row.skipped]
+    for r in range(WARMUP_ROUNDS + repeats):
+        for row, run in live:
+            if row.skipped:
+                continue
+            gc.collect()
+            if hasattr(run, "epoch"):  # the runners that key their epoch (the Loader's): this round's
+                run.epoch = r
+            try:
+                seconds, seen, _, _ = measure(run, warmup=0, steps=images // BATCH, step_s=0.0, device=CPU,
+                                              keep_open=True)
+                if seen != images:
+                    raise RuntimeError(f"an epoch delivered {seen} images, not {images}")
+            except Exception as e:  # a broken peer is reported, not fatal to the run
+                row.skipped, row.times = f"failed: {one_line(e)}", []
+                continue
+            if r >= WARMUP_ROUNDS:
+                row.times.append(seconds)
+    for _, run in live:
+        run.close()
+
+
+def side_by_side(workload: str, candidates: list, data: BenchData, parts, args, repeats: int) -> list:
+    """One row per ``(method, why it cannot run or None, runner class, note)``, timed by
+    :func:`epochs_round_robin` over the whole data set."""
+    rows, runners = [], []
+    for name, reason, cls, note in candidates:
+        row, run = Row(workload, name, data.images, note=note), None
         if reason:
             row.skipped = reason
         else:
             try:
-                epoch = make()
+                run = cls(data, parts, args, CPU)
             except Exception as e:  # a broken peer is reported, not fatal to the run
-                row.skipped = f"failed: {type(e).__name__}: {e}"[:200]
+                row.skipped = f"failed: {one_line(e)}"
         rows.append(row)
-        epochs.append(epoch)
-    _epochs_round_robin(rows, epochs, n, repeats)
+        runners.append(run)
+    epochs_round_robin(rows, runners, data.images, repeats)
     return rows
+
+
+def run(repeats: int = 3, n: int = 512, threads: int = 2) -> list:
+    data = open_data(image_folder(n))
+    torch.set_num_threads(threads)
+    workload = f"end-to-end loader: {n} x 800x533 -> RandomCrop {CROP} + flip + jitter + normalise, batch {BATCH}, {threads} cores"
+    candidates = [
+        ("gpupipe Loader", None, LoaderRun, "threads, ROI decode, fused augment"),
+        (f"DataLoader ({threads} workers)", None, DataLoaderRun, "ImageFolder + torchvision transforms (PIL)"),
+        ("DALI CPU", peers.unavailable("nvidia.dali"), DaliEpochRun, "readers.file + image_crop + color_twist + crop_mirror_normalize"),
+        ("SPDL", peers.unavailable("spdl.io") or _spdl_ffmpeg_missing(), SpdlRun, "FFmpeg decode+crop, batch v2 transforms"),
+    ]
+    return side_by_side(workload, candidates, data, seed_parts(), runner_args(threads), repeats)
 
 
 def recipe(repeats: int = 3, n: int = 512, threads: int = 2, name: str = "train-ta") -> list:
@@ -224,35 +244,17 @@ def recipe(repeats: int = 3, n: int = 512, threads: int = 2, name: str = "train-
     against DataLoader(num_workers=threads) with the torchvision transforms, on the same files."""
     from gpupipe.bench import recipes
 
-    root = image_folder(n)
+    data = open_data(image_folder(n))
     torch.set_num_threads(threads)
     workload = f"train recipe ({name}): {n} x 800x533 -> RRC 176 + flip + TrivialAugmentWide + normalise + erasing + MixUp/CutMix, batch {BATCH}, {threads} cores"
-    rows = [Row(workload, "gpupipe Loader", n, note="keyed Compose + RandomChoice(MixUp, CutMix)"),
-            Row(workload, f"DataLoader ({threads} workers)", n, note="ImageFolder + torchvision transforms (PIL) + collate MixUp/CutMix")]
     missing = recipes.train_ta_missing()
-    if missing:
-        for row in rows:
-            row.skipped = missing
-        return rows
-    import gpupipe
-    from torchvision import datasets as tvd
-
-    classes = len([d for d in Path(root).iterdir() if d.is_dir()])
-    parts = recipes.get(name).build(classes)
-    loader = gpupipe.Loader(gpupipe.sources.ImageFolder(root), batch_size=BATCH, crop=parts.crop, augment=parts.augment,
-                            batch_transform=parts.batch_transform, num_threads=threads, seed=0)
-    state = {"epoch": 0}
-
-    def gpupipe_epoch():
-        loader.set_epoch(state["epoch"])
-        state["epoch"] += 1
-        return loader
-
-    dl = torch.utils.data.DataLoader(tvd.ImageFolder(str(root), transform=parts.torchvision), batch_size=BATCH, shuffle=True,
-                                     num_workers=threads, persistent_workers=True, prefetch_factor=2,
-                                     collate_fn=parts.torchvision_collate)
-    _epochs_round_robin(rows, [gpupipe_epoch, lambda: dl], n, repeats)
-    return rows
+    parts = None if missing else recipes.get(name).build(data.num_classes)
+    candidates = [
+        ("gpupipe Loader", missing, LoaderRun, "keyed Compose + RandomChoice(MixUp, CutMix)"),
+        (f"DataLoader ({threads} workers)", missing, DataLoaderRun,
+         "ImageFolder + torchvision transforms (PIL) + collate MixUp/CutMix"),
+    ]
+    return side_by_side(workload, candidates, data, parts, runner_args(threads), repeats)
 
 
 def _spdl_ffmpeg_missing():

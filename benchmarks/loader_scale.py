@@ -14,17 +14,16 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
 from benchmarks import datasets
 from benchmarks.harness import Row
+from benchmarks.loader import CPU, runner_args
 from gpupipe import crops
-from gpupipe.bench.dataset import BenchData, bundled_photos, encode_pillow, photo_crop
+from gpupipe.bench.dataset import bundled_photos, encode_pillow, open_data, photo_crop
 from gpupipe.bench.recipes import RecipeParts
 from gpupipe.bench.run import LoaderRun, RawDecodeRun, measure
-from gpupipe.sources import ImageFolder
 
 FILES = 1024
 SMALL = {"160x120": (160, 120), "400x300": (400, 300)}
@@ -65,12 +64,11 @@ def run(repeats: int = 3, names=("160x120", "400x300", "seed", "hd"), batches=(6
                         torchvision_collate=None, dali=None, notes=[])
     rows = []
     for name in names:
-        src = ImageFolder(folder(name))
-        data = BenchData("imagefolder", str(src.root), src, len(src), 8, 8)
+        data = open_data(folder(name))
         label = f"loader vs its decode, {name}" if name in SMALL else \
             f"loader vs its decode, {name} {datasets.SETS[name].width}x{datasets.SETS[name].height}"
         for bs in batches:
-            args = SimpleNamespace(batch_size=bs, threads=threads, seed=0, backend="cpu")
+            args = runner_args(threads, bs, backend="cpu")
             # one epoch: its first batch untimed (the pipeline's fill), the rest timed; never across an
             # epoch's end, where a Loader starts the next epoch's pipeline (a training epoch has
             # thousands of batches: that cost is not the steady state measured here)
@@ -82,11 +80,11 @@ def run(repeats: int = 3, names=("160x120", "400x300", "seed", "hd"), batches=(6
             host, util = [], []
             # One runner of each for all the rounds, as a training run keeps one Loader: its buffers are
             # made in the first round (untimed) and reused after, as over a real run's thousands of batches.
-            runners = ((loader_row, LoaderRun(data, parts, args, _cpu())), (raw_row, RawDecodeRun(data, parts, args, _cpu())))
+            runners = ((loader_row, LoaderRun(data, parts, args, CPU)), (raw_row, RawDecodeRun(data, parts, args, CPU)))
             for rep in range(repeats + 1):
                 for row, runner in runners:
                     runner.epoch = rep
-                    seconds, images, _, stats = measure(runner, warmup=1, steps=steps, step_s=0.0, device=_cpu(),
+                    seconds, images, _, stats = measure(runner, warmup=1, steps=steps, step_s=0.0, device=CPU,
                                                         keep_open=True)
                     if rep:
                         row.times.append(seconds * (steps * bs) / images)
@@ -99,9 +97,3 @@ def run(repeats: int = 3, names=("160x120", "400x300", "seed", "hd"), batches=(6
                                 f"{100 * np.median(util):.0f}%")
             rows += [loader_row, raw_row]
     return rows
-
-
-def _cpu():
-    import torch
-
-    return torch.device("cpu")

@@ -7,28 +7,29 @@ consumer (it sleeps, releasing the CPU, as an asynchronous GPU step does), fed b
 
 Same data (800x533 JPEGs), batch 64, RandomCrop 256 + hflip + ColorJitter(0.4, 0.4, 0.4) +
 normalise, 2 cores for everything. Reported like the post: seconds per training step, images/s,
-and how much of the step the "GPU" waited for data.
+and how much of the step the "GPU" waited for data. Each pipeline is one of the installed bench's
+runners (``gpupipe.bench.run``), timed by its ``measure`` with the step as its ``step_s``.
 """
 
 from __future__ import annotations
-
-import time
 
 import torch
 
 import gpupipe
 from benchmarks.harness import Row
-from benchmarks.loader import BATCH, CROP, image_folder
+from benchmarks.loader import BATCH, CPU, CROP, image_folder, runner_args, seed_parts
 from gpupipe.augment import IMAGENET_MEAN, IMAGENET_STD
+from gpupipe.bench.dataset import open_data
+from gpupipe.bench.run import DataLoaderRun, LoaderRun, measure
 
 
 class _CropThenTransform(torch.utils.data.Dataset):
     """(b): the custom op decodes only the crop; the per-sample tensor transforms follow."""
 
-    def __init__(self, root):
+    def __init__(self, source):
         from torchvision.transforms import v2
 
-        self.inner = gpupipe.data.DecodeCropDataset(gpupipe.sources.ImageFolder(root), gpupipe.crops.RandomCrop(CROP))
+        self.inner = gpupipe.data.DecodeCropDataset(source, gpupipe.crops.RandomCrop(CROP))
         self.tf = v2.Compose([v2.RandomHorizontalFlip(), v2.ColorJitter(0.4, 0.4, 0.4), v2.ToDtype(torch.float32, scale=True),
                               v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
 
@@ -40,54 +41,39 @@ class _CropThenTransform(torch.utils.data.Dataset):
         return self.tf(img.contiguous()), label
 
 
-def pipelines(root, workers: int = 2):
-    from torchvision import datasets as tvd
-    from torchvision import transforms as T
+class CropInGetItemRun(DataLoaderRun):
+    """(b): the bench's DataLoader runner over :class:`_CropThenTransform`."""
 
-    tf = T.Compose([T.RandomCrop(CROP), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4), T.ToTensor(),
-                    T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
-    yield "(a) DataLoader + full decode + per-sample transforms", torch.utils.data.DataLoader(
-        tvd.ImageFolder(str(root), transform=tf), batch_size=BATCH, shuffle=True, num_workers=workers, persistent_workers=True)
-    yield "(b) DataLoader + decode_and_crop_jpeg in __getitem__", torch.utils.data.DataLoader(
-        _CropThenTransform(root), batch_size=BATCH, shuffle=True, num_workers=workers, persistent_workers=True)
-    aug = gpupipe.augment.BatchAugment(hflip=0.5, brightness=0.4, contrast=0.4, saturation=0.4)
-    yield "(c) gpupipe.Loader + BatchAugment", gpupipe.Loader(
-        gpupipe.sources.ImageFolder(root), batch_size=BATCH, crop=gpupipe.crops.RandomCrop(CROP), augment=aug, num_threads=workers)
+    @staticmethod
+    def dataset(data, parts, args):
+        return _CropThenTransform(data.source)
 
 
-def train(loader, step_s: float, steps: int) -> dict:
-    """Steps of a loop whose step costs step_s; returns seconds per step and the data wait."""
-    waited, done = 0.0, 0
-    it = iter(loader)
-    next(it)  # warm-up: workers started, buffers allocated
-    t_start = time.perf_counter()
-    while done < steps:
-        t0 = time.perf_counter()
-        try:
-            images, labels = next(it)
-        except StopIteration:
-            it = iter(loader)
-            continue
-        waited += time.perf_counter() - t0
-        time.sleep(step_s)  # the GPU step: forward + backward + optimizer
-        done += 1
-    total = time.perf_counter() - t_start
-    return {"step_s": total / steps, "wait_frac": waited / total, "images_per_s": steps * BATCH / total}
+PIPELINES = (("(a) DataLoader + full decode + per-sample transforms", DataLoaderRun),
+             ("(b) DataLoader + decode_and_crop_jpeg in __getitem__", CropInGetItemRun),
+             ("(c) gpupipe.Loader + BatchAugment", LoaderRun))
+
+
+def train(run, step_s: float, steps: int) -> dict:
+    """Steps of a loop whose step costs step_s, after one warm-up batch (workers started, buffers
+    allocated); returns seconds per step and the data wait."""
+    seconds, images, waited, _ = measure(run, warmup=1, steps=steps, step_s=step_s, device=CPU)
+    return {"step_s": seconds / steps, "wait_frac": waited / seconds, "images_per_s": images / seconds}
 
 
 def run(step_s: float = 0.1, steps: int = 12, n: int = 1024) -> tuple[list, str]:
-    root = image_folder(n)
+    data = open_data(image_folder(n))
     steps = min(steps, n // BATCH - 2)  # steady state: no epoch boundary inside the measurement
     torch.set_num_threads(2)
+    parts, args = seed_parts(), runner_args(threads=2)
     rows, lines = [], [f"\n### the seed's experiment: training step with a {step_s:.2f} s GPU step, batch {BATCH}, 2 cores\n",
                        "| input pipeline | s / step | images/s | GPU waiting for data |", "|---|---:|---:|---:|"]
-    for name, loader in pipelines(root):
-        r = train(loader, step_s, steps)
+    for name, cls in PIPELINES:
+        r = train(cls(data, parts, args, CPU), step_s, steps)
         row = Row(f"seed experiment: {step_s:.2f} s step, batch {BATCH}", name, BATCH, times=[r["step_s"]],
                   note=f"GPU waits {100 * r['wait_frac']:.0f}%")
         rows.append(row)
         lines.append(f"| {name} | {r['step_s']:.3f} | {r['images_per_s']:.0f} | {100 * r['wait_frac']:.0f}% |")
-        del loader
     return rows, "\n".join(lines)
 
 

@@ -165,16 +165,23 @@ class DataLoaderRun:
     ``num_workers`` = the threads given."""
 
     def __init__(self, data: BenchData, parts: recipes.RecipeParts, args, device: torch.device, epoch: int = 0):
-        tar = isinstance(data.source, TarShards)
-        ds = (PilTarDataset(data.source, parts.torchvision, seed=args.seed) if tar else
-              PilDataset(data.source, parts.torchvision))
+        ds = self.dataset(data, parts, args)
         workers = args.threads
         self.dl = torch.utils.data.DataLoader(
-            ds, batch_size=args.batch_size, shuffle=not tar, num_workers=workers,
+            ds, batch_size=args.batch_size, shuffle=not isinstance(ds, torch.utils.data.IterableDataset),
+            num_workers=workers,
             collate_fn=parts.torchvision_collate, pin_memory=device.type == "cuda", persistent_workers=workers > 0,
             drop_last=True,
             generator=torch.Generator().manual_seed(args.seed * 1000 + epoch))
         self.device = device
+
+    @staticmethod
+    def dataset(data: BenchData, parts: recipes.RecipeParts, args) -> torch.utils.data.Dataset:
+        """The per-sample dataset: the files decoded with PIL, then ``parts.torchvision`` (tar shards
+        streamed); a subclass may time another dataset in the same DataLoader."""
+        if isinstance(data.source, TarShards):
+            return PilTarDataset(data.source, parts.torchvision, seed=args.seed)
+        return PilDataset(data.source, parts.torchvision)
 
     def batches(self):
         while True:
@@ -237,15 +244,18 @@ class DaliRun:
     def batches(self):
         while True:
             images, labels = self.pipe.run()
-            t = images.as_tensor()
-            if self.device.type == "cuda":
-                from nvidia.dali.plugin.pytorch import feed_ndarray
+            yield self.to_torch(images), labels
 
-                x = torch.empty(t.shape(), dtype=torch.float32, device=self.device)
-                feed_ndarray(t, x, cuda_stream=torch.cuda.current_stream(self.device))
-            else:
-                x = torch.from_numpy(np.asarray(t))
-            yield x, labels
+    def to_torch(self, images) -> torch.Tensor:
+        """One batch of the pipeline's images as a tensor on the device (on the CPU, DALI's buffer)."""
+        t = images.as_tensor()
+        if self.device.type == "cuda":
+            from nvidia.dali.plugin.pytorch import feed_ndarray
+
+            x = torch.empty(t.shape(), dtype=torch.float32, device=self.device)
+            feed_ndarray(t, x, cuda_stream=torch.cuda.current_stream(self.device))
+            return x
+        return torch.from_numpy(np.asarray(t))
 
     def stats(self) -> dict:
         return {}
