@@ -116,7 +116,7 @@ def plot(rows: list[Row], path: Path, title: str) -> None:
 
     workloads = list(dict.fromkeys(r.workload for r in rows))
     ncols = 2 if len(workloads) > 1 else 1
-    nrows = math.ceil(len(workloads) / ncols)
+    nrows = max(1, math.ceil(len(workloads) / ncols))  # no workload (the seed experiment alone): a blank plot
     fig, axes = plt.subplots(nrows, ncols, figsize=(7.5 * ncols, 2.9 * nrows), squeeze=False)
     for ax in axes.flat[len(workloads):]:
         ax.axis("off")
