@@ -1,5 +1,5 @@
 """Helpers shared by the test modules (import this, never conftest): test data made from real photos,
-references, the backend x device cases, limits, child processes, and the concurrency stress."""
+references, the backend x device cases, limits, child processes, memory, and the concurrency stress."""
 
 from __future__ import annotations
 
@@ -43,6 +43,18 @@ def run_child(code: str, timeout: float = 120, env: dict | None = None) -> subpr
     assert r.returncode == 0, f"child died with {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
     assert r.stderr == "", f"child wrote to stderr:\n{r.stderr[-4000:]}"
     return r
+
+
+def rss_mb() -> float:
+    """This process's resident memory (VmRSS) in MB. Fails where /proc/self/status has no VmRSS
+    (rather than reading 0 and letting a growth check pass); skips, saying why, off Linux."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip(f"resident memory is read from /proc/self/status (Linux), not on {sys.platform}")
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("/proc/self/status has no VmRSS line: the memory check cannot measure anything")
 
 
 HEIGHT, WIDTH = 157, 203  # neither a multiple of 8 nor of 16

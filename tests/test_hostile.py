@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import gpupipe
-from helpers import HEIGHT, WIDTH, encode, patch_sof, photo, stress
+from helpers import HEIGHT, WIDTH, encode, patch_sof, photo, rss_mb, stress
 
 ERRORS = (gpupipe.JpegError, ValueError)
 
@@ -189,14 +189,6 @@ def test_concurrent_stress_with_a_corrupt_sample(variants):
     assert not serial.ok[5]
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def test_memory_does_not_grow_with_corrupt_inputs(variants):
     """The short version of benchmarks/memory.py: 6,000 decodes, half of them failing."""
     good = variants["ycbcr-4:2:0"]
@@ -215,7 +207,7 @@ def test_memory_does_not_grow_with_corrupt_inputs(variants):
 
     round_(2000)  # warm-up: allocator pools, thread-local decoder
     gc.collect()
-    before = _rss_mb()
+    before = rss_mb()
     round_(4000)
     gc.collect()
-    assert _rss_mb() - before < 5.0
+    assert rss_mb() - before < 5.0
