@@ -1,36 +1,9 @@
-"""Helpers of the augmentation tests: devices, real-photo batches (scikit-image's bundled photos),
-and torchvision references applied per sample."""
+"""Helpers of the augmentation tests: warp coordinates, and torchvision references applied per
+sample (devices and real-photo batches are tests/helpers.py's)."""
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
 import torch
-
-DEVICES = [pytest.param("cpu"),
-           pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))]
-
-PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")
-
-
-def photo_batch(n: int, h: int, w: int, *, seed: int = 0, device: str = "cpu", channels_last: bool = True) -> torch.Tensor:
-    """uint8 ``[n, 3, h, w]``: a different random crop of a real photo per sample (resized with
-    Lanczos), channels-last as gpupipe's decoder writes it."""
-    import skimage.data
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    imgs = []
-    for i in range(n):
-        pil = Image.fromarray(np.asarray(getattr(skimage.data, PHOTOS[i % len(PHOTOS)])())).convert("RGB")
-        side = int(rng.integers(min(pil.size) // 2, min(pil.size) + 1))
-        top = int(rng.integers(0, pil.size[1] - side + 1))
-        left = int(rng.integers(0, pil.size[0] - side + 1))
-        imgs.append(np.asarray(pil.crop((left, top, left + side, top + side)).resize((w, h), Image.LANCZOS)))
-    x = torch.from_numpy(np.stack(imgs)).permute(0, 3, 1, 2)  # NHWC memory
-    if not channels_last:
-        x = x.contiguous()
-    return x.to(device)
 
 
 def source_coordinates(m: torch.Tensor, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:

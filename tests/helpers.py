@@ -1,5 +1,6 @@
-"""Helpers shared by the test modules (import this, never conftest): test data made from real photos,
-references, the backend x device cases, limits, child processes, memory, and the concurrency stress."""
+"""Helpers shared by the test modules (import this, never conftest): test data made from real photos
+(single photos, photo batches, lists of encoded photos), references, the devices and the backend x
+device cases, limits, child processes, memory, and the concurrency stress."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import pytest
+import torch
 
 import gpupipe
 from gpupipe import _C
@@ -57,21 +59,66 @@ def rss_mb() -> float:
     raise AssertionError("/proc/self/status has no VmRSS line: the memory check cannot measure anything")
 
 
+DEVICES = [pytest.param("cpu"),
+           pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))]
+
 HEIGHT, WIDTH = 157, 203  # neither a multiple of 8 nor of 16
+PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")  # scikit-image's bundled photos
 
 
-def photo(height: int = HEIGHT, width: int = WIDTH, name: str = "astronaut") -> np.ndarray:
+def _pil_photo(name: str):
     import skimage.data
     from PIL import Image
 
-    img = Image.fromarray(np.asarray(getattr(skimage.data, name)())).convert("RGB")
-    return np.asarray(img.resize((width, height), Image.LANCZOS))
+    return Image.fromarray(np.asarray(getattr(skimage.data, name)())).convert("RGB")
+
+
+def photo(height: int = HEIGHT, width: int = WIDTH, name: str = "astronaut") -> np.ndarray:
+    """uint8 HWC: scikit-image's photo ``name``, resized whole (Lanczos)."""
+    from PIL import Image
+
+    return np.asarray(_pil_photo(name).resize((width, height), Image.LANCZOS))
+
+
+def photos(height: int, width: int, channels_last: bool = True) -> torch.Tensor:
+    """uint8 ``[4, 3, height, width]``: the four PHOTOS, each resized whole; channels-last memory
+    as gpupipe's decoder writes it, unless ``channels_last=False``."""
+    x = torch.from_numpy(np.stack([photo(height, width, name) for name in PHOTOS])).permute(0, 3, 1, 2)
+    return x if channels_last else x.contiguous()
+
+
+def photo_batch(n: int, h: int, w: int, *, seed: int = 0, device: str = "cpu", channels_last: bool = True) -> torch.Tensor:
+    """uint8 ``[n, 3, h, w]``: a different random crop of a real photo per sample (resized with
+    Lanczos), channels-last as gpupipe's decoder writes it."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    imgs = []
+    for i in range(n):
+        pil = _pil_photo(PHOTOS[i % len(PHOTOS)])
+        side = int(rng.integers(min(pil.size) // 2, min(pil.size) + 1))
+        top = int(rng.integers(0, pil.size[1] - side + 1))
+        left = int(rng.integers(0, pil.size[0] - side + 1))
+        imgs.append(np.asarray(pil.crop((left, top, left + side, top + side)).resize((w, h), Image.LANCZOS)))
+    x = torch.from_numpy(np.stack(imgs)).permute(0, 3, 1, 2)  # NHWC memory
+    if not channels_last:
+        x = x.contiguous()
+    return x.to(device)
 
 
 def encode(pixels: np.ndarray, **options) -> bytes:
     h, w = pixels.shape[:2]
     c = 1 if pixels.ndim == 2 else pixels.shape[2]
     return _C.encode_jpeg(np.ascontiguousarray(pixels).tobytes(), h, w, c, **options)
+
+
+def photo_jpegs(names: Sequence[str], options: Sequence[dict], size: tuple[int, int] = (150, 190),
+                step: tuple[int, int] = (7, 11)) -> list[bytes]:
+    """One JPEG per name: photo ``i`` (``names[i]``) at ``size + i * step`` (height, width), encoded
+    with ``options[i % len(options)]`` (:func:`encode`'s keywords): a batch of distinct photos,
+    sizes and variants."""
+    return [encode(photo(size[0] + step[0] * i, size[1] + step[1] * i, name), **options[i % len(options)])
+            for i, name in enumerate(names)]
 
 
 # name -> encoder options; stored color space, sampling (luma h, v), coding

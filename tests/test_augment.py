@@ -11,10 +11,11 @@ import shutil
 import pytest
 import torch
 
-from augment_helpers import DEVICES, levels, photo_batch, torchvision_chain
+from augment_helpers import levels, torchvision_chain
 from gpupipe import keyed
 from gpupipe.augment import IMAGENET_MEAN, IMAGENET_STD, BatchAugment
 from gpupipe.augment import fused as fused_mod
+from helpers import DEVICES, photo_batch
 
 FULL = dict(hflip=0.5, vflip=0.5, rotation=25, translate=(0.1, 0.05), scale=(0.8, 1.2), shear=(-10, 10, -5, 5),
             brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1, grayscale=0.2)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from augment_helpers import photo_batch
 from gpupipe.augment import affine_matrices, warp_affine
+from helpers import photo_batch
 
 f32 = np.float32
 

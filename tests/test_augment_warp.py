@@ -17,9 +17,10 @@ import pytest
 import torch
 import torchvision.transforms.v2.functional as F
 
-from augment_helpers import DEVICES, near_rounding_boundary, photo_batch
+from augment_helpers import near_rounding_boundary
 from gpupipe import _C
 from gpupipe.augment import _kernels, affine_matrices, warp_affine
+from helpers import DEVICES, photo_batch
 
 SIZES = [(157, 203), (256, 256), (96, 331)]
 MODES = {"nearest": F.InterpolationMode.NEAREST, "bilinear": F.InterpolationMode.BILINEAR}

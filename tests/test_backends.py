@@ -7,7 +7,7 @@ import torch
 
 import gpupipe
 from gpupipe._backends import dali as dali_backend
-from helpers import BACKEND_DEVICES, assert_close_to_core, encode, patch_sof, photo
+from helpers import BACKEND_DEVICES, assert_close_to_core, encode, patch_sof, photo, photo_jpegs
 
 AVAILABLE = gpupipe.backends_available()
 CASES = [c for c in BACKEND_DEVICES if c.id != "cpu-cpu"]  # each against the CPU core on the CPU
@@ -15,12 +15,9 @@ CASES = [c for c in BACKEND_DEVICES if c.id != "cpu-cpu"]  # each against the CP
 
 @pytest.fixture(scope="module")
 def photos():
-    datas = []
-    for i, name in enumerate(["astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "astronaut"]):
-        h, w = 160 + 9 * i, 210 + 13 * i
-        opts = [{}, {"h_samp": 1, "v_samp": 1}, {"progressive": True}, {"h_samp": 2, "v_samp": 1}, {"colorspace": "gray"}, {}][i]
-        datas.append(encode(photo(h, w, name), **opts))
-    return datas
+    return photo_jpegs(["astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "astronaut"],
+                       [{}, {"h_samp": 1, "v_samp": 1}, {"progressive": True}, {"h_samp": 2, "v_samp": 1},
+                        {"colorspace": "gray"}, {}], size=(160, 210), step=(9, 13))
 
 
 def edge_boxes(datas, h, w, seed=0):

@@ -9,18 +9,13 @@ import torch
 
 import gpupipe
 from gpupipe import _C
-from helpers import BACKEND_DEVICES, assert_close_to_core, encode, photo, stress
+from helpers import BACKEND_DEVICES, PHOTOS, assert_close_to_core, encode, photo, photo_jpegs, stress
 
 
 @pytest.fixture(scope="module")
 def batch():
     """12 distinct photos of different sizes and variants."""
-    datas = []
-    for i, name in enumerate(["astronaut", "coffee", "chelsea", "rocket"] * 3):
-        h, w = 150 + 7 * i, 190 + 11 * i
-        opts = [{}, {"progressive": True}, {"h_samp": 1, "v_samp": 1}, {"colorspace": "gray"}][i % 4]
-        datas.append(encode(photo(h, w, name), **opts))
-    return datas
+    return photo_jpegs(PHOTOS * 3, [{}, {"progressive": True}, {"h_samp": 1, "v_samp": 1}, {"colorspace": "gray"}])
 
 
 def boxes_for(datas, h=64, w=80, seed=0):

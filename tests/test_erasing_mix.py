@@ -11,9 +11,7 @@ from torchvision.transforms.v2 import functional as F
 
 from gpupipe.augment import (BatchAugment, Compose, CutMix, MixUp, RandAugment, RandomChoice, RandomErasing,
                              TrivialAugmentWide)
-
-DEVICES = [pytest.param("cpu"),
-           pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))]
+from helpers import DEVICES
 
 
 @pytest.fixture(scope="module")

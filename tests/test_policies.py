@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import photo
+from helpers import DEVICES, photos
 from torchvision.transforms import v2
 
 from gpupipe import _C, keyed
@@ -15,16 +15,8 @@ from gpupipe.augment import AutoAugment, RandAugment, TrivialAugmentWide
 from gpupipe.augment import _auto_augment_ops as ops
 from gpupipe.augment.auto_augment import POLICIES
 
-DEVICES = [pytest.param("cpu"),
-           pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))]
 GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
 FACTOR_OPS = ("Brightness", "Color", "Contrast", "Sharpness")  # float blends: rounding as torch's float path
-PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")
-
-
-def photos(height: int, width: int, channels_last: bool = True) -> torch.Tensor:
-    x = torch.from_numpy(np.stack([photo(height, width, name) for name in PHOTOS])).permute(0, 3, 1, 2)
-    return x if channels_last else x.contiguous()
 
 
 @pytest.fixture(scope="module")
