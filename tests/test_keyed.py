@@ -73,3 +73,17 @@ def test_eval_keeps_the_identity_params_and_replays(module):
     assert sorted(module.last_params) == sorted(identity)
     assert all(torch.equal(module.last_params[k], v) for k, v in identity.items())
     assert torch.equal(module(*x, params=identity), out)  # the identity parameters are what eval() applies
+
+
+@pytest.mark.parametrize("module", modules(), ids=lambda m: type(m).__name__)
+def test_each_module_moves_and_copies_as_an_nn_module(module):
+    """nn.Module's own methods still work on every keyed module, alone and inside a container
+    (.to / .cpu / .float go through nn.Module._apply, which a subclass must not shadow)."""
+    import copy
+
+    chain = Compose([module])
+    for m in (module, chain):
+        assert m.to("cpu") is m and m.cpu() is m and m.float() is m and m.train(False) is m
+        m.train()
+    twin = copy.deepcopy(module)
+    assert type(twin) is type(module) and twin.stream == module.stream

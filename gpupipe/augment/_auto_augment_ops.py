@@ -221,7 +221,7 @@ class PolicyBase(KeyedModule):
     def _check_inputs(self, x: Any) -> int:
         return check_images(x).shape[0]
 
-    def _apply(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+    def _transform(self, x: torch.Tensor, params: dict) -> torch.Tensor:
         table = self._table(x.shape[2], x.shape[3])
         slot_rows = self._slot_rows(params)
         if not slot_rows:  # RandAugment(num_ops=0): torchvision returns the input

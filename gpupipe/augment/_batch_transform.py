@@ -60,7 +60,7 @@ class BatchTransformBase(KeyedModule):
 
     A subclass sets ``_stream_name`` and ``_param_keys`` (the keys of its parameters besides ``"n"``)
     and writes ``_params_from_rng(rng)`` (the batch's draws from :func:`batch_rng`) and
-    ``_apply(images, labels, params)``.
+    ``_transform(images, labels, params)``.
     """
 
     _param_keys: tuple
@@ -137,5 +137,5 @@ class BatchTransformBase(KeyedModule):
         """
         return self._forward((images, labels), params)
 
-    def _apply_identity(self, images: torch.Tensor, labels: torch.Tensor, params: None):
+    def _transform_identity(self, images: torch.Tensor, labels: torch.Tensor, params: None):
         return images, self.soft_labels(labels)

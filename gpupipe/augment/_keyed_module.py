@@ -39,9 +39,10 @@ class KeyedModule(GeneratorOwner, nn.Module):
     - ``_params_from_uniforms(u)``: the parameters from float64 uniforms ``[n, _draws]``;
     - ``_param_spec()``: ``(shapes, dtypes)``, the per-sample shape and the dtype of each key
       (the default check of a caller's parameters, and the identity: zeros);
-    - ``_apply(x, params)``: the output.
+    - ``_transform(x, params)``: the output (not ``_apply``: that name is nn.Module's own, behind
+      ``.to()`` and ``.cuda()``);
 
-    ``_apply_identity(x, params)`` says what ``eval()`` mode returns (default: ``x`` itself).
+    ``_transform_identity(x, params)`` says what ``eval()`` mode returns (default: ``x`` itself).
     """
 
     _stream_name: str
@@ -81,18 +82,18 @@ class KeyedModule(GeneratorOwner, nn.Module):
         if params is None:
             if not self.training:
                 self.last_params = self.identity_params(n)
-                return self._apply_identity(*inputs, self.last_params)
+                return self._transform_identity(*inputs, self.last_params)
             params = self.sample_params(n)
         else:
             params = self._checked_params(params, n)
         self.last_params = params
-        return self._apply(*inputs, params)
+        return self._transform(*inputs, params)
 
     def _checked_params(self, params: Any, n: int) -> dict:
         """A caller's ``params`` checked against :meth:`_param_spec` (a clear error otherwise)."""
         return check_params(params, n, *self._param_spec())
 
-    def _apply_identity(self, x: torch.Tensor, params: Optional[dict]) -> Any:
+    def _transform_identity(self, x: torch.Tensor, params: Optional[dict]) -> Any:
         return x
 
     # --- written by the subclasses ----------------------------------------------------------------
@@ -106,5 +107,5 @@ class KeyedModule(GeneratorOwner, nn.Module):
     def _param_spec(self) -> tuple[dict, dict]:
         raise NotImplementedError
 
-    def _apply(self, *inputs: Any) -> Any:
+    def _transform(self, *inputs: Any) -> Any:
         raise NotImplementedError

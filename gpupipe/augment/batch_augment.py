@@ -342,10 +342,10 @@ class BatchAugment(KeyedModule):
                             f"(x * 255).round().to(torch.uint8)), got {x.dtype}")
         return x.shape[0]
 
-    def _apply_identity(self, x: torch.Tensor, params: dict) -> torch.Tensor:
-        return self._apply(x, params)  # eval(): conversion and normalisation
+    def _transform_identity(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        return self._transform(x, params)  # eval(): conversion and normalisation
 
-    def _apply(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+    def _transform(self, x: torch.Tensor, params: dict) -> torch.Tensor:
         h, w = x.shape[2], x.shape[3]
         if self.engine == "kornia":
             from gpupipe.augment.kornia_engine import kornia_augment

@@ -74,7 +74,7 @@ class CutMix(BatchTransformBase):
         x2, y2 = min(r_x + r_w_half, width), min(r_y + r_h_half, height)
         return (x1, y1, x2, y2), float(1.0 - (x2 - x1) * (y2 - y1) / (width * height))
 
-    def _apply(self, images: torch.Tensor, labels: torch.Tensor, params: dict):
+    def _transform(self, images: torch.Tensor, labels: torch.Tensor, params: dict):
         (x1, y1, x2, y2), lam = self.box(params, images.shape[-2], images.shape[-1])
         output = images if self.inplace else images.clone()
         output[..., y1:y2, x1:x2] = images[..., y1:y2, x1:x2].roll(1, 0)  # roll only the box (a copy first)

@@ -60,7 +60,7 @@ class MixUp(BatchTransformBase):
     def _params_from_rng(self, rng: np.random.Generator) -> dict:
         return {"lam": torch.tensor(rng.beta(self.alpha, self.alpha), dtype=torch.float64)}
 
-    def _apply(self, images: torch.Tensor, labels: torch.Tensor, params: dict):
+    def _transform(self, images: torch.Tensor, labels: torch.Tensor, params: dict):
         if not images.is_floating_point():
             raise TypeError(f"images must be floating point for MixUp (a blend of two images), got {images.dtype}")
         lam = float(params["lam"])

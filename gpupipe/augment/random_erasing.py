@@ -155,7 +155,7 @@ class RandomErasing(KeyedModule):
             raise TypeError(f"value='random' (normal noise) needs floating-point images, got {x.dtype}")
         return x.shape[0]
 
-    def _apply(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+    def _transform(self, x: torch.Tensor, params: dict) -> torch.Tensor:
         n, c, height, width = x.shape
         erased, box = self.boxes(params, height, width)  # box: zeros where not erased
         values = None if self._values is None else self._values * (c // len(self._values))
