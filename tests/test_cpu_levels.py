@@ -18,8 +18,7 @@ import torch
 import gpupipe
 from gpupipe.augment import AutoAugment, BatchAugment, CutMix, MixUp, RandAugment, RandomErasing, TrivialAugmentWide
 from gpupipe.augment._policy_kernels import KINDS, INTERPOLATIONS, _policy_apply_cpu
-from augment_helpers import photo_batch
-from helpers import encode, full_decode, photo, run_child
+from helpers import encode, full_decode, photo, photo_batch, run_child
 from test_resize import pil_resize
 
 
