@@ -3,6 +3,7 @@
 // raw address (a torch tensor's data_ptr) so this module needs no torch ABI. The GIL is released
 // once per call.
 #include <pybind11/native_enum.h>
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -20,6 +21,7 @@
 
 #include "augment_bindings.h"
 #include "augment_cpu.h"
+#include "augment_params.h"
 #include "batch_decode.h"
 #include "errors.h"
 #include "file_reader.h"
@@ -691,7 +693,57 @@ void register_encode(py::module_& m) {
       py::arg("restart_blocks") = 0, py::arg("sampling") = std::vector<std::pair<int, int>>{});
 }
 
+// A float64 / bool / int64 row array of exactly `count` elements (C order; converted if needed).
+template <typename T>
+using Rows = py::array_t<T, py::array::c_style | py::array::forcecast>;
+
+template <typename T>
+const T* rows_of(const Rows<T>& a, int64_t count, const char* name) {
+  if (a.size() != count) throw InvalidArgument(std::string(name) + " must have " + std::to_string(count) + " values");
+  return a.data();
+}
+
+void register_augment_params(py::module_& m) {
+  m.def(
+      "inverse_affine",
+      [](Rows<double> angle, Rows<double> translate, Rows<double> scale, Rows<double> shear, Rows<double> center,
+         Rows<bool> hflip, Rows<bool> vflip, int64_t height, int64_t width) {
+        const int64_t n = angle.size();
+        AffineParams p{angle.data(), rows_of(translate, 2 * n, "translate"), rows_of(scale, n, "scale"),
+                       rows_of(shear, 2 * n, "shear"), rows_of(center, 2 * n, "center"),
+                       rows_of(hflip, n, "hflip"), rows_of(vflip, n, "vflip")};
+        py::array_t<double> out({n, int64_t{2}, int64_t{3}});
+        inverse_affine(n, p, height, width, out.mutable_data());
+        return out;
+      },
+      py::arg("angle"), py::arg("translate"), py::arg("scale"), py::arg("shear"), py::arg("center"), py::arg("hflip"),
+      py::arg("vflip"), py::arg("height"), py::arg("width"),
+      "float64 [N, 2, 3] inverse maps of torchvision's affine, followed by the flips (augment_params.h).");
+  m.def(
+      "pack_augment_params",
+      [](Rows<bool> hflip, Rows<bool> vflip, Rows<double> angle, Rows<double> translate, Rows<double> scale,
+         Rows<double> shear, Rows<double> brightness, Rows<double> contrast, Rows<double> saturation, Rows<double> hue,
+         Rows<int64_t> order, Rows<bool> grayscale, int64_t height, int64_t width) {
+        const int64_t n = angle.size();
+        AugmentParams p{rows_of(hflip, n, "hflip"),           rows_of(vflip, n, "vflip"),
+                        angle.data(),                         rows_of(translate, 2 * n, "translate"),
+                        rows_of(scale, n, "scale"),           rows_of(shear, 2 * n, "shear"),
+                        rows_of(brightness, n, "brightness"), rows_of(contrast, n, "contrast"),
+                        rows_of(saturation, n, "saturation"), rows_of(hue, n, "hue"),
+                        rows_of(order, 4 * n, "order"),       rows_of(grayscale, n, "grayscale")};
+        py::array_t<float> out({n, int64_t{param::kCount}});
+        pack_augment_params(n, p, height, width, out.mutable_data());
+        return out;
+      },
+      py::arg("hflip"), py::arg("vflip"), py::arg("angle"), py::arg("translate"), py::arg("scale"), py::arg("shear"),
+      py::arg("brightness"), py::arg("contrast"), py::arg("saturation"), py::arg("hue"), py::arg("order"),
+      py::arg("grayscale"), py::arg("height"), py::arg("width"),
+      "BatchAugment's float32 [N, 24] engine rows (color='torchvision') from its parameters, values checked "
+      "(ValueError naming the first that cannot apply).");
+}
+
 void register_augment(py::module_& m) {
+  register_augment_params(m);
   py::dict types;
   for (int t = kUInt8; t <= kInt64; ++t) types[elem_name(t)] = t;
   m.attr("ELEM_TYPES") = types;

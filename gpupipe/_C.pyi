@@ -5,6 +5,7 @@
 import enum
 from collections.abc import Sequence
 
+from numpy.typing import ArrayLike, NDArray
 from typing_extensions import Buffer
 
 pybind11_object = object  # the base class pybind11 gives the classes it binds
@@ -170,6 +171,39 @@ def encode_jpeg(
 # tensor (address, dtype code of ELEM_TYPES, shape, strides, ...): gpupipe.augment builds them and
 # the bindings check every one (csrc/strided_buffer.h) before the GIL is released.
 ELEM_TYPES: dict
+
+# BatchAugment's parameters as numpy rows (csrc/augment_params.h): float64, bool and int64 arrays
+# of n, 2n or 4n values, converted when another dtype is given.
+def inverse_affine(
+    angle: ArrayLike,
+    translate: ArrayLike,
+    scale: ArrayLike,
+    shear: ArrayLike,
+    center: ArrayLike,
+    hflip: ArrayLike,
+    vflip: ArrayLike,
+    height: int,
+    width: int,
+) -> NDArray:
+    """float64 [N, 2, 3] inverse maps of torchvision's affine, followed by the flips."""
+
+def pack_augment_params(
+    hflip: ArrayLike,
+    vflip: ArrayLike,
+    angle: ArrayLike,
+    translate: ArrayLike,
+    scale: ArrayLike,
+    shear: ArrayLike,
+    brightness: ArrayLike,
+    contrast: ArrayLike,
+    saturation: ArrayLike,
+    hue: ArrayLike,
+    order: ArrayLike,
+    grayscale: ArrayLike,
+    height: int,
+    width: int,
+) -> NDArray:
+    """BatchAugment's float32 [N, 24] engine rows (color='torchvision'), values checked."""
 
 def augment(
     input: Sequence[int],

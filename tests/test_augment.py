@@ -6,6 +6,7 @@ Stated tolerance (color="torchvision", both engines, nearest and bilinear): in 0
 within 2. (Measured: mean ~2e-4 levels for the fused engine; the rest are nearest-neighbour
 rounding-boundary pixels, tests/test_augment_warp.py.)"""
 
+import math
 import shutil
 
 import pytest
@@ -293,12 +294,48 @@ def test_torch_compile_fullgraph(mode):
     torch.testing.assert_close(f(x), model.aug(x, params=p), rtol=0, atol=0)
 
 
+def _rows_by_torch_ops(p: dict, height: int, width: int) -> torch.Tensor:
+    """An independent formulation of the engine's rows: torchvision's inverse affine written as torch
+    float64 ops on the batch (the implementation before the native one), the color columns as is."""
+    f64, n = torch.float64, p["angle"].shape[0]
+    rot = -p["angle"] * (math.pi / 180)
+    sx, sy = p["shear"][:, 0] * (math.pi / 180), p["shear"][:, 1] * (math.pi / 180)
+    a = torch.cos(rot - sy) / torch.cos(sy)
+    b = -(a * torch.tan(sx) + torch.sin(rot))
+    c = torch.sin(rot - sy) / torch.cos(sy)
+    d = torch.cos(rot) - c * torch.tan(sx)
+    A = torch.stack([torch.stack([d, -b], -1), torch.stack([-c, a], -1)], -2) / p["scale"][:, None, None]
+    centre = torch.tensor([width / 2 - 0.5, height / 2 - 0.5], dtype=f64)
+    shift = torch.round(p["translate"] * torch.tensor([width, height], dtype=f64))
+    sign = torch.stack([torch.where(p["hflip"], -1.0, 1.0), torch.where(p["vflip"], -1.0, 1.0)], 1).to(f64)
+    flip_shift = torch.stack([torch.where(p["hflip"], width - 1.0, 0.0), torch.where(p["vflip"], height - 1.0, 0.0)], 1)
+    offset = -centre - shift + flip_shift.to(f64)
+    t = (A @ offset[:, :, None])[:, :, 0] + centre
+    m = torch.cat([A * sign[:, None, :], t[:, :, None]], 2).reshape(n, 6)
+    color = torch.cat([torch.stack([p[k] for k in ("brightness", "contrast", "saturation", "hue")], 1),
+                       p["order"].to(f64), p["grayscale"].to(f64)[:, None]], 1)
+    return torch.nn.functional.pad(torch.cat([m, color], 1), (0, 24 - 15)).float()
+
+
+def test_packed_rows_equal_the_torch_formulation():
+    aug = BatchAugment(**dict(FULL, shear=(-20, 20, -10, 10), translate=(0.2, 0.1), scale=(0.7, 1.3)))
+    p = aug.sample_params(4096, seed=7, epoch=2)
+    for height, width in ((224, 224), (37, 101)):
+        got, ref = aug.pack_params(p, height, width), _rows_by_torch_ops(p, height, width)
+        torch.testing.assert_close(got, ref, rtol=2e-7, atol=2e-5)  # float64 libm vs torch's trig: an ulp
+        assert torch.equal(got[:, 6:], ref[:, 6:])
+
+
 def test_ops_opcheck():
     x = photo_batch(2, 12, 16, seed=22)
     aug = BatchAugment(**FULL)
     packed = aug.pack_params(aug.sample_params(2, seed=1), 12, 16)
     args = (x, packed, 1, [0.0, 0.0, 0.0], 0, list(aug.mean), list(aug.std))
     torch.library.opcheck(torch.ops.gpupipe.augment_batch.default, args + (torch.float32, False))
+    rows = [aug.sample_params(2, seed=1)[k] for k in ("hflip", "vflip", "angle", "translate", "scale", "shear",
+                                                      "brightness", "contrast", "saturation", "hue", "order", "grayscale")]
+    torch.library.opcheck(torch.ops.gpupipe.augment_pack_params.default, (rows, 12, 16))
+    assert torch.equal(torch.ops.gpupipe.augment_pack_params(rows, 12, 16), packed)
     torch.library.opcheck(torch.ops.gpupipe.augment_batch_out.default, args + (torch.empty(2, 3, 12, 16),))
 
 

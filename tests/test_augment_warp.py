@@ -181,6 +181,50 @@ def test_compile_and_opcheck():
     assert torch.equal(f(x, m), warp_affine(x, m, interpolation="bilinear"))
 
 
+def test_affine_matrices_equal_torchvisions_inverse_to_the_bit():
+    """The linear part of each map is torchvision's _get_inverse_affine_matrix (scaled, the same
+    libm cos / sin / tan its math module calls), bit for bit, rotation, scale and shear together."""
+    from torchvision.transforms.v2.functional._geometry import _get_inverse_affine_matrix
+
+    g = torch.Generator().manual_seed(3)
+    n = 500
+    angle = torch.rand(n, generator=g, dtype=torch.float64) * 720 - 360
+    scale = torch.rand(n, generator=g, dtype=torch.float64) + 0.5
+    shear = (torch.rand(n, 2, generator=g, dtype=torch.float64) * 80 - 40) * (torch.rand(n, 2, generator=g) < 0.7)
+    m = affine_matrices(angle, (0, 0), scale, shear, (0, 0))
+    for i in range(n):
+        ref = _get_inverse_affine_matrix([0.0, 0.0], float(angle[i]), [0.0, 0.0], float(scale[i]), shear[i].tolist())
+        assert m[i, :, :2].flatten().tolist() == [ref[0], ref[1], ref[3], ref[4]], i
+
+
+def test_affine_matrices_compile_to_the_same_maps():
+    angle, shear = torch.tensor([10.0, -33.0, 0.0]), torch.tensor([[5.0, -2.0], [0.0, 0.0], [0.0, 12.0]])
+    flips = torch.tensor([True, False, True]), torch.tensor([False, True, True])
+    eager = affine_matrices(angle, (1, 2), 1.25, shear, None, *flips, size=(16, 24))
+    f = torch.compile(lambda a, s: affine_matrices(a, (1, 2), 1.25, s, None, *flips, size=(16, 24)),
+                      fullgraph=True, backend="aot_eager")
+    assert torch.equal(f(angle, shear), eager)
+    args = (angle, torch.tensor([[1.0, 2.0]]).expand(3, 2), torch.full((3,), 1.25, dtype=torch.float64),
+            shear.double(), torch.tensor([[12.0, 8.0]]).expand(3, 2), *flips, 16, 24)
+    args = tuple(a.double() if a.is_floating_point() else a for a in args[:7]) + args[7:]
+    torch.library.opcheck(torch.ops.gpupipe.affine_matrices.default, args)
+
+
+def test_native_maps_refuse_rows_of_the_wrong_size():
+    """The binding reads exactly n (or 2n) values of each row array: others are refused, not read."""
+    import numpy as np
+
+    from gpupipe import _C
+
+    one, two, no = np.zeros(1), np.zeros(2), np.zeros(1, dtype=bool)
+    _C.inverse_affine(one, two, np.ones(1), two, two, no, no, 4, 4)
+    for bad in range(1, 5):
+        args = [one, two, np.ones(1), two, two, no, no]
+        args[bad] = np.zeros(7)
+        with pytest.raises(ValueError, match="must have"):
+            _C.inverse_affine(*args, 4, 4)
+
+
 def test_affine_matrices_docstring_conventions():
     # a pure translation moves content by +t: the output pixel (x, y) reads (x - tx, y - ty)
     m = affine_matrices(torch.zeros(1), torch.tensor([[3.0, -2.0]]), 1.0, (0, 0), size=(10, 10))

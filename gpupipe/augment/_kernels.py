@@ -36,6 +36,12 @@ def eager_cpu(x: torch.Tensor) -> bool:
     return type(x) is torch.Tensor and x.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
+def eager(x: torch.Tensor) -> bool:
+    """:func:`eager_cpu` for CPU and CUDA tensors: the op's kernel may be called directly (on CUDA
+    the dispatcher's ~0.1 ms per call is a third of BatchAugment's whole kernel for 256 images)."""
+    return type(x) is torch.Tensor and x.device.type in ("cpu", "cuda") and not torch.compiler.is_compiling()
+
+
 def cuda_module():
     if _C_cuda is None:
         raise RuntimeError("gpupipe was built without CUDA kernels (no CUDA compiler at build time); "

@@ -21,6 +21,8 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from gpupipe import _C
+
 TensorLike = Union[torch.Tensor, float, Sequence[float]]
 
 
@@ -87,6 +89,7 @@ def affine_matrices(
     translate = _column(translate, n, "translate", 2)
     scale = _column(scale, n, "scale")
     shear = _column(shear, n, "shear", 2)
+    h = w = 0
     if size is not None:
         if len(size) != 2 or min(int(s) for s in size) < 1:
             raise ValueError(f"size must be (H, W) with H, W >= 1, got {size}")
@@ -101,30 +104,33 @@ def affine_matrices(
     if not torch.compiler.is_compiling() and not bool((scale > 0).all()):
         raise ValueError("scale must be > 0")
 
-    # torchvision's _get_inverse_affine_matrix, vectorised.
-    rot = angle * (math.pi / 180)
-    sx, sy = shear[:, 0] * (math.pi / 180), shear[:, 1] * (math.pi / 180)
-    a = torch.cos(rot - sy) / torch.cos(sy)
-    b = -(a * torch.tan(sx) + torch.sin(rot))
-    c = torch.sin(rot - sy) / torch.cos(sy)
-    d = torch.cos(rot) - c * torch.tan(sx)
-    A = torch.stack([torch.stack([d, -b], -1), torch.stack([-c, a], -1)], -2) / scale[:, None, None]
+    args = (angle, translate, scale, shear, center, *_flips(hflip, vflip, n))
+    if torch.compiler.is_compiling() or any(type(t) is not torch.Tensor for t in args):
+        return torch.ops.gpupipe.affine_matrices(*args, h, w)  # the same native code, opaque to a trace
+    return _inverse_affine(args, h, w)
 
-    c_idx = center - 0.5  # index coordinates of the centre
-    offset = -c_idx - translate
-    lin = A
-    if hflip is not None or vflip is not None:
-        sign = torch.ones(n, 2, dtype=torch.float64)
-        shift = torch.zeros(n, 2, dtype=torch.float64)
-        for axis, flip, extent in ((0, hflip, w), (1, vflip, h)):
-            if flip is not None:
-                f = torch.as_tensor(flip, dtype=torch.bool).cpu().expand(n)
-                sign[:, axis] = torch.where(f, -1.0, 1.0)
-                shift[:, axis] = torch.where(f, float(extent - 1), 0.0)
-        lin = A * sign[:, None, :]
-        offset = offset + shift
-    t = (A @ offset[:, :, None])[:, :, 0] + c_idx
-    return torch.cat([lin, t[:, :, None]], dim=2)
+
+def _inverse_affine(args, height: int, width: int) -> torch.Tensor:
+    """The maps in native code (csrc/augment_params.h): a few microseconds for a batch, where the
+    same as small torch ops cost more than the CUDA kernel's whole batch; libm's cos / sin / tan,
+    the functions torchvision's own ``math`` calls use."""
+    return torch.from_numpy(_C.inverse_affine(*(t.numpy() for t in args), height, width))
+
+
+def _flips(hflip, vflip, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    none = torch.zeros(n, dtype=torch.bool)
+    return tuple(none if f is None else torch.as_tensor(f, dtype=torch.bool).cpu().expand(n) for f in (hflip, vflip))
+
+
+@torch.library.custom_op("gpupipe::affine_matrices", mutates_args=())
+def _affine_op(angle: torch.Tensor, translate: torch.Tensor, scale: torch.Tensor, shear: torch.Tensor,
+               center: torch.Tensor, hflip: torch.Tensor, vflip: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    return _inverse_affine((angle, translate, scale, shear, center, hflip, vflip), height, width)
+
+
+@_affine_op.register_fake
+def _(angle, translate, scale, shear, center, hflip, vflip, height, width):
+    return angle.new_empty((angle.shape[0], 2, 3))
 
 
 __all__ = ["affine_matrices"]

@@ -85,7 +85,7 @@ def augment_batch(x: torch.Tensor, params: torch.Tensor, *, interpolation: int, 
     """Runs the engine on ``x`` (uint8 ``[N, 3, H, W]``, any strides) with packed ``params``
     (float32 ``[N, 24]`` on x's device); the C++ bindings validate every buffer before any kernel."""
     mean, std = [float(m) for m in mean], [float(s) for s in std]
-    if _kernels.eager_cpu(x):
+    if _kernels.eager(x):
         if out is None:
             out = _empty_out(x, out_dtype, channels_last)
         _run(x, params, interpolation, fill, color, mean, std, out)
