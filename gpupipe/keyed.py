@@ -54,6 +54,18 @@ def uniforms(seed: int, epoch: int, indices: Any, count: int, *, stream: int = 0
     return bits.astype(np.float64) * (1.0 / 2**53)
 
 
+def normals(keys: np.ndarray, counters: np.ndarray) -> np.ndarray:
+    """float64 standard normal values, one per (key, counter) pair of the uint64 arrays (same
+    shape): Box-Muller on two 53-bit uniforms of the same SplitMix64 hash as :func:`uniforms`, so
+    a value is a pure function of its key and counter."""
+    with np.errstate(over="ignore"):
+        k = _mix(keys.astype(np.uint64) + _GOLDEN)
+        c = counters.astype(np.uint64)
+        u = [(_mix(k ^ _mix(2 * c + np.uint64(j) + _GOLDEN)) >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
+             for j in (1, 2)]
+    return np.sqrt(-2.0 * np.log1p(-u[0])) * np.cos(2.0 * np.pi * u[1])
+
+
 def stream_of(name: str) -> int:
     """A stable stream number for a consumer's name (the same in every process and version)."""
     return zlib.crc32(name.encode()) + 1  # never 0, the crop samplers' stream
@@ -112,4 +124,4 @@ def child_params(child: Any, k: int, n: int, *, seed: Any, epoch: Any, indices: 
     return child.sample_params(n)
 
 
-__all__ = ["uniforms", "stream_of", "derive_seed", "Keyed", "takes_keys", "child_params"]
+__all__ = ["uniforms", "normals", "stream_of", "derive_seed", "Keyed", "takes_keys", "child_params"]

@@ -40,7 +40,7 @@ from gpupipe.crops import CropSampler
 from gpupipe.engine import Closed, Engine, HostClock, StageTimes
 from gpupipe.error_policy import apply_policy, check_on_error
 from gpupipe.routing import decode_into, plan_batch, straight
-from gpupipe.sources import MapSource, Source, _call_or_error, distributed_indices, indented
+from gpupipe.sources import MapSource, Source, call_or_error, distributed_indices, indented
 
 STAGES = ("read", "plan", "decode", "collect", "transfer", "augment")
 
@@ -600,7 +600,7 @@ class _Epoch:
             batch.datas, failed = source.read_batch(batch.indices, self.l.io_threads)
             batch.read_errors = {k: f"read error: {type(e).__name__}: {e}" for k, e in failed.items()}
             return batch
-        got = list(self.reader.map(lambda i: _call_or_error(source.read, i), batch.indices.tolist()))
+        got = list(self.reader.map(lambda i: call_or_error(source.read, i), batch.indices.tolist()))
         batch.datas = [b"" if isinstance(d, BaseException) else d for d in got]
         batch.read_errors = {k: f"read error: {type(d).__name__}: {d}" for k, d in enumerate(got)
                              if isinstance(d, BaseException)}

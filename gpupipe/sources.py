@@ -94,7 +94,7 @@ class MapSource:
         reading the files on ``num_threads`` threads without the GIL. A subclass that overrides
         ``read`` gets its own ``read`` called per sample."""
         if not self.reads_files():
-            return [_call_or_error(self.read, i) for i in indices]
+            return [call_or_error(self.read, i) for i in indices]
         return _in_place(*self.read_batch(indices, num_threads))
 
     def read_batch(self, indices: Sequence[int], num_threads: int) -> tuple[list, dict]:
@@ -108,7 +108,7 @@ class MapSource:
         """The keys as file paths (bytes), or the ValueError open() would raise; made once per list of keys."""
         cached = getattr(self, "_paths_cache", None)
         if cached is None or cached[0] is not self.keys or len(cached[1]) != len(self.keys):
-            cached = (self.keys, [_call_or_error(_file_path, k) for k in self.keys])
+            cached = (self.keys, [call_or_error(_file_path, k) for k in self.keys])
             self._paths_cache = cached
         return cached[1]
 
@@ -123,7 +123,7 @@ def read_files(paths: Sequence, num_threads: int) -> list:
     """The bytes of each file, or the exception that stopped its read: one native call on
     ``num_threads`` threads without the GIL. Only regular files of at most ``max_file_size`` bytes
     are read; a FIFO, a device (a symlink to ``/dev/zero``), a directory or a larger file fails alone."""
-    return _in_place(*_read_paths([_call_or_error(_file_path, p) for p in paths], num_threads))
+    return _in_place(*_read_paths([call_or_error(_file_path, p) for p in paths], num_threads))
 
 
 def _in_place(datas: list, failed: dict) -> list:
@@ -161,7 +161,8 @@ def _file_path(key) -> bytes:
     return path
 
 
-def _call_or_error(fn, *args):
+def call_or_error(fn, *args):
+    """``fn(*args)``, or the exception it raised: a sample's failure, reported with the sample."""
     try:
         return fn(*args)
     except Exception as e:  # the sample's failure, reported with it

@@ -18,16 +18,9 @@ _TRIES = 10  # torchvision's attempts at a box that fits
 
 
 def _normal_noise(keys: torch.Tensor, sample: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
-    """float32 standard normal values, a pure function of (keys[sample], counter): Box-Muller on two
-    53-bit uniforms of gpupipe.keyed's SplitMix64 hash."""
+    """float32 standard normal values, a pure function of (keys[sample], counter)."""
     key = keys.numpy().astype(np.uint64)[sample.numpy()]
-    c = counter.numpy().astype(np.uint64)
-    with np.errstate(over="ignore"):
-        k = keyed._mix(key + keyed._GOLDEN)
-        u = [(keyed._mix(k ^ keyed._mix(2 * c + np.uint64(j) + keyed._GOLDEN)) >> np.uint64(11)).astype(np.float64)
-             * (1.0 / 2**53) for j in (1, 2)]
-    z = np.sqrt(-2.0 * np.log1p(-u[0])) * np.cos(2.0 * np.pi * u[1])
-    return torch.from_numpy(z.astype(np.float32))
+    return torch.from_numpy(keyed.normals(key, counter.numpy()).astype(np.float32))
 
 
 class RandomErasing(KeyedModule):
