@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 
 from gpupipe._backends import cpu, dali, nvjpeg
@@ -19,9 +21,8 @@ def backends_available() -> dict:
         >>> gpupipe.backends_available()["cpu"]["available"]
         True
     """
-    from gpupipe.augment.fused import cuda_kernel_available
-
     cuda = torch.cuda.is_available()
+    kernels_built = importlib.util.find_spec("gpupipe._C_cuda") is not None  # without importing augment
     no_cuda = "no CUDA device (torch.cuda.is_available() is False)"
     dali_reason = dali.unavailable_reason()
     nv_reason = nvjpeg.unavailable_reason()
@@ -32,10 +33,10 @@ def backends_available() -> dict:
                  "devices": [] if dali_reason else ["cpu"] + (["cuda"] if cuda else []),
                  "reason": dali_reason or ("" if cuda else f"CPU operators only: {no_cuda}")},
         "nvjpeg": {"available": nv_reason is None, "devices": [] if nv_reason else ["cuda"], "reason": nv_reason or ""},
-        "cuda_kernels": {"available": cuda_kernel_available() and cuda,
-                         "devices": ["cuda"] if cuda_kernel_available() and cuda else [],
-                         "reason": "" if cuda_kernel_available() and cuda else
-                         ("built without a CUDA compiler" if not cuda_kernel_available() else no_cuda)},
+        "cuda_kernels": {"available": kernels_built and cuda,
+                         "devices": ["cuda"] if kernels_built and cuda else [],
+                         "reason": "" if kernels_built and cuda else
+                         ("built without a CUDA compiler" if not kernels_built else no_cuda)},
     }
 
 
