@@ -1,7 +1,7 @@
-// CUDA kernels of gpupipe's augmentations: the per-pixel math of csrc/augment_pixel.h and
-// csrc/augment_kernels.h (shared with the host build in csrc/augment_cpu.cpp, and rounded alike:
-// _rn intrinsics, built with --fmad=false). BatchAugment's engine runs as one fused launch on
-// sm_90 (clusters, below) and as two launches elsewhere (contrast's means, then the output).
+// CUDA kernels of gpupipe's augmentations: the per-pixel math of csrc/augment/augment_pixel.h and
+// csrc/augment/augment_kernels.h (shared with the host build in csrc/augment/augment_cpu.cpp, and
+// rounded alike: _rn intrinsics, built with --fmad=false). BatchAugment's engine runs as one fused
+// launch on sm_90 (clusters, below) and as two launches elsewhere (contrast's means, then the output).
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <stdint.h>

@@ -3,7 +3,7 @@
 // cudaError_t of the launch (0 = success). All pointers in the arguments are device pointers.
 #pragma once
 
-#include "augment_kernels.h"
+#include "augment/augment_kernels.h"
 
 namespace gpupipe {
 

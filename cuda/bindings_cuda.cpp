@@ -1,6 +1,6 @@
 // pybind11 module gpupipe._C_cuda: the CUDA launchers, called with buffer descriptions of tensors
 // (gpupipe.augment._kernels.buffer) and torch.cuda.current_stream().cuda_stream. Every buffer is
-// validated (augment_bindings.h) before a launch; every launch error becomes a RuntimeError.
+// validated (csrc/augment/augment_args.h) before a launch; every launch error becomes a RuntimeError.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "augment_bindings.h"
+#include "augment/augment_args.h"
 #include "augment_cuda.h"
 
 namespace py = pybind11;

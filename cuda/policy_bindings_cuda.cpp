@@ -1,5 +1,5 @@
-// gpupipe._C_cuda's policy op: validated like the host op (csrc/policy_bindings.h), launched on the
-// caller's stream.
+// gpupipe._C_cuda's policy op: validated like the host op (csrc/augment/policy_args.h), launched on
+// the caller's stream.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "augment_cuda.h"
-#include "policy_bindings.h"
+#include "augment/policy_args.h"
 #include "policy_cuda.h"
 
 namespace py = pybind11;

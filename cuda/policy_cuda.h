@@ -3,7 +3,7 @@
 
 #include <stdint.h>
 
-#include "policy_kernels.h"
+#include "augment/policy_kernels.h"
 
 namespace gpupipe {
 

@@ -1,5 +1,6 @@
-// CUDA kernels of the augmentation policies: the per-pixel math of csrc/policy_ops.h and the warp of
-// csrc/augment_pixel.h, shared with the host kernels (csrc/policy_cpu.cpp), so both round alike.
+// CUDA kernels of the augmentation policies: the per-pixel math of csrc/augment/policy_ops.h and the
+// warp of csrc/augment/augment_pixel.h, shared with the host kernels (csrc/augment/policy_cpu.cpp), so
+// both round alike.
 // Three launches per op slot: per-sample statistics (shared-memory histograms), per-sample lookup
 // tables, then one thread per output pixel.
 #include <cuda_runtime.h>

@@ -1,4 +1,4 @@
-# Type stub of gpupipe._C, the compiled core (csrc/bindings.cpp). Private: use the gpupipe API.
+# Type stub of gpupipe._C, the compiled core (csrc/bindings/). Private: use the gpupipe API.
 # Addresses are plain integers (a torch tensor's data_ptr()); buffers are any object exporting the
 # buffer protocol (bytes, bytearray, memoryview, numpy arrays). tests/test_stubs.py checks that this
 # file and the built module name the same functions with the same parameters.
@@ -11,7 +11,7 @@ from typing_extensions import Buffer
 pybind11_object = object  # the base class pybind11 gives the classes it binds
 
 class ErrorKind(enum.IntEnum):
-    """Why a sample failed; the one list of error kinds (csrc/errors.h)."""
+    """Why a sample failed; the one list of error kinds (csrc/common/errors.h)."""
 
     NONE = 0
     INVALID_ARGUMENT = 1
@@ -169,10 +169,10 @@ def encode_jpeg(
 ) -> bytes: ...
 # The augmentation kernels' host builds. A buffer argument is a sequence of ints describing a
 # tensor (address, dtype code of ELEM_TYPES, shape, strides, ...): gpupipe.augment builds them and
-# the bindings check every one (csrc/strided_buffer.h) before the GIL is released.
+# the bindings check every one (csrc/common/strided_buffer.h) before the GIL is released.
 ELEM_TYPES: dict
 
-# BatchAugment's parameters as numpy rows (csrc/augment_params.h): float64, bool and int64 arrays
+# BatchAugment's parameters as numpy rows (csrc/augment/augment_params.h): float64, bool and int64 arrays
 # of n, 2n or 4n values, converted when another dtype is given.
 def inverse_affine(
     angle: ArrayLike,

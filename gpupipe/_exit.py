@@ -1,4 +1,4 @@
-"""gpupipe calls on other threads at interpreter exit (csrc/released_gil.h).
+"""gpupipe calls on other threads at interpreter exit (csrc/bindings/released_gil.h).
 
 A daemon thread inside a gpupipe call when Python exits would abort the process (CPython before 3.14
 ends it at its next GIL request with a forced unwind that a noexcept destructor, gpupipe's or

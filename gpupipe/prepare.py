@@ -1,5 +1,5 @@
 """``prepare``: a lossless transcode of a dataset that adds restart markers, so that crops decode
-only their own part of the entropy-coded data (see csrc/restart.h).
+only their own part of the entropy-coded data (see csrc/decode/restart.h).
 
 Every JPEG is rewritten with identical DCT coefficients (so identical pixels, verified per file),
 optimised Huffman tables and restart intervals that tile each MCU row. Non-JPEG and corrupt files

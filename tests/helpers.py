@@ -171,7 +171,7 @@ def pillow_encode(pixels: np.ndarray, **kwargs) -> bytes:
 
 def full_decode(data: bytes, mode: str = "rgb") -> np.ndarray:
     """The reference: the whole image decoded by the same libjpeg-turbo alone (without gpupipe's
-    Huffman reader, csrc/huffman_reader.h), as HWC numpy."""
+    Huffman reader, csrc/decode/huffman_reader.h), as HWC numpy."""
     info = gpupipe.read_header(data)
     before = gpupipe._C._set_huffman_reader(False)
     try:

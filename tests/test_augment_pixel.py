@@ -1,4 +1,4 @@
-"""The per-pixel math of csrc/augment_pixel.h, held to its rounding contract: the host build must
+"""The per-pixel math of csrc/augment/augment_pixel.h, held to its rounding contract: the host build must
 equal, bit for bit, a float32 emulation of the device's arithmetic (each step one IEEE binary32
 operation rounded to nearest even, in the header's order, never fused: what __fmul_rn / __fadd_rn /
 __fdiv_rn compute). numpy's float32 ufuncs are exactly that on every x86-64 CPU (AVX2 or AVX-512):

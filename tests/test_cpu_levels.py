@@ -1,4 +1,4 @@
-"""The CPU kernels at every instruction set level this CPU runs (csrc/multiversion.h): each level
+"""The CPU kernels at every instruction set level this CPU runs (csrc/common/multiversion.h): each level
 gives the bytes of the baseline x86-64 build, on shapes that reach the vector loops' tails, the
 explicit AVX-512 kernels' edges (a table lookup's last partial block, the gather's last column) and
 every layout (planar, channels-last, a cropped view with padded rows); the resampler stays Pillow's

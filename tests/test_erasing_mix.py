@@ -331,7 +331,7 @@ def test_erasing_select_path_equals_the_kernel(images):
 
 
 def test_mixup_host_kernel_is_torchvisions_expression_bit_for_bit():
-    """The one-pass blend (csrc/mix_cpu.cpp) rounds as roll().mul_(1 - lam).add_(images.mul(lam))."""
+    """The one-pass blend (csrc/augment/mix_cpu.cpp) rounds as roll().mul_(1 - lam).add_(images.mul(lam))."""
     from gpupipe.augment import MixUp
 
     g = torch.Generator().manual_seed(0)

@@ -1,4 +1,4 @@
-"""gpupipe's Huffman reader (csrc/huffman_reader.h): inside libjpeg's pipeline, the MCUs a crop does
+"""gpupipe's Huffman reader (csrc/decode/huffman_reader.h): inside libjpeg's pipeline, the MCUs a crop does
 not need are passed and those it needs decoded into libjpeg's blocks by gpupipe's own bit reader.
 Crops and whole images must come out bit-identical to libjpeg alone (tests/helpers.full_decode
 turns the reader off), on every variant, at every DCT scale, and on damaged data with the same

@@ -8,10 +8,10 @@
 #include <new>
 #include <vector>
 
-#include "batch_decode.h"
-#include "errors.h"
-#include "jpeg_decoder.h"
-#include "restart.h"
+#include "decode/batch_decode.h"
+#include "common/errors.h"
+#include "decode/jpeg_decoder.h"
+#include "decode/restart.h"
 
 using namespace gpupipe;
 

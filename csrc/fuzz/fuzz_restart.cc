@@ -1,4 +1,4 @@
-// libFuzzer harness of the restart-marker index (csrc/restart.cpp) with hostile marker layouts, no
+// libFuzzer harness of the restart-marker index (csrc/decode/restart.cpp) with hostile marker layouts, no
 // Python, under ASan + UBSan: the layout the caller believes (size, components, MCU size, interval)
 // comes from the input, the bytes are anything. Whatever the walk accepts must give sub-JPEGs that
 // stay inside their buffers, and the decoder must treat them as any other input. Input layout:
@@ -7,9 +7,9 @@
 #include <new>
 #include <vector>
 
-#include "errors.h"
-#include "jpeg_decoder.h"
-#include "restart.h"
+#include "common/errors.h"
+#include "decode/jpeg_decoder.h"
+#include "decode/restart.h"
 
 using namespace gpupipe;
 

@@ -8,10 +8,10 @@
 #include <new>
 #include <vector>
 
-#include "errors.h"
-#include "huffman_reader.h"
-#include "jpeg_decoder.h"
-#include "restart.h"
+#include "common/errors.h"
+#include "decode/huffman_reader.h"
+#include "decode/jpeg_decoder.h"
+#include "decode/restart.h"
 
 using namespace gpupipe;
 

@@ -20,11 +20,13 @@ CXX=${FUZZ_CXX:-$(command -v clang++ || command -v clang++-14 || true)}
 OUT=build/fuzz
 mkdir -p "$OUT/obj" "$OUT/findings"
 FLAGS="-std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined -Icsrc"
-CORE="jpeg_decoder jpeg_error resize thread_pool batch_decode restart huffman_reader multiversion"
+# the core's sources the harnesses use, under csrc/
+CORE="decode/jpeg_decoder decode/jpeg_error decode/resize decode/batch_decode decode/restart decode/huffman_reader
+      common/thread_pool common/multiversion"
 objs=()
 for f in $CORE; do
-  o="$OUT/obj/$f.o"
-  if [ ! -f "$o" ] || [ -n "$(find csrc -maxdepth 1 \( -name "$f.cpp" -o -name '*.h' \) -newer "$o")" ]; then
+  o="$OUT/obj/${f##*/}.o"
+  if [ ! -f "$o" ] || [ -n "$(find csrc/common csrc/decode -maxdepth 1 \( -path "csrc/$f.cpp" -o -name '*.h' \) -newer "$o")" ]; then
     echo "[fuzz] compiling $f.cpp (ASan + UBSan)"
     $CXX $FLAGS -fsanitize=fuzzer-no-link -c "csrc/$f.cpp" -o "$o"
   fi

@@ -12,7 +12,7 @@ try:
 except ImportError:  # built without a CUDA compiler
     _C_cuda = None
 
-# torch dtype -> the bindings' element-type code (defined once, in csrc/elem_type.h)
+# torch dtype -> the bindings' element-type code (defined once, in csrc/common/elem_type.h)
 ELEM_TYPES = {getattr(torch, name): code for name, code in _C.ELEM_TYPES.items()}
 
 

@@ -1,9 +1,9 @@
 """The policies' kernel as a torch op: ``gpupipe::policy_apply``, a batch's op slots in one call.
 
 Sample ``i`` of a uint8 ``[N, 3, H, W]`` batch undergoes ``kinds[i, 0]``, then ``kinds[i, 1]``, ...
-(:data:`KINDS`, from csrc/policy_ops.h), each with its ``params[i, s]`` (factor, bits or threshold)
+(:data:`KINDS`, from csrc/augment/policy_ops.h), each with its ``params[i, s]`` (factor, bits or threshold)
 or, for ``KINDS["affine"]``, ``matrices[i, s]`` (the warp of :func:`gpupipe.augment.warp_affine`).
-CPU tensors run the host kernels (csrc/policy_cpu.cpp) on gpupipe's thread pool,
+CPU tensors run the host kernels (csrc/augment/policy_cpu.cpp) on gpupipe's thread pool,
 ``torch.get_num_threads()`` threads, the GIL released once per call: per sample, consecutive table
 ops fold into one pass. CUDA tensors run the CUDA kernels (cuda/policy_ops.cu) slot after slot on
 torch's current stream. A fake kernel makes the op traceable by ``torch.compile``.

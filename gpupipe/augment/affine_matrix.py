@@ -111,7 +111,7 @@ def affine_matrices(
 
 
 def _inverse_affine(args, height: int, width: int) -> torch.Tensor:
-    """The maps in native code (csrc/augment_params.h): a few microseconds for a batch, where the
+    """The maps in native code (csrc/augment/augment_params.h): a few microseconds for a batch, where the
     same as small torch ops cost more than the CUDA kernel's whole batch; libm's cos / sin / tan,
     the functions torchvision's own ``math`` calls use."""
     return torch.from_numpy(_C.inverse_affine(*(t.numpy() for t in args), height, width))

@@ -103,7 +103,7 @@ def _(params, height, width):
 
 def _pack(params: list, height: int, width: int) -> torch.Tensor:
     """The engine's rows from parameters in :data:`PARAM_KEYS` order, their values checked, in native
-    code (csrc/augment_params.h): a few microseconds for 256 samples."""
+    code (csrc/augment/augment_params.h): a few microseconds for 256 samples."""
     return torch.from_numpy(_C.pack_augment_params(*(v.detach().cpu().numpy() for v in params), height, width))
 
 
@@ -316,7 +316,7 @@ class BatchAugment(KeyedModule):
                 raise TypeError(f"params[{k!r}] must be floating point, got {v.dtype}")
         if torch.compiler.is_compiling():
             return
-        # every value checked in native code (csrc/augment_params.h), the packed rows of a 1x1 image unused
+        # every value checked in native code (csrc/augment/augment_params.h), the packed rows of a 1x1 image unused
         _C.pack_augment_params(*(params[k].detach().cpu().numpy() for k in PARAM_KEYS), 1, 1)
 
     def _checked_params(self, params: dict, n: int) -> dict:
@@ -324,7 +324,7 @@ class BatchAugment(KeyedModule):
         return params
 
     def pack_params(self, params: dict, height: int, width: int) -> torch.Tensor:
-        """float32 ``[N, 24]`` on the CPU: the engine's per-sample rows (``csrc/augment_kernels.h``)."""
+        """float32 ``[N, 24]`` on the CPU: the engine's per-sample rows (``csrc/augment/augment_kernels.h``)."""
         p = [params[k].detach() for k in PARAM_KEYS]
         if self.color == "linear":  # opt-in; its color matrices stay torch ops
             return self._pack_linear({k: v.cpu() for k, v in zip(PARAM_KEYS, p)}, height, width)

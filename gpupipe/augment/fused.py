@@ -11,10 +11,10 @@ CUDA tensors run the CUDA kernels (``cuda/augment.cu``) on PyTorch's current str
 later one launch, a cluster of blocks per sample keeping the warped pixels in shared memory while
 they sum the contrast mean; elsewhere (and for samples too large for a cluster's shared memory, or
 with ``GPUPIPE_CUDA_AUGMENT=two_pass``) two launches, the reduction and the output. CPU tensors run
-their host build (``csrc/augment_cpu.cpp``) on gpupipe's thread pool. All share the per-pixel math
-(``csrc/augment_pixel.h``) and round alike. Fake kernels make the ops traceable by ``torch.compile``.
+their host build (``csrc/augment/augment_cpu.cpp``) on gpupipe's thread pool. All share the per-pixel math
+(``csrc/augment/augment_pixel.h``) and round alike. Fake kernels make the ops traceable by ``torch.compile``.
 
-``params`` is float32 ``[N, 24]``, one row per sample (layout: ``csrc/augment_kernels.h``,
+``params`` is float32 ``[N, 24]``, one row per sample (layout: ``csrc/augment/augment_kernels.h``,
 ``namespace param``), built on the CPU by :func:`pack_params` and copied to the device in one
 transfer.
 """

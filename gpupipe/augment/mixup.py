@@ -66,7 +66,7 @@ class MixUp(BatchTransformBase):
         lam = float(params["lam"])
         if images.device.type == "cpu" and images.dtype == torch.float32 and images.is_contiguous() and \
                 not torch.compiler.is_compiling():
-            # one pass, no temporaries, the same rounding as the expressions below (csrc/mix_cpu.cpp)
+            # one pass, no temporaries, the same rounding as the expressions below (csrc/augment/mix_cpu.cpp)
             if self.inplace:
                 _kernels._C.mixup_rolled_inplace(_kernels.buffer(images), lam, _kernels.num_threads())
                 return images, self.mix_labels(labels, lam)

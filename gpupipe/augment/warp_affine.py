@@ -1,7 +1,7 @@
 """warp_affine: per-sample affine resampling of a uint8 batch in one pass (rotation, translation,
 scale, shear, flips), with torchvision's sampling, rounding and fill semantics.
 
-The per-pixel math is ``csrc/augment_pixel.h``, shared by the CUDA kernel and its host build.
+The per-pixel math is ``csrc/augment/augment_pixel.h``, shared by the CUDA kernel and its host build.
 """
 
 from __future__ import annotations

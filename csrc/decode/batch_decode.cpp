@@ -1,4 +1,4 @@
-#include "batch_decode.h"
+#include "decode/batch_decode.h"
 
 #include <atomic>
 #include <chrono>

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "elem_type.h"
-#include "errors.h"
+#include "common/elem_type.h"
+#include "common/errors.h"
 
 namespace gpupipe {
 

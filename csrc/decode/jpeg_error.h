@@ -9,7 +9,7 @@
 
 #include <jpeglib.h>
 
-#include "errors.h"
+#include "common/errors.h"
 
 namespace gpupipe {
 

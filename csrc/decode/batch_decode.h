@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "errors.h"
-#include "jpeg_decoder.h"
-#include "thread_pool.h"
+#include "common/errors.h"
+#include "decode/jpeg_decoder.h"
+#include "common/thread_pool.h"
 
 namespace gpupipe {
 

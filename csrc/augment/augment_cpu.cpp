@@ -11,7 +11,7 @@
 // keeps the sampled rows in the sample's plane, in cache, while summing contrast's mean; pass 2
 // finishes from there): one parallel_for. Otherwise rows are split, one parallel_for per pass,
 // and pass 2 samples again. Per-sample parameters are read once per row.
-#include "augment_cpu.h"
+#include "augment/augment_cpu.h"
 
 #include <string.h>
 
@@ -20,9 +20,9 @@
 #include <memory>
 #include <vector>
 
-#include "errors.h"
-#include "multiversion.h"
-#include "parallel_rows.h"
+#include "common/errors.h"
+#include "common/multiversion.h"
+#include "common/parallel_rows.h"
 
 namespace gpupipe {
 namespace {

@@ -1,4 +1,4 @@
-// Binding glue of the policies' kernel, shared by gpupipe._C (bindings.cpp) and gpupipe._C_cuda
+// Binding glue of the policies' kernel, shared by gpupipe._C (csrc/bindings/module.cpp) and gpupipe._C_cuda
 // (cuda/policy_bindings_cuda.cpp): every check runs here, before the GIL is released and before any
 // kernel runs; a failure is an InvalidArgument (ValueError in Python) naming the argument.
 #pragma once
@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "augment_bindings.h"
-#include "policy_kernels.h"
+#include "augment/augment_args.h"
+#include "augment/policy_kernels.h"
 
 namespace gpupipe {
 

@@ -2,7 +2,7 @@
 // CUDA kernels) run over a batch on the process's thread pool. Plain C++17, no Python.
 #pragma once
 
-#include "augment_kernels.h"
+#include "augment/augment_kernels.h"
 
 namespace gpupipe {
 

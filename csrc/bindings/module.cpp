@@ -19,23 +19,23 @@
 #include <tuple>
 #include <vector>
 
-#include "augment_bindings.h"
-#include "augment_cpu.h"
-#include "augment_params.h"
-#include "batch_decode.h"
-#include "errors.h"
-#include "file_reader.h"
-#include "huffman_reader.h"
-#include "jpeg_decoder.h"
-#include "jpeg_encoder.h"
-#include "erase_cpu.h"
-#include "mix_cpu.h"
-#include "multiversion.h"
-#include "policy_bindings.h"
-#include "policy_cpu.h"
-#include "released_gil.h"
-#include "restart.h"
-#include "thread_pool.h"
+#include "augment/augment_args.h"
+#include "augment/augment_cpu.h"
+#include "augment/augment_params.h"
+#include "decode/batch_decode.h"
+#include "common/errors.h"
+#include "common/file_reader.h"
+#include "decode/huffman_reader.h"
+#include "decode/jpeg_decoder.h"
+#include "decode/jpeg_encoder.h"
+#include "augment/erase_cpu.h"
+#include "augment/mix_cpu.h"
+#include "common/multiversion.h"
+#include "augment/policy_args.h"
+#include "augment/policy_cpu.h"
+#include "bindings/released_gil.h"
+#include "decode/restart.h"
+#include "common/thread_pool.h"
 
 namespace py = pybind11;
 using namespace gpupipe;
@@ -138,7 +138,7 @@ py::object new_error(py::module_& m, const char* name, py::handle base, const ch
 
 void register_errors(py::module_& m) {
   py::native_enum<ErrorKind>(m, "ErrorKind", "enum.IntEnum",
-                             "Why a sample failed; the one list of error kinds (csrc/errors.h).")
+                             "Why a sample failed; the one list of error kinds (csrc/common/errors.h).")
       .value("NONE", ErrorKind::kNone)
       .value("INVALID_ARGUMENT", ErrorKind::kInvalidArgument)
       .value("NOT_JPEG", ErrorKind::kNotJpeg)
@@ -476,7 +476,7 @@ void register_decode(py::module_& m) {
         d["handed_back"] = s.handed_back;
         return d;
       },
-      "Process-wide counts of gpupipe's Huffman reader (csrc/huffman_reader.h): images it was installed on, images "
+      "Process-wide counts of gpupipe's Huffman reader (csrc/decode/huffman_reader.h): images it was installed on, images "
       "whose first-MCU check failed, MCUs skipped, MCUs decoded into libjpeg's blocks, MCUs handed back to libjpeg.");
   m.def("_set_huffman_reader", &set_huffman_reader, py::arg("on"),
         "Turns gpupipe's Huffman reader on or off for later decodes; returns the previous setting.");
@@ -787,7 +787,7 @@ void register_policies(py::module_& m) {
         {"autocontrast", kAutoContrast}, {"equalize", kEqualize}, {"invert", kInvert}, {"affine", kAffine}};
     for (const auto& [name, kind] : kinds) d[name] = static_cast<int>(kind);
     return d;
-  }, "The op kinds of policy_apply (csrc/policy_ops.h), name -> number.");
+  }, "The op kinds of policy_apply (csrc/augment/policy_ops.h), name -> number.");
   m.def(
       "policy_apply",
       [](std::vector<int64_t> input, std::vector<int64_t> output, std::vector<int64_t> kinds,

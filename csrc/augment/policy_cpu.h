@@ -2,7 +2,7 @@
 // (policy_ops.h's Kind) and parameter, uint8 [N, 3, H, W] in, uint8 out, any strides.
 #pragma once
 
-#include "policy_kernels.h"
+#include "augment/policy_kernels.h"
 
 namespace gpupipe {
 

@@ -4,8 +4,8 @@
 
 #include <stdint.h>
 
-#include "augment_pixel.h"
-#include "elem_type.h"
+#include "augment/augment_pixel.h"
+#include "common/elem_type.h"
 
 namespace gpupipe {
 

@@ -1,10 +1,10 @@
-#include "resize.h"
+#include "decode/resize.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "multiversion.h"
+#include "common/multiversion.h"
 
 #if GPUPIPE_X86_LEVELS
 #include <immintrin.h>

@@ -1,6 +1,6 @@
 // Per-pixel math of gpupipe's augmentations, shared by the CUDA kernels (cuda/augment.cu) and their
-// host builds (csrc/augment_cpu.cpp), so that the GPU's arithmetic is tested on machines without
-// one. Plain C++17 (and CUDA when compiled by nvcc); nothing here knows Python or torch.
+// host builds (csrc/augment/augment_cpu.cpp), so that the GPU's arithmetic is tested on machines
+// without one. Plain C++17 (and CUDA when compiled by nvcc); nothing here knows Python or torch.
 //
 // Rounding contract: every float operation below is ONE IEEE-754 binary32 operation, rounded to
 // nearest even, in the order written. On the device the arithmetic goes through the _rn intrinsics,

@@ -1,5 +1,6 @@
-// Binding glue of the augmentation kernels, shared by gpupipe._C (bindings.cpp) and gpupipe._C_cuda
-// (cuda/bindings_cuda.cpp): turns the integers a binding receives into validated launch arguments.
+// Binding glue of the augmentation kernels, shared by gpupipe._C (csrc/bindings/module.cpp) and
+// gpupipe._C_cuda (cuda/bindings_cuda.cpp): turns the integers a binding receives into validated
+// launch arguments.
 // Every check runs here, before the GIL is released and before any kernel runs; a failure is an
 // InvalidArgument (ValueError in Python) naming the argument.
 #pragma once
@@ -10,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "augment_kernels.h"
-#include "strided_buffer.h"
+#include "augment/augment_kernels.h"
+#include "common/strided_buffer.h"
 
 namespace gpupipe {
 

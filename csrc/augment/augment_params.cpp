@@ -1,11 +1,11 @@
-#include "augment_params.h"
+#include "augment/augment_params.h"
 
 #include <cmath>
 #include <string>
 #include <vector>
 
-#include "augment_kernels.h"
-#include "errors.h"
+#include "augment/augment_kernels.h"
+#include "common/errors.h"
 
 namespace gpupipe {
 

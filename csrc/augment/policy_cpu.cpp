@@ -1,4 +1,4 @@
-#include "policy_cpu.h"
+#include "augment/policy_cpu.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,11 +6,11 @@
 #include <type_traits>
 #include <vector>
 
-#include "errors.h"
-#include "multiversion.h"
-#include "parallel_rows.h"
-#include "simd_avx512.h"
-#include "thread_pool.h"
+#include "common/errors.h"
+#include "common/multiversion.h"
+#include "common/parallel_rows.h"
+#include "common/simd_avx512.h"
+#include "common/thread_pool.h"
 
 namespace gpupipe {
 namespace {
@@ -270,7 +270,7 @@ template <typename Isa, typename L>
 POLICY_INLINE void affine_row(const PolicyArgs& a, const pixel::Image8& im, const float* m, int64_t y,
                               uint8_t* __restrict__ out, L lo, int32_t* __restrict__ columns,
                               int32_t* __restrict__ rows) {
-  const int32_t w = static_cast<int32_t>(im.w);  // < 2^24 (augment_bindings.h)
+  const int32_t w = static_cast<int32_t>(im.w);  // < 2^24 (augment_args.h)
   const float fy = static_cast<float>(y);
   uint8_t fill[3];
   for (int c = 0; c < 3; ++c) fill[c] = a.fill.enabled ? pixel::to_uint8(a.fill.value[c]) : 0;

@@ -1,4 +1,4 @@
-#include "jpeg_decoder.h"
+#include "decode/jpeg_decoder.h"
 
 #include <algorithm>
 #include <atomic>
@@ -11,12 +11,12 @@
 
 #include <jpeglib.h>
 
-#include "errors.h"
-#include "huffman_reader.h"
-#include "jpeg_error.h"
-#include "jpeg_segments.h"
-#include "resize.h"
-#include "restart.h"
+#include "common/errors.h"
+#include "decode/huffman_reader.h"
+#include "decode/jpeg_error.h"
+#include "decode/jpeg_segments.h"
+#include "decode/resize.h"
+#include "decode/restart.h"
 
 namespace gpupipe {
 

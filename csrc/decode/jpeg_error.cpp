@@ -1,4 +1,4 @@
-#include "jpeg_error.h"
+#include "decode/jpeg_error.h"
 
 #include <cstring>
 #include <string>

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "thread_pool.h"
+#include "common/thread_pool.h"
 
 namespace gpupipe {
 

@@ -1,4 +1,4 @@
-#include "jpeg_encoder.h"
+#include "decode/jpeg_encoder.h"
 
 #include <csetjmp>
 #include <cstdio>
@@ -7,8 +7,8 @@
 
 #include <jpeglib.h>
 
-#include "errors.h"
-#include "jpeg_error.h"
+#include "common/errors.h"
+#include "decode/jpeg_error.h"
 
 namespace gpupipe {
 namespace {

@@ -1,4 +1,4 @@
-#include "multiversion.h"
+#include "common/multiversion.h"
 
 #include <algorithm>
 #include <atomic>

@@ -1,9 +1,9 @@
-#include "erase_cpu.h"
+#include "augment/erase_cpu.h"
 
 #include <cstring>
 
-#include "multiversion.h"
-#include "thread_pool.h"
+#include "common/multiversion.h"
+#include "common/thread_pool.h"
 
 namespace gpupipe {
 namespace {

@@ -1,11 +1,11 @@
 // Launch arguments of the policies' kernels, shared by their host build (policy_cpu.h) and the CUDA
-// launcher (cuda/policy_cuda.h): plain pointers and sizes, validated by policy_bindings.h.
+// launcher (cuda/policy_cuda.h): plain pointers and sizes, validated by policy_args.h.
 #pragma once
 
 #include <stdint.h>
 
-#include "augment_kernels.h"
-#include "policy_ops.h"
+#include "augment/augment_kernels.h"
+#include "augment/policy_ops.h"
 
 namespace gpupipe {
 

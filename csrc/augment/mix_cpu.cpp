@@ -1,10 +1,10 @@
-#include "mix_cpu.h"
+#include "augment/mix_cpu.h"
 
 #include <algorithm>
 #include <vector>
 
-#include "multiversion.h"
-#include "parallel_rows.h"
+#include "common/multiversion.h"
+#include "common/parallel_rows.h"
 
 namespace gpupipe {
 namespace {

@@ -1,4 +1,4 @@
-#include "file_reader.h"
+#include "common/file_reader.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

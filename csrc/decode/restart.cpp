@@ -1,4 +1,4 @@
-#include "restart.h"
+#include "decode/restart.h"
 
 #include <algorithm>
 #include <climits>
@@ -10,10 +10,10 @@
 
 #include <jpeglib.h>
 
-#include "errors.h"
-#include "jpeg_decoder.h"
-#include "jpeg_error.h"
-#include "jpeg_segments.h"
+#include "common/errors.h"
+#include "decode/jpeg_decoder.h"
+#include "decode/jpeg_error.h"
+#include "decode/jpeg_segments.h"
 
 namespace gpupipe {
 

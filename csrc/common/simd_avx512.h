@@ -7,7 +7,7 @@
 
 #include <stdint.h>
 
-#include "multiversion.h"
+#include "common/multiversion.h"
 
 #if GPUPIPE_X86_LEVELS
 #include <immintrin.h>

@@ -1,4 +1,4 @@
-#include "huffman_reader.h"
+#include "decode/huffman_reader.h"
 
 #include <cstdlib>
 #include <cstring>

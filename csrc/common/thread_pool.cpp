@@ -1,4 +1,4 @@
-#include "thread_pool.h"
+#include "common/thread_pool.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -13,7 +13,7 @@
 #include <string>
 #include <system_error>
 
-#include "errors.h"
+#include "common/errors.h"
 
 namespace gpupipe {
 
