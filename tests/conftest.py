@@ -9,6 +9,10 @@ import pytest
 
 from helpers import make_variants, photo
 
+# tests/fuzz/ holds the fuzz harnesses' Python (the atheris harness, the corpus writer): scripts that
+# tests/test_fuzz.py and csrc/fuzz/run.sh run, not test modules (--doctest-modules would import them).
+collect_ignore = ["fuzz"]
+
 
 @pytest.fixture(scope="session")
 def pixels() -> np.ndarray:

@@ -1,5 +1,5 @@
 """Crafted hostile files, each reproducing a report of the reliability issue (shared by the tests and
-the fuzz corpora: csrc/fuzz/make_corpus.py, tests/fuzz_python.py)."""
+the fuzz corpora: tests/fuzz/make_corpus.py)."""
 
 from __future__ import annotations
 

@@ -34,9 +34,9 @@ def test_libfuzzer_smoke_finds_nothing():
 def test_atheris_api_smoke_finds_nothing(tmp_path):
     seconds = os.environ.get("GPUPIPE_FUZZ_API_SECONDS", "20")
     corpus = tmp_path / "corpus"
-    subprocess.run([sys.executable, str(ROOT / "csrc" / "fuzz" / "make_corpus.py"), str(corpus)], check=True,
+    subprocess.run([sys.executable, str(ROOT / "tests" / "fuzz" / "make_corpus.py"), str(corpus)], check=True,
                    capture_output=True, cwd=ROOT)
-    r = subprocess.run([sys.executable, str(ROOT / "csrc" / "fuzz" / "fuzz_api.py"), str(corpus / "api"),
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "fuzz" / "fuzz_api.py"), str(corpus / "api"),
                         f"-max_total_time={seconds}", "-timeout=20", f"-artifact_prefix={tmp_path}/"],
                        capture_output=True, text=True, timeout=int(seconds) + 600, cwd=ROOT)
     tail = (r.stdout + r.stderr)[-4000:]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer harnesses with ASan + UBSan (clang), makes the seed corpora (every JPEG
-# variant of the test suite, restart-marker files, the crafted files of tests/crafted.py), replays
-# each corpus, then fuzzes each harness for N seconds.
+# Builds the libFuzzer harnesses with ASan + UBSan (clang), makes the seed corpora
+# (tests/fuzz/make_corpus.py: every JPEG variant of the test suite, restart-marker files, the crafted
+# files of tests/crafted.py), replays each corpus, then fuzzes each harness for N seconds.
 #   csrc/fuzz/run.sh [seconds=60] [harness ...] [-- extra libFuzzer flags]
 #   harnesses: decode (header, crops, resizes, batch engine), transcode (prepare + verification),
 #              restart (the restart-marker index with hostile layouts); default: all three,
@@ -40,10 +40,10 @@ for h in "${HARNESSES[@]}"; do
   fi
 done
 PY=${PYTHON:-.venv/bin/python}
-if [ ! -d "$OUT/corpus/decode" ] || [ csrc/fuzz/make_corpus.py -nt "$OUT/corpus/decode" ] || [ tests/crafted.py -nt "$OUT/corpus/decode" ]; then
+if [ ! -d "$OUT/corpus/decode" ] || [ tests/fuzz/make_corpus.py -nt "$OUT/corpus/decode" ] || [ tests/crafted.py -nt "$OUT/corpus/decode" ]; then
   echo "[fuzz] writing the seed corpora"
   rm -rf "$OUT/corpus"
-  "$PY" csrc/fuzz/make_corpus.py "$OUT/corpus"
+  "$PY" tests/fuzz/make_corpus.py "$OUT/corpus"
 fi
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}

@@ -2,13 +2,13 @@
 and the crafted files of the reliability reports (tests/crafted.py), each behind the parameter
 prefixes of a harness.
 
-    python csrc/fuzz/make_corpus.py OUT_DIR   # writes OUT_DIR/{decode,transcode,restart,api}/
+    python tests/fuzz/make_corpus.py OUT_DIR   # writes OUT_DIR/{decode,transcode,restart,api}/
 """
 
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # tests/: crafted, helpers
 
 import crafted  # noqa: E402
 from helpers import encode, make_variants, photo  # noqa: E402

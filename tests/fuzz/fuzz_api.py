@@ -5,7 +5,7 @@ thread counts, and ``prepare_bytes``. Invariants: only the documented exceptions
 batch with ``on_error="skip"`` never raises for bad data, and a transcode never changes pixels.
 Input layout: 8 parameter bytes, then the file.
 
-    python csrc/fuzz/fuzz_api.py CORPUS_DIR [-atheris_runs=N] [libFuzzer flags]
+    python tests/fuzz/fuzz_api.py CORPUS_DIR [-atheris_runs=N] [libFuzzer flags]
 """
 
 import inspect
