@@ -1,5 +1,5 @@
 """Exception and warning classes. The exceptions and the list of error kinds are defined once, in
-the C++ module (csrc/common/errors.h, csrc/bindings/module.cpp); this module re-exports them.
+the C++ module (csrc/common/errors.h, csrc/bindings/error_bindings.cpp); this module re-exports them.
 
 | class | kind (``ErrorKind``) | when |
 |---|---|---|

@@ -1,6 +1,6 @@
-// Binding glue of the augmentation kernels, shared by gpupipe._C (csrc/bindings/module.cpp) and
-// gpupipe._C_cuda (cuda/bindings_cuda.cpp): turns the integers a binding receives into validated
-// launch arguments.
+// Launch arguments of the augmentation kernels from what a binding receives, shared by gpupipe._C
+// (csrc/bindings/augment_bindings.cpp) and gpupipe._C_cuda (cuda/bindings_cuda.cpp): turns
+// the integers of buffer descriptions (common/strided_buffer.h) into validated launch arguments.
 // Every check runs here, before the GIL is released and before any kernel runs; a failure is an
 // InvalidArgument (ValueError in Python) naming the argument.
 #pragma once
@@ -18,14 +18,6 @@ namespace gpupipe {
 
 // Coordinates are floats: sizes up to 2^24 keep every pixel index exact.
 constexpr int64_t kMaxAugmentSide = int64_t{1} << 24;
-
-inline void require_contiguous(const StridedBuffer& b, const char* name) {
-  int64_t expected = 1;
-  for (int d = b.ndim - 1; d >= 0; --d) {
-    if (b.shape[d] != 1 && b.strides[d] != expected) throw InvalidArgument(std::string(name) + " must be contiguous");
-    expected *= b.shape[d];
-  }
-}
 
 inline Batch8 batch8(const StridedBuffer& b) {
   Batch8 out;

@@ -1,8 +1,11 @@
 #include "augment/erase_cpu.h"
 
 #include <cstring>
+#include <string>
 
+#include "common/errors.h"
 #include "common/multiversion.h"
+#include "common/strided_buffer.h"
 #include "common/thread_pool.h"
 
 namespace gpupipe {
@@ -40,6 +43,39 @@ inline void erase_sample(const EraseArgs& a, int64_t i) {
 }
 
 }  // namespace
+
+EraseArgs erase_args(const std::vector<int64_t>& images, const std::vector<int64_t>& boxes,
+                     const std::vector<int64_t>& values) {
+  const int type = images.size() > 2 ? static_cast<int>(images[2]) : -1;
+  if (type == kInt64 || elem_size(type) == 0)
+    throw InvalidArgument("x: must be uint8, float32, bfloat16, float16 or float64");
+  const StridedBuffer x = parse_buffer(images, "x", type, {-1, -1, -1, -1});
+  const int64_t n = x.shape[0], c = x.shape[1], h = x.shape[2], w = x.shape[3];
+  const StridedBuffer b = parse_buffer(boxes, "boxes", kInt64, {n, 4});
+  const StridedBuffer v = parse_buffer(values, "values", x.type, {c});
+  require_contiguous(b, "boxes");
+  require_contiguous(v, "values");
+  check_disjoint(x, "x", b, "boxes");
+  check_disjoint(x, "x", v, "values");
+  const int64_t* box = b.as<const int64_t>();
+  for (int64_t i = 0; i < n; ++i)  // an erased box must lie inside its image (overflow-free compares)
+    if (box[4 * i + 2] > 0 && (box[4 * i] < 0 || box[4 * i + 1] < 0 || box[4 * i + 3] < 0 || box[4 * i] > h ||
+                               box[4 * i + 1] > w || box[4 * i + 2] > h - box[4 * i] ||
+                               box[4 * i + 3] > w - box[4 * i + 1]))
+      throw InvalidArgument("boxes[" + std::to_string(i) + "] is not inside the " + std::to_string(h) + "x" +
+                            std::to_string(w) + " image");
+  EraseArgs a;
+  a.data = x.as<uint8_t>();
+  a.n = n;
+  a.c = c;
+  a.h = h;
+  a.w = w;
+  for (int d = 0; d < 4; ++d) a.stride[d] = x.strides[d];
+  a.elem_size = elem_size(x.type);
+  a.boxes = box;
+  a.values = v.as<const uint8_t>();
+  return a;
+}
 
 void erase_boxes_cpu(const EraseArgs& a, int num_threads) {
   if (num_threads <= 1 || a.n < 2) {

@@ -4,6 +4,8 @@
 
 #include <stdint.h>
 
+#include <vector>
+
 namespace gpupipe {
 
 struct EraseArgs {
@@ -14,6 +16,12 @@ struct EraseArgs {
   const int64_t* boxes = nullptr;        // [n][4] top, left, height, width (height 0: not erased)
   const uint8_t* values = nullptr;       // [c] elements of the batch's type
 };
+
+// The launch arguments of erase_boxes from buffer descriptions (common/strided_buffer.h): x uint8 or
+// floating point [N, C, H, W], any strides; boxes int64 [N, 4] and values [C] of x's type,
+// contiguous; every erased box inside its image. Throws InvalidArgument naming the argument.
+EraseArgs erase_args(const std::vector<int64_t>& images, const std::vector<int64_t>& boxes,
+                     const std::vector<int64_t>& values);
 
 void erase_boxes_cpu(const EraseArgs& args, int num_threads);
 

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/errors.h"
 #include "common/multiversion.h"
 #include "common/parallel_rows.h"
+#include "common/strided_buffer.h"
 
 namespace gpupipe {
 namespace {
@@ -22,6 +24,25 @@ inline void blend(const float* __restrict__ other, const float* self, float* out
 constexpr int64_t kChunk = 1 << 14;  // floats per task: a few per sample, so both threads stay busy
 
 }  // namespace
+
+MixArgs mixup_args(const std::vector<int64_t>& images, const std::vector<int64_t>* output, double lam) {
+  const StridedBuffer x = parse_buffer(images, "images", kFloat32, {-1, -1, -1, -1});
+  StridedBuffer out;
+  if (output) out = parse_buffer(*output, "out", kFloat32, {x.shape[0], x.shape[1], x.shape[2], x.shape[3]});
+  require_contiguous(x, "images");
+  if (output) {
+    require_contiguous(out, "out");
+    check_disjoint(out, "out", x, "images");
+  }
+  if (!(lam >= 0.0 && lam <= 1.0)) throw InvalidArgument("lam must be within [0, 1]");
+  MixArgs a;
+  a.images = x.as<float>();
+  a.out = output ? out.as<float>() : nullptr;
+  a.n = x.shape[0];
+  a.per_sample = x.shape[1] * x.shape[2] * x.shape[3];
+  a.lam = lam;
+  return a;
+}
 
 void mixup_rolled_cpu(const float* x, float* out, int64_t n, int64_t per_sample, double lam, int num_threads) {
   if (n <= 0 || per_sample <= 0) return;

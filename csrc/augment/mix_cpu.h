@@ -6,7 +6,22 @@
 
 #include <stdint.h>
 
+#include <vector>
+
 namespace gpupipe {
+
+// A checked blend: contiguous float32 images [N, C, H, W] (and out, of their shape, apart from them),
+// lam within [0, 1].
+struct MixArgs {
+  float* images = nullptr;
+  float* out = nullptr;  // null: in place
+  int64_t n = 0, per_sample = 0;
+  double lam = 0.0;
+};
+
+// From buffer descriptions (common/strided_buffer.h); `output` null: in place. Throws
+// InvalidArgument naming the argument.
+MixArgs mixup_args(const std::vector<int64_t>& images, const std::vector<int64_t>* output, double lam);
 
 // x, out: n samples of `per_sample` contiguous floats each (out must not overlap x).
 void mixup_rolled_cpu(const float* x, float* out, int64_t n, int64_t per_sample, double lam, int num_threads);

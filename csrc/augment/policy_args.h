@@ -1,6 +1,7 @@
-// Binding glue of the policies' kernel, shared by gpupipe._C (csrc/bindings/module.cpp) and gpupipe._C_cuda
-// (cuda/policy_bindings_cuda.cpp): every check runs here, before the GIL is released and before any
-// kernel runs; a failure is an InvalidArgument (ValueError in Python) naming the argument.
+// Launch arguments of the policies' kernels from what a binding receives, shared by gpupipe._C
+// (csrc/bindings/policy_bindings.cpp) and gpupipe._C_cuda (cuda/policy_bindings_cuda.cpp): every
+// check runs here, before the GIL is released and before any kernel runs; a failure is an
+// InvalidArgument (ValueError in Python) naming the argument.
 #pragma once
 
 #include <cmath>

@@ -24,7 +24,7 @@ namespace policy {
 
 // What one sample undergoes in one op slot. The geometric ops (shear, translate, rotate) are all
 // kAffine: Python folds each into the sample's 2x3 inverse matrix. Exported to Python as a dict
-// (_C.policy_kinds()), the one definition of these numbers.
+// (_C.policy_kinds(), from kKindNames below), the one definition of these numbers.
 enum Kind : int32_t {
   kIdentity = 0,
   kBrightness = 1,    // param: factor
@@ -39,6 +39,17 @@ enum Kind : int32_t {
   kAffine = 10,       // the sample's 2x3 matrix
   kNumKinds = 11,
 };
+
+// The kinds' names, as _C.policy_kinds() gives them.
+struct KindName {
+  const char* name;
+  Kind kind;
+};
+constexpr KindName kKindNames[] = {
+    {"identity", kIdentity}, {"brightness", kBrightness}, {"color", kColor}, {"contrast", kContrast},
+    {"sharpness", kSharpness}, {"posterize", kPosterize}, {"solarize", kSolarize},
+    {"autocontrast", kAutoContrast}, {"equalize", kEqualize}, {"invert", kInvert}, {"affine", kAffine}};
+static_assert(sizeof(kKindNames) / sizeof(kKindNames[0]) == kNumKinds, "a policy kind has no name");
 
 // Kinds that are a per-sample, per-channel lookup table over the 256 input levels.
 GPUPIPE_HD bool is_lut_kind(int32_t k) {

@@ -11,8 +11,10 @@
 // kRead (the bytes could not be read) is produced by the Python loader, never by the core.
 #pragma once
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 namespace gpupipe {
 
@@ -47,5 +49,8 @@ struct DecodeError : std::runtime_error {
 struct InternalError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// (index, kind, message) of a sample that failed, as a batch call reports it.
+using IndexedError = std::tuple<size_t, ErrorKind, std::string>;
 
 }  // namespace gpupipe

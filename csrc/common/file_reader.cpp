@@ -8,6 +8,10 @@
 #include <cerrno>
 #include <cstdint>
 #include <new>
+#include <string>
+
+#include "common/errors.h"
+#include "common/thread_pool.h"
 
 namespace gpupipe {
 
@@ -137,6 +141,44 @@ FileRead read_whole_file(const std::string& path, uint64_t max_size) {
   }
   close_file(&f);
   return r;
+}
+
+FileBatch::FileBatch(const std::vector<std::string>& paths, int num_threads, uint64_t max_size)
+    : paths_(paths), max_size_(max_size) {
+  if (num_threads < 1 || num_threads > kMaxThreads)
+    throw InvalidArgument("num_threads must be in [1, " + std::to_string(kMaxThreads) + "]");
+  if (num_threads != 1 && paths.size() > 1) pool_ = get_pool(num_threads, PoolUse::kIo);
+}
+
+FileBatch::~FileBatch() { close(); }
+
+void FileBatch::each(size_t count, const std::function<void(size_t)>& fn) {
+  if (pool_) pool_->parallel_for(count, fn);
+  else for (size_t k = 0; k < count; ++k) fn(k);
+}
+
+void FileBatch::open(size_t first, size_t count) {
+  close();
+  first_ = first;
+  files_.assign(count, OpenedFile());
+  each(count, [&](size_t k) { files_[k] = open_file(paths_[first + k], max_size_); });
+}
+
+void FileBatch::read(const std::vector<uint8_t*>& dst) {
+  got_.assign(files_.size(), 0);
+  grew_.assign(files_.size(), 0);
+  each(files_.size(), [&](size_t k) {
+    if (files_[k].error) return;
+    bool more = false;
+    got_[k] = read_into(&files_[k], dst[k], &more);
+    grew_[k] = more;
+  });
+}
+
+FileRead FileBatch::reread(size_t k) const { return read_whole_file(paths_[first_ + k], max_size_); }
+
+void FileBatch::close() {
+  for (OpenedFile& f : files_) close_file(&f);
 }
 
 }  // namespace gpupipe

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 
+#include "common/errors.h"
+
 #if GPUPIPE_X86_LEVELS
 #include <cpuid.h>
 #endif
@@ -59,6 +61,16 @@ CpuLevel set_cpu_level(CpuLevel cap) {
   const int level = std::min(static_cast<int>(cap), static_cast<int>(cpu_level_supported()));
   level_in_force().store(level, std::memory_order_relaxed);
   return static_cast<CpuLevel>(level);
+}
+
+CpuLevel cpu_level_named(const std::string& name) {
+  for (int l = 0; l < kCpuLevels; ++l)
+    if (name == cpu_level_name(static_cast<CpuLevel>(l))) return static_cast<CpuLevel>(l);
+  throw InvalidArgument("unknown CPU capability '" + name + "': expected default, avx2, avx512 or avx512_vbmi");
+}
+
+CpuLevel dispatch_level() {
+  return dispatch([](auto isa) { return decltype(isa)::level; });
 }
 
 }  // namespace gpupipe

@@ -15,6 +15,7 @@
 // ATEN_CPU_CAPABILITY, so that tests compare every path on the CPU that runs them.
 #pragma once
 
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -33,6 +34,10 @@ CpuLevel cpu_level_supported();              // the widest level this CPU runs
 CpuLevel cpu_level();                        // the level the kernels use now
 // Caps the level the kernels use (never above the CPU's) and returns the level in force.
 CpuLevel set_cpu_level(CpuLevel cap);
+// The level of a cpu_level_name(); InvalidArgument for any other name.
+CpuLevel cpu_level_named(const std::string& name);
+// The level a dispatched kernel is built for now (tests: the wider paths do run).
+CpuLevel dispatch_level();
 
 namespace isa {
 struct Baseline {

@@ -1,8 +1,9 @@
-// Binding glue shared by gpupipe._C and gpupipe._C_cuda (not part of the core): a tensor reaches a
-// binding as plain integers, [address, extent, type, ndim, shape..., strides...] (extent: the bytes
-// of its storage from the address on; strides in elements), and is validated here before the GIL is
-// released and before any kernel runs: type, shape, non-negative strides, every reachable element
-// inside the extent (overflow-checked), alignment, and no overlap between outputs and inputs.
+// Buffer validation of the kernels' entry points, shared by gpupipe._C and gpupipe._C_cuda (no
+// Python here): a tensor reaches a binding as plain integers, [address, extent, type, ndim, shape...,
+// strides...] (extent: the bytes of its storage from the address on; strides in elements), and is
+// validated here before the GIL is released and before any kernel runs: type, shape, non-negative
+// strides, every reachable element inside the extent (overflow-checked), alignment, contiguity where
+// a kernel needs it, and no overlap between outputs and inputs.
 #pragma once
 
 #include <stdint.h>
@@ -78,6 +79,14 @@ inline StridedBuffer parse_buffer(const std::vector<int64_t>& v, const char* nam
     fail("sizes and strides reach " + std::to_string(b.span) + " bytes, the buffer holds " +
          std::to_string(b.extent));
   return b;
+}
+
+inline void require_contiguous(const StridedBuffer& b, const char* name) {
+  int64_t expected = 1;
+  for (int d = b.ndim - 1; d >= 0; --d) {
+    if (b.shape[d] != 1 && b.strides[d] != expected) throw InvalidArgument(std::string(name) + " must be contiguous");
+    expected *= b.shape[d];
+  }
 }
 
 // Throws unless the byte ranges [address, address + span) of an output and another buffer are

@@ -232,4 +232,13 @@ void shutdown_pool() {
   // The pools join here unless a caller still holds one, whose release then joins it.
 }
 
+size_t pool_selftest(int num_threads, size_t n, int64_t throw_at) {
+  std::atomic<size_t> ran{0};
+  get_pool(num_threads)->parallel_for(n, [&](size_t i) {
+    if (static_cast<int64_t>(i) == throw_at) throw std::runtime_error("selftest failure at index " + std::to_string(i));
+    ran.fetch_add(1);
+  });
+  return ran.load();
+}
+
 }  // namespace gpupipe

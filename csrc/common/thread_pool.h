@@ -4,6 +4,7 @@
 
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -85,5 +86,10 @@ int pool_threads();
 
 // Drops the process's pools; their threads exit once in-flight loops finish.
 void shutdown_pool();
+
+// Test hook: a parallel_for over n indices on the pool of num_threads whose body throws at throw_at
+// (-1: never); returns how many indices ran. The exception must come back to the caller, never
+// reach std::terminate.
+size_t pool_selftest(int num_threads, size_t n, int64_t throw_at);
 
 }  // namespace gpupipe

@@ -8,6 +8,18 @@
 
 namespace gpupipe {
 
+BatchReport batch_report(const std::vector<SampleStatus>& status) {
+  BatchReport r;
+  for (size_t i = 0; i < status.size(); ++i) {
+    const SampleStatus& s = status[i];
+    if (s.error != ErrorKind::kNone)
+      r.errors.emplace_back(i, s.error, s.message);
+    else if (!s.message.empty())
+      r.warnings.emplace_back(i, s.message);
+  }
+  return r;
+}
+
 size_t slot_bytes(const DecodeRequest& r) {
   if (r.out_height < 1 || r.out_width < 1) throw InvalidArgument("output size must be >= 1");
   size_t bytes = 0;

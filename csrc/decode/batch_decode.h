@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/errors.h"
@@ -28,6 +29,14 @@ struct SampleStatus {
   ErrorKind error = ErrorKind::kNone;
   std::string message;  // the error, or the first libjpeg warning of a sample that decoded
 };
+
+// A batch's statuses as the bindings return them: the samples that failed, and the warnings
+// (index, message) of those that decoded.
+struct BatchReport {
+  std::vector<IndexedError> errors;
+  std::vector<std::pair<size_t, std::string>> warnings;
+};
+BatchReport batch_report(const std::vector<SampleStatus>& status);
 
 // Bytes of one output slot (out_height x out_width x channels), or InvalidArgument when the
 // output size is not positive or the product does not fit in size_t.

@@ -565,4 +565,17 @@ Decoder& thread_decoder() {
   return decoder;
 }
 
+int libjpeg_turbo_version() { return LIBJPEG_TURBO_VERSION_NUMBER; }
+
+int jpeg_lib_version() { return JPEG_LIB_VERSION; }
+
+std::vector<std::string> libjpeg_message_formats() {
+  jpeg_error_mgr std_err;
+  jpeg_std_error(&std_err);
+  std::vector<std::string> formats;
+  for (int i = 1; i <= std_err.last_jpeg_message; ++i)
+    if (std_err.jpeg_message_table[i]) formats.emplace_back(std_err.jpeg_message_table[i]);
+  return formats;
+}
+
 }  // namespace gpupipe

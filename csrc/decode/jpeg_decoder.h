@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace gpupipe {
 
@@ -108,5 +109,12 @@ class Decoder {
 
 // The calling thread's decoder, created on first use and destroyed when the thread exits.
 Decoder& thread_decoder();
+
+// The libjpeg this core is built with: LIBJPEG_TURBO_VERSION_NUMBER, JPEG_LIB_VERSION, and libjpeg's
+// message formats (so that libjpeg text printed by another library, DALI's bundled libjpeg-turbo,
+// can be recognised and kept off stderr).
+int libjpeg_turbo_version();
+int jpeg_lib_version();
+std::vector<std::string> libjpeg_message_formats();
 
 }  // namespace gpupipe

@@ -66,6 +66,11 @@ bool guarded_encode(jpeg_compress_struct* cinfo, JpegErrorMgr* err, EncodeJob* j
 
 }  // namespace
 
+void check_encode_input(size_t size, int height, int width, int channels) {
+  if (size != static_cast<size_t>(height) * width * channels)
+    throw InvalidArgument("pixels must hold height * width * channels bytes");
+}
+
 std::vector<uint8_t> encode_jpeg(const uint8_t* pixels, int height, int width, int channels,
                                  const EncodeOptions& options) {
   if (height < 1 || width < 1 || height > 65500 || width > 65500)

@@ -24,6 +24,9 @@ struct EncodeOptions {
   int restart_blocks = 0;  // or every N MCUs (wins over rows when both are set)
 };
 
+// Throws InvalidArgument unless `size` bytes of pixels are height x width x channels.
+void check_encode_input(size_t size, int height, int width, int channels);
+
 // pixels: height x width x channels uint8 (3 = RGB input, 1 = gray, 4 = CMYK input).
 std::vector<uint8_t> encode_jpeg(const uint8_t* pixels, int height, int width, int channels,
                                  const EncodeOptions& options);

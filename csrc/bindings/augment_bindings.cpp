@@ -1,0 +1,139 @@
+// gpupipe._C's augmentation host kernels: BatchAugment's parameter packing and engine, warp_affine,
+// RandomErasing and MixUp. Tensors arrive as buffer descriptions (gpupipe.augment._kernels.buffer),
+// validated by the core (augment/augment_args.h, augment/erase_cpu.h, augment/mix_cpu.h) before the
+// GIL is released; parameters as numpy rows (augment/augment_params.h).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "augment/augment_args.h"
+#include "augment/augment_cpu.h"
+#include "augment/augment_params.h"
+#include "augment/erase_cpu.h"
+#include "augment/mix_cpu.h"
+#include "bindings/bindings.h"
+#include "bindings/released_gil.h"
+#include "common/elem_type.h"
+
+namespace py = pybind11;
+
+namespace gpupipe {
+namespace {
+
+// A float64 / bool / int64 row array of exactly `count` elements (C order; converted if needed).
+template <typename T>
+using Rows = py::array_t<T, py::array::c_style | py::array::forcecast>;
+
+template <typename T>
+const T* rows_of(const Rows<T>& a, int64_t count, const char* name) {
+  if (a.size() != count) throw InvalidArgument(std::string(name) + " must have " + std::to_string(count) + " values");
+  return a.data();
+}
+
+void register_augment_params(py::module_& m) {
+  m.def(
+      "inverse_affine",
+      [](Rows<double> angle, Rows<double> translate, Rows<double> scale, Rows<double> shear, Rows<double> center,
+         Rows<bool> hflip, Rows<bool> vflip, int64_t height, int64_t width) {
+        const int64_t n = angle.size();
+        AffineParams p{angle.data(), rows_of(translate, 2 * n, "translate"), rows_of(scale, n, "scale"),
+                       rows_of(shear, 2 * n, "shear"), rows_of(center, 2 * n, "center"),
+                       rows_of(hflip, n, "hflip"), rows_of(vflip, n, "vflip")};
+        py::array_t<double> out({n, int64_t{2}, int64_t{3}});
+        inverse_affine(n, p, height, width, out.mutable_data());
+        return out;
+      },
+      py::arg("angle"), py::arg("translate"), py::arg("scale"), py::arg("shear"), py::arg("center"), py::arg("hflip"),
+      py::arg("vflip"), py::arg("height"), py::arg("width"),
+      "float64 [N, 2, 3] inverse maps of torchvision's affine, followed by the flips (augment_params.h).");
+  m.def(
+      "pack_augment_params",
+      [](Rows<bool> hflip, Rows<bool> vflip, Rows<double> angle, Rows<double> translate, Rows<double> scale,
+         Rows<double> shear, Rows<double> brightness, Rows<double> contrast, Rows<double> saturation, Rows<double> hue,
+         Rows<int64_t> order, Rows<bool> grayscale, int64_t height, int64_t width) {
+        const int64_t n = angle.size();
+        AugmentParams p{rows_of(hflip, n, "hflip"),           rows_of(vflip, n, "vflip"),
+                        angle.data(),                         rows_of(translate, 2 * n, "translate"),
+                        rows_of(scale, n, "scale"),           rows_of(shear, 2 * n, "shear"),
+                        rows_of(brightness, n, "brightness"), rows_of(contrast, n, "contrast"),
+                        rows_of(saturation, n, "saturation"), rows_of(hue, n, "hue"),
+                        rows_of(order, 4 * n, "order"),       rows_of(grayscale, n, "grayscale")};
+        py::array_t<float> out({n, int64_t{param::kCount}});
+        pack_augment_params(n, p, height, width, out.mutable_data());
+        return out;
+      },
+      py::arg("hflip"), py::arg("vflip"), py::arg("angle"), py::arg("translate"), py::arg("scale"), py::arg("shear"),
+      py::arg("brightness"), py::arg("contrast"), py::arg("saturation"), py::arg("hue"), py::arg("order"),
+      py::arg("grayscale"), py::arg("height"), py::arg("width"),
+      "BatchAugment's float32 [N, 24] engine rows (color='torchvision') from its parameters, values checked "
+      "(ValueError naming the first that cannot apply).");
+}
+
+}  // namespace
+
+void register_augment(py::module_& m) {
+  register_augment_params(m);
+  py::dict types;
+  for (int t = kUInt8; t <= kInt64; ++t) types[elem_name(t)] = t;
+  m.attr("ELEM_TYPES") = types;
+  m.def(
+      "warp_affine",
+      [](std::vector<int64_t> input, std::vector<int64_t> matrices, std::vector<int64_t> output,
+         int out_type, int interpolation, std::optional<std::vector<double>> fill, int num_threads) {
+        const WarpArgs a = warp_args(input, matrices, output, out_type, interpolation, fill);
+        ReleasedGil released;
+        warp_affine_cpu(a, num_threads);
+      },
+      py::arg("input"), py::arg("matrices"), py::arg("output"), py::arg("out_type"),
+      py::arg("interpolation"), py::arg("fill"), py::arg("num_threads"),
+      "Host kernel of gpupipe.augment.warp_affine. Buffers are [address, extent, type, ndim, "
+      "shape..., strides...] lists (gpupipe.augment._kernels.buffer).");
+  m.def(
+      "augment",
+      [](std::vector<int64_t> input, std::vector<int64_t> params, std::vector<int64_t> output, int out_type,
+         int interpolation, std::optional<std::vector<double>> fill, int color, std::vector<double> mean,
+         std::vector<double> std_dev, int num_threads) {
+        const AugmentArgs a =
+            augment_args(input, params, output, out_type, interpolation, fill, color, mean, std_dev, std::nullopt);
+        ReleasedGil released;
+        augment_cpu(a, num_threads);
+      },
+      py::arg("input"), py::arg("params"), py::arg("output"), py::arg("out_type"), py::arg("interpolation"),
+      py::arg("fill"), py::arg("color"), py::arg("mean"), py::arg("std"), py::arg("num_threads"),
+      "Host kernel of BatchAugment's engine (gpupipe.augment.fused).");
+  m.def(
+      "erase_boxes",
+      [](std::vector<int64_t> images, std::vector<int64_t> boxes, std::vector<int64_t> values, int num_threads) {
+        const EraseArgs a = erase_args(images, boxes, values);
+        ReleasedGil released;
+        erase_boxes_cpu(a, num_threads);
+      },
+      py::arg("x"), py::arg("boxes"), py::arg("values"), py::arg("num_threads"),
+      "RandomErasing's host kernel: sets each box (top, left, height, width; height 0: none) of x, in "
+      "place, to values (one element of x's type per channel).");
+  m.def(
+      "mixup_rolled",
+      [](std::vector<int64_t> images, std::vector<int64_t> output, double lam, int num_threads) {
+        const MixArgs a = mixup_args(images, &output, lam);
+        ReleasedGil released;
+        mixup_rolled_cpu(a.images, a.out, a.n, a.per_sample, a.lam, num_threads);
+      },
+      py::arg("images"), py::arg("out"), py::arg("lam"), py::arg("num_threads"),
+      "MixUp's host kernel: out[i] = images[i - 1] * (1 - lam) + images[i] * lam (i - 1 mod N) for a "
+      "contiguous float32 [N, C, H, W] batch, rounded as torchvision's expression.");
+  m.def(
+      "mixup_rolled_inplace",
+      [](std::vector<int64_t> images, double lam, int num_threads) {
+        const MixArgs a = mixup_args(images, nullptr, lam);
+        ReleasedGil released;
+        mixup_rolled_inplace_cpu(a.images, a.n, a.per_sample, a.lam, num_threads);
+      },
+      py::arg("images"), py::arg("lam"), py::arg("num_threads"),
+      "mixup_rolled written over images (MixUp(inplace=True)): the same values.");
+}
+
+}  // namespace gpupipe

@@ -1,0 +1,275 @@
+// gpupipe._C's decode entry points: header probes, crop and batch decodes, the restart-marker
+// transcoder and the test-data encoder. Inputs arrive through the buffer protocol without a copy;
+// outputs are written to caller-allocated memory given as a raw address (a torch tensor's data_ptr)
+// so this module needs no torch ABI. The GIL is released once per call.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings/bindings.h"
+#include "bindings/buffer_view.h"
+#include "bindings/released_gil.h"
+#include "decode/batch_decode.h"
+#include "decode/decode_args.h"
+#include "decode/header_table.h"
+#include "decode/huffman_reader.h"
+#include "decode/jpeg_decoder.h"
+#include "decode/jpeg_encoder.h"
+#include "decode/restart.h"
+
+namespace py = pybind11;
+
+namespace gpupipe {
+namespace {
+
+template <size_t N>
+py::tuple names(const char* const (&table)[N]) {
+  py::tuple t(N);
+  for (size_t i = 0; i < N; ++i) t[i] = table[i];
+  return t;
+}
+
+// ([(index, ErrorKind, message)] errors, [(index, message)] warnings) of a decoded batch.
+py::tuple status_lists(const std::vector<SampleStatus>& status) {
+  const BatchReport r = batch_report(status);
+  return py::make_tuple(py::cast(r.errors), py::cast(r.warnings));
+}
+
+// The boxes argument of a batch: an int64 or float64 [n, 4] C-contiguous buffer.
+std::vector<Box> boxes_arg(py::handle boxes, size_t n) {
+  BufferView view(boxes.ptr(), PyBUF_FORMAT | PyBUF_C_CONTIGUOUS);
+  const Py_buffer& v = view.view();
+  return read_boxes(view.data(), view.size(), static_cast<size_t>(v.itemsize), v.format ? v.format : "B", n);
+}
+
+// A batch's inputs, checked and converted with the GIL held: the encoded bytes (held until the
+// decode ends) and the core's arguments.
+struct BatchInputs {
+  std::vector<BufferView> views;
+  BatchArgs args;
+};
+
+BatchInputs batch_inputs(py::sequence datas, py::object boxes, uintptr_t out_address, size_t out_nbytes,
+                         int out_height, int out_width, bool resize, int mode, bool strict, bool dct_scaling,
+                         int num_threads, bool window) {
+  const std::vector<Box> box = boxes_arg(boxes, py::len(datas));
+  BatchInputs in;
+  in.views = buffer_views(datas);
+  in.args = batch_args(spans_of(in.views), box,
+                       make_request(out_height, out_width, resize, mode, strict, dct_scaling, window), num_threads,
+                       out_address, out_nbytes);
+  return in;
+}
+
+// decode_batch_into, started: the Loader starts batch k + 1 before it waits for batch k.
+struct PendingDecode {
+  std::vector<BufferView> views;  // the encoded bytes, held until the decode ends
+  py::object out_owner;           // the output tensor: never freed under the pool's writes
+  std::unique_ptr<PendingBatch> batch;
+  ~PendingDecode() {
+    // Dropped without a wait (an abandoned epoch): the pool still reads `views` and writes the
+    // output, so the decode ends first (with the GIL held: the pool's threads never take it).
+    batch.reset();
+  }
+};
+
+}  // namespace
+
+void register_header(py::module_& m) {
+  m.attr("COLORSPACES") = names(kColorSpaceNames);
+  m.attr("SUBSAMPLINGS") = names(kSubsamplingNames);
+  m.attr("INFO_COLUMNS") = names(kInfoColumns);
+
+  m.def(
+      "read_header",
+      [](py::object data) -> py::tuple {
+        BufferView buf(data.ptr());
+        JpegInfo i;
+        {
+          ReleasedGil released;
+          i = thread_decoder().read_header(buf.data(), buf.size());
+        }
+        return py::make_tuple(i.height, i.width, i.channels, colorspace_name(i.colorspace),
+                              subsampling_name(i.subsampling), i.progressive, i.orientation, i.arithmetic,
+                              i.restart_interval, i.precision);
+      },
+      py::arg("data"),
+      "(height, width, channels, colorspace, subsampling, progressive, orientation, arithmetic, "
+      "restart_interval, precision) of a JPEG, from its headers only.");
+
+  m.def(
+      "read_header_infos",
+      [](py::sequence datas, uintptr_t out_address, size_t out_nbytes) {
+        const std::vector<BufferView> views = buffer_views(datas);
+        const std::vector<ByteSpan> inputs = spans_of(views);
+        int64_t* out = header_table_output(inputs, out_address, out_nbytes);
+        std::vector<IndexedError> failures;
+        {
+          ReleasedGil released;
+          failures = read_header_table(inputs, out);
+        }
+        return py::list(py::cast(failures));
+      },
+      py::arg("datas"), py::arg("out_address"), py::arg("out_nbytes"),
+      "Reads every header of a batch into an int64 [N, len(INFO_COLUMNS)] table at out_address "
+      "(GIL released once); returns [(index, ErrorKind, message)] for unreadable headers.");
+}
+
+void register_decode(py::module_& m) {
+  m.def(
+      "decode_into",
+      [](py::object data, uintptr_t out_address, size_t out_nbytes, double top, double left, double height,
+         double width, int out_height, int out_width, bool resize, int mode, bool strict, bool dct_scaling,
+         int scale_num, bool scaled_box, bool use_restarts, bool window) {
+        const BufferView input(data.ptr());
+        DecodeRequest req = make_request(out_height, out_width, resize, mode, strict, dct_scaling, window);
+        req.box = Box{top, left, height, width};
+        req.force_scale_num = scale_num;
+        req.scaled_box = scaled_box;
+        req.use_restarts = use_restarts;
+        const CropOutput out = crop_output(req, input.span(), out_address, out_nbytes);
+        DecodeResult r;
+        {
+          ReleasedGil released;
+          r = thread_decoder().decode(input.data(), input.size(), req, out.out, out.row);
+        }
+        return py::make_tuple(r.warning.empty() ? py::object(py::none()) : py::str(r.warning), r.scale_num,
+                              r.restart_path);
+      },
+      py::arg("data"), py::arg("out_address"), py::arg("out_nbytes"), py::arg("top"), py::arg("left"),
+      py::arg("height"), py::arg("width"), py::arg("out_height"), py::arg("out_width"), py::arg("resize") = false,
+      py::arg("mode") = 0, py::arg("strict") = false, py::arg("dct_scaling") = true, py::arg("scale_num") = 0,
+      py::arg("scaled_box") = false, py::arg("use_restarts") = true, py::arg("window") = false,
+      "Decodes one crop (optionally resized) into out_height x out_width x C uint8 at "
+      "out_address. Returns (warning or None, scale_num used, restart fast path used).");
+
+  m.def(
+      "decode_batch_into",
+      [](py::sequence datas, py::object boxes, uintptr_t out_address, size_t out_nbytes, int out_height,
+         int out_width, bool resize, int mode, bool strict, bool dct_scaling, int num_threads, bool window) {
+        const BatchInputs in = batch_inputs(datas, boxes, out_address, out_nbytes, out_height, out_width, resize, mode,
+                                            strict, dct_scaling, num_threads, window);
+        std::vector<SampleStatus> status;
+        {
+          ReleasedGil released;
+          std::shared_ptr<ThreadPool> pool;
+          if (num_threads != 1 && in.args.samples.size() > 1) pool = get_pool(num_threads);
+          status = decode_batch(pool.get(), in.args.samples, in.args.options, in.args.out);
+        }
+        return status_lists(status);
+      },
+      py::arg("datas"), py::arg("boxes"), py::arg("out_address"), py::arg("out_nbytes"), py::arg("out_height"),
+      py::arg("out_width"), py::arg("resize"), py::arg("mode"), py::arg("strict"), py::arg("dct_scaling"),
+      py::arg("num_threads"), py::arg("window") = false,
+      "Decodes N crops into N x out_height x out_width x C uint8 at out_address on the thread "
+      "pool. Returns ([(index, ErrorKind, message)] errors, [(index, message)] warnings).");
+
+  py::class_<PendingDecode>(m, "PendingDecode")
+      .def(
+          "wait",
+          [](PendingDecode& p) {
+            const std::vector<SampleStatus>* status;
+            {
+              ReleasedGil released;
+              status = &p.batch->wait();
+            }
+            return status_lists(*status);
+          },
+          "([(index, ErrorKind, message)] errors, [(index, message)] warnings), once every sample is decoded.");
+  m.def(
+      "decode_batch_start",
+      [](py::sequence datas, py::object boxes, py::object out_owner, uintptr_t out_address, size_t out_nbytes,
+         int out_height, int out_width, bool resize, int mode, bool strict, bool dct_scaling, int num_threads,
+         bool window) {
+        BatchInputs in = batch_inputs(datas, boxes, out_address, out_nbytes, out_height, out_width, resize, mode, strict,
+                                      dct_scaling, num_threads, window);
+        auto pending = std::make_unique<PendingDecode>();
+        pending->views = std::move(in.views);  // the samples point into the buffers, not into the views
+        pending->out_owner = std::move(out_owner);
+        std::shared_ptr<ThreadPool> pool = get_pool(num_threads);
+        CallScope::start_detached();  // an exiting interpreter waits for this decode (released_gil.h)
+        try {
+          pending->batch = std::make_unique<PendingBatch>(pool, std::move(in.args.samples), in.args.options,
+                                                          in.args.out, &CallScope::end_detached);
+        } catch (...) {
+          CallScope::end_detached();
+          throw;
+        }
+        return pending;
+      },
+      py::arg("datas"), py::arg("boxes"), py::arg("out_owner"), py::arg("out_address"), py::arg("out_nbytes"),
+      py::arg("out_height"), py::arg("out_width"), py::arg("resize"), py::arg("mode"), py::arg("strict"),
+      py::arg("dct_scaling"), py::arg("num_threads"), py::arg("window") = false,
+      "decode_batch_into, started on the pool: returns a PendingDecode at once (its wait() gives the same "
+      "result). The decode holds datas and out_owner (the output tensor) until it ends.");
+
+  m.def("choose_scale_num", &choose_scale_num, py::arg("box_height"), py::arg("box_width"), py::arg("out_height"),
+        py::arg("out_width"));
+  m.def(
+      "_huffman_reader_stats",
+      [] {
+        const HuffmanReaderStats s = huffman_reader_stats();
+        return dict_of<uint64_t>({{"images", s.images}, {"rejected", s.rejected}, {"skipped", s.skipped},
+                                  {"decoded", s.decoded}, {"handed_back", s.handed_back}});
+      },
+      "Process-wide counts of gpupipe's Huffman reader (csrc/decode/huffman_reader.h): images it was installed on, "
+      "images whose first-MCU check failed, MCUs skipped, MCUs decoded into libjpeg's blocks, MCUs handed back to "
+      "libjpeg.");
+  m.def("_set_huffman_reader", &set_huffman_reader, py::arg("on"),
+        "Turns gpupipe's Huffman reader on or off for later decodes; returns the previous setting.");
+}
+
+void register_restarts(py::module_& m) {
+  m.def(
+      "transcode_with_restarts",
+      [](py::object data, int restart_rows, int restart_mcus) {
+        BufferView buf(data.ptr());
+        std::vector<uint8_t> out;
+        {
+          ReleasedGil released;
+          out = transcode_with_restarts(buf.data(), buf.size(), restart_rows, restart_mcus);
+        }
+        return py::bytes(reinterpret_cast<const char*>(out.data()), out.size());
+      },
+      py::arg("data"), py::arg("restart_rows") = 1, py::arg("restart_mcus") = 0,
+      "Lossless transcode with restart markers (identical coefficients, optimised Huffman tables).");
+}
+
+void register_encode(py::module_& m) {
+  m.def(
+      "encode_jpeg",
+      [](py::object pixels, int height, int width, int channels, int quality, int h_samp,
+         int v_samp, std::string colorspace, bool progressive, bool arithmetic, bool optimize,
+         int restart_rows, int restart_blocks, std::vector<std::pair<int, int>> sampling) {
+        BufferView buf(pixels.ptr());
+        check_encode_input(buf.size(), height, width, channels);
+        EncodeOptions o;
+        o.quality = quality;
+        o.h_samp = h_samp;
+        o.v_samp = v_samp;
+        o.colorspace = std::move(colorspace);
+        o.progressive = progressive;
+        o.arithmetic = arithmetic;
+        o.optimize = optimize;
+        o.restart_rows = restart_rows;
+        o.restart_blocks = restart_blocks;
+        o.sampling = std::move(sampling);
+        std::vector<uint8_t> bytes;
+        {
+          ReleasedGil released;
+          bytes = encode_jpeg(buf.data(), height, width, channels, o);
+        }
+        return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      },
+      py::arg("pixels"), py::arg("height"), py::arg("width"), py::arg("channels"),
+      py::arg("quality") = 90, py::arg("h_samp") = 2, py::arg("v_samp") = 2,
+      py::arg("colorspace") = "ycbcr", py::arg("progressive") = false,
+      py::arg("arithmetic") = false, py::arg("optimize") = false, py::arg("restart_rows") = 0,
+      py::arg("restart_blocks") = 0, py::arg("sampling") = std::vector<std::pair<int, int>>{});
+}
+
+}  // namespace gpupipe

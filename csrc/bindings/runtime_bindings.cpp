@@ -1,0 +1,148 @@
+// gpupipe._C's runtime: batch file reads, the thread pools, resource limits, the CPU kernels'
+// instruction set level and the libjpeg the core is built with.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings/bindings.h"
+#include "bindings/released_gil.h"
+#include "common/file_reader.h"
+#include "common/multiversion.h"
+#include "common/thread_pool.h"
+#include "decode/batch_decode.h"
+#include "decode/jpeg_decoder.h"
+
+namespace py = pybind11;
+
+namespace gpupipe {
+
+void register_files(py::module_& m) {
+  m.def(
+      "read_files",
+      [](const std::vector<std::string>& paths, int num_threads) {
+        FileBatch batch(paths, num_threads, get_limits().max_file_size);
+        const size_t n = paths.size();
+        py::list out(n);
+        py::list failures;
+        // Files are opened and sized without the GIL, their bytes objects made with it, and read
+        // straight into those without it again: no copy, and no Python per file but the allocation.
+        std::vector<py::object> objects;
+        std::vector<uint8_t*> dst;
+        for (size_t first = 0; first < n; first += FileBatch::kChunk) {
+          const size_t count = std::min(FileBatch::kChunk, n - first);
+          {
+            ReleasedGil released;
+            batch.open(first, count);
+          }
+          const std::vector<OpenedFile>& files = batch.files();
+          objects.assign(count, py::object());
+          dst.assign(count, nullptr);
+          try {
+            for (size_t k = 0; k < count; ++k)
+              if (!files[k].error) {
+                objects[k] = py::reinterpret_steal<py::object>(
+                    PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(files[k].size)));
+                if (!objects[k]) throw py::error_already_set();
+                dst[k] = reinterpret_cast<uint8_t*>(PyBytes_AS_STRING(objects[k].ptr()));
+              }
+          } catch (...) {
+            batch.close();
+            throw;
+          }
+          {
+            ReleasedGil released;
+            batch.read(dst);
+          }
+          for (size_t k = 0; k < count; ++k) {
+            int error = files[k].error;
+            std::string message = files[k].message;
+            if (!error && batch.grew(k)) {  // changed while read: read it whole again, as one file
+              FileRead again;
+              {
+                ReleasedGil released;
+                again = batch.reread(k);
+              }
+              error = again.error;
+              message = std::move(again.message);
+              objects[k] = py::bytes(again.data);
+            } else if (!error && batch.got(k) < files[k].size) {  // shrank while read
+              PyObject* obj = objects[k].release().ptr();
+              if (_PyBytes_Resize(&obj, static_cast<Py_ssize_t>(batch.got(k))) != 0) throw py::error_already_set();
+              objects[k] = py::reinterpret_steal<py::object>(obj);
+            }
+            if (error) {
+              failures.append(py::make_tuple(first + k, error, message.empty() ? std::strerror(error) : message));
+              objects[k] = py::bytes();
+            }
+            out[first + k] = std::move(objects[k]);
+          }
+        }
+        return py::make_tuple(out, failures);
+      },
+      py::arg("paths"), py::arg("num_threads"),
+      "Reads whole regular files (paths as bytes, os.fsencode) of at most max_file_size bytes on a pool "
+      "of num_threads without the GIL; returns (the bytes of each, b'' where a read failed, "
+      "[(index, errno, message)] of the failures).");
+}
+
+void register_runtime(py::module_& m) {
+  m.def("decode_busy_seconds", &decode_busy_seconds,
+        "Thread-seconds all batch decodes of this process have spent decoding samples (pool utilisation).");
+  m.def("default_num_threads", &default_num_threads);
+  m.def(
+      "cpu_share",
+      [] {
+        const CpuShare s = cpu_share();
+        return dict_of<int>({{"threads", s.threads}, {"affinity", s.affinity}, {"online", s.online},
+                             {"local_world_size", s.local_world_size}});
+      },
+      "This process's share of the cores (thread_pool.h): threads, affinity, online, local_world_size.");
+  m.attr("MAX_THREADS") = kMaxThreads;
+  m.def(
+      "cpu_capability",
+      [] { return py::make_tuple(cpu_level_name(cpu_level()), cpu_level_name(cpu_level_supported())); },
+      "(in force, the CPU's widest): the instruction set level the CPU kernels run at (multiversion.h).");
+  m.def(
+      "set_cpu_capability",
+      [](const std::string& name) { return std::string(cpu_level_name(set_cpu_level(cpu_level_named(name)))); },
+      py::arg("name"), "Caps the CPU kernels' level (never above the CPU's); returns the level in force.");
+  m.def(
+      "_dispatch_level", [] { return cpu_level_name(dispatch_level()); },
+      "The level a dispatched kernel is built for now (tests: the wider paths do run).");
+  m.def("pool_threads", &pool_threads, "Worker threads alive in this process's decode pool.");
+  m.def(
+      "_pool_selftest",
+      [](int num_threads, size_t n, int64_t throw_at) {
+        ReleasedGil released;
+        return pool_selftest(num_threads, n, throw_at);
+      },
+      py::arg("num_threads"), py::arg("n"), py::arg("throw_at"),
+      "Test hook: a parallel_for over n indices whose body throws at throw_at (-1: never); returns "
+      "how many indices ran. The exception must come back here, never reach std::terminate.");
+  m.def("shutdown_pool", [] {
+    ReleasedGil released;
+    shutdown_pool();
+  });
+  m.def("get_limits", [] {
+    Limits l = get_limits();
+    return py::make_tuple(l.max_pixels, l.max_scans, l.max_memory, l.max_file_size);
+  });
+  m.def(
+      "set_limits",
+      [](uint64_t max_pixels, int max_scans, uint64_t max_memory, uint64_t max_file_size) {
+        set_limits(Limits{max_pixels, max_scans, max_memory, max_file_size});
+      },
+      py::arg("max_pixels"), py::arg("max_scans"), py::arg("max_memory"), py::arg("max_file_size"));
+  m.attr("libjpeg_turbo_version") = libjpeg_turbo_version();
+  // libjpeg's message formats, so that libjpeg text printed by another library (DALI's bundled
+  // libjpeg-turbo) can be recognised and kept off stderr
+  m.attr("LIBJPEG_MESSAGES") = py::tuple(py::cast(libjpeg_message_formats()));
+  m.attr("jpeg_lib_version") = jpeg_lib_version();
+}
+
+}  // namespace gpupipe

@@ -1,0 +1,39 @@
+// Headers as the bindings report them: the names of the header enums, and a batch's headers read
+// into one int64 table (the Loader's plan stage reads every header of a batch in one call).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <vector>
+
+#include "common/errors.h"
+#include "decode/decode_args.h"
+#include "decode/jpeg_decoder.h"
+
+namespace gpupipe {
+
+// Names of the header enums, index = the enum's value (exported as _C.COLORSPACES / SUBSAMPLINGS).
+inline constexpr const char* kColorSpaceNames[] = {"gray", "ycbcr", "rgb", "cmyk", "ycck", "unknown"};
+inline constexpr const char* kSubsamplingNames[] = {"4:4:4", "4:2:2", "4:2:0", "4:4:0",
+                                                    "4:1:1", "4:1:0", "gray",  "other"};
+static_assert(std::size(kColorSpaceNames) == static_cast<size_t>(ColorSpace::kUnknown) + 1, "a color space has no name");
+static_assert(std::size(kSubsamplingNames) == static_cast<size_t>(Subsampling::kOther) + 1, "a subsampling has no name");
+inline const char* colorspace_name(ColorSpace c) { return kColorSpaceNames[static_cast<int>(c)]; }
+inline const char* subsampling_name(Subsampling s) { return kSubsamplingNames[static_cast<int>(s)]; }
+
+// Columns of a header table row (exported as _C.INFO_COLUMNS). Where a header cannot be read,
+// height..eoi are -1 and `error` is its ErrorKind.
+inline constexpr const char* kInfoColumns[] = {"height", "width", "colorspace", "channels", "orientation",
+                                               "progressive", "scans", "eoi", "error"};
+inline constexpr size_t kInfoWidth = std::size(kInfoColumns);
+
+// The table's memory at `address` (`given` bytes): checked to hold inputs.size() rows, 8-byte
+// aligned, apart from every input.
+int64_t* header_table_output(const std::vector<ByteSpan>& inputs, uintptr_t address, size_t given);
+
+// Reads every header into `out` (row i: inputs[i]) with the calling thread's decoder; returns the
+// unreadable ones, (index, kind, message).
+std::vector<IndexedError> read_header_table(const std::vector<ByteSpan>& inputs, int64_t* out);
+
+}  // namespace gpupipe
