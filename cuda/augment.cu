@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "augment_cuda.h"
+#include "check_launch.h"
 
 namespace gpupipe {
 namespace {

@@ -14,6 +14,4 @@ int warp_affine_cuda(const WarpArgs& args, void* stream);
 // then the output.
 int augment_cuda(const AugmentArgs& args, void* stream);
 
-const char* cuda_error_string(int code);
-
 }  // namespace gpupipe

@@ -7,16 +7,9 @@
 
 namespace gpupipe {
 
-// Device workspace of one launch: per sample, the channel histograms and gray sum (zeroed by the
-// caller) and the lookup tables.
-struct PolicyWorkspace {
-  unsigned long long* hist = nullptr;     // [n][768], zeros
-  unsigned long long* gray_sum = nullptr;  // [n], zeros
-  uint8_t* luts = nullptr;                 // [n][768]
-};
-
-// Enqueues the statistics, table and pixel kernels on `stream` (a cudaStream_t); returns the
-// cudaError_t of the launches (0 = success). All pointers are device pointers.
+// Enqueues the statistics, table and pixel kernels of ONE op slot (args.slots == 1, checked by
+// policy_workspace) on `stream` (a cudaStream_t); returns the cudaError_t of the launches
+// (0 = success). All pointers are device pointers. A policy of S slots is S calls (policy_ops.cu).
 int policy_apply_cuda(const PolicyArgs& args, const PolicyWorkspace& work, void* stream);
 
 }  // namespace gpupipe

@@ -1,8 +1,13 @@
 // CUDA kernels of the augmentation policies: the per-pixel math of csrc/augment/policy_ops.h and the
 // warp of csrc/augment/augment_pixel.h, shared with the host kernels (csrc/augment/policy_cpu.cpp), so
 // both round alike.
-// Three launches per op slot: per-sample statistics (shared-memory histograms), per-sample lookup
-// tables, then one thread per output pixel.
+//
+// Launched once per op slot: one policy_apply_cuda call is ONE op slot of every sample, run as
+// three launches over the whole batch (per-sample statistics in shared-memory histograms, per-sample
+// lookup tables, then one thread per output pixel), and the Python op
+// (gpupipe/augment/_policy_kernels.py) calls it once per slot, slot after slot on the same stream: a
+// policy of S slots costs 3 * S launches and S - 1 batch-sized intermediates. (The host kernels run
+// all the slots in one call, folding consecutive table ops per sample.)
 #include <cuda_runtime.h>
 
 #include "policy_cuda.h"

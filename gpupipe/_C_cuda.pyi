@@ -1,4 +1,4 @@
-# Type stub of gpupipe._C_cuda, the CUDA kernels (cuda/bindings_cuda.cpp), built when a CUDA compiler
+# Type stub of gpupipe._C_cuda, the CUDA kernels (cuda/module_cuda.cpp), built when a CUDA compiler
 # was found. Private: use gpupipe.augment. tests/test_stubs.py checks it against the built module.
 from collections.abc import Sequence
 

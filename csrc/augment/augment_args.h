@@ -1,5 +1,5 @@
 // Launch arguments of the augmentation kernels from what a binding receives, shared by gpupipe._C
-// (csrc/bindings/augment_bindings.cpp) and gpupipe._C_cuda (cuda/bindings_cuda.cpp): turns
+// (csrc/bindings/augment_bindings.cpp) and gpupipe._C_cuda (cuda/augment_bindings_cuda.cpp): turns
 // the integers of buffer descriptions (common/strided_buffer.h) into validated launch arguments.
 // Every check runs here, before the GIL is released and before any kernel runs; a failure is an
 // InvalidArgument (ValueError in Python) naming the argument.

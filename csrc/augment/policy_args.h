@@ -61,4 +61,27 @@ inline PolicyArgs policy_args(const std::vector<int64_t>& input, const std::vect
   return a;
 }
 
+// The workspace of a CUDA launch (device memory, so only its buffers are checked): int64 histograms
+// and gray sums (counted as their unsigned twins), uint8 tables, none overlapping `output`. The CUDA
+// kernels take one op slot per launch.
+inline PolicyWorkspace policy_workspace(const PolicyArgs& a, const std::vector<int64_t>& output,
+                                        const std::vector<int64_t>& hist, const std::vector<int64_t>& gray_sum,
+                                        const std::vector<int64_t>& luts) {
+  if (a.slots != 1) throw InvalidArgument("the CUDA kernels take one op slot per launch");
+  const int64_t n = a.input.n;
+  const StridedBuffer h = parse_buffer(hist, "hist", kInt64, {n, 768});
+  const StridedBuffer g = parse_buffer(gray_sum, "gray_sum", kInt64, {n});
+  const StridedBuffer l = parse_buffer(luts, "luts", kUInt8, {n, 768});
+  const StridedBuffer out = parse_buffer(output, "out", kUInt8, {n, 3, a.input.h, a.input.w});
+  for (const auto& [b, name] : {std::make_pair(&h, "hist"), std::make_pair(&g, "gray_sum"), std::make_pair(&l, "luts")}) {
+    require_contiguous(*b, name);
+    check_disjoint(*b, name, out, "out");
+  }
+  PolicyWorkspace work;
+  work.hist = h.as<unsigned long long>();
+  work.gray_sum = g.as<unsigned long long>();
+  work.luts = l.as<uint8_t>();
+  return work;
+}
+
 }  // namespace gpupipe

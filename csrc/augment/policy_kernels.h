@@ -23,4 +23,12 @@ struct PolicyArgs {
   GPUPIPE_HD uint8_t* output_row(int64_t i, int64_t y) const { return output + i * out_stride[0] + y * out_stride[2]; }
 };
 
+// Device workspace of one CUDA launch: per sample, the channel histograms and gray sum (zeroed by the
+// caller) and the lookup tables.
+struct PolicyWorkspace {
+  unsigned long long* hist = nullptr;     // [n][768], zeros
+  unsigned long long* gray_sum = nullptr;  // [n], zeros
+  uint8_t* luts = nullptr;                 // [n][768]
+};
+
 }  // namespace gpupipe

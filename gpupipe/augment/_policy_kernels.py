@@ -6,7 +6,9 @@ or, for ``KINDS["affine"]``, ``matrices[i, s]`` (the warp of :func:`gpupipe.augm
 CPU tensors run the host kernels (csrc/augment/policy_cpu.cpp) on gpupipe's thread pool,
 ``torch.get_num_threads()`` threads, the GIL released once per call: per sample, consecutive table
 ops fold into one pass. CUDA tensors run the CUDA kernels (cuda/policy_ops.cu) slot after slot on
-torch's current stream. A fake kernel makes the op traceable by ``torch.compile``.
+torch's current stream: one ``_C_cuda.policy_apply`` call, three kernel launches (statistics, tables,
+pixels) over the whole batch, per op slot, so ``S`` slots cost ``3 * S`` launches and ``S - 1``
+intermediate batches. A fake kernel makes the op traceable by ``torch.compile``.
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ def _(x, kinds, params, matrices, interpolation, fill):
     gray_sum = torch.empty((n,), dtype=torch.int64, device=x.device)
     luts = torch.empty((n, 768), dtype=torch.uint8, device=x.device)
     with torch.cuda.device(x.device):
-        for s in range(kinds.shape[1]):  # a launch per slot (not per sample)
+        # One call per op slot (three launches over the whole batch each), never one per sample.
+        for s in range(kinds.shape[1]):
             src, out = out if s else x, torch.empty_like(x)
             hist.zero_()
             gray_sum.zero_()
