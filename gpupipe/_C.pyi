@@ -171,6 +171,11 @@ def encode_jpeg(
 # tensor (address, dtype code of ELEM_TYPES, shape, strides, ...): gpupipe.augment builds them and
 # the bindings check every one (csrc/common/strided_buffer.h) before the GIL is released.
 ELEM_TYPES: dict
+# BatchAugment's per-sample parameter rows, float32 [N, PARAM_COUNT]: name -> (first column, columns),
+# the one layout (csrc/augment/augment_kernels.h, namespace param); torchvision's color model uses
+# matrix, factors, order, grayscale; the linear one matrix, linear_a, linear_t, linear_u, linear_mean.
+PARAM_LAYOUT: dict[str, tuple[int, int]]
+PARAM_COUNT: int
 
 # BatchAugment's parameters as numpy rows (csrc/augment/augment_params.h): float64, bool and int64 arrays
 # of n, 2n or 4n values, converted when another dtype is given.

@@ -339,6 +339,32 @@ def test_ops_opcheck():
     torch.library.opcheck(torch.ops.gpupipe.augment_batch_out.default, args + (torch.empty(2, 3, 12, 16),))
 
 
+def test_params_are_packed_by_the_exported_layout():
+    """The rows' layout is C++'s (_C.PARAM_LAYOUT): each color model's parameters lie side by side
+    inside the row without overlapping, and pack_params writes each into its named columns."""
+    layout, count = fused_mod.PARAM_LAYOUT, fused_mod.PARAM_COUNT
+    torchvision, linear = ("matrix", "factors", "order", "grayscale"), ("matrix", "linear_a", "linear_t", "linear_u",
+                                                                        "linear_mean")
+    for names in (torchvision, linear):
+        spans = sorted(layout[k] for k in names)
+        assert spans[0][0] == 0 and all(a + w == b for (a, w), (b, _) in zip(spans, spans[1:])), spans
+        assert spans[-1][0] + spans[-1][1] <= count
+    aug = BatchAugment(**FULL)
+    p = aug.sample_params(5, seed=3)
+    rows = aug.pack_params(p, 12, 16)
+    assert rows.shape == (5, count) and rows.dtype == torch.float32
+
+    def cols(name):
+        first, width = layout[name]
+        return rows[:, first : first + width]
+
+    assert torch.equal(cols("order"), p["order"].float())
+    assert torch.equal(cols("grayscale")[:, 0], p["grayscale"].float())
+    assert torch.equal(cols("factors")[:, 1], p["contrast"].float())
+    used = sum(layout[k][1] for k in torchvision)
+    assert not rows[:, used:].any()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("path", ["auto", "two_pass"])
 def test_cuda_one_transfer_at_most_two_kernels_no_sync(path, monkeypatch):

@@ -38,20 +38,38 @@ enum ColorModel : int {
 };
 
 // Per-sample parameters, float32 [n, kCount], built on the CPU by gpupipe/augment/batch_augment.py
-// and copied to the device in one transfer.
+// and copied to the device in one transfer. This is the one definition of the layout: Python writes
+// each parameter into the columns of kFields, exported as gpupipe._C.PARAM_LAYOUT and PARAM_COUNT.
 namespace param {
-constexpr int kMatrix = 0;  // 6: the inverse 2x3 map, output pixel -> input coordinate (flips folded)
+constexpr int kMatrix = 0;  // the inverse 2x3 map, output pixel -> input coordinate (flips folded)
 // color = kColorTorchvision:
-constexpr int kFactors = 6;    // 4: brightness, contrast, saturation, hue (ColorOp order)
-constexpr int kOrder = 10;     // 4: the op ids in the sample's order (ColorJitter's fn_idx), as floats
-constexpr int kGrayscale = 14; // 1: 0 or 1
+constexpr int kFactors = 6;    // brightness, contrast, saturation, hue (ColorOp order)
+constexpr int kOrder = 10;     // the op ids in the sample's order (ColorJitter's fn_idx), as floats
+constexpr int kGrayscale = 14; // 0 or 1
 // color = kColorLinear: out = A @ rgb + t + mean * u, rgb on the 0..255 scale, normalisation
 // folded in, mean = the warped image's mean BT.601 luma in [0, 1]
-constexpr int kLinearA = 6;     // 9, row-major
-constexpr int kLinearT = 15;    // 3
-constexpr int kLinearU = 18;    // 3
-constexpr int kLinearMean = 21; // 1: 1 when the mean is needed (a contrast factor != 1)
+constexpr int kLinearA = 6;     // row-major
+constexpr int kLinearT = 15;
+constexpr int kLinearU = 18;
+constexpr int kLinearMean = 21; // 1 when the mean is needed (a contrast factor != 1)
 constexpr int kCount = 24;
+
+// Each parameter's columns: [first, first + width) of a row.
+struct Field {
+  const char* name;
+  int first, width;
+};
+constexpr Field kFields[] = {
+    {"matrix", kMatrix, 6},   {"factors", kFactors, 4},  {"order", kOrder, 4},    {"grayscale", kGrayscale, 1},
+    {"linear_a", kLinearA, 9}, {"linear_t", kLinearT, 3}, {"linear_u", kLinearU, 3}, {"linear_mean", kLinearMean, 1},
+};
+constexpr bool fields_fit() {
+  for (const Field& f : kFields)
+    if (f.first < 0 || f.width < 1 || f.first + f.width > kCount) return false;
+  return true;
+}
+static_assert(fields_fit(), "a parameter's columns lie outside the row");
+
 }  // namespace param
 
 // Blocks per sample of the CUDA reduction pass (its partial sums: n x kMeanBlocks int64).

@@ -80,6 +80,10 @@ void register_augment(py::module_& m) {
   py::dict types;
   for (int t = kUInt8; t <= kInt64; ++t) types[elem_name(t)] = t;
   m.attr("ELEM_TYPES") = types;
+  py::dict layout;  // the one layout of the engine's per-sample parameter rows (augment_kernels.h)
+  for (const param::Field& f : param::kFields) layout[f.name] = py::make_tuple(f.first, f.width);
+  m.attr("PARAM_LAYOUT") = layout;
+  m.attr("PARAM_COUNT") = param::kCount;
   m.def(
       "warp_affine",
       [](std::vector<int64_t> input, std::vector<int64_t> matrices, std::vector<int64_t> output,

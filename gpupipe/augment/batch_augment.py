@@ -27,6 +27,8 @@ PARAM_KEYS = ("hflip", "vflip", "angle", "translate", "scale", "shear", "brightn
 _DRAW = {"hflip": 0, "vflip": 1, "angle": 2, "translate": 3, "scale": 5, "shear": 6, "brightness": 8,
          "contrast": 9, "saturation": 10, "hue": 11, "order": 12, "grayscale": 16}
 DRAWS = 17
+# linear_color_params' columns, in order: where _pack_linear puts them (fused.PARAM_LAYOUT)
+_LINEAR_COLUMNS = ("linear_a", "linear_t", "linear_u", "linear_mean")
 STREAM = keyed.stream_of("BatchAugment")  # BatchAugment.stream
 
 
@@ -324,7 +326,8 @@ class BatchAugment(KeyedModule):
         return params
 
     def pack_params(self, params: dict, height: int, width: int) -> torch.Tensor:
-        """float32 ``[N, 24]`` on the CPU: the engine's per-sample rows (``csrc/augment/augment_kernels.h``)."""
+        """float32 ``[N, fused.PARAM_COUNT]`` on the CPU: the engine's per-sample rows, each parameter
+        in its columns of ``fused.PARAM_LAYOUT`` (``csrc/augment/augment_kernels.h``)."""
         p = [params[k].detach() for k in PARAM_KEYS]
         if self.color == "linear":  # opt-in; its color matrices stay torch ops
             return self._pack_linear({k: v.cpu() for k, v in zip(PARAM_KEYS, p)}, height, width)
@@ -336,10 +339,11 @@ class BatchAugment(KeyedModule):
         f64 = torch.float64
         n = p["angle"].shape[0]
         shift = torch.round(p["translate"].to(f64) * torch.tensor([width, height], dtype=f64))
-        m = affine_matrices(-p["angle"].to(f64), shift, p["scale"].to(f64), p["shear"].to(f64), None, p["hflip"],
-                            p["vflip"], size=(height, width)).reshape(n, 6)
-        packed = torch.cat([m, linear_color_params(p, self.mean, self.std)], 1)
-        return torch.nn.functional.pad(packed, (0, fused.PARAM_COUNT - packed.shape[1])).to(torch.float32)
+        columns = {"matrix": affine_matrices(-p["angle"].to(f64), shift, p["scale"].to(f64), p["shear"].to(f64), None,
+                                             p["hflip"], p["vflip"], size=(height, width)).reshape(n, 6)}
+        widths = [fused.PARAM_LAYOUT[k][1] for k in _LINEAR_COLUMNS]
+        columns.update(zip(_LINEAR_COLUMNS, linear_color_params(p, self.mean, self.std).split(widths, 1)))
+        return fused.pack_rows(columns, n)
 
     # --- forward (KeyedModule's template) ---------------------------------------------------------
 

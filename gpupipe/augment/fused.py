@@ -14,9 +14,10 @@ with ``GPUPIPE_CUDA_AUGMENT=two_pass``) two launches, the reduction and the outp
 their host build (``csrc/augment/augment_cpu.cpp``) on gpupipe's thread pool. All share the per-pixel math
 (``csrc/augment/augment_pixel.h``) and round alike. Fake kernels make the ops traceable by ``torch.compile``.
 
-``params`` is float32 ``[N, 24]``, one row per sample (layout: ``csrc/augment/augment_kernels.h``,
-``namespace param``), built on the CPU by :func:`pack_params` and copied to the device in one
-transfer.
+``params`` is float32 ``[N, PARAM_COUNT]``, one row per sample, each parameter in the columns
+:data:`PARAM_LAYOUT` names (the layout is defined once, in ``csrc/augment/augment_kernels.h``,
+``namespace param``, and exported by the bindings), built on the CPU by :func:`pack_rows` (from
+``BatchAugment.pack_params``) and copied to the device in one transfer.
 """
 
 from __future__ import annotations
@@ -25,12 +26,26 @@ from typing import Optional, Sequence
 
 import torch
 
+from gpupipe import _C
 from gpupipe.augment import _kernels
 from gpupipe.augment._kernels import cuda_kernel_available  # noqa: F401  (re-exported)
 
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 COLOR_MODELS = {"torchvision": 0, "linear": 1}
-PARAM_COUNT = 24  # param::kCount
+# parameter name -> (first column, columns) of a params row, and the row's width, from the C++ layout
+PARAM_LAYOUT: dict = dict(_C.PARAM_LAYOUT)
+PARAM_COUNT: int = _C.PARAM_COUNT
+
+
+def pack_rows(columns: dict, n: int) -> torch.Tensor:
+    """float32 ``[n, PARAM_COUNT]`` on the CPU: each parameter of ``columns`` (name -> ``[n, k]``
+    tensor, ``k`` its width in :data:`PARAM_LAYOUT`) in its columns, rounded to float32; zeros in
+    the columns no parameter names."""
+    rows = torch.zeros(n, PARAM_COUNT, dtype=torch.float32)
+    for name, value in columns.items():
+        first, width = PARAM_LAYOUT[name]
+        rows[:, first : first + width] = value
+    return rows
 
 
 def _empty_out(x: torch.Tensor, out_dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
@@ -83,7 +98,7 @@ def augment_batch(x: torch.Tensor, params: torch.Tensor, *, interpolation: int, 
                   color: int, mean: Sequence[float], std: Sequence[float], out_dtype: torch.dtype,
                   channels_last: bool, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Runs the engine on ``x`` (uint8 ``[N, 3, H, W]``, any strides) with packed ``params``
-    (float32 ``[N, 24]`` on x's device); the C++ bindings validate every buffer before any kernel."""
+    (float32 ``[N, PARAM_COUNT]`` on x's device); the C++ bindings validate every buffer before any kernel."""
     mean, std = [float(m) for m in mean], [float(s) for s in std]
     if _kernels.eager(x):
         if out is None:
