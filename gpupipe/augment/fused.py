@@ -68,7 +68,7 @@ def _run(x, params, interpolation, fill, color, mean, std, out):
         with torch.cuda.device(x.device):
             cuda.augment(*args, _kernels.buffer(workspace), _kernels.current_stream(x.device))
     else:
-        _kernels._C.augment(*args, _kernels.num_threads())
+        _C.augment(*args, _kernels.num_threads())
 
 
 @_augment_op.register_kernel(("cpu", "cuda"))

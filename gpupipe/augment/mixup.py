@@ -7,6 +7,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from gpupipe import _C
 from gpupipe.augment import _kernels
 from gpupipe.augment._batch_transform import BatchTransformBase
 from gpupipe.augment._keyed_params import GeneratorLike
@@ -68,10 +69,10 @@ class MixUp(BatchTransformBase):
                 not torch.compiler.is_compiling():
             # one pass, no temporaries, the same rounding as the expressions below (csrc/augment/mix_cpu.cpp)
             if self.inplace:
-                _kernels._C.mixup_rolled_inplace(_kernels.buffer(images), lam, _kernels.num_threads())
+                _C.mixup_rolled_inplace(_kernels.buffer(images), lam, _kernels.num_threads())
                 return images, self.mix_labels(labels, lam)
             mixed = torch.empty_like(images)
-            _kernels._C.mixup_rolled(_kernels.buffer(images), _kernels.buffer(mixed), lam, _kernels.num_threads())
+            _C.mixup_rolled(_kernels.buffer(images), _kernels.buffer(mixed), lam, _kernels.num_threads())
         elif self.inplace:  # the rolled copy is taken first; q + p == p + q exactly: torchvision's values
             rolled = images.roll(1, 0).mul_(1.0 - lam)
             mixed = images.mul_(lam).add_(rolled)

@@ -8,7 +8,7 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from gpupipe import keyed
+from gpupipe import _C, keyed
 from gpupipe._args import bounded_pair, is_python_number, probability
 from gpupipe.augment import _kernels
 from gpupipe.augment._keyed_module import KeyedModule
@@ -157,7 +157,7 @@ class RandomErasing(KeyedModule):
             # the boxes' elements only (after a copy of x unless inplace), as torchvision writes a slice
             out = x if self.inplace else x.clone()
             fill = torch.tensor(values, dtype=torch.float64).to(x.dtype)
-            _kernels._C.erase_boxes(_kernels.buffer(out), _kernels.buffer(box.contiguous()), _kernels.buffer(fill),
+            _C.erase_boxes(_kernels.buffer(out), _kernels.buffer(box.contiguous()), _kernels.buffer(fill),
                                     _kernels.num_threads())
             return out
         # [N, 1, H, W], broadcast over channels: rows and columns inside each sample's box

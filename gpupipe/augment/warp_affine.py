@@ -10,6 +10,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from gpupipe import _C
 from gpupipe._args import INTERPOLATIONS, warp_fill
 from gpupipe.augment import _kernels
 
@@ -42,7 +43,7 @@ def _warp_op(x: torch.Tensor, matrix: torch.Tensor, interpolation: int, fill: Op
 def _warp_cpu(x, matrix, interpolation, fill, out_dtype):
     out = _empty_out(x, out_dtype)
     m = matrix.contiguous()
-    _kernels._C.warp_affine(_kernels.buffer(x), _kernels.buffer(m), _kernels.buffer(out), _kernels.ELEM_TYPES[out_dtype],
+    _C.warp_affine(_kernels.buffer(x), _kernels.buffer(m), _kernels.buffer(out), _kernels.ELEM_TYPES[out_dtype],
                             interpolation, fill, _kernels.num_threads())
     return out
 
