@@ -1,6 +1,7 @@
 """The wheel a user installs: `.ci/wheel` builds it, auditwheel makes it a manylinux wheel carrying
 its libjpeg-turbo, and a fresh venv that installs only that wheel (and what it declares) imports
-gpupipe from outside the source tree, decodes a crop and augments a batch (~2 minutes)."""
+gpupipe from outside the source tree, decodes a crop, augments a batch and runs the README's quickstart
+verbatim (~2 minutes)."""
 
 from __future__ import annotations
 
@@ -25,3 +26,4 @@ def test_the_wheel_installs_in_a_fresh_venv_and_works_outside_the_tree():
     assert len(wheels) == 1, log[-2000:]
     assert "libjpeg-" in log and "LIBJPEGTURBO_6.2" in log  # grafted: the wheel carries its libjpeg-turbo
     assert "[wheel] smoke ok: gpupipe" in log and "site-packages/gpupipe/__init__.py" in log
+    assert "[wheel] the README's quickstart ran verbatim" in log
