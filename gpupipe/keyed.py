@@ -85,21 +85,22 @@ class Keyed(abc.ABC):
 
     A keyed module draws its parameters with ``sample_params(n, *, seed=None, epoch=None,
     indices=None)`` (a pure function of (seed, epoch, sample index) when ``seed`` is given) and
-    replays them with ``module(..., params=p)``. gpupipe's modules are registered (the augmentation
-    modules through their base class, ``gpupipe.augment._keyed_module.KeyedModule``); a class of
-    another library or of the user is Keyed when its ``sample_params`` accepts ``seed`` (looked up
-    once per class), so a module of the first protocol, ``sample_params(n)`` alone, is not.
+    replays them with ``module(..., params=p)``. A class is Keyed when its ``sample_params``
+    accepts ``seed`` (looked up once per class: gpupipe's modules and those of another library or
+    of the user alike), so a module of the first protocol, ``sample_params(n)`` alone, is not.
+    :func:`takes_keys` also sees a wrapper that forwards ``sample_params`` per instance (the
+    ``OptimizedModule`` of ``torch.compile(module)``).
     """
 
     @classmethod
     def __subclasshook__(cls, other: type) -> Any:
         if cls is Keyed and _sample_params_takes_seed(other):
             return True
-        return NotImplemented  # registered classes and their subclasses still are
+        return NotImplemented
 
 
-def _sample_params_takes_seed(cls: type) -> bool:
-    fn = getattr(cls, "sample_params", None)
+def _sample_params_takes_seed(owner: Any) -> bool:
+    fn = getattr(owner, "sample_params", None)
     if fn is None:
         return False
     try:
@@ -109,8 +110,9 @@ def _sample_params_takes_seed(cls: type) -> bool:
 
 
 def takes_keys(module: Any) -> bool:
-    """True when ``module`` follows the keyed protocol: ``isinstance(module, Keyed)``."""
-    return isinstance(module, Keyed)
+    """True when ``module`` follows the keyed protocol: ``isinstance(module, Keyed)``, or a wrapper
+    whose instance forwards a keyed ``sample_params`` (``torch.compile(module)``)."""
+    return isinstance(module, Keyed) or (module is not None and _sample_params_takes_seed(module))
 
 
 def child_params(child: Any, k: int, n: int, *, seed: Any, epoch: Any, indices: Any) -> Any:

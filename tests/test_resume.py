@@ -204,3 +204,19 @@ def test_set_epoch_replays_gpupipes_own_modules_with_any_thread_count(folder):
     epoch1 = loader(1)
     epoch1.set_epoch(1)
     assert not torch.equal(next(iter(epoch1))[0], run[0][0])  # the key changes with the epoch
+
+
+def test_a_compiled_augmentation_stays_keyed(folder):
+    """torch.compile(module) forwards sample_params per instance: the Loader still keys its draws,
+    so two Loaders of one seed deliver the same pixels whatever torch's global generator holds."""
+    from gpupipe import augment
+
+    def first_batch(global_seed):
+        torch.manual_seed(global_seed)
+        aug = torch.compile(augment.BatchAugment(hflip=0.5, rotation=20, brightness=0.4), backend="eager")
+        assert keyed.takes_keys(aug)
+        loader = gpupipe.Loader(sources.ImageFolder(folder), batch_size=8, crop=crops.RandomResizedCrop(24), seed=5,
+                                augment=aug, num_threads=1)
+        return next(iter(loader))[0]
+
+    assert torch.equal(first_batch(1), first_batch(2))

@@ -18,7 +18,6 @@ from gpupipe import keyed
 from gpupipe.augment._keyed_params import GeneratorOwner, check_params, draw_uniforms
 
 
-@keyed.Keyed.register
 class KeyedModule(GeneratorOwner, nn.Module):
     """A module whose per-sample parameters are drawn, kept and replayed.
 

@@ -9,7 +9,6 @@ from torch import nn
 from gpupipe import keyed
 
 
-@keyed.Keyed.register
 class Compose(nn.Module):
     """Augmentation modules applied in order, with keyed, replayable parameters for the whole chain.
 

@@ -13,7 +13,6 @@ from gpupipe.augment._batch_transform import batch_rng
 from gpupipe.augment._keyed_params import GeneratorLike, as_generator
 
 
-@keyed.Keyed.register
 class RandomChoice(nn.Module):
     """torchvision v2's ``RandomChoice``: per batch, one of ``transforms`` picked with probabilities ``p``.
 
