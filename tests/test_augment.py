@@ -576,3 +576,15 @@ def test_output_buffers_are_reused_only_when_unreferenced():
     d = aug(x, params=p)  # everything dropped: a cached buffer comes back, correctly refilled
     assert d.data_ptr() in (ptr_a, ptr_b, ptr_c) and torch.equal(d, expected)
     assert BatchAugment(reuse_outputs=False)(x, params=p).data_ptr() != d.data_ptr()
+
+
+def test_replay_takes_parameters_of_any_floating_dtype():
+    """check_params accepts any floating dtype: float16 / bfloat16 / float32 copies of drawn
+    parameters replay as their float64 values would (numpy has no bfloat16: converted first)."""
+    aug = BatchAugment(**FULL)
+    x = photo_batch(3, 16, 20, seed=5)
+    p = aug.sample_params(3, seed=2)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        low = {k: v.to(dtype) if v.is_floating_point() else v for k, v in p.items()}
+        exact = {k: v.double() if v.is_floating_point() else v for k, v in low.items()}
+        assert torch.equal(aug(x, params=low), aug(x, params=exact))

@@ -293,3 +293,9 @@ def test_binding_validates_buffers():
         _C.warp_affine(b(x), b(m), bad, _kernels.ELEM_TYPES[torch.float32], 0, None, 1)
     with pytest.raises(ValueError, match="interpolation"):
         _C.warp_affine(b(x), b(m), b(out), u8, 5, None, 1)
+
+
+def test_affine_matrices_take_tensors_that_require_grad():
+    angle = torch.tensor([30.0, -5.0], requires_grad=True)
+    m = affine_matrices(angle, (0, 0), 1.0, (0, 0), size=(8, 8))
+    assert not m.requires_grad and torch.equal(m, affine_matrices(angle.detach(), (0, 0), 1.0, (0, 0), size=(8, 8)))

@@ -74,7 +74,8 @@ def affine_matrices(
         size: ``(H, W)``, needed for ``center=None`` and for the flips.
 
     Returns:
-        float64 ``[N, 2, 3]`` on the CPU: ``src = M[:, :, :2] @ (x, y) + M[:, :, 2]``.
+        float64 ``[N, 2, 3]`` on the CPU: ``src = M[:, :, :2] @ (x, y) + M[:, :, 2]``; not
+        differentiable (parameters, computed in native code; gradients do not flow through them).
 
     Example:
         >>> import torch
@@ -114,7 +115,7 @@ def _inverse_affine(args, height: int, width: int) -> torch.Tensor:
     """The maps in native code (csrc/augment/augment_params.h): a few microseconds for a batch, where the
     same as small torch ops cost more than the CUDA kernel's whole batch; libm's cos / sin / tan,
     the functions torchvision's own ``math`` calls use."""
-    return torch.from_numpy(_C.inverse_affine(*(t.numpy() for t in args), height, width))
+    return torch.from_numpy(_C.inverse_affine(*(t.detach().numpy() for t in args), height, width))
 
 
 def _flips(hflip, vflip, n: int) -> tuple[torch.Tensor, torch.Tensor]:

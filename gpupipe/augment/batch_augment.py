@@ -106,7 +106,13 @@ def _(params, height, width):
 def _pack(params: list, height: int, width: int) -> torch.Tensor:
     """The engine's rows from parameters in :data:`PARAM_KEYS` order, their values checked, in native
     code (csrc/augment/augment_params.h): a few microseconds for 256 samples."""
-    return torch.from_numpy(_C.pack_augment_params(*(v.detach().cpu().numpy() for v in params), height, width))
+    return torch.from_numpy(_C.pack_augment_params(*_as_numpy(params), height, width))
+
+
+def _as_numpy(params) -> list:
+    """numpy views of parameter tensors, floating ones as float64 (numpy has no bfloat16)."""
+    return [(v.detach().cpu().to(torch.float64) if v.is_floating_point() else v.detach().cpu()).numpy()
+            for v in params]
 
 
 class BatchAugment(KeyedModule):
@@ -319,7 +325,7 @@ class BatchAugment(KeyedModule):
         if torch.compiler.is_compiling():
             return
         # every value checked in native code (csrc/augment/augment_params.h), the packed rows of a 1x1 image unused
-        _C.pack_augment_params(*(params[k].detach().cpu().numpy() for k in PARAM_KEYS), 1, 1)
+        _C.pack_augment_params(*_as_numpy(params[k] for k in PARAM_KEYS), 1, 1)
 
     def _checked_params(self, params: dict, n: int) -> dict:
         self.check_params(params, n)
