@@ -78,9 +78,11 @@ class SkippedSample(collections.abc.Sequence):
     """What ``DecodeCropDataset[i]`` gives for a sample skipped under ``on_error="skip"``: falsy,
     with the sample's ``key`` and ``failure`` (a :class:`gpupipe.error_policy.SampleFailure`).
 
-    It is a ``Sequence`` only so that ``DataLoader``'s default collate, which asks every sample of
-    a batch of pairs for its length, stops with a message naming the sample and the way out
-    (:func:`collate` drops skipped samples) instead of ``'NoneType' has no len()``."""
+    It is a ``Sequence`` only so that ``DataLoader``'s default collate (which asks every sample of a
+    batch of pairs for its length) and default convert (``batch_size=None``, which iterates it) stop
+    with a message naming the sample and the ways out (:func:`collate` drops skipped samples)
+    instead of ``'NoneType' has no len()``. (A skipped sample used to be ``None``: test it with
+    ``not sample``, which holds for both.)"""
 
     def __init__(self, key, failure):
         self.key, self.failure = key, failure
@@ -90,8 +92,9 @@ class SkippedSample(collections.abc.Sequence):
 
     def _refuse(self):
         raise TypeError(f"sample {self.key!r} was skipped ({self.failure.kind.name}: {self.failure.message}); "
-                        "DataLoader's default collate cannot drop a sample: pass collate_fn=gpupipe.data.collate, "
-                        "or build the dataset with on_error='replace' (a zero image) or 'raise'")
+                        "DataLoader's default collate cannot drop a sample: pass collate_fn=gpupipe.data.collate "
+                        "(batches), drop falsy samples yourself (batch_size=None), or build the dataset with "
+                        "on_error='replace' (a zero image) or 'raise'")
 
     def __len__(self) -> int:
         self._refuse()

@@ -136,6 +136,9 @@ def test_default_collate_takes_good_batches_and_names_a_skipped_sample(messy_fol
         torch.utils.data.default_collate([ds[k] for k in order])
     images, _ = gpupipe.data.collate([ds[k] for k in order])
     assert images.shape[0] == len(good)
+    one_by_one = torch.utils.data.DataLoader(torch.utils.data.Subset(ds, order), batch_size=None)
+    with pytest.raises(TypeError, match=r"bomb\.jpg.*skipped.*batch_size=None"):
+        list(one_by_one)
 
 
 def test_a_crop_larger_than_the_image_is_an_invalid_argument_with_its_key(messy_folder):
