@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from gpupipe import backends
+from gpupipe._args import size_pair
 from gpupipe._backends import cpu
 from gpupipe.decode_types import MODES, DecodeOptions, Route, check_thread_count
 from gpupipe._errors import ErrorKind, NotAJpegError
@@ -26,14 +27,10 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"mode must be 'rgb' or 'gray', got {mode!r}")
 
 
-def _int_converted_size(size: Size) -> tuple[int, int]:
-    """(height, width) from an int or two values ``int()`` converts (2.7 -> 2, "3" -> 3), positive and
-    within the output limit: looser than the crop samplers' ``gpupipe._args.size_pair``, as before."""
-    if isinstance(size, int):
-        size = (size, size)
-    h, w = (int(v) for v in size)
-    if h < 1 or w < 1:
-        raise ValueError(f"size must be positive, got {tuple(size)}")
+def _output_size(size: Size) -> tuple[int, int]:
+    """(height, width): positive ints (:func:`gpupipe._args.size_pair`, the crop samplers' rule:
+    ``2.7`` is an error, not 2) within the output limit."""
+    h, w = size_pair(size)
     check_output_size(h, w)
     return h, w
 
@@ -121,7 +118,7 @@ def decode_crop_jpeg(
     if window and size is None:
         raise ValueError("window=True resamples a box to an output size: pass size=(h, w)")
     box = _box(top, left, height, width, resize=size is not None)
-    out_hw = _int_converted_size(size) if size is not None else (box[2], box[3])  # (a crop's is checked when decoded)
+    out_hw = _output_size(size) if size is not None else (box[2], box[3])  # (a crop's is checked when decoded)
     device = torch.device(device)
     name = backends.resolve(backend, device)
 
@@ -337,7 +334,7 @@ def decode_crop_jpegs(
                 raise ValueError(f"box size {out_hw} is empty")
             check_output_size(*out_hw)
         else:
-            out_hw = _int_converted_size(size)
+            out_hw = _output_size(size)
         if num_threads is not None:
             check_thread_count("num_threads", num_threads)
         device = torch.device(device) if device is not None else (out.device if out is not None else torch.device("cpu"))

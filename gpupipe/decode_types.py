@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from gpupipe import _C
+from gpupipe._args import is_int
 from gpupipe._errors import ErrorKind
 
 MODES = {"rgb": 0, "gray": 1}
@@ -40,7 +41,7 @@ class Route(enum.IntEnum):
 
 def as_int(name: str, value: Any) -> int:
     """``value`` as an int: ``2.5`` or ``True`` is a TypeError naming ``name``, not 2 or 1."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    if not is_int(value):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     return int(value)
 

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from gpupipe import _C, backends, keyed
+from gpupipe._args import is_python_int
 from gpupipe._errors import SkippedSamplesWarning, import_extra
 from gpupipe._backends import cpu
 from gpupipe.decode_types import BatchStatus, HeaderInfos, Route, as_int, check_thread_count
@@ -328,7 +329,7 @@ class Loader:
         if not isinstance(crop, CropSampler):
             raise TypeError("crop must be a gpupipe.crops sampler (RandomResizedCrop, RandomCrop, ...)")
         check_on_error(on_error)
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or not 1 <= prefetch <= MAX_PREFETCH:
+        if not is_python_int(prefetch) or not 1 <= prefetch <= MAX_PREFETCH:
             raise ValueError(f"prefetch must be an int within 1..{MAX_PREFETCH} (each costs a batch buffer), got {prefetch!r}")
         if not isinstance(source, Source):
             raise TypeError("source must be a gpupipe.sources source (with epoch_samples)")
