@@ -176,6 +176,9 @@ ELEM_TYPES: dict
 # matrix, factors, order, grayscale; the linear one matrix, linear_a, linear_t, linear_u, linear_mean.
 PARAM_LAYOUT: dict[str, tuple[int, int]]
 PARAM_COUNT: int
+# the codes the augmentation kernels take: interpolation and color model names -> int
+INTERPOLATIONS: dict[str, int]
+COLOR_MODELS: dict[str, int]
 
 # BatchAugment's parameters as numpy rows (csrc/augment/augment_params.h): float64, bool and int64 arrays
 # of n, 2n or 4n values, converted when another dtype is given.

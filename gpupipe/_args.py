@@ -14,8 +14,10 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from gpupipe import _C
+
 # The sampling modes of gpupipe's warps (csrc: 0 nearest, 1 bilinear).
-INTERPOLATIONS = {"nearest": 0, "bilinear": 1}
+INTERPOLATIONS = dict(_C.INTERPOLATIONS)  # name -> the kernels' code (defined once, in C++)
 
 Size = Union[int, Sequence[int]]
 

@@ -341,6 +341,23 @@ def test_boxes_buffer_dtype_and_output_aliasing_are_checked(jpeg):
         _C.decode_into(data.numpy(), data.data_ptr(), 192, 0, 0, 8, 8, 8, 8)
 
 
+def test_a_sequence_whose_length_changes_is_refused_not_read_past(jpeg):
+    """The binding reads len(datas) for the boxes and iterates datas for the inputs: a sequence that
+    answers differently (a length that grows) is refused, never read past the boxes' end."""
+
+    class Growing(list):
+        calls = 0
+
+        def __len__(self):
+            Growing.calls += 1
+            return 1 if Growing.calls == 1 else 2
+
+    out = torch.empty((2, 8, 8, 3), dtype=torch.uint8)
+    with pytest.raises(ValueError, match="inputs but 1 boxes"):
+        _C.decode_batch_into(Growing([jpeg, jpeg]), np.zeros((1, 4), np.int64) + [0, 0, 8, 8], out.data_ptr(),
+                             out.numel(), 8, 8, False, 0, False, True, 1)
+
+
 def test_fractional_boxes_need_a_resize(jpeg):
     with pytest.raises(ValueError, match="fractional"):
         gpupipe.decode_crop_jpegs([jpeg], np.array([[0.5, 0, 8, 8]]), on_error="raise")

@@ -84,6 +84,13 @@ void register_augment(py::module_& m) {
   for (const param::Field& f : param::kFields) layout[f.name] = py::make_tuple(f.first, f.width);
   m.attr("PARAM_LAYOUT") = layout;
   m.attr("PARAM_COUNT") = param::kCount;
+  py::dict interpolations, colors;  // the codes the kernels take (augment_pixel.h, augment_kernels.h)
+  interpolations["nearest"] = int{pixel::kNearest};
+  interpolations["bilinear"] = int{pixel::kBilinear};
+  colors["torchvision"] = int{kColorTorchvision};
+  colors["linear"] = int{kColorLinear};
+  m.attr("INTERPOLATIONS") = interpolations;
+  m.attr("COLOR_MODELS") = colors;
   m.def(
       "warp_affine",
       [](std::vector<int64_t> input, std::vector<int64_t> matrices, std::vector<int64_t> output,

@@ -85,6 +85,8 @@ std::vector<Box> read_boxes(const uint8_t* data, size_t size, size_t itemsize, c
 BatchArgs batch_args(const std::vector<ByteSpan>& inputs, const std::vector<Box>& boxes, const DecodeRequest& request,
                      int num_threads, uintptr_t address, size_t given) {
   const size_t n = inputs.size();
+  if (boxes.size() != n)  // two lengths of the caller's sequences: one may have changed between the reads
+    throw InvalidArgument(std::to_string(n) + " inputs but " + std::to_string(boxes.size()) + " boxes");
   BatchArgs a;
   a.samples.resize(n);
   for (size_t i = 0; i < n; ++i) {

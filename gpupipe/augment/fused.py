@@ -31,7 +31,7 @@ from gpupipe.augment import _kernels
 from gpupipe.augment._kernels import cuda_kernel_available  # noqa: F401  (re-exported)
 
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-COLOR_MODELS = {"torchvision": 0, "linear": 1}
+COLOR_MODELS = dict(_C.COLOR_MODELS)  # name -> the kernels' code (defined once, in C++)
 # parameter name -> (first column, columns) of a params row, and the row's width, from the C++ layout
 PARAM_LAYOUT: dict = dict(_C.PARAM_LAYOUT)
 PARAM_COUNT: int = _C.PARAM_COUNT
