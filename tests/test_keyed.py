@@ -3,6 +3,7 @@ its stream, its identity parameters in eval() mode, replay from last_params."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -87,3 +88,33 @@ def test_each_module_moves_and_copies_as_an_nn_module(module):
         m.train()
     twin = copy.deepcopy(module)
     assert type(twin) is type(module) and twin.stream == module.stream
+
+
+def _numpy_uniforms(seed, epoch, indices, count, stream=0):
+    """keyed.uniforms' definition in numpy (SplitMix64 on uint64 arrays): the native hash's reference."""
+    golden, mask = np.uint64(0x9E3779B97F4A7C15), 2**64 - 1
+
+    def mix(x):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+    idx = np.asarray(indices, dtype=np.int64).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        key = mix(np.array([seed & mask], dtype=np.uint64) + golden)
+        key = mix(key ^ (np.array([epoch & mask], dtype=np.uint64) * golden))
+        if stream:
+            key = mix(key ^ mix(np.array([stream & mask], dtype=np.uint64) + golden))
+        keys = mix(key ^ mix(idx + golden))
+        counters = keys[:, None] + (np.arange(1, count + 1, dtype=np.uint64) * golden)[None, :]
+        return (mix(counters) >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
+
+
+@pytest.mark.parametrize("seed, epoch, stream", [(0, 0, 0), (11, 3, keyed.stream_of("BatchAugment")),
+                                                 (-1, 2**70 + 5, 7), (2**63, -3, 2**40)])
+def test_native_uniforms_equal_their_numpy_definition(seed, epoch, stream):
+    indices = np.array([0, 1, 2, 1000, 2**40, -7, 2**63 - 1], dtype=np.int64)
+    got = keyed.uniforms(seed, epoch, indices, 17, stream=stream)
+    assert got.dtype == np.float64 and got.shape == (7, 17)
+    assert np.array_equal(got, _numpy_uniforms(seed, epoch, indices, 17, stream))
+    assert np.array_equal(keyed.uniforms(seed, epoch, indices[3:5], 5, stream=stream), got[3:5, :5])  # no batch effect

@@ -1,5 +1,6 @@
 // gpupipe._C's runtime: batch file reads, the thread pools, resource limits, the CPU kernels'
 // instruction set level and the libjpeg the core is built with.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -12,6 +13,8 @@
 #include "bindings/bindings.h"
 #include "bindings/released_gil.h"
 #include "common/file_reader.h"
+#include "common/errors.h"
+#include "common/keyed_uniforms.h"
 #include "common/multiversion.h"
 #include "common/thread_pool.h"
 #include "decode/batch_decode.h"
@@ -91,6 +94,18 @@ void register_files(py::module_& m) {
 }
 
 void register_runtime(py::module_& m) {
+  m.def(
+      "keyed_uniforms",
+      [](uint64_t seed, uint64_t epoch, uint64_t stream,
+         py::array_t<int64_t, py::array::c_style | py::array::forcecast> indices, int64_t count) {
+        if (count < 0) throw InvalidArgument("count must be >= 0, got " + std::to_string(count));
+        const int64_t n = indices.size();
+        py::array_t<double> out({n, count});
+        keyed_uniforms(seed, epoch, stream, indices.data(), n, count, out.mutable_data());
+        return out;
+      },
+      py::arg("seed"), py::arg("epoch"), py::arg("stream"), py::arg("indices"), py::arg("count"),
+      "float64 [N, count] keyed draws in [0, 1): gpupipe.keyed.uniforms (seed, epoch, stream mod 2**64).");
   m.def("decode_busy_seconds", &decode_busy_seconds,
         "Thread-seconds all batch decodes of this process have spent decoding samples (pool utilisation).");
   m.def("default_num_threads", &default_num_threads);
