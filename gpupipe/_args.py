@@ -106,7 +106,7 @@ def bounded_pair(value: Any, name: str, low: float, high: float) -> tuple[float,
 
 def size_pair(size: Size, name: str = "size") -> tuple[int, int]:
     """(height, width) from a positive :func:`is_int` (a square) or a Sequence of two; floats
-    refused (the crop samplers' sizes; ``gpupipe.decode`` converts its ``size`` with ``int()``)."""
+    refused (the crop samplers' sizes and the decode ops' ``size``)."""
     pair = (size, size) if is_int(size) else size
     if not isinstance(pair, Sequence) or len(pair) != 2 or not all(is_int(v) and v >= 1 for v in pair):
         raise ValueError(f"{name} must be a positive int or (height, width) of positive ints, got {size!r}")

@@ -42,7 +42,7 @@ def uniforms(seed: int, epoch: int, indices: Any, count: int, *, stream: int = 0
         seed, epoch: integers (any sign; taken modulo 2**64).
         indices: ``N`` sample indices (the dataset index of each sample).
         count: draws per sample; draw ``k`` of a sample does not depend on ``count``.
-        stream: an independent sequence per consumer (0: the crop samplers).
+        stream: an independent sequence per consumer (0, modulo 2**64: the crop samplers).
     """
     idx = np.asarray(indices, dtype=np.int64).reshape(-1)
     # The hash in native code (csrc/common/keyed_uniforms.h): a batch's draws in microseconds, where
@@ -100,9 +100,11 @@ def _sample_params_takes_seed(owner: Any) -> bool:
     if fn is None:
         return False
     try:
-        return "seed" in inspect.signature(fn).parameters
+        params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
+    # seed by name, or **kwargs that forward it (a subclass's sample_params(self, n, **kw) calling super)
+    return "seed" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def takes_keys(module: Any) -> bool:

@@ -588,3 +588,42 @@ def test_replay_takes_parameters_of_any_floating_dtype():
         low = {k: v.to(dtype) if v.is_floating_point() else v for k, v in p.items()}
         exact = {k: v.double() if v.is_floating_point() else v for k, v in low.items()}
         assert torch.equal(aug(x, params=low), aug(x, params=exact))
+
+
+def test_an_empty_batch_augments_to_an_empty_batch():
+    aug = BatchAugment(**FULL)
+    x = torch.zeros(0, 3, 8, 8, dtype=torch.uint8)
+    assert aug(x).shape == (0, 3, 8, 8) and aug(x, params=aug.sample_params(0, seed=1)).shape == (0, 3, 8, 8)
+    assert aug.eval()(x).shape == (0, 3, 8, 8)
+
+
+def test_packed_rows_round_the_shift_half_to_even():
+    """translate * (W, H) on a tie rounds half to even (torch.round, and torchvision's int(round())):
+    0.125 * 4 = 0.5 -> 0 and 0.375 * 4 = 1.5 -> 2 pixels."""
+    aug = BatchAugment(hflip=0.0, translate=(0.4, 0.4))
+    p = aug.identity_params(2)
+    p["translate"] = torch.tensor([[0.125, 0.0], [0.375, 0.0]], dtype=torch.float64)
+    rows = aug.pack_params(p, 4, 4)
+    assert rows[:, 2].tolist() == [0.0, -2.0]  # the map reads x - shift
+    torch.testing.assert_close(rows, _rows_by_torch_ops(p, 4, 4), rtol=0, atol=0)
+
+
+def test_native_rows_refuse_arrays_of_the_wrong_size_or_kind():
+    import numpy as np
+
+    from gpupipe import _C
+
+    aug = BatchAugment(**FULL)
+    rows = [v.numpy() for v in (aug.sample_params(3, seed=1)[k] for k in ("hflip", "vflip", "angle", "translate",
+                                "scale", "shear", "brightness", "contrast", "saturation", "hue", "order", "grayscale"))]
+    _C.pack_augment_params(*rows, 8, 8)
+    for i in range(1, 12):
+        bad = list(rows)
+        bad[i] = np.concatenate([rows[i], rows[i][:1]])
+        with pytest.raises(ValueError, match="must have"):
+            _C.pack_augment_params(*bad, 8, 8)
+    for i, wrong in ((0, rows[0].astype(np.float64) + 0.5), (10, rows[10].astype(np.float64) + 0.7)):
+        bad = list(rows)
+        bad[i] = wrong  # a float where a flag or an op index belongs: refused, not cast
+        with pytest.raises(TypeError):
+            _C.pack_augment_params(*bad, 8, 8)

@@ -218,9 +218,9 @@ def test_native_maps_refuse_rows_of_the_wrong_size():
 
     one, two, no = np.zeros(1), np.zeros(2), np.zeros(1, dtype=bool)
     _C.inverse_affine(one, two, np.ones(1), two, two, no, no, 4, 4)
-    for bad in range(1, 5):
+    for bad in range(1, 7):
         args = [one, two, np.ones(1), two, two, no, no]
-        args[bad] = np.zeros(7)
+        args[bad] = np.zeros(7, dtype=args[bad].dtype)
         with pytest.raises(ValueError, match="must have"):
             _C.inverse_affine(*args, 4, 4)
 
@@ -299,3 +299,16 @@ def test_affine_matrices_take_tensors_that_require_grad():
     angle = torch.tensor([30.0, -5.0], requires_grad=True)
     m = affine_matrices(angle, (0, 0), 1.0, (0, 0), size=(8, 8))
     assert not m.requires_grad and torch.equal(m, affine_matrices(angle.detach(), (0, 0), 1.0, (0, 0), size=(8, 8)))
+
+
+def test_an_empty_batch_warps_to_an_empty_batch():
+    x = torch.zeros(0, 3, 8, 8, dtype=torch.uint8)
+    m = affine_matrices(torch.zeros(0, dtype=torch.float64), (0, 0), 1.0, (0, 0), size=(8, 8))
+    assert m.shape == (0, 2, 3) and warp_affine(x, m).shape == (0, 3, 8, 8)
+
+
+def test_affine_matrices_of_tensors_that_require_grad_compile():
+    angle = torch.tensor([30.0, -5.0], requires_grad=True)
+    f = torch.compile(lambda a: affine_matrices(a, (0, 0), 1.0, (0, 0), size=(8, 8)), fullgraph=True,
+                      backend="aot_eager")
+    assert torch.equal(f(angle), affine_matrices(angle, (0, 0), 1.0, (0, 0), size=(8, 8)))

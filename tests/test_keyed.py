@@ -103,7 +103,7 @@ def _numpy_uniforms(seed, epoch, indices, count, stream=0):
     with np.errstate(over="ignore"):
         key = mix(np.array([seed & mask], dtype=np.uint64) + golden)
         key = mix(key ^ (np.array([epoch & mask], dtype=np.uint64) * golden))
-        if stream:
+        if stream & mask:  # stream 0 modulo 2**64: the crop samplers' (no stream mixed in)
             key = mix(key ^ mix(np.array([stream & mask], dtype=np.uint64) + golden))
         keys = mix(key ^ mix(idx + golden))
         counters = keys[:, None] + (np.arange(1, count + 1, dtype=np.uint64) * golden)[None, :]
@@ -111,10 +111,25 @@ def _numpy_uniforms(seed, epoch, indices, count, stream=0):
 
 
 @pytest.mark.parametrize("seed, epoch, stream", [(0, 0, 0), (11, 3, keyed.stream_of("BatchAugment")),
-                                                 (-1, 2**70 + 5, 7), (2**63, -3, 2**40)])
+                                                 (-1, 2**70 + 5, 7), (2**63, -3, 2**40), (5, 1, 2**64),
+                                                 (5, 1, -2**64 + 3)])
 def test_native_uniforms_equal_their_numpy_definition(seed, epoch, stream):
     indices = np.array([0, 1, 2, 1000, 2**40, -7, 2**63 - 1], dtype=np.int64)
     got = keyed.uniforms(seed, epoch, indices, 17, stream=stream)
     assert got.dtype == np.float64 and got.shape == (7, 17)
     assert np.array_equal(got, _numpy_uniforms(seed, epoch, indices, 17, stream))
     assert np.array_equal(keyed.uniforms(seed, epoch, indices[3:5], 5, stream=stream), got[3:5, :5])  # no batch effect
+
+
+def test_a_subclass_forwarding_sample_params_stays_keyed():
+    """sample_params(self, n, **kw) that forwards to the base class takes keys: the Loader keys it."""
+
+    class Forwarding(BatchAugment):
+        def sample_params(self, n, **kw):
+            return super().sample_params(n, **kw)
+
+    class FirstProtocolChild(BatchAugment):
+        def sample_params(self, n):
+            return super().sample_params(n)
+
+    assert keyed.takes_keys(Forwarding()) and not keyed.takes_keys(FirstProtocolChild())

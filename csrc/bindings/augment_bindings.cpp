@@ -24,12 +24,15 @@ namespace py = pybind11;
 namespace gpupipe {
 namespace {
 
-// A float64 / bool / int64 row array of exactly `count` elements (C order; converted if needed).
+// Parameter rows of exactly `count` elements, C order: float64 ones converted from any number type,
+// flags (bool) and op indices (int64) only from types that cast safely (a float is not a flag).
 template <typename T>
 using Rows = py::array_t<T, py::array::c_style | py::array::forcecast>;
-
 template <typename T>
-const T* rows_of(const Rows<T>& a, int64_t count, const char* name) {
+using SafeRows = py::array_t<T, py::array::c_style>;
+
+template <typename Array>
+auto rows_of(const Array& a, int64_t count, const char* name) {
   if (a.size() != count) throw InvalidArgument(std::string(name) + " must have " + std::to_string(count) + " values");
   return a.data();
 }
@@ -38,7 +41,7 @@ void register_augment_params(py::module_& m) {
   m.def(
       "inverse_affine",
       [](Rows<double> angle, Rows<double> translate, Rows<double> scale, Rows<double> shear, Rows<double> center,
-         Rows<bool> hflip, Rows<bool> vflip, int64_t height, int64_t width) {
+         SafeRows<bool> hflip, SafeRows<bool> vflip, int64_t height, int64_t width) {
         const int64_t n = angle.size();
         AffineParams p{angle.data(), rows_of(translate, 2 * n, "translate"), rows_of(scale, n, "scale"),
                        rows_of(shear, 2 * n, "shear"), rows_of(center, 2 * n, "center"),
@@ -52,9 +55,9 @@ void register_augment_params(py::module_& m) {
       "float64 [N, 2, 3] inverse maps of torchvision's affine, followed by the flips (augment_params.h).");
   m.def(
       "pack_augment_params",
-      [](Rows<bool> hflip, Rows<bool> vflip, Rows<double> angle, Rows<double> translate, Rows<double> scale,
+      [](SafeRows<bool> hflip, SafeRows<bool> vflip, Rows<double> angle, Rows<double> translate, Rows<double> scale,
          Rows<double> shear, Rows<double> brightness, Rows<double> contrast, Rows<double> saturation, Rows<double> hue,
-         Rows<int64_t> order, Rows<bool> grayscale, int64_t height, int64_t width) {
+         SafeRows<int64_t> order, SafeRows<bool> grayscale, int64_t height, int64_t width) {
         const int64_t n = angle.size();
         AugmentParams p{rows_of(hflip, n, "hflip"),           rows_of(vflip, n, "vflip"),
                         angle.data(),                         rows_of(translate, 2 * n, "translate"),

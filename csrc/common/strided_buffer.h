@@ -82,6 +82,8 @@ inline StridedBuffer parse_buffer(const std::vector<int64_t>& v, const char* nam
 }
 
 inline void require_contiguous(const StridedBuffer& b, const char* name) {
+  for (int d = 0; d < b.ndim; ++d)
+    if (b.shape[d] == 0) return;  // no elements: any strides (numpy gives an empty array zero strides)
   int64_t expected = 1;
   for (int d = b.ndim - 1; d >= 0; --d) {
     if (b.shape[d] != 1 && b.strides[d] != expected) throw InvalidArgument(std::string(name) + " must be contiguous");

@@ -105,7 +105,7 @@ def affine_matrices(
     if not torch.compiler.is_compiling() and not bool((scale > 0).all()):
         raise ValueError("scale must be > 0")
 
-    args = (angle, translate, scale, shear, center, *_flips(hflip, vflip, n))
+    args = tuple(t.detach() for t in (angle, translate, scale, shear, center, *_flips(hflip, vflip, n)))
     if torch.compiler.is_compiling() or any(type(t) is not torch.Tensor for t in args):
         return torch.ops.gpupipe.affine_matrices(*args, h, w)  # the same native code, opaque to a trace
     return _inverse_affine(args, h, w)
@@ -115,7 +115,7 @@ def _inverse_affine(args, height: int, width: int) -> torch.Tensor:
     """The maps in native code (csrc/augment/augment_params.h): a few microseconds for a batch, where the
     same as small torch ops cost more than the CUDA kernel's whole batch; libm's cos / sin / tan,
     the functions torchvision's own ``math`` calls use."""
-    return torch.from_numpy(_C.inverse_affine(*(t.detach().numpy() for t in args), height, width))
+    return torch.from_numpy(_C.inverse_affine(*(t.numpy() for t in args), height, width))
 
 
 def _flips(hflip, vflip, n: int) -> tuple[torch.Tensor, torch.Tensor]:

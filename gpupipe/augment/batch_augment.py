@@ -301,7 +301,8 @@ class BatchAugment(KeyedModule):
     @staticmethod
     def check_params(params: dict, n: int) -> None:
         """Raises ``ValueError`` / ``TypeError`` naming the key for parameters that are not a batch of
-        ``n`` valid draws (shapes and dtypes always; values in eager mode, not under torch.compile)."""
+        ``n`` valid draws (shapes and dtypes always; values in eager mode here, and in the native
+        packing of ``color="torchvision"`` under torch.compile too)."""
         if not isinstance(params, dict):
             raise TypeError(f"params must be a dict, got {type(params).__name__}")
         missing = [k for k in PARAM_KEYS if k not in params]
