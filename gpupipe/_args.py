@@ -104,10 +104,21 @@ def bounded_pair(value: Any, name: str, low: float, high: float) -> tuple[float,
 # --- sizes, sampling, fill -------------------------------------------------------------------------
 
 
+def _integer_vector(value: Any) -> bool:
+    """A 1-D integer numpy array or torch tensor (taken as the sequence of its values)."""
+    if isinstance(value, np.ndarray):
+        return value.ndim == 1 and value.dtype.kind in "iu"
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 1 and not value.dtype.is_floating_point and value.dtype != torch.bool
+    return False
+
+
 def size_pair(size: Size, name: str = "size") -> tuple[int, int]:
-    """(height, width) from a positive :func:`is_int` (a square) or a Sequence of two; floats
-    refused (the crop samplers' sizes and the decode ops' ``size``)."""
+    """(height, width) from a positive :func:`is_int` (a square) or two of them (a Sequence, a 1-D
+    integer array or tensor); floats refused (the crop samplers' sizes and the decode ops' ``size``)."""
     pair = (size, size) if is_int(size) else size
+    if _integer_vector(pair):
+        pair = pair.tolist()
     if not isinstance(pair, Sequence) or len(pair) != 2 or not all(is_int(v) and v >= 1 for v in pair):
         raise ValueError(f"{name} must be a positive int or (height, width) of positive ints, got {size!r}")
     return int(pair[0]), int(pair[1])

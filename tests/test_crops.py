@@ -212,3 +212,20 @@ def test_resize_center_crop_sizes_and_errors():
         crops.ResizeCenterCrop(224, 256.0)
     with pytest.raises(ValueError, match="crop_size must be"):
         crops.ResizeCenterCrop((224,), 256)
+
+
+def test_sizes_are_whole_numbers_given_any_way():
+    """A size is an int or two of them: a tuple, a list, a 1-D integer array or tensor; 2.7 is an
+    error (not 2), in the crop samplers and the decode ops alike."""
+    import gpupipe
+    from helpers import encode, photo
+
+    for size in (24, (24, 32), [24, 32], np.array([24, 32]), torch.tensor([24, 32])):
+        assert crops.CenterCrop(size).size == ((24, 24) if isinstance(size, int) else (24, 32))
+    data = encode(photo(48, 64))
+    assert gpupipe.decode_crop_jpeg(data, 0, 0, 40, 40, size=np.array([20, 10])).shape == (3, 20, 10)
+    for bad in (2.7, (24, 2.5), np.array([24.0, 32.0]), "24", (0, 3)):
+        with pytest.raises(ValueError, match="size"):
+            crops.CenterCrop(bad)
+        with pytest.raises(ValueError, match="size"):
+            gpupipe.decode_crop_jpeg(data, 0, 0, 40, 40, size=bad)
