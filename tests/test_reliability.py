@@ -5,6 +5,7 @@ the child must also print nothing to stderr (no libjpeg message may reach it).""
 from __future__ import annotations
 
 import io
+from pathlib import Path
 import struct
 import warnings
 
@@ -438,3 +439,20 @@ def test_pillow_route_opens_only_its_formats_and_keeps_libtiff_off_stderr(capfd)
     with pytest.warns(gpupipe.JpegWarning, match="libtiff"):
         gpupipe.decode_crop_jpegs([bytes(damaged)], [[0, 0, 8, 8]])
     assert capfd.readouterr().err == ""
+
+
+def test_a_transcode_that_fails_after_its_output_grew_frees_once():
+    """fuzz_transcode's finding: a source whose error comes after the output outgrew its first 4 KB
+    (here a DCT coefficient out of range). libjpeg's memory destination had freed the first buffer
+    and not yet reported the new one, so the transcoder freed it again (a double free: the process
+    aborted). It is an error of the sample now, in a child that stays alive and quiet."""
+    crash = Path(__file__).resolve().parents[1] / "csrc/fuzz/regressions/transcode/transcode-crash-62453c06c980f1a8abf5f13a3d4783c569d1b170"
+    run_child(f"""
+        import pytest, gpupipe
+        from gpupipe import _C
+        data = open({str(crash)!r}, "rb").read()
+        gpupipe.set_limits(max_pixels=1 << 20, max_scans=100, max_memory=256 << 20)  # the harness's
+        for _ in range(3):
+            with pytest.raises(gpupipe.CorruptJpegError, match="coefficient"):
+                _C.transcode_with_restarts(data[2:], 1 + data[0] % 4, data[1] % 12)
+    """)

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <jpeglib.h>
+#include <jerror.h>
 
 #include "common/errors.h"
 #include "decode/jpeg_decoder.h"
@@ -151,14 +152,46 @@ bool build_sub_jpeg(const uint8_t* d, size_t n, const RestartLayout& L, int row0
 
 namespace {
 
+// The transcode's output: a buffer of ours that grows by doubling. Not jpeg_mem_dest: libjpeg-turbo
+// frees its first buffer when it grows and reports the new one only at the end, so an error in
+// between left the caller's pointer on freed memory (a double free, found by fuzz_transcode) and
+// the new buffer leaked.
+struct GrowingDestination {
+  jpeg_destination_mgr pub{};  // first: libjpeg's callbacks get &pub
+  unsigned char* data = nullptr;
+  size_t capacity = 0;
+
+  size_t size() const { return data ? capacity - pub.free_in_buffer : 0; }
+
+  static bool grow(GrowingDestination* d, size_t used) {
+    const size_t capacity = d->capacity ? 2 * d->capacity : 4096;
+    auto* bigger = static_cast<unsigned char*>(std::realloc(d->data, capacity));
+    if (!bigger) return false;
+    d->data = bigger;
+    d->capacity = capacity;
+    d->pub.next_output_byte = bigger + used;
+    d->pub.free_in_buffer = capacity - used;
+    return true;
+  }
+  static void init(j_compress_ptr cinfo) {
+    auto* d = reinterpret_cast<GrowingDestination*>(cinfo->dest);
+    if (!grow(d, 0)) ERREXIT1(cinfo, JERR_OUT_OF_MEMORY, 10);
+  }
+  static boolean empty(j_compress_ptr cinfo) {  // the whole buffer is full
+    auto* d = reinterpret_cast<GrowingDestination*>(cinfo->dest);
+    if (!grow(d, d->capacity)) ERREXIT1(cinfo, JERR_OUT_OF_MEMORY, 10);
+    return TRUE;
+  }
+  static void term(j_compress_ptr) {}
+};
+
 // The libjpeg objects of one transcode, destroyed whatever happens (outside any setjmp frame).
 struct Transcoder {
   jpeg_decompress_struct src;
   jpeg_compress_struct dst;
   JpegErrorMgr err;  // one manager for both objects: an error in either lands in the same frame
   bool created = false;
-  unsigned char* buffer = nullptr;  // malloc'd by jpeg_mem_dest
-  unsigned long out_size = 0;
+  GrowingDestination out;
   std::vector<Segment> markers;  // the source's APPn and COM segments, copied to the output
 
   Transcoder() {
@@ -166,13 +199,16 @@ struct Transcoder {
     std::memset(&dst, 0, sizeof(dst));
     install_error_mgr(reinterpret_cast<j_common_ptr>(&src), &err);
     dst.err = src.err;
+    out.pub.init_destination = &GrowingDestination::init;
+    out.pub.empty_output_buffer = &GrowingDestination::empty;
+    out.pub.term_destination = &GrowingDestination::term;
   }
   ~Transcoder() {
     if (created) {
       jpeg_destroy_compress(&dst);
       jpeg_destroy_decompress(&src);
     }
-    std::free(buffer);
+    std::free(out.data);
   }
 };
 
@@ -232,7 +268,7 @@ bool guarded_transcode(Transcoder* t, int restart_rows, int restart_mcus, uint64
     dst->restart_interval = static_cast<unsigned int>(interval);
   else
     dst->restart_in_rows = restart_rows;
-  jpeg_mem_dest(dst, &t->buffer, &t->out_size);
+  dst->dest = &t->out.pub;
   // jpeg_write_coefficients writes JFIF/Adobe headers itself when the color space calls for them.
   dst->write_JFIF_header = src->saw_JFIF_marker ? TRUE : FALSE;
   jpeg_write_coefficients(dst, coefficients);
@@ -272,7 +308,7 @@ std::vector<uint8_t> transcode_with_restarts(const uint8_t* data, size_t size, i
   if (t.src.data_precision != 8)
     throw DecodeError(ErrorKind::kUnsupported, "only 8-bit JPEGs can be transcoded");
   if (!guarded_transcode(&t, restart_rows, restart_mcus, limits.max_memory)) throw_transcode_error(t.err);
-  return std::vector<uint8_t>(t.buffer, t.buffer + t.out_size);
+  return std::vector<uint8_t>(t.out.data, t.out.data + t.out.size());
 }
 
 }  // namespace gpupipe
