@@ -16,8 +16,7 @@ import torch
 
 from gpupipe import _C
 
-# The sampling modes of gpupipe's warps (csrc: 0 nearest, 1 bilinear).
-INTERPOLATIONS = dict(_C.INTERPOLATIONS)  # name -> the kernels' code (defined once, in C++)
+INTERPOLATIONS = dict(_C.INTERPOLATIONS)  # the warps' sampling modes: name -> the kernels' code (defined in C++)
 
 Size = Union[int, Sequence[int]]
 

@@ -28,18 +28,18 @@ def buffer(t: torch.Tensor) -> list:
     return [t.data_ptr(), extent, ELEM_TYPES.get(t.dtype, -1), t.dim(), *t.shape, *t.stride()]
 
 
-def eager_cpu(x: torch.Tensor) -> bool:
-    """Whether an op on ``x`` may call its host kernel directly, without the dispatcher: a plain
-    CPU tensor outside ``torch.compile``. That spares ~0.1 ms per call and the ~2 s import of
-    torch._dynamo that a custom op's first call costs; tensor subclasses (fake tensors of a trace,
-    DTensor) and compiled graphs keep the registered op."""
-    return type(x) is torch.Tensor and x.device.type == "cpu" and not torch.compiler.is_compiling()
-
-
 def eager(x: torch.Tensor) -> bool:
-    """:func:`eager_cpu` for CPU and CUDA tensors: the op's kernel may be called directly (on CUDA
-    the dispatcher's ~0.1 ms per call is a third of BatchAugment's whole kernel for 256 images)."""
+    """Whether an op on ``x`` may call its kernel directly, without the dispatcher: a plain CPU or
+    CUDA tensor outside ``torch.compile``. That spares ~0.1 ms per call (on CUDA a third of
+    BatchAugment's whole kernel for 256 images) and the ~2 s import of torch._dynamo that a custom
+    op's first call costs; tensor subclasses (fake tensors of a trace, DTensor) and compiled graphs
+    keep the registered op."""
     return type(x) is torch.Tensor and x.device.type in ("cpu", "cuda") and not torch.compiler.is_compiling()
+
+
+def eager_cpu(x: torch.Tensor) -> bool:
+    """:func:`eager` for ops whose direct path is the host kernel only."""
+    return eager(x) and x.device.type == "cpu"
 
 
 def cuda_module():
