@@ -33,6 +33,8 @@ class Route(enum.IntEnum):
     GPU = 2  #: the GPU backend's decoder (nvJPEG, or DALI's operators)
     PILLOW = 3  #: not a JPEG: decoded by Pillow, with the same box semantics
     CPU_FALLBACK = 4  #: a GPU backend handed it to the CPU core (CMYK, a limit, a failing batch)
+    GPU_HARDWARE = 5  #: the GPU's hardware JPEG decoder (nvImageCodec; A100, H100, B200)
+    GPU_CUDA = 6  #: nvImageCodec's CUDA decoder (nvJPEG on the GPU's cores)
 
     @property
     def label(self) -> str:
