@@ -6,15 +6,15 @@ import importlib.util
 
 import torch
 
-from gpupipe._backends import cpu, dali, nvjpeg
+from gpupipe._backends import cpu, dali, hybrid, nvjpeg
 
-BACKENDS = {"cpu": cpu, "dali": dali, "nvjpeg": nvjpeg}  #: the one registry: name -> module
+BACKENDS = {"cpu": cpu, "hybrid": hybrid, "dali": dali, "nvjpeg": nvjpeg}  #: the one registry: name -> module
 BACKEND_NAMES = ("auto", *BACKENDS)  #: what ``backend=`` accepts
 
 
 def backends_available() -> dict:
-    """``{name: {"available": bool, "devices": [...], "reason": str}}`` for cpu, dali, nvjpeg and
-    the fused augmentation's CUDA kernel. ``reason`` says why something is missing and what to do.
+    """``{name: {"available": bool, "devices": [...], "reason": str}}`` for cpu, hybrid, dali, nvjpeg
+    and the fused augmentation's CUDA kernel. ``reason`` says why something is missing and what to do.
 
     Example:
         >>> import gpupipe
@@ -26,9 +26,12 @@ def backends_available() -> dict:
     no_cuda = "no CUDA device (torch.cuda.is_available() is False)"
     dali_reason = dali.unavailable_reason()
     nv_reason = nvjpeg.unavailable_reason()
+    hybrid_reason = hybrid.unavailable_reason()
     return {
         "cpu": {"available": True, "devices": ["cpu"] + (["cuda"] if cuda else []),
                 "reason": "" if cuda else "CPU decode; CUDA outputs need a CUDA device"},
+        "hybrid": {"available": hybrid_reason is None, "devices": [] if hybrid_reason else ["cuda"],
+                   "reason": hybrid_reason or ""},
         "dali": {"available": dali_reason is None,
                  "devices": [] if dali_reason else ["cpu"] + (["cuda"] if cuda else []),
                  "reason": dali_reason or ("" if cuda else f"CPU operators only: {no_cuda}")},
@@ -53,11 +56,13 @@ def resolve(backend: str, device: torch.device) -> str:
     if backend == "auto":
         if device.type == "cpu":
             return "cpu"  # the reference; DALI's CPU operators only when asked for
+        if hybrid.unavailable_reason(device) is None:  # every engine of the node at once
+            return "hybrid"
         if dali.unavailable_reason() is None:
             return "dali"
         return "nvjpeg" if nvjpeg.unavailable_reason() is None else "cpu"
-    if backend == "nvjpeg" and device.type != "cuda":
-        raise ValueError("the nvjpeg backend decodes on the GPU: pass device='cuda'")
+    if backend in ("nvjpeg", "hybrid") and device.type != "cuda":
+        raise ValueError(f"the {backend} backend decodes on the GPU: pass device='cuda'")
     if reason := BACKENDS[backend].unavailable_reason(device):
         raise RuntimeError(reason)
     return backend

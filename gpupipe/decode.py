@@ -85,7 +85,7 @@ def decode_crop_jpeg(
             domain (much faster; a close but not identical result). ``False`` is bit-exact with
             Pillow's crop-then-resize.
         backend: ``"auto"`` (CPU core for CPU outputs; DALI, else nvJPEG, for CUDA outputs),
-            ``"cpu"``, ``"dali"`` or ``"nvjpeg"``; see :func:`decode_crop_jpegs`.
+            ``"cpu"``, ``"hybrid"``, ``"dali"`` or ``"nvjpeg"``; see :func:`decode_crop_jpegs`.
         device: where the result lives (``"cpu"`` or a CUDA device).
         apply_exif_orientation: the box is in the displayed frame (EXIF orientation applied, as
             ``PIL.ImageOps.exif_transpose``) and so is the result.
@@ -191,7 +191,7 @@ class DecodedBatch:
         fallback: ``{index: reason}`` for samples not decoded by the backend's own decoder: files
             that are not JPEGs (Pillow), and what a GPU backend handed to the CPU core (CMYK, a
             limit, or the GPU decoder failing the batch).
-        backend: the backend that ran (``"cpu"``, ``"dali"``, ``"nvjpeg"``).
+        backend: the backend that ran (``"cpu"``, ``"hybrid"``, ``"dali"``, ``"nvjpeg"``).
         kinds: ``{index: ErrorKind}`` for every sample that failed.
         routes: per sample, the route that decoded it: ``"cpu"``, ``"gpu"``, ``"pillow"``,
             ``"cpu-fallback"`` (``"none"`` where it failed).
@@ -293,7 +293,10 @@ def decode_crop_jpegs(
             ``decoders.image_slice`` with absolute anchors (nvJPEG on CUDA outputs, DALI's CPU
             operators for CPU outputs) and antialiased ``fn.resize``. ``"nvjpeg"``:
             ``torchvision.io.decode_jpeg(device="cuda")``, crop and antialiased resize on the GPU.
-            ``"auto"``: the CPU core for CPU outputs; DALI, else nvjpeg, for CUDA outputs. GPU
+            ``"hybrid"``: each batch split between the CPU core, the GPU's hardware JPEG decoder
+            and nvImageCodec's CUDA decoder (routes keyed by position in the call, the starting
+            shares; the Loader re-tunes them per epoch). ``"auto"``: the CPU core for CPU
+            outputs; hybrid where nvImageCodec is installed, else DALI, else nvjpeg, for CUDA outputs. GPU
             backends hand what they cannot decode (CMYK, over a limit, a failing batch) to the CPU
             core inside the same batch, reported in ``fallback``.
         device: where ``images`` live (default: ``out``'s device, else the CPU).

@@ -114,6 +114,7 @@ class BatchStatus:
         warnings: ``{index: message}`` for samples decoded with recoverable corruption.
         fallback: ``{index: reason}`` for samples not decoded by the backend's own decoder
             (Pillow, or the CPU core standing in for a GPU decoder).
+        engine_seconds: ``{engine: (images, seconds)}`` of the hybrid backend's GPU decoders.
     """
 
     kind: np.ndarray
@@ -121,6 +122,7 @@ class BatchStatus:
     errors: dict = dataclasses.field(default_factory=dict)
     warnings: dict = dataclasses.field(default_factory=dict)
     fallback: dict = dataclasses.field(default_factory=dict)
+    engine_seconds: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def empty(cls, n: int) -> "BatchStatus":
@@ -144,6 +146,9 @@ class BatchStatus:
         self.route[idx] = sub.route
         for mine, theirs in ((self.errors, sub.errors), (self.warnings, sub.warnings), (self.fallback, sub.fallback)):
             mine.update({int(idx[k]): v for k, v in theirs.items()})
+        for engine, (images, seconds) in sub.engine_seconds.items():
+            was = self.engine_seconds.get(engine, (0, 0.0))
+            self.engine_seconds[engine] = (was[0] + images, was[1] + seconds)
 
 
 @dataclasses.dataclass

@@ -35,7 +35,7 @@ import torch
 from gpupipe import _C, backends, keyed
 from gpupipe._args import is_python_int
 from gpupipe._errors import SkippedSamplesWarning, import_extra
-from gpupipe._backends import cpu
+from gpupipe._backends import cpu, hybrid
 from gpupipe.decode_types import BatchStatus, HeaderInfos, Route, as_int, check_thread_count
 from gpupipe.crops import CropSampler
 from gpupipe.engine import Closed, Engine, HostClock, StageTimes
@@ -70,7 +70,7 @@ class Batch:
     images: Optional[torch.Tensor] = None  #: uint8 NHWC: a ring slot, or a device tensor
     slot: Optional[int] = None
     ready: Optional[torch.cuda.Event] = None  #: recorded after a GPU decode, for the consumer's stream
-    pending: Any = None  #: the CPU core's decode, started on the pool and not yet waited for
+    pending: Any = None  #: a started decode (the CPU core's or the hybrid backend's): collect waits for it
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -106,6 +106,7 @@ class _Stats:
         self.warnings: list = []
         self.fallback: list = []
         self.routes = {r.label: 0 for r in Route if r != Route.NONE}
+        self.engine_seconds: dict = {}  # the hybrid backend's GPU engines: {engine: [images, seconds]}
         self.started: Optional[float] = None
         self.last: Optional[float] = None
         self.decode_busy0 = _C.decode_busy_seconds()  # the process's, at the epoch's start
@@ -125,6 +126,10 @@ class _Stats:
             for r, count in enumerate(np.bincount(status.route[status.ok], minlength=len(Route))):
                 if count:
                     self.routes[Route(r).label] += int(count)
+            for engine, (images, seconds) in status.engine_seconds.items():
+                was = self.engine_seconds.setdefault(engine, [0, 0.0])
+                was[0] += images
+                was[1] += seconds
 
 
 def _report_losses(loader: "Loader", st: _Stats) -> None:
@@ -269,9 +274,13 @@ class Loader:
             ``gpupipe.augment.MixUp``), keyed the same way (``batch_transform(images, labels,
             params=...)``).
         device: where batches are delivered (``"cpu"``, ``"cuda"``, ``"cuda:1"``).
-        backend: ``"auto"`` (the CPU core for CPU outputs; DALI, else nvJPEG, for CUDA outputs),
-            ``"cpu"``, ``"dali"`` or ``"nvjpeg"``. GPU backends decode each batch on ``device`` (no
-            host ring), handing what they cannot decode to the CPU core inside the batch.
+        backend: ``"auto"`` (the CPU core for CPU outputs; for CUDA outputs ``"hybrid"`` where
+            nvImageCodec's GPU decoders are installed, else DALI, else nvJPEG), ``"cpu"``,
+            ``"hybrid"``, ``"dali"`` or ``"nvjpeg"``. GPU backends decode each batch on ``device``
+            (no host ring), handing what they cannot decode to the CPU core inside the batch.
+            ``"hybrid"`` splits every batch between the CPU pool, the GPU's hardware JPEG decoder
+            and its CUDA decoder in proportion to their rates, re-tuned after each complete epoch
+            (``stats()["shares"]``; kept in ``state_dict()``, so an epoch replays exactly).
         shuffle, seed: sample order per epoch (``set_epoch``), as ``DistributedSampler``; the seed
             also keys the crops and the augmentations.
         drop_last: drop the tail that does not split evenly across ranks and the last partial batch.
@@ -372,6 +381,9 @@ class Loader:
         self._done = (0, 0)  # (epoch, batches yielded) of the latest iteration
         self._ring: Optional[_Ring] = None  # host buffers, passed from epoch to epoch
         self._recycled: Optional[_Recycled] = None
+        self._engines: Optional[dict] = None  # hybrid: the GPU engines, made at the first epoch
+        self._shares: dict = {}  # hybrid: {epoch: Shares} of the epochs started (the latest two kept)
+        self._next_shares: Optional[hybrid.Shares] = None  # hybrid: re-tuned after a complete epoch
 
     def __repr__(self) -> str:
         augment = "" if self.augment is None else f"\n    augment={self.augment!r}"
@@ -398,6 +410,35 @@ class Loader:
             # a batch being decoded, collected and finished, three queues of `prefetch`, the consumer's
             self._recycled = _Recycled(shape, keep=3 * self.prefetch + 5)
         return self._recycled
+
+    # --- the hybrid backend's engine shares ---------------------------------------------------------
+
+    def _gpu_engines(self) -> dict:
+        if self._engines is None:
+            self._engines = hybrid.gpu_engines(self.device)
+        return self._engines
+
+    def _decode_threads(self) -> int:
+        return self.options.num_threads or _C.default_num_threads()
+
+    def _epoch_shares(self) -> "hybrid.Shares":
+        """The shares of the current epoch: those it started with when it runs again (resume, or
+        the same epoch iterated twice), else the latest re-tuned ones, else the starting ones."""
+        shares = self._shares.get(self.epoch)
+        if shares is None:
+            shares = self._next_shares or hybrid.Shares.prior(["cpu", *self._gpu_engines()], self._decode_threads())
+            self._shares = {e: v for e, v in self._shares.items() if e > self.epoch - 2}
+            self._shares[self.epoch] = shares
+        return shares
+
+    def _retune(self, st: "_Stats") -> None:
+        """After a complete epoch: the next epoch's shares from this one's engine rates."""
+        with st.lock:
+            measured = {e: tuple(v) for e, v in st.engine_seconds.items()}
+            cpu_images = st.routes[Route.CPU.label] + st.routes[Route.CPU_FALLBACK.label]
+        measured["cpu"] = (cpu_images, _C.decode_busy_seconds() - st.decode_busy0)
+        shares = self._shares.get(self.epoch) or self._epoch_shares()
+        self._next_shares = shares.retuned(measured, ["cpu", *self._gpu_engines()], self._decode_threads())
 
     # --- sampling ---------------------------------------------------------------------------------
 
@@ -432,9 +473,14 @@ class Loader:
         new process), the next iteration yields exactly the batches an uninterrupted run would have
         yielded after these, pixels and augmentation included, for any ``num_threads``."""
         epoch, done = self._done
-        return {"version": 1, "epoch": epoch, "batches": done, "seed": self.seed, "shuffle": self.shuffle,
-                "batch_size": self.batch_size, "drop_last": self.drop_last, "rank": self.rank,
-                "world_size": self.world_size, "crop": repr(self.crop), "source": self._source_fingerprint()}
+        state = {"version": 1, "epoch": epoch, "batches": done, "seed": self.seed, "shuffle": self.shuffle,
+                 "batch_size": self.batch_size, "drop_last": self.drop_last, "rank": self.rank,
+                 "world_size": self.world_size, "crop": repr(self.crop), "source": self._source_fingerprint()}
+        if self.backend == "hybrid":  # the routes of the state's epoch, and the next epoch's tuning
+            mine = self._shares.get(epoch)
+            state["decode_shares"] = {"epoch": mine.as_dict() if mine else None,
+                                      "next": self._next_shares.as_dict() if self._next_shares else None}
+        return state
 
     def _source_fingerprint(self) -> str:
         """What identifies the dataset: its length and a hash of its keys (map-style), its shards."""
@@ -473,6 +519,13 @@ class Loader:
             total = len(self)
             if batches > total:
                 raise ValueError(f"the Loader state's batches={batches} is more than the {total} batches of epoch {epoch}")
+        if self.backend == "hybrid":
+            shares = state["decode_shares"]
+            if set(shares) != {"epoch", "next"}:
+                raise ValueError(f"the Loader state's decode_shares={shares!r} lacks 'epoch' or 'next'")
+            mine, after = (None if shares[k] is None else hybrid.Shares.from_dict(shares[k]) for k in ("epoch", "next"))
+            self._shares = {epoch: mine} if mine is not None else {}
+            self._next_shares = after
         self.epoch = epoch
         self._resume = (epoch, batches)
         self._done = (epoch, batches)
@@ -486,8 +539,10 @@ class Loader:
         plan, decode, transfer, augment; stages overlap), ``wait_s`` (time the consumer waited for
         a batch: starvation), ``skipped`` / ``replaced`` (:class:`gpupipe.error_policy.SampleFailure`:
         key, kind, message), ``failures`` ({kind name: count}), ``routes`` ({route: samples}:
-        ``cpu``, ``gpu``, ``pillow``, ``cpu-fallback``), ``fallback`` ([(key, reason)] for samples
-        not decoded by the backend's own decoder), ``warnings`` ([(key, message)]).
+        ``cpu``, ``gpu``, ``pillow``, ``cpu-fallback``, ``gpu-hardware``, ``gpu-cuda``), ``fallback``
+        ([(key, reason)] for samples not decoded by the backend's own decoder), ``warnings``
+        ([(key, message)]). With ``backend="hybrid"``: ``shares`` (the epoch's fraction per engine)
+        and ``engines`` (per GPU engine: ``images``, ``seconds`` of its work, ``images_per_s``).
 
         Where the host's time goes: ``host_s`` (per stage, the CPU time its thread spent outside
         gpupipe's native calls: Python, torch ops, bookkeeping; the pools' work is not in it) and
@@ -517,7 +572,16 @@ class Loader:
                                 "utilisation": pool_busy / (decode_threads * pool_wall) if pool_wall > 0 else 0.0},
                 "threads": {"share": self.cpu_share, "decode": decode_threads, "io": self.io_threads,
                             "augment": self.augment_threads},
+                **self._hybrid_stats(s),
             }
+
+    def _hybrid_stats(self, s: "_Stats") -> dict:
+        if self.backend != "hybrid":
+            return {}
+        shares = self._shares.get(self.epoch)
+        return {"shares": shares.as_dict() if shares else None,
+                "engines": {e: {"images": n, "seconds": t, "images_per_s": n / t if t > 0 else 0.0}
+                            for e, (n, t) in s.engine_seconds.items()}}
 
 
 def _same_kind(value, reference) -> bool:
@@ -550,6 +614,7 @@ class _Epoch:
             self.ring = loader._host_ring(loader.prefetch + 3, (loader.batch_size, h, w, 3), pin=loader.device.type == "cuda")
         self.recycled = loader._host_batches((loader.batch_size, h, w, 3)) \
             if self.ring is None and loader.device.type == "cpu" else None
+        self.shares = loader._epoch_shares() if loader.backend == "hybrid" else None
         self.augment_keyed = _keyed(loader.augment)
         self.transform_keyed = _keyed(loader.batch_transform)
         self.stream = torch.cuda.Stream(loader.device) if loader.device.type == "cuda" else None
@@ -629,24 +694,38 @@ class _Epoch:
         try:
             if l.backend == "cpu" and straight(batch.infos, l.options):
                 # started: the pool takes this batch's samples as soon as the previous batch's are taken
-                batch.pending = cpu.start(batch.datas, np.ascontiguousarray(batch.boxes), batch.images, l.options)
+                started = cpu.start(batch.datas, np.ascontiguousarray(batch.boxes), batch.images, l.options)
+                batch.pending = lambda: cpu.wait(started, n)
+            elif l.backend == "hybrid" and straight(batch.infos, l.options):
+                # the CPU share started on the pool, the GPU shares queued on their engines
+                started = hybrid.start(batch.datas, batch.boxes, batch.images, l.options, batch.infos,
+                                       keys=self.route_keys(batch), shares=self.shares, engines=l._gpu_engines())
+                batch.pending = lambda: hybrid.wait(started)
             else:
-                batch.status = decode_into(batch.datas, batch.boxes, batch.images, l.options, infos=batch.infos)
+                keyed_routes = {"keys": self.route_keys(batch), "shares": self.shares} if l.backend == "hybrid" else {}
+                batch.status = decode_into(batch.datas, batch.boxes, batch.images, l.options, infos=batch.infos,
+                                           **keyed_routes)
         except BaseException:
             self.release(batch)
             raise
-        if batch.images.is_cuda:  # the consumer's stream must wait for this thread's decode work
+        if batch.images.is_cuda and batch.pending is None:  # the consumer's stream waits for this thread's work
             batch.ready = torch.cuda.Event()
             batch.ready.record()
         return batch
+
+    def route_keys(self, batch: Batch) -> "hybrid.RouteKeys":
+        return hybrid.RouteKeys(self.l.seed, self.l.epoch, batch.indices)
 
     def collect(self, batch: Batch) -> Batch:
         """The batch's decode, waited for (when it was started), and the error policy applied."""
         l = self.l
         try:
             if batch.pending is not None:
-                batch.status = cpu.wait(batch.pending, len(batch))
+                batch.status = batch.pending()
                 batch.pending = None
+                if batch.images.is_cuda:  # the hybrid decode's last work was queued by this thread
+                    batch.ready = torch.cuda.Event()
+                    batch.ready.record()
             batch.failures = apply_policy(batch.status, l.on_error, batch.keys)
         except BaseException:
             self.release(batch)
@@ -779,6 +858,8 @@ class _LoaderIterator:
         except StopIteration:
             self.l._done = (self.l.epoch, 0)  # the epoch is complete: a restored run starts it over
             self.close()
+            if self.l.backend == "hybrid":
+                self.l._retune(st)
             _report_losses(self.l, st)
             raise
         except BaseException:

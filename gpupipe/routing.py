@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from gpupipe import orientation
-from gpupipe._backends import pillow
+from gpupipe._backends import hybrid, pillow
 from gpupipe.backends import BACKENDS
 from gpupipe.decode_types import BatchStatus, DecodeOptions, HeaderInfos, Route, read_infos
 from gpupipe._buffers import as_buffer
@@ -75,7 +75,8 @@ def plan_batch(datas: Sequence[Any], crop, options: DecodeOptions, *, seed: int,
 
 
 def decode_into(datas: Sequence[Any], boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions, *,
-                infos: Optional[HeaderInfos] = None) -> BatchStatus:
+                infos: Optional[HeaderInfos] = None, keys: Optional[hybrid.RouteKeys] = None,
+                shares: Optional[hybrid.Shares] = None) -> BatchStatus:
     """Decodes the crop ``boxes[i]`` of ``datas[i]`` into ``out[i]`` for every sample.
 
     Args:
@@ -85,6 +86,8 @@ def decode_into(datas: Sequence[Any], boxes: np.ndarray, out: torch.Tensor, opti
         out: uint8 ``[N, H, W, C]`` contiguous on ``options.device``, ``(H, W) = options.size``.
         options: how to decode (:class:`DecodeOptions`, the backend already resolved).
         infos: the batch's headers when the caller already read them (:func:`probe`).
+        keys, shares: the hybrid backend's routes: the samples' (seed, epoch, index) and the
+            epoch's engine shares (default: positions in the call, the starting shares).
 
     Returns:
         BatchStatus: per sample, its error kind and message, warning, and route. Failed samples'
@@ -100,6 +103,9 @@ def decode_into(datas: Sequence[Any], boxes: np.ndarray, out: torch.Tensor, opti
     if infos is None:
         infos = probe(buffers, options)
     backend = BACKENDS[options.backend]
+    if options.backend == "hybrid":  # routes keyed by sample: the keys follow every sub-batch
+        keys = keys or hybrid.RouteKeys(0, 0, np.arange(n, dtype=np.int64))
+        backend = _Keyed(keys, shares)
     if straight(infos, options):
         status = backend.decode(buffers, np.ascontiguousarray(boxes), out, options, infos)
     else:
@@ -108,6 +114,19 @@ def decode_into(datas: Sequence[Any], boxes: np.ndarray, out: torch.Tensor, opti
     if len(failed):
         out[torch.from_numpy(failed).to(out.device)] = 0
     return status
+
+
+class _Keyed:
+    """The hybrid backend with a batch's route keys bound: ``select(rows)`` for a sub-batch."""
+
+    def __init__(self, keys: hybrid.RouteKeys, shares: Optional[hybrid.Shares]):
+        self.keys, self.shares = keys, shares
+
+    def select(self, rows: np.ndarray) -> "_Keyed":
+        return _Keyed(self.keys.select(rows), self.shares)
+
+    def decode(self, buffers, boxes, out, options, infos) -> BatchStatus:
+        return hybrid.decode(buffers, boxes, out, options, infos, keys=self.keys, shares=self.shares)
 
 
 def straight(infos: HeaderInfos, options: DecodeOptions) -> bool:
@@ -133,8 +152,9 @@ def _decode_mixed(buffers: list, boxes: np.ndarray, out: torch.Tensor, options: 
             size = options.size[::-1] if transposed else options.size
             sub_options = dataclasses.replace(options, size=tuple(size))
             sub_out = torch.empty((len(rows), *size, options.channels), dtype=torch.uint8, device=out.device)
-            status.merge(backend.decode([buffers[i] for i in rows], stored, sub_out, sub_options, infos.select(rows)),
-                         rows)
+            sub_backend = backend.select(rows) if isinstance(backend, _Keyed) else backend
+            status.merge(sub_backend.decode([buffers[i] for i in rows], stored, sub_out, sub_options,
+                                            infos.select(rows)), rows)
             for turn in np.unique(turns):  # into the displayed frame, one orientation at a time
                 sel = torch.from_numpy(np.flatnonzero(turns == turn)).to(out.device)
                 out[torch.from_numpy(rows).to(out.device)[sel]] = orientation.to_display(sub_out[sel], int(turn))

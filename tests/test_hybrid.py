@@ -1,0 +1,287 @@
+"""The hybrid backend's scheduler, on the CPU: engine shares, keyed routes, the split of a batch
+between the CPU pool and the GPU engines, declined samples, failing engines, the Loader's epoch
+re-tuning and its resume. The GPU engines are stood in for by host engines that decode as a GPU
+decoder does (the whole image, then an exact resize: the CPU core without DCT scaling); the real
+engines' pixels are tested on a GPU (tests/test_nvimgcodec.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import gpupipe
+from gpupipe import backends, routing
+from gpupipe._backends import cpu, hybrid
+from gpupipe.decode_types import DecodeOptions, Route, read_infos
+from helpers import PHOTOS, encode, photo, photo_jpegs
+from loader_data import index_of, make_image_folder
+
+SIZE = (24, 32)
+
+
+class HostEngine:
+    """A GPU decoder's stand-in: whole-image decode + exact resize (the CPU core, no DCT scaling)
+    into ``out[slots]``; declines the samples ``decline(data)`` picks; raises when ``fail``."""
+
+    def __init__(self, kind: str, decline=None, fail: bool = False, delay: float = 0.0):
+        self.kind, self.decline, self.fail, self.delay = kind, decline, fail, delay
+        self.calls = []
+        self.threads = set()
+
+    def decode(self, buffers, boxes, out, slots, options):
+        self.calls.append(np.asarray(slots).copy())
+        self.threads.add(threading.get_ident())
+        if self.fail:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        time.sleep(self.delay * len(buffers))
+        declined = {k: "refused by the stand-in" for k, b in enumerate(buffers) if self.decline and self.decline(b)}
+        take = [k for k in range(len(buffers)) if k not in declined]
+        if take:
+            sub = torch.empty((len(take), *out.shape[1:]), dtype=torch.uint8)
+            status = cpu.decode([buffers[k] for k in take], np.ascontiguousarray(boxes[take]), sub,
+                                dataclasses.replace(options, dct_scaling=False), read_infos([buffers[k] for k in take]))
+            assert status.ok.all()
+            out[torch.from_numpy(np.asarray(slots)[take])] = sub
+        return declined
+
+
+def engines(**kw):
+    return {"hardware": HostEngine("hardware", **kw.get("hardware", {})), "cuda": HostEngine("cuda", **kw.get("cuda", {}))}
+
+
+def batch(n: int = 24):
+    datas = photo_jpegs([PHOTOS[i % 4] for i in range(n)], [{"quality": 90}, {"quality": 85, "progressive": True}])
+    infos = read_infos(datas)
+    rng = np.random.default_rng(0)
+    h, w = infos.column("height"), infos.column("width")
+    bh = rng.integers(20, h + 1)
+    bw = rng.integers(20, w + 1)
+    boxes = np.stack([rng.integers(0, h - bh + 1), rng.integers(0, w - bw + 1), bh, bw], axis=1).astype(np.int64)
+    return datas, infos, boxes
+
+
+def options(**kw):
+    return DecodeOptions(**{"size": SIZE, "resize": True, "num_threads": 2, "backend": "hybrid", **kw})
+
+
+# --- shares and routes ------------------------------------------------------------------------------
+
+def test_shares_follow_the_rates_and_keep_every_engine_measured():
+    s = hybrid.Shares.from_rates({"cpu": 2000, "hardware": 6000, "cuda": 2000}, ["cpu", "hardware", "cuda"])
+    assert s.as_dict() == pytest.approx({"cpu": 0.2, "hardware": 0.6, "cuda": 0.2})
+    s = hybrid.Shares.from_rates({"cpu": 1, "hardware": 10000, "cuda": 10000}, ["cpu", "hardware", "cuda"])
+    assert s.cpu == pytest.approx(0.02) and sum(s.as_dict().values()) == pytest.approx(1)
+    s = hybrid.Shares.from_rates({"cpu": 1000, "hardware": 5000, "cuda": 1000}, ["cpu", "cuda"])
+    assert s.hardware == 0 and s.cpu == pytest.approx(0.5)  # an engine that is not there gets nothing
+    prior = hybrid.Shares.prior(["cpu", "cuda"], cpu_threads=16)
+    assert prior.hardware == 0 and prior.cpu == pytest.approx(7200 / 11200)
+
+
+def test_retuned_shares_make_the_engines_finish_together():
+    s = hybrid.Shares(cpu=1 / 3, hardware=1 / 3, cuda=1 / 3)
+    # cpu: 300 images in 8 thread-seconds on 4 threads (150/s); hardware 300 in 0.5 s; cuda 300 in 1 s
+    t = s.retuned({"cpu": (300, 8.0), "hardware": (300, 0.5), "cuda": (300, 1.0)}, ["cpu", "hardware", "cuda"], 4)
+    assert t.as_dict() == pytest.approx({"cpu": 150 / 1050, "hardware": 600 / 1050, "cuda": 300 / 1050})
+    # an engine that decoded nothing keeps its share; the measured ones split the rest by their rates
+    u = s.retuned({"cpu": (300, 8.0), "cuda": (300, 1.0)}, ["cpu", "hardware", "cuda"], 4)
+    assert u.hardware == pytest.approx(1 / 3) and u.cpu / u.cuda == pytest.approx(0.5)
+    assert s.retuned({}, ["cpu", "hardware", "cuda"], 4) == s  # nothing measured: unchanged
+
+
+@pytest.mark.parametrize("bad", [None, {"cpu": 1}, {"cpu": 0.5, "hardware": 0.5, "cuda": 0.5},
+                                 {"cpu": True, "hardware": 0, "cuda": 0}, {"cpu": "1", "hardware": 0, "cuda": 0},
+                                 {"cpu": -0.5, "hardware": 1.5, "cuda": 0}])
+def test_shares_from_a_damaged_state_are_refused(bad):
+    with pytest.raises(ValueError, match="decode share"):
+        hybrid.Shares.from_dict(bad)
+
+
+def test_routes_are_a_function_of_seed_epoch_index_and_shares():
+    shares = hybrid.Shares(cpu=0.3, hardware=0.5, cuda=0.2)
+    idx = np.arange(20000, dtype=np.int64)
+    route = hybrid.assign(7, 3, idx, shares, np.ones(len(idx), bool))
+    assert np.bincount(route, minlength=3) / len(idx) == pytest.approx([0.3, 0.5, 0.2], abs=0.015)
+    perm = np.random.default_rng(1).permutation(len(idx))[:500]  # another batch composition
+    assert np.array_equal(hybrid.assign(7, 3, idx[perm], shares, np.ones(500, bool)), route[perm])
+    assert not np.array_equal(hybrid.assign(7, 4, idx, shares, np.ones(len(idx), bool)), route)
+    eligible = idx % 3 != 0
+    assert (hybrid.assign(7, 3, idx, shares, eligible)[~eligible] == 0).all()  # the CPU core takes the rest
+    only_cpu = hybrid.assign(7, 3, idx, hybrid.Shares(1.0, 0.0, 0.0), np.ones(len(idx), bool))
+    assert (only_cpu == 0).all()
+
+
+# --- one batch --------------------------------------------------------------------------------------
+
+def test_a_batch_is_split_between_the_engines_with_the_cpu_cores_pixels():
+    datas, infos, boxes = batch()
+    opts = options(dct_scaling=False)  # every route then gives the CPU core's exact bytes
+    ref = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
+    cpu.decode(datas, boxes, ref, opts, infos)
+    eng = engines()
+    shares = hybrid.Shares(cpu=0.4, hardware=0.4, cuda=0.2)
+    keys = hybrid.RouteKeys(5, 1, np.arange(100, 100 + len(datas)))
+    out = torch.full_like(ref, 77)
+    status = hybrid.decode(datas, boxes, out, opts, infos, keys=keys, shares=shares, engines=eng)
+    assert status.ok.all() and torch.equal(out, ref)
+    expected = hybrid.assign(5, 1, keys.indices, shares, np.ones(len(datas), bool))
+    routes = [Route.CPU, Route.GPU_HARDWARE, Route.GPU_CUDA]
+    assert status.route.tolist() == [routes[e] for e in expected]
+    assert {e for e in expected} == {0, 1, 2}
+    for k, kind in ((1, "hardware"), (2, "cuda")):
+        assert np.array_equal(np.concatenate(eng[kind].calls), np.flatnonzero(expected == k))
+        assert status.engine_seconds[kind][0] == (expected == k).sum()
+    assert not (eng["hardware"].threads & {threading.get_ident()})  # the engines run on their own threads
+
+
+def test_routes_change_pixels_but_replay_exactly():
+    datas, infos, boxes = batch()
+    shares = hybrid.Shares(cpu=0.5, hardware=0.25, cuda=0.25)
+    keys = hybrid.RouteKeys(1, 0, np.arange(len(datas)))
+    outs = []
+    for threads in (1, 2, 2):
+        out = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
+        hybrid.decode(datas, boxes, out, options(num_threads=threads), infos, keys=keys, shares=shares, engines=engines())
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[1], outs[2])
+    cpu_only = torch.empty_like(outs[0])
+    cpu.decode(datas, boxes, cpu_only, options(), infos)
+    assert not torch.equal(outs[0], cpu_only)  # the GPU routes skip DCT scaling: the route shows
+
+
+def test_declined_and_ineligible_samples_go_to_the_cpu_core_and_are_reported():
+    datas, _, boxes = batch(12)
+    cmyk = encode(np.full((60, 70, 4), 90, np.uint8), colorspace="cmyk")
+    datas = datas[:-2] + [cmyk, datas[-1][:-2]]  # CMYK, then a file without its EOI marker
+    boxes[-2] = (0, 0, 40, 50)
+    infos = read_infos(datas)
+    declined_data = datas[3]
+    eng = engines(hardware={"decline": lambda b: bytes(b) == declined_data},
+                  cuda={"decline": lambda b: bytes(b) == declined_data})
+    out = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
+    status = hybrid.decode(datas, boxes, out, options(), infos, shares=hybrid.Shares(0.0, 0.5, 0.5), engines=eng)
+    assert status.route[-2] == Route.CPU and status.route[-1] == Route.CPU  # not eligible: the CPU core
+    assert status.route[3] == Route.CPU_FALLBACK and "declined by the GPU's" in status.fallback[3]
+    assert set(status.route[:-2].tolist()) - {Route.CPU_FALLBACK} <= {Route.GPU_HARDWARE, Route.GPU_CUDA}
+    assert status.ok.all() and list(status.warnings) == [11]  # the CPU core's word for the missing end
+
+
+def test_a_failing_engine_fails_the_batch_with_a_clear_error_and_the_next_batch_decodes():
+    datas, infos, boxes = batch(16)
+    out = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="hybrid backend's (hardware|cuda) decoder failed the batch .*illegal memory"):
+        hybrid.decode(datas, boxes, out, options(), infos, shares=hybrid.Shares(0.2, 0.4, 0.4),
+                      engines=engines(hardware={"fail": True}, cuda={"fail": True}))
+    status = hybrid.decode(datas, boxes, out, options(), infos, shares=hybrid.Shares(0.2, 0.4, 0.4), engines=engines())
+    assert status.ok.all()
+
+
+def test_a_missing_engine_gives_its_share_to_the_cpu_core():
+    datas, infos, boxes = batch(16)
+    out = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
+    only_cuda = {"cuda": HostEngine("cuda")}
+    status = hybrid.decode(datas, boxes, out, options(), infos, shares=hybrid.Shares(0.2, 0.6, 0.2), engines=only_cuda)
+    assert Route.GPU_HARDWARE not in status.route.tolist() and status.ok.all()
+
+
+def test_the_empty_batch():
+    out = torch.empty((0, *SIZE, 3), dtype=torch.uint8)
+    status = hybrid.decode([], np.zeros((0, 4), np.int64), out, options(), read_infos([]), engines=engines())
+    assert len(status.kind) == 0
+
+
+# --- through decode_into and the Loader -------------------------------------------------------------
+
+@pytest.fixture
+def host_engines(monkeypatch):
+    """backend="hybrid" on CPU outputs, its GPU engines stood in for by host engines."""
+    made = engines()
+    monkeypatch.setattr(hybrid, "gpu_engines", lambda device: made)
+    monkeypatch.setattr(hybrid, "unavailable_reason", lambda device=None: None)
+    resolve = backends.resolve
+    monkeypatch.setattr(backends, "resolve", lambda b, d: "hybrid" if b == "hybrid" else resolve(b, d))
+    return made
+
+
+def test_decode_into_keys_follow_every_sub_batch(host_engines):
+    from PIL import Image
+    import io
+
+    datas, _, boxes = batch(10)
+    png = io.BytesIO()
+    Image.fromarray(photo(60, 70)).save(png, "PNG")
+    datas = datas[:4] + [png.getvalue(), b"not an image"] + datas[6:]  # a mixed batch: sub-batches
+    boxes[4] = (0, 0, 40, 50)
+    keys = hybrid.RouteKeys(3, 2, np.arange(50, 60))
+    shares = hybrid.Shares(0.2, 0.4, 0.4)
+    out = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
+    status = routing.decode_into(datas, boxes, out, options(), keys=keys, shares=shares)
+    jpeg = [0, 1, 2, 3, 6, 7, 8, 9]
+    expected = hybrid.assign(3, 2, keys.indices[jpeg], shares, np.ones(len(jpeg), bool))
+    assert status.route[jpeg].tolist() == [[Route.CPU, Route.GPU_HARDWARE, Route.GPU_CUDA][e] for e in expected]
+    assert status.route[4] == Route.PILLOW and not status.ok[5]
+
+
+def loader(root, **kw):
+    return gpupipe.Loader(gpupipe.sources.ImageFolder(root), batch_size=8, backend="hybrid", num_threads=2,
+                          crop=gpupipe.crops.RandomResizedCrop(SIZE), seed=3, **kw)
+
+
+def test_the_loader_splits_batches_reports_routes_and_retunes_between_epochs(tmp_path, host_engines):
+    make_image_folder(tmp_path, per_class=12)
+    host_engines["cuda"].delay = 0.004  # a slow CUDA decoder: it should get less work next epoch
+    ld = loader(tmp_path)
+    seen = [index_of(x[k]) for x, _ in ld for k in range(x.shape[0])]
+    assert sorted(seen) == list(range(36))
+    st = ld.stats()
+    first = st["shares"]
+    assert sum(st["routes"][r] for r in ("cpu", "gpu-hardware", "gpu-cuda")) == 36
+    assert set(st["engines"]) == {"hardware", "cuda"} and st["engines"]["cuda"]["images_per_s"] > 0
+    ld.set_epoch(1)
+    list(ld)
+    st = ld.stats()
+    second = st["shares"]
+    assert second != first and second["cuda"] < first["cuda"]
+    assert ld.state_dict()["decode_shares"]["epoch"] == second
+    # every sample went where (seed, epoch, index) and the epoch's shares sent it
+    expected = hybrid.assign(3, 1, ld.indices(), hybrid.Shares.from_dict(second), np.ones(36, bool))
+    assert np.bincount(expected, minlength=3).tolist() == [st["routes"][r] for r in ("cpu", "gpu-hardware", "gpu-cuda")]
+
+
+def test_the_loader_resumes_mid_epoch_with_the_same_routes_and_pixels(tmp_path, host_engines):
+    make_image_folder(tmp_path, per_class=12)
+    ld = loader(tmp_path)
+    list(ld)  # epoch 0 tunes the shares of epoch 1
+    ld.set_epoch(1)
+    it = iter(ld)
+    next(it), next(it)
+    state = ld.state_dict()
+    rest = [x.clone() for x, _ in it]
+    routes = ld.stats()["routes"]
+
+    again = loader(tmp_path)
+    again.load_state_dict(state)
+    resumed = [x.clone() for x, _ in again]
+    assert len(resumed) == len(rest) and all(torch.equal(a, b) for a, b in zip(rest, resumed))
+    assert again.stats()["shares"] == state["decode_shares"]["epoch"]
+    assert sum(again.stats()["routes"].values()) == sum(routes.values()) - 16
+
+
+def test_a_damaged_decode_shares_state_is_refused(tmp_path, host_engines):
+    make_image_folder(tmp_path, per_class=4)
+    ld = loader(tmp_path)
+    list(ld)
+    state = ld.state_dict()
+    state["decode_shares"] = {"epoch": {"cpu": 2.0, "hardware": 0, "cuda": 0}, "next": None}
+    with pytest.raises(ValueError, match="decode share 'cpu'"):
+        loader(tmp_path).load_state_dict(state)
+
+
+def test_the_hybrid_backend_needs_a_cuda_device():
+    with pytest.raises(ValueError, match="hybrid backend decodes on the GPU"):
+        backends.resolve("hybrid", torch.device("cpu"))
+    assert "hybrid" in gpupipe.backends_available()
