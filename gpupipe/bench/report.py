@@ -203,6 +203,12 @@ def stage_table(stats: dict, batches: int) -> str:
     if isinstance(host, (int, float)) and isinstance(pool.get("utilisation"), (int, float)):
         out.append(f"\nhost CPU outside the decode pool: {host:.1f} us/image; decode pool ({pool.get('threads')} "
                    f"threads) busy {100 * pool['utilisation']:.0f}% of the time")
+    shares, routes = stats.get("shares"), stats.get("routes") or {}
+    if isinstance(shares, dict):  # the hybrid backend: how the last epoch split its batches
+        split = ", ".join(f"{k} {100 * float(v):.0f}%" for k, v in shares.items())
+        took = ", ".join(f"{k} {v}" for k, v in routes.items() if v)
+        rates = ", ".join(f"{k} {float(e.get('images_per_s', 0)):.0f} img/s" for k, e in (stats.get("engines") or {}).items())
+        out.append(f"\nhybrid shares of the epoch: {split}; samples by route: {took}" + (f"; GPU engines alone: {rates}" if rates else ""))
     return "\n".join(out)
 
 
