@@ -6,7 +6,7 @@ import importlib.util
 
 import torch
 
-from gpupipe._backends import cpu, dali, hybrid, nvjpeg
+from gpupipe._backends import cpu, dali, hybrid, nvimgcodec, nvjpeg
 
 BACKENDS = {"cpu": cpu, "hybrid": hybrid, "dali": dali, "nvjpeg": nvjpeg}  #: the one registry: name -> module
 BACKEND_NAMES = ("auto", *BACKENDS)  #: what ``backend=`` accepts
@@ -40,7 +40,19 @@ def backends_available() -> dict:
                          "devices": ["cuda"] if kernels_built and cuda else [],
                          "reason": "" if kernels_built and cuda else
                          ("built without a CUDA compiler" if not kernels_built else no_cuda)},
+        "nvimgcodec": _nvimgcodec_entry(),
     }
+
+
+def _nvimgcodec_entry() -> dict:
+    """nvImageCodec's GPU decoders (the engines of backends nvjpeg and hybrid): the CUDA decoder,
+    and ``hardware_decoder``: whether the GPU's JPEG engines work (A100, H100, B200). On a GPU this
+    starts both once per process (a first decode each)."""
+    reason = nvjpeg.engine_failure(torch.device("cuda")) if torch.cuda.is_available() else nvimgcodec.unavailable_reason()
+    hardware = reason is None and nvimgcodec.hardware_decoder_available(torch.device("cuda"))
+    return {"available": reason is None, "devices": [] if reason else ["cuda"], "hardware_decoder": hardware,
+            "reason": reason or ("CUDA decoder and the GPU's hardware JPEG decoder" if hardware
+                                 else "CUDA decoder only: this GPU has no hardware JPEG decoder")}
 
 
 def resolve(backend: str, device: torch.device) -> str:

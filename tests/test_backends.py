@@ -123,7 +123,7 @@ def test_dali_pipelines_are_built_once_per_shape(photos):
 
 def test_backend_selection_and_clear_errors(monkeypatch, photos):
     info = gpupipe.backends_available()
-    assert set(info) == {"cpu", "hybrid", "dali", "nvjpeg", "cuda_kernels"}
+    assert set(info) == {"cpu", "hybrid", "dali", "nvjpeg", "cuda_kernels", "nvimgcodec"}
     assert info["cpu"]["available"] and all(isinstance(v["reason"], str) for v in info.values())
     boxes = edge_boxes(photos, 16, 16)
     assert gpupipe.decode_crop_jpegs(photos, boxes).backend == "cpu"  # auto on the CPU: the reference

@@ -3,7 +3,7 @@ the CPU core inside the same batch, and so does the whole batch when the GPU dec
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -14,6 +14,16 @@ from gpupipe.decode_types import BatchStatus, DecodeOptions, HeaderInfos, Route
 from gpupipe.limits import get_limits
 
 GPU_COLORSPACES = tuple(_C.COLORSPACES.index(c) for c in ("gray", "ycbcr", "rgb"))
+GPU_GRAY_COLORSPACES = tuple(_C.COLORSPACES.index(c) for c in ("gray", "ycbcr"))
+
+
+class GpuOutcome(NamedTuple):
+    """What a ``gpu_decode`` that can hand samples back reports: ``routes`` int64 [len(indices)],
+    the :class:`Route` of each sample it decoded (ignored for the declined ones), and ``declined``
+    ``{sample index: reason}`` of those it handed back for the CPU core."""
+
+    routes: np.ndarray
+    declined: dict
 
 
 def gpu_eligible(infos: HeaderInfos, boxes: np.ndarray, options: DecodeOptions) -> np.ndarray:
@@ -22,22 +32,31 @@ def gpu_eligible(infos: HeaderInfos, boxes: np.ndarray, options: DecodeOptions) 
     fractional, files that do not end with their EOI marker: nvJPEG decodes a truncated file
     without a word) go to the CPU core, which gives each its exact result or its exact error: gpupipe's
     limits hold whatever the backend. So does every sample of a ``window`` resize (the GPU resizers
-    crop first) and of a ``strict`` decode (nvJPEG does not report recoverable corruption)."""
+    crop first) and of a ``strict`` decode (nvJPEG does not report recoverable corruption). In gray
+    mode, files coded as RGB (not YCbCr) stay on the CPU too: libjpeg computes their luma from R, G
+    and B, and nvJPEG's gray output of such a file is not documented to be that."""
     if options.window or options.strict:
         return np.zeros(len(boxes), dtype=bool)
     h, w = infos.column("height"), infos.column("width")
+    colorspaces = GPU_COLORSPACES if options.mode == "rgb" else GPU_GRAY_COLORSPACES
     t, l, bh, bw = np.asarray(boxes, dtype=np.float64).T
     inside = (t >= 0) & (l >= 0) & (bh >= 1) & (bw >= 1) & (t + bh <= h) & (l + bw <= w)
     whole = (np.floor(boxes) == boxes).all(axis=1)
     limits = get_limits()
-    return ((h > 0) & np.isin(infos.column("colorspace"), GPU_COLORSPACES) & (h * w <= limits.max_pixels)
+    return ((h > 0) & np.isin(infos.column("colorspace"), colorspaces) & (h * w <= limits.max_pixels)
             & (infos.column("scans") <= limits.max_scans) & (infos.column("eoi") == 1) & inside & whole)
 
 
-def decode_with_fallback(name: str, gpu_decode: Callable[[np.ndarray], None], buffers: Sequence, boxes: np.ndarray,
-                         out: torch.Tensor, options: DecodeOptions, infos: HeaderInfos) -> BatchStatus:
+def decode_with_fallback(name: str, gpu_decode: Callable[[np.ndarray], Optional[GpuOutcome]], buffers: Sequence,
+                         boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions, infos: HeaderInfos, *,
+                         device_errors: str = "fallback") -> BatchStatus:
     """The frame every GPU backend shares: ``gpu_decode(indices)`` decodes the eligible samples into
-    ``out[indices]``; the others, and all of them when it raises, are decoded by the CPU core."""
+    ``out[indices]``; the others are decoded by the CPU core. ``gpu_decode`` returns None (all
+    decoded, route ``Route.GPU``) or a :class:`GpuOutcome` (routes, and samples it declined: to
+    the CPU core too). When it raises, ``device_errors="fallback"`` (torchvision's decoder, which
+    fails a batch for one bad sample) decodes the whole batch with the CPU core instead;
+    ``"raise"`` (nvImageCodec's engines, which decline bad samples and raise only for a device
+    error) lets the error fail the batch."""
     n = len(buffers)
     status = BatchStatus.empty(n)
     eligible = gpu_eligible(infos, boxes, options)
@@ -46,11 +65,19 @@ def decode_with_fallback(name: str, gpu_decode: Callable[[np.ndarray], None], bu
     gpu_idx = np.flatnonzero(eligible)
     if len(gpu_idx):
         try:
-            gpu_decode(gpu_idx)
-            status.route[gpu_idx] = Route.GPU
+            outcome = gpu_decode(gpu_idx)
         except Exception as e:  # GPU decoders fail a whole batch for one bad sample
+            if device_errors == "raise":
+                raise
             message = f"{name} failed on the batch ({type(e).__name__}: {' '.join(str(e).split())[:240]}); decoded by the CPU core"
             reasons.update({int(i): message for i in gpu_idx})
+        else:
+            if outcome is None:
+                status.route[gpu_idx] = Route.GPU
+            else:
+                status.route[gpu_idx] = outcome.routes
+                reasons.update({int(i): f"declined by {reason}; decoded by the CPU core"
+                                for i, reason in outcome.declined.items()})
     if reasons:
         idx = np.array(sorted(reasons), dtype=np.int64)
         sub_out = torch.empty((len(idx), *out.shape[1:]), dtype=torch.uint8, device=out.device)

@@ -1,5 +1,12 @@
-"""The nvjpeg backend: torchvision.io.decode_jpeg(device="cuda") (nvJPEG, batched full decode),
-then crop and antialiased resize on the GPU, for nodes without DALI."""
+"""The nvjpeg backend: nvJPEG through nvImageCodec's engines (``gpupipe._backends.nvimgcodec``):
+the GPU's hardware JPEG decoder where it has one (A100, H100, B200), nvJPEG's CUDA decoder for what
+the hardware declines (progressive files) or where there is none, whole images, then one kernel
+crops and resizes the batch into its slots. What both decline goes to the CPU core inside the batch.
+
+Without nvImageCodec (``pip install 'torch-gpupipe[gpu]'``), or where its decoders do not start,
+it falls back to torchvision.io.decode_jpeg(device="cuda") (nvJPEG's batched full decode), then
+crop and antialiased resize with torch ops, as before.
+"""
 
 from __future__ import annotations
 
@@ -9,19 +16,35 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from gpupipe._backends import gpu_fallback
+from gpupipe._backends import gpu_fallback, nvimgcodec
 from gpupipe.decode_types import BatchStatus, DecodeOptions, HeaderInfos
 
 name = "nvjpeg"
 
 
+def engines(device: torch.device) -> list:
+    """nvImageCodec's engines for ``device`` in the order a sample tries them: the hardware decoder
+    where the GPU has one, then the CUDA decoder. Empty where nvImageCodec is absent or its CUDA
+    decoder does not start (the reason: ``gpupipe.backends_available()["nvimgcodec"]``)."""
+    if nvimgcodec.unavailable_reason(device) is not None:
+        return []
+    try:
+        cuda = nvimgcodec.engine("cuda", device)
+    except RuntimeError:
+        return []
+    return ([nvimgcodec.engine("hardware", device)] if nvimgcodec.hardware_decoder_available(device) else []) + [cuda]
+
+
 def unavailable_reason(device: Optional[torch.device] = None) -> Optional[str]:
     if not torch.cuda.is_available():
         return "the nvjpeg backend needs a CUDA device (torch.cuda.is_available() is False)"
+    if nvimgcodec.unavailable_reason(device) is None:
+        return None
     try:
         from torchvision.io import decode_jpeg  # noqa: F401
     except Exception as e:
-        return f"torchvision is not importable ({type(e).__name__}): pip install torchvision"
+        return (f"the nvjpeg backend needs nvImageCodec ({nvimgcodec.INSTALL}) or torchvision "
+                f"(not importable: {type(e).__name__}): pip install torchvision")
     return None
 
 
@@ -30,6 +53,55 @@ def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Dec
     reason = unavailable_reason(out.device)
     if reason:
         raise RuntimeError(reason)
+    chain = engines(out.device)
+    if chain:
+        return _decode_on_engines(chain, buffers, boxes, out, options, infos)
+    try:
+        import torchvision.io  # noqa: F401
+    except Exception as e:  # nvImageCodec is there but its CUDA decoder did not start
+        raise RuntimeError(f"the nvjpeg backend cannot decode: {engine_failure(out.device)}; torchvision, its "
+                           f"fallback, is not importable ({type(e).__name__})") from e
+    return _decode_with_torchvision(buffers, boxes, out, options, infos)
+
+
+def engine_failure(device: torch.device) -> Optional[str]:
+    """Why nvImageCodec's CUDA decoder cannot run on ``device``, or None where it does."""
+    reason = nvimgcodec.unavailable_reason(device)
+    if reason is None:
+        try:
+            nvimgcodec.engine("cuda", device)
+        except RuntimeError as e:
+            reason = str(e)
+    return reason
+
+
+def _decode_on_engines(chain: list, buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions,
+                       infos: HeaderInfos) -> BatchStatus:
+    sizes = np.stack([infos.column("height"), infos.column("width")], axis=1)
+
+    def gpu_decode(idx: np.ndarray) -> gpu_fallback.GpuOutcome:
+        routes = np.zeros(len(idx), dtype=np.int64)
+        pending = np.arange(len(idx))  # positions in idx not decoded yet
+        reasons: dict = {}
+        for eng in chain:
+            rows = idx[pending]
+            declined = eng.decode([buffers[i] for i in rows], boxes[rows], out, rows, options, sizes=sizes[rows])
+            taken = np.ones(len(pending), dtype=bool)
+            taken[list(declined)] = False
+            routes[pending[taken]] = eng.route
+            reasons.update({int(rows[k]): f"{eng.name} ({why})" for k, why in declined.items()})
+            pending = pending[~taken]
+            if not len(pending):
+                break
+        return gpu_fallback.GpuOutcome(routes, {int(idx[p]): reasons[int(idx[p])] for p in pending})
+
+    # The engines decline what they cannot decode and raise only for a device error: that fails the batch.
+    return gpu_fallback.decode_with_fallback("nvJPEG", gpu_decode, buffers, boxes, out, options, infos,
+                                             device_errors="raise")
+
+
+def _decode_with_torchvision(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions,
+                             infos: HeaderInfos) -> BatchStatus:
     from torchvision.io import ImageReadMode, decode_jpeg
     from torchvision.transforms.v2 import functional as F
 

@@ -1,0 +1,379 @@
+"""nvImageCodec's two GPU JPEG decoders as gpupipe engines: whole images decoded on the GPU, then
+ONE kernel crops and resizes the ragged batch into its slots (``crop_resize.crop_resize_ragged``).
+
+``Engine("hardware", device)`` is the GPU's JPEG engines (A100, H100, B200: nvJPEG's hardware
+backend, nvImageCodec's ``nvjpeg_hw_decoder``, ``BackendKind.HW_GPU_ONLY``); ``Engine("cuda",
+device)`` is nvJPEG's CUDA decoder on the SMs (``nvjpeg_cuda_decoder``, which nvImageCodec
+registers as ``BackendKind.HYBRID_CPU_GPU``: its Huffman decoding runs on the host below a size
+threshold, set here to 0 so that it runs on the GPU). Each engine is one ``nvimgcodec.Decoder``
+restricted to its backend, so a sample it cannot decode comes back as ``None`` and is *declined*:
+the caller hands it to the next engine or the CPU core, never loses it.
+
+What nvImageCodec's Python API does, as used here (nvidia-nvimgcodec-cu13 0.9.0.20: its pybind
+docstrings, and github.com/NVIDIA/nvImageCodec ``python/decoder.cpp``, ``python/image.cpp``,
+``src/imgproc/device_buffer.cpp``, ``extensions/nvjpeg/{hw,cuda}_decoder.cpp``):
+
+- ``Decoder.decode(code_streams, params=..., cuda_stream=...)`` decodes a batch and returns one
+  ``Image`` or ``None`` per stream; an internal failure of the whole call also becomes ``None``
+  everywhere (logged, not raised). The decoders run on ``cuda_stream`` (torch's current stream
+  here), so the crop kernel launched after it on that stream sees the pixels.
+- A decoded ``Image`` owns a device buffer taken with ``cudaMallocAsync`` on that stream and given
+  back with ``cudaFreeAsync`` on it (plain ``cudaMalloc``/``cudaFree`` where the device has no
+  memory pools): dropping the Images after the crop kernel is queued is stream-ordered and safe.
+- ``Image.__cuda_array_interface__``: ``shape`` (H, W, C) for the interleaved outputs asked for
+  here, ``strides`` None when rows are packed (else (row pitch, C, 1)), ``data`` (pointer, False),
+  ``typestr`` ``|u1``. Decoding into caller memory is not offered (``images=`` only reuses Images
+  nvImageCodec allocated itself).
+- Logging goes to std::cerr at ``PYNVIMGCODEC_VERBOSITY`` (default 2: errors and warnings, one
+  line per declined sample), read once when the module is first imported: gpupipe sets it to 0
+  unless the user did, before importing it. Decoder options: ``:fancy_upsampling=1`` (libjpeg's
+  triangle chroma upsampling, as the CPU core), ``nvjpeg_cuda_decoder:hybrid_huffman_threshold``,
+  ``nvjpeg_hw_decoder:preallocate_batch_size``, ``:enable_roi_fancy_upsampling`` (ROI with fancy
+  upsampling on nvJPEG < 13.2: declined otherwise, as the edge pixel may be wrong).
+
+Gray output is ``ColorSpec.GRAY`` (nvJPEG's Y plane, which is what libjpeg gives for a YCbCr or
+gray file: the same IDCT, no color conversion); files coded as RGB are not sent here in gray mode
+(``gpu_fallback.gpu_eligible``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import os
+import threading
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+
+from gpupipe.decode_types import DecodeOptions, Route
+
+KINDS = ("hardware", "cuda")
+ROUTES = {"hardware": Route.GPU_HARDWARE, "cuda": Route.GPU_CUDA}
+INSTALL = "pip install 'torch-gpupipe[gpu]' (nvidia-nvimgcodec-cu13 with nvJPEG)"
+
+# Settings the GPU session measures (issue 29); each is one place to change.
+CPU_THREADS = 2  #: nvImageCodec's host threads per engine (header parsing, batching); few, the CPU pool decodes too
+CUDA_HUFFMAN_ON_GPU_ABOVE = 0  #: pixels above which the CUDA decoder decodes Huffman on the GPU (nvImageCodec's default: 1,000,000)
+HW_PREALLOCATE_BATCH = 256  #: the hardware decoder's preallocated batch (DALI passes its max batch size)
+ROI_MARGIN = 8  #: pixels decoded around a box with ``roi=True`` (the edge pixel of an ROI may differ)
+
+
+def _library():
+    """The nvidia.nvimgcodec module, imported with its logging off unless the user set it."""
+    os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
+    return importlib.import_module("nvidia.nvimgcodec")
+
+
+# The device calls, one place each (the tests run the engine's logic on the CPU through them).
+def _device_context(device: torch.device) -> contextlib.AbstractContextManager:
+    return torch.cuda.device(device)
+
+
+def _current_stream(device: torch.device) -> "torch.cuda.Stream":
+    return torch.cuda.current_stream(device)
+
+
+def _synchronize(device: torch.device) -> None:
+    torch.cuda.synchronize(device)
+
+
+def _check_out(name: str, out: torch.Tensor, device: torch.device, channels: int) -> None:
+    if not (out.is_cuda and out.device == device and out.dtype == torch.uint8 and out.dim() == 4
+            and out.is_contiguous() and out.shape[-1] == channels):
+        raise ValueError(f"{name}: out must be uint8 NHWC contiguous on {device} with {channels} channels, "
+                         f"got {tuple(out.shape)} {out.dtype} on {out.device}")
+
+
+def unavailable_reason(device: Optional[torch.device] = None) -> Optional[str]:
+    """Why nvImageCodec's engines cannot run here (for outputs on ``device``), or None. Cheap: it
+    imports the library and asks torch for a device; whether the decoders start is known from
+    :func:`engine`."""
+    try:
+        _library()
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] == "nvidia":
+            return f"nvImageCodec is not installed: {INSTALL}"
+        return f"nvImageCodec is not importable ({type(e).__name__}: {e})"
+    except Exception as e:  # a broken install: a missing CUDA runtime, a wrong wheel
+        return f"nvImageCodec is not importable ({type(e).__name__}: {' '.join(str(e).split())[:240]}): {INSTALL}"
+    if device is not None and torch.device(device).type != "cuda":
+        return f"nvImageCodec's engines decode into GPU memory, not {torch.device(device)}: pass device='cuda'"
+    if not torch.cuda.is_available():
+        return "no CUDA device (torch.cuda.is_available() is False)"
+    return None
+
+
+def _decoder_args(lib: Any, kind: str, cpu_threads: int, roi: bool) -> dict:
+    """The keyword arguments of ``nvimgcodec.Decoder`` for one engine (without ``device_id``)."""
+    if kind == "hardware":
+        backends = [lib.Backend(lib.BackendKind.HW_GPU_ONLY, load_hint=1.0)]
+        options = [f"nvjpeg_hw_decoder:preallocate_batch_size={HW_PREALLOCATE_BATCH}"]
+    elif kind == "cuda":
+        # nvjpeg_cuda_decoder registers as HYBRID_CPU_GPU; GPU_ONLY too, in case a release moves it
+        backends = [lib.Backend(lib.BackendKind.GPU_ONLY, load_hint=1.0),
+                    lib.Backend(lib.BackendKind.HYBRID_CPU_GPU, load_hint=1.0)]
+        options = [f"nvjpeg_cuda_decoder:hybrid_huffman_threshold={CUDA_HUFFMAN_ON_GPU_ABOVE}"]
+    else:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    options.insert(0, ":fancy_upsampling=1")
+    if roi:
+        options.append(":enable_roi_fancy_upsampling=1")
+    return {"max_num_cpu_threads": int(cpu_threads), "backends": backends, "options": " ".join(options)}
+
+
+def _decode_params(lib: Any, mode: str) -> Any:
+    return lib.DecodeParams(color_spec=lib.ColorSpec.GRAY if mode == "gray" else lib.ColorSpec.SRGB,
+                            apply_exif_orientation=False, allow_any_depth=False)
+
+
+def roi_regions(boxes: np.ndarray, heights: np.ndarray, widths: np.ndarray, margin: int = ROI_MARGIN) -> np.ndarray:
+    """int64 [N, 4] (top, left, bottom, right): each box grown by ``margin`` pixels and clipped to
+    its image, the region decoded with ``roi=True``; the box then starts at (top - region top,
+    left - region left) of the decoded region."""
+    b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    t, l = b[:, 0].astype(np.int64), b[:, 1].astype(np.int64)
+    bottom, right = t + b[:, 2].astype(np.int64), l + b[:, 3].astype(np.int64)
+    return np.stack([np.maximum(t - margin, 0), np.maximum(l - margin, 0),
+                     np.minimum(bottom + margin, heights), np.minimum(right + margin, widths)], axis=1)
+
+
+def _image_row(image: Any) -> tuple:
+    """(pointer, height, width, channels, row pitch in bytes, typestr) of one decoded Image, or
+    None for a sample the decoder declined."""
+    if image is None:
+        return None
+    cai = image.__cuda_array_interface__
+    shape, strides = tuple(cai["shape"]), cai.get("strides")
+    h, w, c = shape if len(shape) == 3 else (*shape, 1)
+    return (int(cai["data"][0]), int(h), int(w), int(c), int(strides[0]) if strides else int(w) * int(c), cai["typestr"])
+
+
+def image_table(images: Sequence, heights: np.ndarray, widths: np.ndarray, channels: int) -> tuple[np.ndarray, dict]:
+    """The crop kernel's table of a decoded batch: int64 [N, 4] rows (data pointer, height, width,
+    row pitch in bytes), and ``{k: reason}`` for the samples that cannot be cropped: declined
+    (``None``), or decoded to another shape than the header's (height, width) with ``channels``
+    uint8 channels (a mismatch is declined, never cropped as garbage). Rows of declined samples are
+    zero."""
+    rows = [_image_row(im) for im in images]  # the one per-sample step: an attribute read per image
+    n = len(rows)
+    table = np.zeros((n, 4), dtype=np.int64)
+    declined = {}
+    if n == 0:
+        return table, declined
+    present = np.array([r is not None for r in rows])
+    vals = np.array([r[:5] if r is not None else (0, 0, 0, 0, 0) for r in rows], dtype=np.int64).reshape(n, 5)
+    u8 = np.array([r is not None and r[5] == "|u1" for r in rows])
+    ptr, h, w, c, pitch = vals.T
+    ok = (present & u8 & (h == np.asarray(heights)) & (w == np.asarray(widths)) & (c == channels)
+          & (pitch >= w * c) & (ptr != 0))
+    table[ok] = vals[ok][:, [0, 1, 2, 4]]
+    for k in np.flatnonzero(~ok):
+        if not present[k]:
+            declined[int(k)] = "nvImageCodec returned no image (a file or variant this decoder does not take)"
+        else:
+            declined[int(k)] = (f"decoded as {h[k]}x{w[k]}x{c[k]} {rows[k][5]} (pitch {pitch[k]}), the header says "
+                                f"{int(np.asarray(heights)[k])}x{int(np.asarray(widths)[k])}x{channels} uint8")
+    return table, declined
+
+
+def _crop_resize():
+    from gpupipe._backends.crop_resize import crop_resize_ragged  # lands from branch crop-resize
+
+    return crop_resize_ragged
+
+
+class Engine:
+    """One of nvImageCodec's GPU decoders: kind "hardware" (the GPU's JPEG engines: A100, H100,
+    B200) or "cuda" (nvJPEG's CUDA decoder on the SMs).
+
+    Args:
+        kind: ``"hardware"`` or ``"cuda"``.
+        device: the CUDA device it decodes on (outputs must live there).
+        roi: decode only each box plus :data:`ROI_MARGIN` pixels (nvImageCodec's regions) instead
+            of whole images. Off: both decoders declined ROI with fancy upsampling on nvJPEG <
+            13.2; turn it on where a measurement says it pays and the pixels stay within tolerance.
+        cpu_threads: nvImageCodec's host threads for this engine.
+
+    Use :func:`engine` (cached, checked by a first decode) rather than constructing one.
+    """
+
+    route: Route
+
+    def __init__(self, kind: str, device: torch.device, *, roi: bool = False, cpu_threads: int = CPU_THREADS):
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"an nvImageCodec engine decodes on a CUDA device, got {device}")
+        self.kind, self.roi, self.route = kind, bool(roi), ROUTES[kind]
+        self.device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+        self.name = f"nvImageCodec's {kind} decoder on {self.device}"
+        self._lib = _library()
+        self._params = {mode: _decode_params(self._lib, mode) for mode in ("rgb", "gray")}
+        self._lock = threading.Lock()  # one batch at a time per decoder
+        try:
+            with _device_context(self.device):
+                self._decoder = self._lib.Decoder(device_id=self.device.index,
+                                                  **_decoder_args(self._lib, kind, cpu_threads, self.roi))
+        except Exception as e:
+            raise RuntimeError(f"{self.name} could not start ({type(e).__name__}: {' '.join(str(e).split())[:240]})") from e
+
+    def __repr__(self) -> str:
+        return f"Engine({self.kind!r}, {str(self.device)!r}, roi={self.roi})"
+
+    def _fail(self, what: str, e: BaseException) -> RuntimeError:
+        return RuntimeError(f"{self.name}: {what} failed ({type(e).__name__}: {' '.join(str(e).split())[:400]})")
+
+    def decode(self, buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, slots: np.ndarray, options: DecodeOptions,
+               *, sizes: Optional[np.ndarray] = None) -> dict:
+        """Decodes sample k (the whole image, or its box's region with ``roi``; ``buffers`` are
+        bytes-like JPEGs) on the GPU and crops + resizes ``boxes[k]`` (top, left, height, width,
+        whole numbers inside the image) into ``out[slots[k]]``.
+
+        Args:
+            out: uint8 NHWC contiguous on this engine's device, ``options.channels`` channels;
+                ``options.resize`` resizes each box to ``out.shape[1:3]`` (else boxes have that
+                size), ``options.window`` as in :class:`DecodeOptions`.
+            slots: int64 [N], distinct slots of ``out``.
+            sizes: int64 [N, 2] (height, width) of each stored image as its header says (the
+                batch's header table); read here, once, when not given.
+
+        Returns:
+            ``{k: reason}`` for the samples this decoder declined or could not decode (hand them
+            to another decoder or the CPU core). Their slots are untouched.
+
+        Raises:
+            RuntimeError naming the engine for a device error (a CUDA error, out of memory): the
+            batch fails with it, nothing waits forever.
+        """
+        n = len(buffers)
+        if n == 0:
+            return {}
+        _check_out(self.name, out, self.device, options.channels)
+        boxes = np.ascontiguousarray(boxes, dtype=np.float64).reshape(n, 4)
+        slots = np.ascontiguousarray(slots, dtype=np.int64).reshape(n)
+        if sizes is None:
+            from gpupipe.decode_types import read_infos
+
+            infos = read_infos(buffers)
+            sizes = np.stack([infos.column("height"), infos.column("width")], axis=1)
+        sizes = np.asarray(sizes, dtype=np.int64).reshape(n, 2)
+        heights, widths = sizes[:, 0], sizes[:, 1]
+        lib = self._lib
+        streams = [lib.CodeStream(b) for b in buffers]
+        if self.roi:
+            regions = roi_regions(boxes, heights, widths)
+            streams = [s.get_sub_code_stream(region=lib.Region(int(t), int(l), int(b), int(r)))
+                       for s, (t, l, b, r) in zip(streams, regions)]
+            boxes = boxes - np.concatenate([regions[:, :2], np.zeros((n, 2), np.int64)], axis=1)
+            heights, widths = regions[:, 2] - regions[:, 0], regions[:, 3] - regions[:, 1]
+        stream = _current_stream(self.device)
+        with self._lock, _device_context(self.device):
+            try:
+                images = self._decoder.decode(streams, params=self._params[options.mode], cuda_stream=stream.cuda_stream)
+            except Exception as e:
+                raise self._fail("decode", e) from e
+            if all(im is None for im in images):
+                self._check_device()  # nvImageCodec turns its own failures into None: is the device sane?
+            table, declined = image_table(images, heights, widths, options.channels)
+            ok = np.ones(n, dtype=bool)
+            ok[list(declined)] = False
+            if ok.any():
+                try:
+                    _crop_resize()(table[ok], np.ascontiguousarray(boxes[ok]), out, slots[ok], resize=options.resize,
+                                   window=options.window)
+                except Exception as e:
+                    raise self._fail("crop and resize", e) from e
+            del images  # freed on `stream` (cudaFreeAsync), after the kernel that reads them
+        return declined
+
+    def _check_device(self) -> None:
+        try:
+            _synchronize(self.device)
+        except Exception as e:
+            raise self._fail("decode (the device reported an error)", e) from e
+
+    def probe(self) -> None:
+        """Decodes a small baseline 4:2:0 JPEG; RuntimeError when the decoder gives nothing back
+        (no JPEG engines on this GPU, nvJPEG's library missing)."""
+        data, h, w = _probe_jpeg()
+        stream = _current_stream(self.device)
+        with self._lock, _device_context(self.device):
+            try:
+                image = self._decoder.decode([self._lib.CodeStream(data)], params=self._params["rgb"],
+                                             cuda_stream=stream.cuda_stream)[0]
+                stream.synchronize()
+            except Exception as e:
+                raise self._fail("its first decode", e) from e
+        table, declined = image_table([image], np.array([h]), np.array([w]), 3)
+        if declined:
+            hint = ("this GPU has no JPEG engines (A100, H100, B200 have)" if self.kind == "hardware" else
+                    "is nvJPEG's library installed? pip install nvidia-nvjpeg")
+            raise RuntimeError(f"{self.name} is not available: {declined[0]} ({hint})")
+
+
+def _probe_jpeg() -> tuple[bytes, int, int]:
+    from PIL import Image
+
+    h, w = 96, 128
+    y, x = np.mgrid[0:h, 0:w]
+    pixels = np.stack([x * 2, y * 2, (x + y) % 256], axis=-1).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "JPEG", quality=90, subsampling=2)
+    return buf.getvalue(), h, w
+
+
+def _is_library_line(line: str) -> bool:
+    low = line.lower()
+    return any(word in low for word in ("nvimgcodec", "nvjpeg", "libcuda", "cuda"))
+
+
+_engines: dict = {}  # (pid, kind, device) -> Engine, or the RuntimeError that creating it raised
+_engines_lock = threading.Lock()
+
+
+def engine(kind: str, device: torch.device) -> Engine:
+    """The engine of ``kind`` on ``device``, created and checked once per process (a first decode),
+    then cached. RuntimeError with the reason where it is not available (e.g. no hardware decoder
+    on this GPU)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = (os.getpid(), kind, str(device))
+    with _engines_lock:
+        if key not in _engines:
+            reason = unavailable_reason(device)
+            if reason:
+                raise RuntimeError(reason)
+            from gpupipe import _stderr
+
+            try:
+                with _stderr.captured(_is_library_line) as printed:  # nvImageCodec's start-up lines
+                    eng = Engine(kind, device)
+                    eng.probe()
+                _engines[key] = eng
+            except RuntimeError as e:
+                said = f" (it printed: {' | '.join(printed)[:300]})" if printed else ""
+                _engines[key] = RuntimeError(f"{e}{said}")
+        found = _engines[key]
+    if isinstance(found, Exception):
+        raise RuntimeError(str(found))
+    return found
+
+
+def hardware_decoder_available(device: Optional[torch.device] = None) -> bool:
+    """Whether ``device`` (the current CUDA device when None) has JPEG engines nvImageCodec can
+    use (checked once per process by decoding a small JPEG on them)."""
+    device = torch.device("cuda") if device is None else torch.device(device)
+    if unavailable_reason(device) is not None:
+        return False
+    try:
+        engine("hardware", device)
+    except RuntimeError:
+        return False
+    return True

@@ -1,0 +1,541 @@
+"""nvImageCodec's GPU decoders as gpupipe engines (gpupipe/_backends/nvimgcodec.py) and backend
+nvjpeg on them.
+
+On the CPU: the availability messages, the engine's logic with a stand-in decoder (the crop
+kernel's table built from decoded images, declined and mismatched samples, device errors naming the
+engine, ROI regions), the frame that hands declined samples to the CPU core, and the nvjpeg
+backend's torchvision path where nvImageCodec is absent. Where nvImageCodec is installed, the
+arguments gpupipe builds are checked against its real classes (they construct without a GPU).
+
+On a GPU (skipped elsewhere, with the reason): both engines against the CPU core on photos and
+every JPEG variant, gray, what goes to the CPU core, batches of 1 and 256, a corrupt file among
+good ones, a non-default stream, and nothing printed. The pixel tolerance is PROVISIONAL (max 6
+levels, mean < 1, set before any measurement): the GPU session measures it and writes it in
+docs/semantics.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+
+import gpupipe
+from gpupipe._backends import gpu_fallback, nvimgcodec, nvjpeg
+from gpupipe.decode_types import DecodeOptions, Route, read_infos
+from helpers import encode, make_variants, photo, photo_jpegs, run_child
+
+MAX_DIFF, MEAN_DIFF = 6, 1.0  # PROVISIONAL: to be measured on an H100 (docs/semantics.md says "pending")
+
+
+def _real_library():
+    try:
+        return nvimgcodec._library()
+    except Exception as e:  # noqa: BLE001 - any failure means: not usable here
+        pytest.skip(f"nvImageCodec not importable here ({type(e).__name__}: {e})")
+
+
+# --- availability ------------------------------------------------------------------------------
+
+
+def test_unavailable_when_not_installed(monkeypatch):
+    monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", None)  # import_module raises ModuleNotFoundError
+    reason = nvimgcodec.unavailable_reason()
+    assert "not installed" in reason and "pip install 'torch-gpupipe[gpu]'" in reason
+    monkeypatch.setitem(sys.modules, "nvidia", None)
+    assert "pip install 'torch-gpupipe[gpu]'" in nvimgcodec.unavailable_reason(torch.device("cuda"))
+
+
+def test_unavailable_reason_gives_the_import_error(monkeypatch):
+    def broken():
+        raise OSError("libcudart.so.13: cannot open shared object file")
+
+    monkeypatch.setattr(nvimgcodec, "_library", broken)
+    reason = nvimgcodec.unavailable_reason()
+    assert "not importable" in reason and "libcudart.so.13" in reason and "OSError" in reason
+
+
+def test_unavailable_without_a_cuda_device(monkeypatch):
+    monkeypatch.setattr(nvimgcodec, "_library", lambda: types.SimpleNamespace())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert nvimgcodec.unavailable_reason() == "no CUDA device (torch.cuda.is_available() is False)"
+    assert "pass device='cuda'" in nvimgcodec.unavailable_reason(torch.device("cpu"))
+    assert not nvimgcodec.hardware_decoder_available(torch.device("cuda"))
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        nvimgcodec.engine("cuda", torch.device("cuda", 0))
+    with pytest.raises(ValueError, match="kind must be one of"):
+        nvimgcodec.engine("tpu", torch.device("cuda", 0))
+
+
+def test_backends_available_reports_nvimgcodec():
+    info = gpupipe.backends_available()["nvimgcodec"]
+    assert set(info) == {"available", "devices", "reason", "hardware_decoder"}
+    assert isinstance(info["reason"], str) and info["reason"]
+    if not torch.cuda.is_available():
+        assert not info["available"] and not info["hardware_decoder"] and info["devices"] == []
+    from gpupipe.bench.report import info as report
+
+    assert "| nvimgcodec |" in report()
+
+
+def test_the_arguments_fit_the_real_library():
+    """What gpupipe passes to nvImageCodec, built with its real classes (no GPU needed for these)."""
+    lib = _real_library()
+    for name in ("device_id", "max_num_cpu_threads", "backends", "options"):
+        assert name in lib.Decoder.__init__.__doc__
+    for name in ("cuda_stream", "params", "None"):
+        assert name in lib.Decoder.decode.__doc__
+    hw = nvimgcodec._decoder_args(lib, "hardware", 2, False)
+    assert [b.backend_kind for b in hw["backends"]] == [lib.BackendKind.HW_GPU_ONLY]
+    assert hw["options"].split() == [":fancy_upsampling=1", "nvjpeg_hw_decoder:preallocate_batch_size=256"]
+    cuda = nvimgcodec._decoder_args(lib, "cuda", 3, True)
+    assert [b.backend_kind for b in cuda["backends"]] == [lib.BackendKind.GPU_ONLY, lib.BackendKind.HYBRID_CPU_GPU]
+    assert cuda["max_num_cpu_threads"] == 3 and ":enable_roi_fancy_upsampling=1" in cuda["options"].split()
+    assert "nvjpeg_cuda_decoder:hybrid_huffman_threshold=0" in cuda["options"].split()
+    gray, rgb = nvimgcodec._decode_params(lib, "gray"), nvimgcodec._decode_params(lib, "rgb")
+    assert (gray.color_spec, rgb.color_spec) == (lib.ColorSpec.GRAY, lib.ColorSpec.SRGB)
+    assert not gray.apply_exif_orientation and not rgb.allow_any_depth
+    data = encode(photo(37, 53))
+    cs = lib.CodeStream(data)
+    assert (cs.height, cs.width) == (37, 53)
+    sub = cs.get_sub_code_stream(region=lib.Region(1, 2, 30, 40))
+    assert tuple(sub.view.region.start) == (1, 2) and tuple(sub.view.region.end) == (30, 40)
+
+
+# --- the engine's logic, with a stand-in decoder --------------------------------------------------
+
+
+class FakeImage:
+    """What nvImageCodec's decoded Image exposes to the engine: its CUDA array interface."""
+
+    def __init__(self, ptr, h, w, c=3, pitch=None, typestr="|u1"):
+        self.cai = {"shape": (h, w, c), "strides": None if pitch is None else (pitch, c, 1), "data": (ptr, False),
+                    "typestr": typestr, "version": 3, "stream": 1}
+
+    @property
+    def __cuda_array_interface__(self):
+        return self.cai
+
+
+def test_image_table_rows_are_exact():
+    images = [FakeImage(0x7000, 10, 20), FakeImage(0x9000, 5, 7, pitch=32), FakeImage(0xA000, 3, 4, c=1)]
+    table, declined = nvimgcodec.image_table(images[:2], np.array([10, 5]), np.array([20, 7]), 3)
+    assert table.dtype == np.int64 and not declined
+    assert table.tolist() == [[0x7000, 10, 20, 60], [0x9000, 5, 7, 32]]
+    table, declined = nvimgcodec.image_table(images[2:], np.array([3]), np.array([4]), 1)
+    assert table.tolist() == [[0xA000, 3, 4, 4]] and not declined
+    table, declined = nvimgcodec.image_table([], np.zeros(0), np.zeros(0), 3)
+    assert table.shape == (0, 4) and not declined
+
+
+def test_image_table_declines_none_and_mismatches():
+    images = [None, FakeImage(1, 10, 21), FakeImage(2, 10, 20, c=1), FakeImage(3, 10, 20, typestr="<u2"),
+              FakeImage(4, 10, 20, pitch=40), FakeImage(5, 10, 20)]
+    table, declined = nvimgcodec.image_table(images, np.full(6, 10), np.full(6, 20), 3)
+    assert sorted(declined) == [0, 1, 2, 3, 4]
+    assert "returned no image" in declined[0]
+    assert "decoded as 10x21x3" in declined[1] and "header says 10x20x3" in declined[1]
+    assert "10x20x1" in declined[2] and "<u2" in declined[3] and "pitch 40" in declined[4]
+    assert table[:5].tolist() == [[0, 0, 0, 0]] * 5 and table[5].tolist() == [5, 10, 20, 60]
+
+
+def test_roi_regions_grow_and_clip():
+    boxes = np.array([[0, 0, 10, 10], [20, 30, 5, 6], [90, 95, 10, 5]], dtype=np.float64)
+    regions = nvimgcodec.roi_regions(boxes, np.array([100, 100, 100]), np.array([100, 100, 100]), margin=8)
+    assert regions.tolist() == [[0, 0, 18, 18], [12, 22, 33, 44], [82, 87, 100, 100]]
+
+
+class FakeDecoder:
+    def __init__(self, **kwargs):
+        self.kwargs, self.calls, self.result = kwargs, [], None
+
+    def decode(self, streams, *, params=None, cuda_stream=0):
+        self.calls.append((streams, params, cuda_stream))
+        return self.result(streams) if callable(self.result) else self.result
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """An engine module whose library, device calls and crop kernel are stand-ins: returns a
+    namespace with the crop calls, and a function making an Engine."""
+    lib = types.SimpleNamespace(
+        Backend=lambda kind, load_hint=1.0: ("backend", kind, load_hint),
+        BackendKind=types.SimpleNamespace(HW_GPU_ONLY="hw", GPU_ONLY="gpu", HYBRID_CPU_GPU="hybrid"),
+        ColorSpec=types.SimpleNamespace(SRGB="srgb", GRAY="gray"),
+        DecodeParams=lambda **kw: ("params", kw["color_spec"]),
+        CodeStream=lambda data: types.SimpleNamespace(data=bytes(data), region=None,
+                                                     get_sub_code_stream=lambda region, d=bytes(data):
+                                                     types.SimpleNamespace(data=d, region=region)),
+        Region=lambda *a: a,
+        Decoder=FakeDecoder)
+    state = types.SimpleNamespace(crops=[], synced=[], stream=types.SimpleNamespace(cuda_stream=4242))
+    monkeypatch.setattr(nvimgcodec, "_library", lambda: lib)
+    monkeypatch.setattr(nvimgcodec, "_device_context", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(nvimgcodec, "_current_stream", lambda device: state.stream)
+    monkeypatch.setattr(nvimgcodec, "_synchronize", lambda device: state.synced.append(device))
+    monkeypatch.setattr(nvimgcodec, "_check_out", lambda *a: None)
+
+    def crop(images, boxes, out, slots, *, resize, window=False):
+        state.crops.append((images.copy(), boxes.copy(), slots.copy(), resize, window))
+
+    monkeypatch.setattr(nvimgcodec, "_crop_resize", lambda: crop)
+    state.make = lambda kind="cuda", **kw: nvimgcodec.Engine(kind, torch.device("cuda", 0), **kw)
+    return state
+
+
+def test_engine_builds_its_decoder(fake):
+    eng = fake.make("hardware", cpu_threads=3)
+    assert eng.route == Route.GPU_HARDWARE and eng.name == "nvImageCodec's hardware decoder on cuda:0"
+    assert eng._decoder.kwargs["device_id"] == 0 and eng._decoder.kwargs["max_num_cpu_threads"] == 3
+    assert eng._decoder.kwargs["backends"] == [("backend", "hw", 1.0)]
+    assert fake.make("cuda").route == Route.GPU_CUDA
+    with pytest.raises(ValueError, match="kind must be"):
+        fake.make("cpu")
+
+
+def test_engine_crops_decoded_samples_and_declines_the_rest(fake):
+    datas = [encode(photo(30 + k, 40 + k)) for k in range(5)]
+    eng = fake.make()
+    eng._decoder.result = [FakeImage(100, 30, 40), None, FakeImage(300, 32, 42), FakeImage(400, 99, 43),
+                           FakeImage(500, 34, 44, pitch=256)]
+    boxes = np.array([[1, 2, 8, 8], [0, 0, 8, 8], [3, 3, 8, 8], [0, 0, 8, 8], [5, 6, 8, 8]], dtype=np.float64)
+    slots = np.array([9, 7, 5, 3, 1])
+    out = torch.zeros(10, 8, 8, 3, dtype=torch.uint8)
+    declined = eng.decode(datas, boxes, out, slots, DecodeOptions(size=(8, 8)))  # sizes read from the headers
+    assert sorted(declined) == [1, 3] and "no image" in declined[1] and "99x43x3" in declined[3]
+    (images, cboxes, cslots, resize, window), = fake.crops  # ONE kernel call for the batch
+    assert images.tolist() == [[100, 30, 40, 120], [300, 32, 42, 126], [500, 34, 44, 256]]
+    assert cboxes.tolist() == boxes[[0, 2, 4]].tolist() and cslots.tolist() == [9, 5, 1]
+    assert (resize, window) == (False, False)
+    streams, params, cuda_stream = eng._decoder.calls[0]
+    assert [s.data for s in streams] == datas and params == ("params", "srgb") and cuda_stream == 4242
+
+
+def test_engine_gray_resize_and_given_sizes(fake):
+    eng = fake.make()
+    eng._decoder.result = [FakeImage(7, 50, 60, c=1)]
+    declined = eng.decode([b"x"], np.array([[0, 0, 20, 30]]), torch.zeros(2, 8, 8, 1, dtype=torch.uint8), np.array([1]),
+                          DecodeOptions(size=(8, 8), resize=True, mode="gray"), sizes=np.array([[50, 60]]))
+    assert not declined and eng._decoder.calls[0][1] == ("params", "gray")
+    assert fake.crops[0][0].tolist() == [[7, 50, 60, 60]] and fake.crops[0][3] is True
+    assert eng.decode([], np.zeros((0, 4)), torch.zeros(1, 8, 8, 1, dtype=torch.uint8), np.zeros(0, np.int64),
+                      DecodeOptions(size=(8, 8), mode="gray")) == {}
+    assert len(eng._decoder.calls) == 1  # an empty batch calls nothing
+
+
+def test_engine_roi_decodes_regions_and_shifts_boxes(fake):
+    eng = fake.make(roi=True)
+    args = ([b"x"], np.array([[20, 30, 10, 15]]), torch.zeros(1, 10, 15, 3, dtype=torch.uint8), np.array([0]),
+            DecodeOptions(size=(10, 15)))
+    eng._decoder.result = [FakeImage(1, 26, 28)]
+    assert not eng.decode(*args, sizes=np.array([[100, 50]]))
+    assert eng._decoder.calls[0][0][0].region == (12, 22, 38, 50)  # grown by 8, clipped at the right edge
+    assert fake.crops[0][0].tolist() == [[1, 26, 28, 84]] and fake.crops[0][1].tolist() == [[8, 8, 10, 15]]
+    eng._decoder.result = [FakeImage(1, 26, 31)]  # not the region's size: declined, not cropped
+    assert "header says 26x28x3" in eng.decode(*args, sizes=np.array([[100, 50]]))[0] and len(fake.crops) == 1
+
+
+def test_a_decode_error_names_the_engine(fake):
+    eng = fake.make("hardware")
+
+    def oom(streams):
+        raise RuntimeError("CUDA error: out of memory")
+
+    eng._decoder.result = oom
+    with pytest.raises(RuntimeError, match="nvImageCodec's hardware decoder on cuda:0: decode failed .*out of memory"):
+        eng.decode([b"x"], np.array([[0, 0, 8, 8]]), torch.zeros(1, 8, 8, 3, dtype=torch.uint8), np.array([0]),
+                   DecodeOptions(size=(8, 8)), sizes=np.array([[8, 8]]))
+
+
+def test_all_declined_checks_the_device(fake, monkeypatch):
+    eng = fake.make()
+    eng._decoder.result = [None, None]
+    args = ([b"x", b"y"], np.array([[0, 0, 8, 8]] * 2), torch.zeros(2, 8, 8, 3, dtype=torch.uint8), np.array([0, 1]),
+            DecodeOptions(size=(8, 8)))
+    assert sorted(eng.decode(*args, sizes=np.array([[8, 8]] * 2))) == [0, 1] and fake.synced and not fake.crops
+
+    def sticky(device):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(nvimgcodec, "_synchronize", sticky)
+    with pytest.raises(RuntimeError, match="nvImageCodec's cuda decoder on cuda:0: .*illegal memory access"):
+        eng.decode(*args, sizes=np.array([[8, 8]] * 2))
+
+
+def test_a_kernel_error_names_the_engine(fake, monkeypatch):
+    eng = fake.make()
+    eng._decoder.result = [FakeImage(1, 8, 8)]
+
+    def crop(*a, **k):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(nvimgcodec, "_crop_resize", lambda: crop)
+    with pytest.raises(RuntimeError, match="cuda decoder on cuda:0: crop and resize failed .*OutOfMemoryError"):
+        eng.decode([b"x"], np.array([[0, 0, 8, 8]]), torch.zeros(1, 8, 8, 3, dtype=torch.uint8), np.array([0]),
+                   DecodeOptions(size=(8, 8)), sizes=np.array([[8, 8]]))
+
+
+def test_engine_start_failure_is_a_clear_error(fake):
+    def refuse(**kw):
+        raise RuntimeError("Internal error - Could not create decoder. Code: 8")
+
+    nvimgcodec._library().Decoder = refuse
+    with pytest.raises(RuntimeError, match="hardware decoder on cuda:0 could not start .*Code: 8"):
+        fake.make("hardware")
+
+
+def test_probe_declined_means_not_available(fake):
+    eng = fake.make("hardware")
+    eng._decoder.result = [None]
+    fake.stream.synchronize = lambda: None
+    with pytest.raises(RuntimeError, match="not available: .*no JPEG engines"):
+        eng.probe()
+    eng._decoder.result = [FakeImage(1, 96, 128)]
+    eng.probe()
+
+
+# --- the frame and backend nvjpeg -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def jpegs():
+    return photo_jpegs(["astronaut", "coffee", "chelsea", "rocket", "astronaut", "coffee"],
+                       [{}, {"h_samp": 1, "v_samp": 1}, {"progressive": True}, {"colorspace": "gray"}],
+                       size=(60, 80), step=(3, 5))
+
+
+def _core(datas, boxes, size, mode="rgb"):
+    out = torch.empty(len(datas), *size, 3 if mode == "rgb" else 1, dtype=torch.uint8)
+    from gpupipe._backends import cpu
+
+    opts = DecodeOptions(size=size, mode=mode)
+    cpu.decode(datas, boxes, out, opts, read_infos(datas))
+    return out, opts
+
+
+class HostEngine:
+    """A host stand-in for an engine: decodes with the CPU core, declines the samples it is told to."""
+
+    def __init__(self, route, declines):
+        self.route, self.declines, self.name, self.calls = route, declines, f"stand-in {route.label}", []
+
+    def decode(self, buffers, boxes, out, slots, options, *, sizes=None):
+        self.calls.append(list(buffers))
+        keep = [k for k, b in enumerate(buffers) if bytes(b) not in self.declines]
+        if keep:
+            sub, _ = _core([buffers[k] for k in keep], boxes[keep], tuple(out.shape[1:3]), options.mode)
+            out[torch.from_numpy(slots[keep])] = sub
+        return {k: "declined in the test" for k in range(len(buffers)) if k not in keep}
+
+
+def test_nvjpeg_chains_the_engines_then_the_cpu_core(jpegs, monkeypatch):
+    datas = jpegs + [encode(np.concatenate([photo(50, 50), np.full((50, 50, 1), 40, np.uint8)], axis=2), colorspace="cmyk")]
+    boxes = np.array([[2, 3, 32, 40]] * len(datas), dtype=np.float64)
+    ref, opts = _core(datas, boxes, (32, 40))
+    hw = HostEngine(Route.GPU_HARDWARE, {jpegs[2], jpegs[4]})  # e.g. progressive: declined by the hardware
+    cuda = HostEngine(Route.GPU_CUDA, {jpegs[4]})
+    monkeypatch.setattr(nvjpeg, "unavailable_reason", lambda device=None: None)
+    monkeypatch.setattr(nvjpeg, "engines", lambda device: [hw, cuda])
+    out = torch.zeros_like(ref)
+    status = nvjpeg.decode(datas, boxes, out, opts, read_infos(datas))
+    assert torch.equal(out, ref) and status.ok.all()
+    assert status.route.tolist() == [Route.GPU_HARDWARE, Route.GPU_HARDWARE, Route.GPU_CUDA, Route.GPU_HARDWARE,
+                                     Route.CPU_FALLBACK, Route.GPU_HARDWARE, Route.CPU_FALLBACK]
+    assert sorted(status.fallback) == [4, 6] and "declined by stand-in gpu-cuda (declined in the test)" in status.fallback[4]
+    assert "not decodable by nvJPEG" in status.fallback[6]  # CMYK never reaches an engine
+    assert len(cuda.calls[0]) == 2  # only what the hardware declined
+
+
+def test_engine_errors_fail_the_batch_torchvision_errors_fall_back(jpegs):
+    boxes = np.array([[0, 0, 16, 16]] * len(jpegs), dtype=np.float64)
+    ref, opts = _core(jpegs, boxes, (16, 16))
+
+    def device_error(idx):
+        raise RuntimeError("nvImageCodec's cuda decoder on cuda:0: decode failed (CUDA error)")
+
+    with pytest.raises(RuntimeError, match="cuda decoder on cuda:0"):
+        gpu_fallback.decode_with_fallback("nvJPEG", device_error, jpegs, boxes, torch.zeros_like(ref), opts,
+                                          read_infos(jpegs), device_errors="raise")
+    out = torch.zeros_like(ref)
+    status = gpu_fallback.decode_with_fallback("nvJPEG", device_error, jpegs, boxes, out, opts, read_infos(jpegs))
+    assert torch.equal(out, ref) and (status.route == Route.CPU_FALLBACK).all()
+    assert "nvJPEG failed on the batch" in status.fallback[0]
+
+
+def test_gray_keeps_rgb_coded_files_on_the_cpu():
+    datas = [encode(photo(40, 40)), encode(photo(40, 40), colorspace="rgb"), encode(photo(40, 40), colorspace="gray")]
+    boxes = np.array([[0, 0, 8, 8]] * 3, dtype=np.float64)
+    infos = read_infos(datas)
+    assert gpu_fallback.gpu_eligible(infos, boxes, DecodeOptions(size=(8, 8))).tolist() == [True, True, True]
+    assert gpu_fallback.gpu_eligible(infos, boxes, DecodeOptions(size=(8, 8), mode="gray")).tolist() == [True, False, True]
+
+
+def test_nvjpeg_without_nvimgcodec_keeps_torchvision(jpegs, monkeypatch):
+    monkeypatch.setattr(nvimgcodec, "unavailable_reason", lambda device=None: "nvImageCodec is not installed: ...")
+    assert nvjpeg.engines(torch.device("cuda", 0)) == []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    pytest.importorskip("torchvision")
+    assert nvjpeg.unavailable_reason(torch.device("cuda", 0)) is None
+    called = []
+    monkeypatch.setattr(nvjpeg, "_decode_with_torchvision", lambda *a: called.append(a) or "torchvision's status")
+    boxes = np.array([[0, 0, 16, 16]] * len(jpegs), dtype=np.float64)
+    out = torch.zeros(len(jpegs), 16, 16, 3, dtype=torch.uint8)
+    assert nvjpeg.decode(jpegs, boxes, out, DecodeOptions(size=(16, 16)), read_infos(jpegs)) == "torchvision's status"
+    assert len(called) == 1
+
+
+# --- on a GPU ---------------------------------------------------------------------------------------
+
+NV_REASON = nvimgcodec.unavailable_reason(torch.device("cuda")) if torch.cuda.is_available() else "no CUDA device"
+
+
+def _crop_kernel_reason():
+    try:
+        nvimgcodec._crop_resize()
+    except ImportError as e:
+        return f"the ragged crop kernel (gpupipe/_backends/crop_resize.py, branch crop-resize) is not here: {e}"
+    return None
+
+
+def _gpu_engine(kind):
+    if NV_REASON:
+        pytest.skip(NV_REASON)
+    if reason := _crop_kernel_reason():
+        pytest.skip(reason)
+    try:
+        return nvimgcodec.engine(kind, torch.device("cuda"))
+    except RuntimeError as e:
+        pytest.skip(str(e))
+
+
+KINDS = [pytest.param(k, marks=pytest.mark.skipif(NV_REASON is not None, reason=NV_REASON or "")) for k in nvimgcodec.KINDS]
+
+
+def _engine_vs_core(eng, datas, boxes, size, mode="rgb", resize=False):
+    """(engine's crops, the CPU core's (dct_scaling=False), declined): uint8 [N, C, H, W] on the host."""
+    ref = gpupipe.decode_crop_jpegs(datas, boxes, size=size if resize else None, backend="cpu", mode=mode,
+                                    dct_scaling=False).images
+    opts = DecodeOptions(size=tuple(size), resize=resize, mode=mode, device=torch.device("cuda"))
+    infos = read_infos(datas)
+    sizes = np.stack([infos.column("height"), infos.column("width")], axis=1)
+    out = torch.zeros(len(datas), *size, opts.channels, dtype=torch.uint8, device="cuda")
+    declined = eng.decode(datas, boxes, out, np.arange(len(datas)), opts, sizes=sizes)
+    torch.cuda.synchronize()
+    return out.permute(0, 3, 1, 2).cpu(), ref, declined
+
+
+def _assert_close(got, ref, where):
+    diff = (got.int() - ref.int()).abs()
+    assert diff.max() <= MAX_DIFF and diff.float().mean() < MEAN_DIFF, \
+        f"{where}: max |diff| {int(diff.max())}, mean {diff.float().mean():.3f}, share > 2: {(diff > 2).float().mean():.4f}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("mode", ["rgb", "gray"])
+def test_gpu_engine_crops_match_the_cpu_core(kind, mode):
+    eng = _gpu_engine(kind)
+    variants = {k: v for k, v in make_variants(photo(157, 203)).items() if not k.startswith(("cmyk", "ycck"))}
+    if mode == "gray":
+        variants = {k: v for k, v in variants.items() if not k.startswith("rgb")}
+    datas = list(variants.values())
+    boxes = np.array([[5, 7, 96, 120]] * len(datas), dtype=np.float64)
+    got, ref, declined = _engine_vs_core(eng, datas, boxes, (96, 120), mode)
+    names = list(variants)
+    print(f"{kind} {mode}: declined {[names[k] for k in declined]}")
+    for k, name in enumerate(names):
+        if k not in declined:
+            _assert_close(got[k], ref[k], f"{kind} {mode} {name}")
+    baseline = [k for k, n in enumerate(names) if "progressive" not in n and "arithmetic" not in n and "4:1" not in n]
+    assert not set(baseline) & set(declined), f"{kind} declined baseline files: {[names[k] for k in declined]}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("batch", [1, 256])
+def test_gpu_engine_resized_crops_on_photos(kind, batch):
+    eng = _gpu_engine(kind)
+    photos = photo_jpegs(["astronaut", "coffee", "chelsea", "rocket"], [{}, {"h_samp": 2, "v_samp": 1}],
+                         size=(300, 400), step=(17, 23))
+    datas = [photos[i % len(photos)] for i in range(batch)]
+    sizes = np.array([gpupipe.read_header(d)[:2] for d in datas])
+    boxes = gpupipe.crops.RandomResizedCrop(64).boxes(sizes[:, 0], sizes[:, 1], seed=0)
+    got, ref, declined = _engine_vs_core(eng, datas, boxes, (64, 64), resize=True)
+    assert not declined
+    _assert_close(got, ref, f"{kind} RandomResizedCrop 64, batch {batch}")
+
+
+@pytest.mark.skipif(NV_REASON is not None, reason=NV_REASON or "")
+def test_gpu_nvjpeg_backend_routes_and_fallbacks():
+    _gpu_engine("cuda")
+    good = photo_jpegs(["astronaut", "coffee", "chelsea"], [{}, {"progressive": True}, {"h_samp": 1, "v_samp": 1}],
+                       size=(120, 160))
+    cmyk = encode(np.concatenate([photo(120, 160), np.full((120, 160, 1), 40, np.uint8)], axis=2), colorspace="cmyk")
+    no_eoi = good[0][:-2]
+    datas = good + [cmyk, no_eoi]
+    boxes = np.array([[10, 10, 64, 64]] * len(datas), dtype=np.float64)
+    ref = gpupipe.decode_crop_jpegs(datas, boxes, backend="cpu", dct_scaling=False, on_error="skip")
+    got = gpupipe.decode_crop_jpegs(datas, boxes, backend="nvjpeg", device="cuda", on_error="skip")
+    gpu = (Route.GPU_HARDWARE.label, Route.GPU_CUDA.label)
+    assert all(r in gpu for r in got.routes[:3]), got.routes
+    assert got.routes[3] == Route.CPU_FALLBACK.label and torch.equal(got.images[3].cpu(), ref.images[3])  # CMYK
+    assert got.routes[4] in (Route.CPU_FALLBACK.label, Route.NONE.label)  # no EOI: the CPU core's warning or error
+    if nvimgcodec.hardware_decoder_available(torch.device("cuda")):
+        assert got.routes[0] == Route.GPU_HARDWARE.label
+    _assert_close(got.images[:3].cpu(), ref.images[:3], "backend nvjpeg")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_gpu_a_corrupt_file_does_not_fail_the_others(kind):
+    eng = _gpu_engine(kind)
+    good = photo_jpegs(["astronaut", "coffee", "rocket"], [{}], size=(100, 140))
+    corrupt = good[1][:len(good[1]) // 2] + b"\x00" * 64 + good[1][-2:]  # entropy data cut, EOI kept
+    datas = [good[0], b"not a jpeg at all" * 8, corrupt, good[2]]
+    boxes = np.array([[0, 0, 64, 64]] * 4, dtype=np.float64)
+    out = torch.zeros(4, 64, 64, 3, dtype=torch.uint8, device="cuda")
+    sizes = np.array([gpupipe.read_header(good[0])[:2], (1, 1), gpupipe.read_header(good[1])[:2],
+                      gpupipe.read_header(good[2])[:2]])
+    declined = eng.decode(datas, boxes, out, np.arange(4), DecodeOptions(size=(64, 64)), sizes=sizes)
+    assert 1 in declined  # not a JPEG: nothing decoded, nothing written
+    ref = gpupipe.decode_crop_jpegs([good[0], good[2]], boxes[:2], backend="cpu").images
+    _assert_close(out[[0, 3]].permute(0, 3, 1, 2).cpu(), ref, f"{kind}: the good files beside a corrupt one")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_gpu_engine_on_a_side_stream(kind):
+    eng = _gpu_engine(kind)
+    datas = photo_jpegs(["astronaut", "chelsea"], [{}], size=(200, 300))
+    boxes = np.array([[0, 0, 128, 128]] * 2, dtype=np.float64)
+    ref = gpupipe.decode_crop_jpegs(datas, boxes, backend="cpu").images
+    side = torch.cuda.Stream()
+    out = torch.zeros(2, 128, 128, 3, dtype=torch.uint8, device="cuda")
+    with torch.cuda.stream(side):
+        assert not eng.decode(datas, boxes, out, np.arange(2), DecodeOptions(size=(128, 128)))
+    side.synchronize()  # all the work was queued on the side stream
+    _assert_close(out.permute(0, 3, 1, 2).cpu(), ref, f"{kind} on a side stream")
+
+
+@pytest.mark.skipif(NV_REASON is not None, reason=NV_REASON or "")
+def test_gpu_nothing_reaches_stderr():
+    if reason := _crop_kernel_reason():
+        pytest.skip(reason)
+    run_child("""
+        import numpy as np, torch, gpupipe
+        from gpupipe._backends import nvimgcodec
+        from gpupipe.decode_types import DecodeOptions
+        from helpers import photo_jpegs
+        datas = photo_jpegs(["astronaut", "coffee"], [{"progressive": True}, {}], size=(100, 140))
+        datas.append(b"garbage" * 20)
+        for kind in nvimgcodec.KINDS:
+            if kind == "hardware" and not nvimgcodec.hardware_decoder_available(torch.device("cuda")):
+                continue
+            out = torch.zeros(3, 32, 32, 3, dtype=torch.uint8, device="cuda")
+            nvimgcodec.engine(kind, torch.device("cuda")).decode(
+                datas, np.array([[0, 0, 32, 32]] * 3, dtype=np.float64), out, np.arange(3), DecodeOptions(size=(32, 32)),
+                sizes=np.array([[100, 140], [103, 147], [1, 1]]))
+        torch.cuda.synchronize()
+        gpupipe.decode_crop_jpegs(datas, np.array([[0, 0, 32, 32]] * 3), backend="nvjpeg", device="cuda", on_error="skip")
+        print("ok")
+    """)
