@@ -4,9 +4,13 @@ it. On a CPU-only machine it runs what it can and lists the GPU rows as skipped,
     python -m benchmarks.gpu_check [--quick]
 
 Checks: batch decode (dali mixed, nvjpeg, cpu->cuda) for the seed workload (800x533 -> 256 crops)
-and RandomResizedCrop 224 on 1920x1280; BatchAugment's CUDA kernels bit-equal to their host build
-(every color model, interpolation, output dtype and layout), and the full augmentation chain's
-share of the device's memory bandwidth on a 256x3x224x224 batch. Prints a short table last
+and RandomResizedCrop 224 on 1920x1280; nvImageCodec's two engines (the hardware JPEG decoder and
+the CUDA decoder, whole images + the ragged crop kernel) against the CPU core at batch 256, timed
+beside the CPU core and backend nvjpeg's torchvision path (max, mean |diff| and the share of
+pixels more than 2 levels off; the tolerance, max 6 and mean < 1, is provisional); BatchAugment's
+CUDA kernels bit-equal to their host build (every color model, interpolation, output dtype and
+layout), and the full augmentation chain's share of the device's memory bandwidth on a
+256x3x224x224 batch. Prints a short table last
 (images/s, ratio to the CPU core)."""
 
 from __future__ import annotations
@@ -168,6 +172,82 @@ def _augment_check(checks: list, avail: dict, repeats: int) -> list:
     return rows
 
 
+ENGINE_MAX_DIFF, ENGINE_MEAN_DIFF = 6, 1.0  # provisional (tests/test_nvimgcodec.py): measured here, then set
+
+
+def _diff_status(got_nchw: torch.Tensor, ref: torch.Tensor, extra: str = "") -> tuple:
+    diff = (got_nchw.cpu().int() - ref.int()).abs()
+    ok = int(diff.max()) <= ENGINE_MAX_DIFF and float(diff.float().mean()) < ENGINE_MEAN_DIFF
+    return ok, (f"max |diff| {int(diff.max())}, mean {float(diff.float().mean()):.3f}, "
+                f"> 2 levels {100 * float((diff > 2).float().mean()):.2f}%{extra}")
+
+
+def _engine_check(checks: list, avail: dict, repeats: int, workloads: list) -> list:
+    """nvImageCodec's engines (issue 29) at batch 256: each against the CPU core (dct_scaling=False,
+    same boxes), then timed beside the CPU core, backend nvjpeg (its engines chained, CPU fallback)
+    and backend nvjpeg's torchvision path."""
+    from gpupipe._backends import nvimgcodec, nvjpeg
+    from gpupipe.decode_types import DecodeOptions, read_infos
+
+    rows = []
+    info = avail.get("nvimgcodec", {"available": False, "reason": "not reported"})
+    try:
+        nvimgcodec._crop_resize()
+        kernel = None
+    except ImportError as e:
+        kernel = f"the ragged crop kernel is not here ({e})"
+    for label, datas, boxes, size in workloads:
+        ref = gpupipe.decode_crop_jpegs(datas, boxes, size=size, backend="cpu", dct_scaling=False)
+        cpu_t = _time(lambda: gpupipe.decode_crop_jpegs(datas, boxes, size=size, backend="cpu", dct_scaling=False),
+                      repeats, False)
+        rows.append((label, "cpu core (dct_scaling=False)", len(datas) / cpu_t, 1.0, "reference"))
+        if not info["available"] or kernel:
+            why = kernel if info["available"] else info["reason"]
+            rows.append((label, "nvImageCodec engines", None, None, f"skipped: {why}"))
+            continue
+        n = len(datas)
+        shape = tuple(ref.images.shape[2:])
+        options = DecodeOptions(size=shape, resize=size is not None, device=torch.device("cuda"))
+        infos = read_infos(datas)
+        sizes = np.stack([infos.column("height"), infos.column("width")], axis=1)
+        out = torch.zeros(n, *shape, 3, dtype=torch.uint8, device="cuda")
+        slots = np.arange(n)
+        for kind in nvimgcodec.KINDS:
+            name = f"nvImageCodec {kind} decoder + crop kernel"
+            try:
+                eng = nvimgcodec.engine(kind, torch.device("cuda"))
+            except RuntimeError as e:
+                rows.append((label, name, None, None, f"skipped: {e}"))
+                continue
+            run = lambda: eng.decode(datas, boxes, out, slots, options, sizes=sizes)  # noqa: E731
+            out.zero_()
+            declined = run()
+            torch.cuda.synchronize()
+            keep = [k for k in range(n) if k not in declined]
+            ok, status = _diff_status(out[keep].permute(0, 3, 1, 2), ref.images[keep], f", declined {len(declined)}")
+            checks.append((f"{label}: {name}", ok and not declined, status))
+            t = _time(run, repeats, True)
+            rows.append((label, name, n / t, cpu_t / t, status))
+        got = gpupipe.decode_crop_jpegs(datas, boxes, size=size, backend="nvjpeg", device="cuda", dct_scaling=False)
+        ok, status = _diff_status(got.images, ref.images, f", routes {dict(zip(*np.unique(got.routes, return_counts=True)))}")
+        checks.append((f"{label}: backend nvjpeg on the engines", ok, status))
+        t = _time(lambda: gpupipe.decode_crop_jpegs(datas, boxes, size=size, backend="nvjpeg", device="cuda",
+                                                    dct_scaling=False), repeats, True)
+        rows.append((label, "backend nvjpeg (engines chained, CPU fallback)", n / t, cpu_t / t, status))
+        try:
+            import torchvision  # noqa: F401
+        except ImportError as e:
+            rows.append((label, "backend nvjpeg, torchvision path", None, None, f"skipped: {e}"))
+            continue
+        old = lambda: nvjpeg._decode_with_torchvision(datas, boxes, out, options, infos)  # noqa: E731
+        old()
+        torch.cuda.synchronize()
+        t = _time(old, repeats, True)
+        rows.append((label, "backend nvjpeg, torchvision path (before issue 29)", n / t, cpu_t / t,
+                     _diff_status(out.permute(0, 3, 1, 2), ref.images)[1]))
+    return rows
+
+
 def main(argv=None) -> list:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
@@ -213,6 +293,15 @@ def main(argv=None) -> list:
             checks.append((f"{label}: {name}", ok, status))
             t = _time(run, repeats, device == "cuda")
             rows.append((label, name, len(datas) / t, cpu_t / t, status))
+
+    # nvImageCodec's engines at batch 256 (issue 29), beside the CPU core and the torchvision path.
+    seed256 = [seed[i % len(seed)] for i in range(256)]
+    hd256 = [hd[i % len(hd)] for i in range(256)]
+    sizes256 = np.array([gpupipe.read_header(d)[:2] for d in hd256])
+    rows += _engine_check(checks, avail, repeats, [
+        ("seed 800x533 -> crop 256, batch 256", seed256, random_boxes(seed256, 256, seed=3), None),
+        ("RandomResizedCrop 224 on 1920x1280, batch 256", hd256,
+         gpupipe.crops.RandomResizedCrop(224).boxes(sizes256[:, 0], sizes256[:, 1], seed=0), 224)])
 
     # The augmentation engine: host build vs CUDA kernels (0 ULP), then the full chain's speed.
     rows += _augment_check(checks, avail, repeats)
