@@ -33,7 +33,8 @@ class HostEngine:
         self.calls = []
         self.threads = set()
 
-    def decode(self, buffers, boxes, out, slots, options):
+    def decode(self, buffers, boxes, out, slots, options, *, sizes):
+        assert np.array_equal(sizes, [[b.column("height")[0], b.column("width")[0]] for b in map(read_infos, ([x] for x in buffers))])
         self.calls.append(np.asarray(slots).copy())
         self.threads.add(threading.get_ident())
         if self.fail:
@@ -285,3 +286,47 @@ def test_the_hybrid_backend_needs_a_cuda_device():
     with pytest.raises(ValueError, match="hybrid backend decodes on the GPU"):
         backends.resolve("hybrid", torch.device("cpu"))
     assert "hybrid" in gpupipe.backends_available()
+
+
+# --- on a GPU: the real engines -----------------------------------------------------------------------
+
+HYBRID_REASON = hybrid.unavailable_reason(torch.device("cuda")) if torch.cuda.is_available() else "no CUDA device"
+on_gpu = pytest.mark.skipif(HYBRID_REASON is not None, reason=HYBRID_REASON or "")
+
+
+@on_gpu
+def test_gpu_hybrid_batches_match_the_cpu_core_within_the_engines_tolerance():
+    from test_nvimgcodec import MAX_DIFF, MEAN_DIFF
+
+    datas = photo_jpegs([PHOTOS[i % 4] for i in range(64)], [{"quality": 90}, {"quality": 85, "h_samp": 1, "v_samp": 1}],
+                        size=(300, 400), step=(3, 5))
+    boxes = np.array([[10 + i % 7, 20 + i % 11, 200 + i, 250 + i] for i in range(64)], dtype=np.int64)
+    ref = gpupipe.decode_crop_jpegs(datas, boxes, size=SIZE, dct_scaling=False)
+    got = gpupipe.decode_crop_jpegs(datas, boxes, size=SIZE, dct_scaling=False, backend="hybrid", device="cuda")
+    assert got.ok.all() and set(got.routes) <= {"cpu", "gpu-hardware", "gpu-cuda"}
+    gpu = [k for k, r in enumerate(got.routes) if r.startswith("gpu-")]
+    assert len(gpu) > 16, got.routes  # the starting shares send most samples to the GPU decoders
+    cpu_rows = [k for k, r in enumerate(got.routes) if r == "cpu"]
+    assert torch.equal(got.images.cpu()[cpu_rows], ref.images[cpu_rows])  # the CPU core's route: its own bytes
+    diff = (got.images.cpu()[gpu].int() - ref.images[gpu].int()).abs()
+    assert diff.max() <= MAX_DIFF and diff.float().mean() < MEAN_DIFF, (diff.max(), diff.float().mean())
+
+
+@on_gpu
+def test_gpu_the_loader_tunes_its_shares_and_resumes_exactly(tmp_path):
+    make_image_folder(tmp_path, per_class=40)
+    ld = gpupipe.Loader(gpupipe.sources.ImageFolder(tmp_path), batch_size=16, backend="hybrid", device="cuda",
+                        crop=gpupipe.crops.RandomResizedCrop(SIZE), seed=3)
+    seen = [index_of(x[k].cpu()) for x, _ in ld for k in range(x.shape[0])]
+    assert sorted(seen) == list(range(120))
+    st = ld.stats()
+    assert st["routes"]["gpu-cuda"] + st["routes"].get("gpu-hardware", 0) > 0 and st["engines"]
+    ld.set_epoch(1)
+    it = iter(ld)
+    next(it)
+    state = ld.state_dict()
+    rest = [x.cpu() for x, _ in it]
+    again = gpupipe.Loader(gpupipe.sources.ImageFolder(tmp_path), batch_size=16, backend="hybrid", device="cuda",
+                           crop=gpupipe.crops.RandomResizedCrop(SIZE), seed=3)
+    again.load_state_dict(state)
+    assert all(torch.equal(a, b.cpu()) for a, (b, _) in zip(rest, again))

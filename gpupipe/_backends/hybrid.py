@@ -63,8 +63,8 @@ def unavailable_reason(device: Optional[torch.device] = None) -> Optional[str]:
 def gpu_engines(device: torch.device) -> dict:
     """``{kind: engine}`` of the GPU decoders on ``device``: ``"hardware"`` where the GPU has JPEG
     engines (A100, H100, B200), and ``"cuda"``. An engine decodes whole images and crops + resizes
-    them into their slots (``engine.decode(buffers, boxes, out, slots, options) -> {k: reason}`` of
-    the samples it declined)."""
+    them into their slots (``engine.decode(buffers, boxes, out, slots, options, sizes=) -> {k:
+    reason}`` of the samples it declined; ``sizes`` the headers' (height, width))."""
     nv = _nvimgcodec()
     kinds = (["hardware"] if nv.hardware_decoder_available(device) else []) + ["cuda"]
     return {kind: nv.engine(kind, device) for kind in kinds}
@@ -212,15 +212,15 @@ class _EngineRun:
 
 
 def _run_engine(eng: Any, buffers: list, boxes: np.ndarray, out: torch.Tensor, slots: np.ndarray,
-                options: DecodeOptions, stream: Optional["torch.cuda.Stream"]) -> _EngineRun:
+                options: DecodeOptions, sizes: np.ndarray, stream: Optional["torch.cuda.Stream"]) -> _EngineRun:
     """One GPU engine's share, on its own stream when ``out`` is on the GPU."""
     t0 = time.perf_counter()
     if stream is None:  # a host engine (the scheduler's tests): nothing to order
-        return _EngineRun(eng.decode(buffers, boxes, out, slots, options), time.perf_counter() - t0)
+        return _EngineRun(eng.decode(buffers, boxes, out, slots, options, sizes=sizes), time.perf_counter() - t0)
     started, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.cuda.stream(stream):
         started.record(stream)
-        declined = eng.decode(buffers, boxes, out, slots, options)
+        declined = eng.decode(buffers, boxes, out, slots, options, sizes=sizes)
         done.record(stream)
     return _EngineRun(declined, time.perf_counter() - t0, started, done)
 
@@ -254,6 +254,7 @@ def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Deco
             p.cpu_host = torch.empty((len(p.cpu_rows), *out.shape[1:]), dtype=torch.uint8, pin_memory=True)
         p.cpu_pending = cpu.start([buffers[i] for i in p.cpu_rows], boxes[p.cpu_rows], p.cpu_host, options)
     pool = _engine_threads(out.device)
+    sizes = np.stack([infos.column("height"), infos.column("width")], axis=1)  # the headers, read once
     for k, kind in enumerate(ENGINES[1:], 1):
         rows = np.flatnonzero(route == k)
         if not len(rows):
@@ -262,7 +263,7 @@ def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Deco
         if stream is not None:  # the engine's stream starts after what the caller queued on out
             stream.wait_stream(torch.cuda.current_stream(out.device))
         future = pool.submit(_run_engine, engines[kind], [buffers[i] for i in rows], boxes[rows], out, rows,
-                             options, stream)
+                             options, sizes[rows], stream)
         p.gpu.append((kind, rows, future))
     return p
 
