@@ -3,7 +3,7 @@ it. On a CPU-only machine it runs what it can and lists the GPU rows as skipped,
 
     python -m benchmarks.gpu_check [--quick]
 
-Checks: batch decode (dali mixed, nvjpeg, cpu->cuda) for the seed workload (800x533 -> 256 crops)
+Checks: batch decode (hybrid, dali mixed, nvjpeg, cpu->cuda) for the seed workload (800x533 -> 256 crops)
 and RandomResizedCrop 224 on 1920x1280; nvImageCodec's two engines (the hardware JPEG decoder and
 the CUDA decoder, whole images + the ragged crop kernel) against the CPU core at batch 256, timed
 beside the CPU core and backend nvjpeg's torchvision path (max, mean |diff| and the share of
@@ -278,7 +278,7 @@ def main(argv=None) -> list:
         if size:
             dct_t = _time(lambda: gpupipe.decode_crop_jpegs(datas, boxes, size=size, backend="cpu"), repeats, False)
             rows.append((label, "cpu core, dct_scaling (RandomResizedCrop's default)", len(datas) / dct_t, cpu_t / dct_t, ""))
-        for backend, device in (("cpu", "cuda"), ("dali", "cuda"), ("nvjpeg", "cuda"), ("dali", "cpu")):
+        for backend, device in (("cpu", "cuda"), ("hybrid", "cuda"), ("dali", "cuda"), ("nvjpeg", "cuda"), ("dali", "cpu")):
             info = avail[backend]
             name = f"{backend} -> {device}"
             if not info["available"] or device not in info["devices"]:
@@ -288,7 +288,8 @@ def main(argv=None) -> list:
                                                     dct_scaling=False)
             got = run()
             diff = (got.images.cpu().float() - ref.images.float()).abs()
-            status = f"mean |diff| {diff.mean():.3f}, max {int(diff.max())}, fallback {len(got.fallback)}"
+            routes = dict(zip(*np.unique(got.routes, return_counts=True)))
+            status = f"mean |diff| {diff.mean():.3f}, max {int(diff.max())}, fallback {len(got.fallback)}, routes {routes}"
             ok = diff.mean() < (1.5 if size else 1.0)
             checks.append((f"{label}: {name}", ok, status))
             t = _time(run, repeats, device == "cuda")
