@@ -114,7 +114,7 @@ class BatchStatus:
         warnings: ``{index: message}`` for samples decoded with recoverable corruption.
         fallback: ``{index: reason}`` for samples not decoded by the backend's own decoder
             (Pillow, or the CPU core standing in for a GPU decoder).
-        engine_seconds: ``{engine: (images, seconds)}`` of the hybrid backend's GPU decoders.
+        engine_seconds: ``{engine: (decoded, given, seconds)}`` of the hybrid backend's GPU decoders.
     """
 
     kind: np.ndarray
@@ -146,9 +146,9 @@ class BatchStatus:
         self.route[idx] = sub.route
         for mine, theirs in ((self.errors, sub.errors), (self.warnings, sub.warnings), (self.fallback, sub.fallback)):
             mine.update({int(idx[k]): v for k, v in theirs.items()})
-        for engine, (images, seconds) in sub.engine_seconds.items():
-            was = self.engine_seconds.get(engine, (0, 0.0))
-            self.engine_seconds[engine] = (was[0] + images, was[1] + seconds)
+        for engine, measured in sub.engine_seconds.items():
+            was = self.engine_seconds.get(engine)
+            self.engine_seconds[engine] = measured if was is None else tuple(a + b for a, b in zip(was, measured))
 
 
 @dataclasses.dataclass

@@ -106,7 +106,9 @@ class _Stats:
         self.warnings: list = []
         self.fallback: list = []
         self.routes = {r.label: 0 for r in Route if r != Route.NONE}
-        self.engine_seconds: dict = {}  # the hybrid backend's GPU engines: {engine: [images, seconds]}
+        self.engine_seconds: dict = {}  # the hybrid backend's GPU engines: {engine: [decoded, given, seconds]}
+        self.epoch: Optional[int] = None  # the epoch iterated, and (hybrid) its shares
+        self.shares: Optional[hybrid.Shares] = None
         self.started: Optional[float] = None
         self.last: Optional[float] = None
         self.decode_busy0 = _C.decode_busy_seconds()  # the process's, at the epoch's start
@@ -126,10 +128,10 @@ class _Stats:
             for r, count in enumerate(np.bincount(status.route[status.ok], minlength=len(Route))):
                 if count:
                     self.routes[Route(r).label] += int(count)
-            for engine, (images, seconds) in status.engine_seconds.items():
-                was = self.engine_seconds.setdefault(engine, [0, 0.0])
-                was[0] += images
-                was[1] += seconds
+            for engine, measured in status.engine_seconds.items():
+                was = self.engine_seconds.setdefault(engine, [0, 0, 0.0])
+                for k, v in enumerate(measured):
+                    was[k] += v
 
 
 def _report_losses(loader: "Loader", st: _Stats) -> None:
@@ -281,6 +283,9 @@ class Loader:
             ``"hybrid"`` splits every batch between the CPU pool, the GPU's hardware JPEG decoder
             and its CUDA decoder in proportion to their rates, re-tuned after each complete epoch
             (``stats()["shares"]``; kept in ``state_dict()``, so an epoch replays exactly).
+        decode_shares: with ``backend="hybrid"``, fixed shares ``{"cpu": a, "hardware": b, "cuda":
+            c}`` (summing to 1) for every epoch instead of shares re-tuned from measured rates: the
+            same routes, so the same pixels, on every machine with these engines.
         shuffle, seed: sample order per epoch (``set_epoch``), as ``DistributedSampler``; the seed
             also keys the crops and the augmentations.
         drop_last: drop the tail that does not split evenly across ranks and the last partial batch.
@@ -327,7 +332,8 @@ class Loader:
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False, num_threads: Optional[int] = None,
                  prefetch: int = 2, on_error: str = "skip", rank: Optional[int] = None,
                  world_size: Optional[int] = None, progress: bool = False, io_threads: Optional[int] = None,
-                 augment_threads: Optional[int] = None, apply_exif_orientation: bool = False):
+                 augment_threads: Optional[int] = None, apply_exif_orientation: bool = False,
+                 decode_shares: Optional[dict] = None):
         batch_size, seed = as_int("batch_size", batch_size), as_int("seed", seed)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -353,6 +359,9 @@ class Loader:
         self.batch_transform = batch_transform
         self.device = torch.device(device)
         self.backend = backends.resolve(backend, self.device)  # a clear error when it cannot run here
+        if decode_shares is not None and self.backend != "hybrid":
+            raise ValueError(f"decode_shares splits the hybrid backend's batches; this Loader's backend is {self.backend!r}")
+        self.decode_shares = None if decode_shares is None else hybrid.Shares.from_dict(decode_shares)
         self.shuffle = shuffle
         self.seed = int(seed)
         self.drop_last = drop_last
@@ -382,7 +391,7 @@ class Loader:
         self._ring: Optional[_Ring] = None  # host buffers, passed from epoch to epoch
         self._recycled: Optional[_Recycled] = None
         self._engines: Optional[dict] = None  # hybrid: the GPU engines, made at the first epoch
-        self._shares: dict = {}  # hybrid: {epoch: Shares} of the epochs started (the latest two kept)
+        self._shares: dict = {}  # hybrid: {epoch: Shares} of every epoch started
         self._next_shares: Optional[hybrid.Shares] = None  # hybrid: re-tuned after a complete epoch
 
     def __repr__(self) -> str:
@@ -422,23 +431,26 @@ class Loader:
         return self.options.num_threads or _C.default_num_threads()
 
     def _epoch_shares(self) -> "hybrid.Shares":
-        """The shares of the current epoch: those it started with when it runs again (resume, or
-        the same epoch iterated twice), else the latest re-tuned ones, else the starting ones."""
+        """The shares of the current epoch: the fixed ``decode_shares``; else those it started with
+        when it runs again (resume, or an epoch iterated twice), else the latest re-tuned ones, else
+        the starting ones (the same whatever the thread count)."""
+        if self.decode_shares is not None:
+            return self.decode_shares
         shares = self._shares.get(self.epoch)
         if shares is None:
-            shares = self._next_shares or hybrid.Shares.prior(["cpu", *self._gpu_engines()], self._decode_threads())
-            self._shares = {e: v for e, v in self._shares.items() if e > self.epoch - 2}
+            shares = self._next_shares or hybrid.Shares.prior(["cpu", *self._gpu_engines()])
             self._shares[self.epoch] = shares
         return shares
 
     def _retune(self, st: "_Stats") -> None:
-        """After a complete epoch: the next epoch's shares from this one's engine rates."""
+        """After a complete epoch: the next epoch's shares from that epoch's engine rates."""
+        if self.decode_shares is not None:
+            return
         with st.lock:
             measured = {e: tuple(v) for e, v in st.engine_seconds.items()}
             cpu_images = st.routes[Route.CPU.label] + st.routes[Route.CPU_FALLBACK.label]
-        measured["cpu"] = (cpu_images, _C.decode_busy_seconds() - st.decode_busy0)
-        shares = self._shares.get(self.epoch) or self._epoch_shares()
-        self._next_shares = shares.retuned(measured, ["cpu", *self._gpu_engines()], self._decode_threads())
+        measured["cpu"] = (cpu_images, cpu_images, _C.decode_busy_seconds() - st.decode_busy0)
+        self._next_shares = st.shares.retuned(measured, ["cpu", *self._gpu_engines()], self._decode_threads())
 
     # --- sampling ---------------------------------------------------------------------------------
 
@@ -476,9 +488,9 @@ class Loader:
         state = {"version": 1, "epoch": epoch, "batches": done, "seed": self.seed, "shuffle": self.shuffle,
                  "batch_size": self.batch_size, "drop_last": self.drop_last, "rank": self.rank,
                  "world_size": self.world_size, "crop": repr(self.crop), "source": self._source_fingerprint()}
-        if self.backend == "hybrid":  # the routes of the state's epoch, and the next epoch's tuning
-            mine = self._shares.get(epoch)
-            state["decode_shares"] = {"epoch": mine.as_dict() if mine else None,
+        if self.backend == "hybrid" and self.decode_shares is None:
+            # every epoch's shares (its routes, when it runs again), and the next epoch's tuning
+            state["decode_shares"] = {"epochs": {e: v.as_dict() for e, v in sorted(self._shares.items())},
                                       "next": self._next_shares.as_dict() if self._next_shares else None}
         return state
 
@@ -499,11 +511,11 @@ class Loader:
         if not isinstance(state, dict):
             raise ValueError(f"a Loader state is the dict state_dict() returns, got {type(state).__name__}")
         mine = self.state_dict()
-        missing = [k for k in mine if k not in state]
+        missing = [k for k in mine if k not in state and k != "decode_shares"]  # a state of before the hybrid backend
         if missing:
             raise ValueError(f"the Loader state lacks {', '.join(missing)}")
         for k in mine:
-            if not _same_kind(state[k], mine[k]):
+            if k in state and not _same_kind(state[k], mine[k]):
                 raise ValueError(f"the Loader state's {k}={state[k]!r} is not a {type(mine[k]).__name__}")
         if state["version"] != 1:
             raise ValueError(f"unknown Loader state version {state['version']!r}")
@@ -519,13 +531,17 @@ class Loader:
             total = len(self)
             if batches > total:
                 raise ValueError(f"the Loader state's batches={batches} is more than the {total} batches of epoch {epoch}")
-        if self.backend == "hybrid":
-            shares = state["decode_shares"]
-            if set(shares) != {"epoch", "next"}:
-                raise ValueError(f"the Loader state's decode_shares={shares!r} lacks 'epoch' or 'next'")
-            mine, after = (None if shares[k] is None else hybrid.Shares.from_dict(shares[k]) for k in ("epoch", "next"))
-            self._shares = {epoch: mine} if mine is not None else {}
-            self._next_shares = after
+        if "decode_shares" in mine:
+            shares = state.get("decode_shares", {"epochs": {}, "next": None})
+            if set(shares) != {"epochs", "next"} or not isinstance(shares["epochs"], dict):
+                raise ValueError(f"the Loader state's decode_shares={shares!r} is not {{'epochs': {{...}}, 'next': ...}}")
+            history = {}
+            for e, v in shares["epochs"].items():
+                if not _same_kind(e, 0) or e < 0:
+                    raise ValueError(f"the Loader state's decode_shares has an epoch {e!r}")
+                history[int(e)] = hybrid.Shares.from_dict(v)
+            after = None if shares["next"] is None else hybrid.Shares.from_dict(shares["next"])
+            self._shares, self._next_shares = history, after
         self.epoch = epoch
         self._resume = (epoch, batches)
         self._done = (epoch, batches)
@@ -578,10 +594,9 @@ class Loader:
     def _hybrid_stats(self, s: "_Stats") -> dict:
         if self.backend != "hybrid":
             return {}
-        shares = self._shares.get(self.epoch)
-        return {"shares": shares.as_dict() if shares else None,
-                "engines": {e: {"images": n, "seconds": t, "images_per_s": n / t if t > 0 else 0.0}
-                            for e, (n, t) in s.engine_seconds.items()}}
+        return {"shares": s.shares.as_dict() if s.shares else None,
+                "engines": {e: {"images": n, "given": g, "seconds": t, "images_per_s": n / t if t > 0 else 0.0}
+                            for e, (n, g, t) in s.engine_seconds.items()}}
 
 
 def _same_kind(value, reference) -> bool:
@@ -614,7 +629,15 @@ class _Epoch:
             self.ring = loader._host_ring(loader.prefetch + 3, (loader.batch_size, h, w, 3), pin=loader.device.type == "cuda")
         self.recycled = loader._host_batches((loader.batch_size, h, w, 3)) \
             if self.ring is None and loader.device.type == "cpu" else None
-        self.shares = loader._epoch_shares() if loader.backend == "hybrid" else None
+        self.epoch_number = loader.epoch  # a set_epoch() during the iteration changes nothing of it
+        self.shares = self.workers = self.decode_stream = None
+        if loader.backend == "hybrid":
+            self.shares = loader._epoch_shares()
+            loader._stats.epoch, loader._stats.shares = self.epoch_number, self.shares
+            engines = loader._gpu_engines()
+            self.workers = hybrid.Workers(list(engines), loader.device)
+            if loader.device.type == "cuda":  # the engines wait for this stream only, not the training step
+                self.decode_stream = torch.cuda.Stream(loader.device)
         self.augment_keyed = _keyed(loader.augment)
         self.transform_keyed = _keyed(loader.batch_transform)
         self.stream = torch.cuda.Stream(loader.device) if loader.device.type == "cuda" else None
@@ -626,6 +649,8 @@ class _Epoch:
 
     def close(self) -> None:
         self.engine.close()
+        if self.workers is not None:
+            self.workers.close()
         if self.ring is not None and not self.engine.alive:  # nothing of this epoch writes a slot any more
             self.ring.retired = True
         if self.reader is not None:
@@ -637,7 +662,8 @@ class _Epoch:
         l = self.l
         start = self.first_batch * l.batch_size
         if isinstance(l.source, MapSource):  # arrays: no Python per sample
-            order = l.indices()[start:]
+            order = distributed_indices(len(l.source), epoch=self.epoch_number, seed=l.seed, shuffle=l.shuffle,
+                                        rank=l.rank, world_size=l.world_size, drop_last=l.drop_last)[start:]
             labels = l.source.labels
             for number, first in enumerate(range(0, len(order), l.batch_size), self.first_batch):
                 chunk = order[first:first + l.batch_size]
@@ -645,7 +671,7 @@ class _Epoch:
                     return
                 yield Batch(number, chunk, labels[chunk], source=l.source)
             return
-        samples = l.source.epoch_samples(epoch=l.epoch, seed=l.seed, shuffle=l.shuffle, rank=l.rank,
+        samples = l.source.epoch_samples(epoch=self.epoch_number, seed=l.seed, shuffle=l.shuffle, rank=l.rank,
                                          world_size=l.world_size, drop_last=l.drop_last, start=start)
         for number in itertools.count(self.first_batch):
             chunk = list(itertools.islice(samples, l.batch_size))
@@ -674,14 +700,20 @@ class _Epoch:
 
     def plan(self, batch: Batch) -> Batch:
         l = self.l
-        batch.datas, batch.infos, batch.boxes = plan_batch(batch.datas, l.crop, l.options, seed=l.seed, epoch=l.epoch,
+        batch.datas, batch.infos, batch.boxes = plan_batch(batch.datas, l.crop, l.options, seed=l.seed, epoch=self.epoch_number,
                                                            indices=batch.indices, read_errors=batch.read_errors)
         if self.augment_keyed:
-            batch.augment_params = l.augment.sample_params(len(batch), seed=l.seed, epoch=l.epoch,
+            batch.augment_params = l.augment.sample_params(len(batch), seed=l.seed, epoch=self.epoch_number,
                                                            indices=torch.from_numpy(batch.indices))
         return batch
 
     def decode(self, batch: Batch) -> Batch:
+        if self.decode_stream is None:
+            return self._decode(batch)
+        with torch.cuda.stream(self.decode_stream):  # out's allocation and every wait on this stream
+            return self._decode(batch)
+
+    def _decode(self, batch: Batch) -> Batch:
         l = self.l
         n = len(batch)
         if self.ring is not None:
@@ -699,7 +731,8 @@ class _Epoch:
             elif l.backend == "hybrid" and straight(batch.infos, l.options):
                 # the CPU share started on the pool, the GPU shares queued on their engines
                 started = hybrid.start(batch.datas, batch.boxes, batch.images, l.options, batch.infos,
-                                       keys=self.route_keys(batch), shares=self.shares, engines=l._gpu_engines())
+                                       keys=self.route_keys(batch), shares=self.shares, engines=l._gpu_engines(),
+                                       workers=self.workers)
                 batch.pending = lambda: hybrid.wait(started)
             else:
                 keyed_routes = {"keys": self.route_keys(batch), "shares": self.shares} if l.backend == "hybrid" else {}
@@ -710,14 +743,20 @@ class _Epoch:
             raise
         if batch.images.is_cuda and batch.pending is None:  # the consumer's stream waits for this thread's work
             batch.ready = torch.cuda.Event()
-            batch.ready.record()
+            batch.ready.record(torch.cuda.current_stream(batch.images.device))
         return batch
 
     def route_keys(self, batch: Batch) -> "hybrid.RouteKeys":
-        return hybrid.RouteKeys(self.l.seed, self.l.epoch, batch.indices)
+        return hybrid.RouteKeys(self.l.seed, self.epoch_number, batch.indices)
 
     def collect(self, batch: Batch) -> Batch:
         """The batch's decode, waited for (when it was started), and the error policy applied."""
+        if self.decode_stream is None:
+            return self._collect(batch)
+        with torch.cuda.stream(self.decode_stream):
+            return self._collect(batch)
+
+    def _collect(self, batch: Batch) -> Batch:
         l = self.l
         try:
             if batch.pending is not None:
@@ -725,7 +764,7 @@ class _Epoch:
                 batch.pending = None
                 if batch.images.is_cuda:  # the hybrid decode's last work was queued by this thread
                     batch.ready = torch.cuda.Event()
-                    batch.ready.record()
+                    batch.ready.record(torch.cuda.current_stream(batch.images.device))
             batch.failures = apply_policy(batch.status, l.on_error, batch.keys)
         except BaseException:
             self.release(batch)
@@ -758,7 +797,8 @@ class _Epoch:
         self.release(batch)
         if l.batch_transform is not None:
             if self.transform_keyed:
-                p = l.batch_transform.sample_params(images.shape[0], seed=l.seed, epoch=l.epoch, indices=indices)
+                p = l.batch_transform.sample_params(images.shape[0], seed=l.seed, epoch=self.epoch_number,
+                                                    indices=indices)
                 images, labels = l.batch_transform(images, labels, params=p)
             else:
                 images, labels = l.batch_transform(images, labels)
@@ -856,7 +896,7 @@ class _LoaderIterator:
             item = next(self.epoch.engine)
             done = item if isinstance(item, _Finished) else self.epoch.finish(item)
         except StopIteration:
-            self.l._done = (self.l.epoch, 0)  # the epoch is complete: a restored run starts it over
+            self.l._done = (self.epoch.epoch_number, 0)  # the epoch is complete: a restored run starts it over
             self.close()
             if self.l.backend == "hybrid":
                 self.l._retune(st)
@@ -866,7 +906,7 @@ class _LoaderIterator:
             self.close()
             raise
         self.done += 1
-        self.l._done = (self.l.epoch, self.done)
+        self.l._done = (self.epoch.epoch_number, self.done)
         st.record(done.batch, done.images.shape[0], self.l.on_error)  # counted when delivered
         if self._bar is not None:
             self._bar.update(1)

@@ -79,19 +79,24 @@ def test_shares_follow_the_rates_and_keep_every_engine_measured():
     assert s.cpu == pytest.approx(0.02) and sum(s.as_dict().values()) == pytest.approx(1)
     s = hybrid.Shares.from_rates({"cpu": 1000, "hardware": 5000, "cuda": 1000}, ["cpu", "cuda"])
     assert s.hardware == 0 and s.cpu == pytest.approx(0.5)  # an engine that is not there gets nothing
-    prior = hybrid.Shares.prior(["cpu", "cuda"], cpu_threads=16)
+    prior = hybrid.Shares.prior(["cpu", "cuda"])
     assert prior.hardware == 0 and prior.cpu == pytest.approx(7200 / 11200)
 
 
 def test_retuned_shares_make_the_engines_finish_together():
     s = hybrid.Shares(cpu=1 / 3, hardware=1 / 3, cuda=1 / 3)
     # cpu: 300 images in 8 thread-seconds on 4 threads (150/s); hardware 300 in 0.5 s; cuda 300 in 1 s
-    t = s.retuned({"cpu": (300, 8.0), "hardware": (300, 0.5), "cuda": (300, 1.0)}, ["cpu", "hardware", "cuda"], 4)
+    t = s.retuned({"cpu": (300, 300, 8.0), "hardware": (300, 300, 0.5), "cuda": (300, 300, 1.0)},
+                  ["cpu", "hardware", "cuda"], 4)
     assert t.as_dict() == pytest.approx({"cpu": 150 / 1050, "hardware": 600 / 1050, "cuda": 300 / 1050})
     # an engine that decoded nothing keeps its share; the measured ones split the rest by their rates
-    u = s.retuned({"cpu": (300, 8.0), "cuda": (300, 1.0)}, ["cpu", "hardware", "cuda"], 4)
+    u = s.retuned({"cpu": (300, 300, 8.0), "cuda": (300, 300, 1.0)}, ["cpu", "hardware", "cuda"], 4)
     assert u.hardware == pytest.approx(1 / 3) and u.cpu / u.cuda == pytest.approx(0.5)
     assert s.retuned({}, ["cpu", "hardware", "cuda"], 4) == s  # nothing measured: unchanged
+    # an engine that declines most of what it is given decodes few images per second: less work
+    v = s.retuned({"cpu": (300, 300, 8.0), "hardware": (30, 300, 0.5), "cuda": (300, 300, 1.0)},
+                  ["cpu", "hardware", "cuda"], 4)
+    assert v.hardware == pytest.approx(60 / 510)
 
 
 @pytest.mark.parametrize("bad", [None, {"cpu": 1}, {"cpu": 0.5, "hardware": 0.5, "cuda": 0.5},
@@ -135,7 +140,7 @@ def test_a_batch_is_split_between_the_engines_with_the_cpu_cores_pixels():
     assert {e for e in expected} == {0, 1, 2}
     for k, kind in ((1, "hardware"), (2, "cuda")):
         assert np.array_equal(np.concatenate(eng[kind].calls), np.flatnonzero(expected == k))
-        assert status.engine_seconds[kind][0] == (expected == k).sum()
+        assert status.engine_seconds[kind][:2] == ((expected == k).sum(),) * 2
     assert not (eng["hardware"].threads & {threading.get_ident()})  # the engines run on their own threads
 
 
@@ -165,10 +170,27 @@ def test_declined_and_ineligible_samples_go_to_the_cpu_core_and_are_reported():
                   cuda={"decline": lambda b: bytes(b) == declined_data})
     out = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
     status = hybrid.decode(datas, boxes, out, options(), infos, shares=hybrid.Shares(0.0, 0.5, 0.5), engines=eng)
-    assert status.route[-2] == Route.CPU and status.route[-1] == Route.CPU  # not eligible: the CPU core
+    assert status.route[-2] == Route.CPU_FALLBACK and status.route[-1] == Route.CPU_FALLBACK  # not eligible
+    assert "not decodable by the GPU decoders" in status.fallback[10]
     assert status.route[3] == Route.CPU_FALLBACK and "declined by the GPU's" in status.fallback[3]
     assert set(status.route[:-2].tolist()) - {Route.CPU_FALLBACK} <= {Route.GPU_HARDWARE, Route.GPU_CUDA}
     assert status.ok.all() and list(status.warnings) == [11]  # the CPU core's word for the missing end
+    gpu = torch.from_numpy(np.isin(status.route, [Route.GPU_HARDWARE, Route.GPU_CUDA]))
+    for rows, dct in ((gpu, False), (~gpu, True)):  # every sample's pixels are its route's
+        ref = torch.empty_like(out)
+        cpu.decode(datas, boxes, ref, options(dct_scaling=dct), infos)
+        assert torch.equal(out[rows], ref[rows])
+
+
+def test_what_the_hardware_decoder_declines_goes_to_the_cuda_decoder():
+    datas, infos, boxes = batch(16)  # every other file progressive: the hardware decoder declines those
+    eng = engines(hardware={"decline": lambda b: read_infos([b]).column("progressive")[0] == 1})
+    out = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
+    status = hybrid.decode(datas, boxes, out, options(), infos, shares=hybrid.Shares(0.0, 1.0, 0.0), engines=eng)
+    progressive = infos.column("progressive") == 1
+    assert (status.route[progressive] == Route.GPU_CUDA).all() and (status.route[~progressive] == Route.GPU_HARDWARE).all()
+    assert status.engine_seconds["hardware"][:2] == (8, 16) and status.engine_seconds["cuda"][:2] == (8, 8)
+    assert not status.fallback and status.ok.all()
 
 
 def test_a_failing_engine_fails_the_batch_with_a_clear_error_and_the_next_batch_decodes():
@@ -187,6 +209,16 @@ def test_a_missing_engine_gives_its_share_to_the_cpu_core():
     only_cuda = {"cuda": HostEngine("cuda")}
     status = hybrid.decode(datas, boxes, out, options(), infos, shares=hybrid.Shares(0.2, 0.6, 0.2), engines=only_cuda)
     assert Route.GPU_HARDWARE not in status.route.tolist() and status.ok.all()
+
+
+def test_no_engine_thread_outlives_its_call():
+    datas, infos, boxes = batch(8)
+    out = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
+    hybrid.decode(datas, boxes, out, options(), infos, shares=hybrid.Shares(0.2, 0.4, 0.4), engines=engines())
+    deadline = time.time() + 5
+    while any("decoder" in t.name and t.name.startswith("gpupipe-") for t in threading.enumerate()):
+        assert time.time() < deadline, [t.name for t in threading.enumerate()]
+        time.sleep(0.01)
 
 
 def test_the_empty_batch():
@@ -247,7 +279,7 @@ def test_the_loader_splits_batches_reports_routes_and_retunes_between_epochs(tmp
     st = ld.stats()
     second = st["shares"]
     assert second != first and second["cuda"] < first["cuda"]
-    assert ld.state_dict()["decode_shares"]["epoch"] == second
+    assert ld.state_dict()["decode_shares"]["epochs"] == {0: first, 1: second}
     # every sample went where (seed, epoch, index) and the epoch's shares sent it
     expected = hybrid.assign(3, 1, ld.indices(), hybrid.Shares.from_dict(second), np.ones(36, bool))
     assert np.bincount(expected, minlength=3).tolist() == [st["routes"][r] for r in ("cpu", "gpu-hardware", "gpu-cuda")]
@@ -268,8 +300,31 @@ def test_the_loader_resumes_mid_epoch_with_the_same_routes_and_pixels(tmp_path, 
     again.load_state_dict(state)
     resumed = [x.clone() for x, _ in again]
     assert len(resumed) == len(rest) and all(torch.equal(a, b) for a, b in zip(rest, resumed))
-    assert again.stats()["shares"] == state["decode_shares"]["epoch"]
+    assert again.stats()["shares"] == state["decode_shares"]["epochs"][1]
     assert sum(again.stats()["routes"].values()) == sum(routes.values()) - 16
+
+
+def test_fixed_decode_shares_and_a_set_epoch_during_the_iteration(tmp_path, host_engines):
+    make_image_folder(tmp_path, per_class=12)
+    fixed = {"cpu": 0.25, "hardware": 0.5, "cuda": 0.25}
+    ld = loader(tmp_path, decode_shares=fixed)
+    it = iter(ld)
+    first = next(it)[0].clone()
+    ld.set_epoch(5)  # the epoch being iterated keeps its order, crops and routes
+    rest = [x.clone() for x, _ in it]
+    st = ld.stats()
+    assert st["shares"] == fixed and "decode_shares" not in ld.state_dict()
+    expected = hybrid.assign(3, 0, gpupipe.sources.distributed_indices(
+        36, epoch=0, seed=3, shuffle=True, rank=0, world_size=1, drop_last=False), hybrid.Shares(**fixed), np.ones(36, bool))
+    assert np.bincount(expected, minlength=3).tolist() == [st["routes"][r] for r in ("cpu", "gpu-hardware", "gpu-cuda")]
+    ld.set_epoch(0)
+    again = [x for x, _ in ld]
+    assert torch.equal(again[0], first) and all(torch.equal(a, b) for a, b in zip(again[1:], rest))
+    with pytest.raises(ValueError, match="decode_shares splits the hybrid backend"):
+        gpupipe.Loader(gpupipe.sources.ImageFolder(tmp_path), batch_size=8, crop=gpupipe.crops.RandomResizedCrop(SIZE),
+                       decode_shares=fixed)
+    with pytest.raises(ValueError, match="must sum to 1"):
+        loader(tmp_path, decode_shares={"cpu": 0.5, "hardware": 0.0, "cuda": 0.0})
 
 
 def test_a_damaged_decode_shares_state_is_refused(tmp_path, host_engines):
@@ -277,9 +332,19 @@ def test_a_damaged_decode_shares_state_is_refused(tmp_path, host_engines):
     ld = loader(tmp_path)
     list(ld)
     state = ld.state_dict()
-    state["decode_shares"] = {"epoch": {"cpu": 2.0, "hardware": 0, "cuda": 0}, "next": None}
-    with pytest.raises(ValueError, match="decode share 'cpu'"):
-        loader(tmp_path).load_state_dict(state)
+    for bad, match in (({"epochs": {0: {"cpu": 2.0, "hardware": 0, "cuda": 0}}, "next": None}, "decode share 'cpu'"),
+                       ({"epochs": {-1: state["decode_shares"]["epochs"][0]}, "next": None}, "an epoch -1"),
+                       ({"epoch": {}, "next": None}, "is not {'epochs'"),
+                       ({"epochs": {}, "next": {"cpu": 0.5}}, "decode shares are a dict")):
+        state["decode_shares"] = bad
+        fresh = loader(tmp_path)
+        with pytest.raises(ValueError, match=match):
+            fresh.load_state_dict(state)
+        assert fresh._shares == {}  # nothing of a damaged state is taken
+    del state["decode_shares"]  # a state saved before the hybrid backend: resumes, shares start afresh
+    fresh = loader(tmp_path)
+    fresh.load_state_dict(state)
+    assert len(list(fresh)) == 2
 
 
 def test_the_hybrid_backend_needs_a_cuda_device():

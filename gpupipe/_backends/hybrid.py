@@ -15,9 +15,8 @@ the Loader sums them over an epoch, with the CPU pool's busy thread-seconds, and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import os
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Sequence
@@ -35,10 +34,11 @@ ENGINES = ("cpu", "hardware", "cuda")  #: the engines a batch is split between, 
 ROUTES = {"cpu": Route.CPU, "hardware": Route.GPU_HARDWARE, "cuda": Route.GPU_CUDA}
 ROUTE_STREAM = keyed.stream_of("gpupipe.hybrid.route")  #: the routes' own keyed stream (crops are 0)
 
-# Starting rates (images/s at RandomResizedCrop 224 of 800x533 photos, an H100 node): the CPU core
-# per decode thread, nvImageCodec's hardware and CUDA decoders (issue 29's measurements). They only
-# set the first epoch's shares; the Loader re-tunes them between epochs from what it measured.
-PRIOR_RATES = {"cpu_per_thread": 450.0, "hardware": 7000.0, "cuda": 4000.0}
+# Starting rates (images/s at RandomResizedCrop 224 of 800x533 photos on a 16-core H100 node: the
+# CPU core's 16 threads, nvImageCodec's hardware and CUDA decoders; issue 29's measurements). They
+# only set the first epoch's shares (and decode_crop_jpegs's), the same whatever the thread count,
+# so that no pixel depends on it; the Loader re-tunes them between epochs from what it measured.
+PRIOR_RATES = {"cpu": 7200.0, "hardware": 7000.0, "cuda": 4000.0}
 _MIN_SHARE = 0.02  # an engine that exists keeps a little work, so its rate stays measured
 
 
@@ -55,8 +55,12 @@ def unavailable_reason(device: Optional[torch.device] = None) -> Optional[str]:
         return "the hybrid backend needs a CUDA device (torch.cuda.is_available() is False)"
     try:
         reason = _nvimgcodec().unavailable_reason(device)
+        if reason is None:  # the decoders start (checked once per process and device, then cached)
+            gpu_engines(device if device is not None else torch.device("cuda"))
     except ImportError as e:
         reason = f"gpupipe's nvImageCodec engine is not importable ({e})"
+    except RuntimeError as e:
+        reason = str(e)
     return None if reason is None else f"the hybrid backend needs nvImageCodec's GPU decoders: {reason}"
 
 
@@ -98,11 +102,9 @@ class Shares:
         return cls(**shares)
 
     @classmethod
-    def prior(cls, available: Sequence[str], cpu_threads: int) -> "Shares":
-        """The first epoch's shares: from PRIOR_RATES and this rank's decode threads."""
-        rates = {"cpu": PRIOR_RATES["cpu_per_thread"] * cpu_threads, "hardware": PRIOR_RATES["hardware"],
-                 "cuda": PRIOR_RATES["cuda"]}
-        return cls.from_rates(rates, available)
+    def prior(cls, available: Sequence[str]) -> "Shares":
+        """The first epoch's shares: from PRIOR_RATES, for the engines there are."""
+        return cls.from_rates(PRIOR_RATES, available)
 
     @classmethod
     def from_dict(cls, d: Any) -> "Shares":
@@ -123,15 +125,16 @@ class Shares:
         return {e: getattr(self, e) for e in ENGINES}
 
     def retuned(self, measured: dict, available: Sequence[str], cpu_threads: int) -> "Shares":
-        """The next epoch's shares from an epoch's measurements ``{engine: (images, seconds)}``
-        (the CPU's seconds are its pool's busy thread-seconds, divided here by ``cpu_threads``).
-        An engine that decoded nothing keeps the rate its share implied."""
+        """The next epoch's shares from an epoch's measurements ``{engine: (decoded, given,
+        seconds)}`` (the CPU's seconds are its pool's busy thread-seconds, divided here by
+        ``cpu_threads``). A rate is what an engine decoded per second of its work, so an engine
+        that declines much is given less; one given fewer than 8 samples keeps its share."""
         rates = {}
         for e in available:
-            images, seconds = measured.get(e, (0, 0.0))
+            decoded, given, seconds = measured.get(e, (0, 0, 0.0))
             if e == "cpu":
                 seconds = seconds / max(cpu_threads, 1)
-            rates[e] = images / seconds if images >= 8 and seconds > 0 else None
+            rates[e] = decoded / seconds if given >= 8 and seconds > 0 else None
         known = {e: r for e, r in rates.items() if r is not None}
         if not known:
             return self
@@ -166,146 +169,192 @@ class RouteKeys:
         return RouteKeys(self.seed, self.epoch, np.asarray(self.indices)[rows])
 
 
-class Pending:
-    """A started hybrid decode: the CPU share on the pool, the GPU shares queued."""
+class Workers:
+    """A thread and a CUDA stream per GPU engine, so that the engines decode at the same time and
+    their host-side waits overlap. Owned by whoever starts batches (a Loader's epoch; one
+    :func:`decode` call), and closed by it: no thread outlives its owner."""
 
-    def __init__(self, n: int, out: torch.Tensor, options: DecodeOptions):
-        self.n, self.out, self.options = n, out, options
+    def __init__(self, kinds: Sequence[str], device: torch.device):
+        self.device = device
+        self.threads = {k: ThreadPoolExecutor(1, thread_name_prefix=f"gpupipe-{k}-decoder") for k in kinds}
+        self.streams = {k: torch.cuda.Stream(device) for k in kinds} if device.type == "cuda" else {}
+
+    def close(self) -> None:
+        """Stops the threads once their running batch is queued; batches not started are dropped."""
+        for t in self.threads.values():
+            t.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclasses.dataclass
+class _EngineRun:
+    declined: dict  #: {k: reason} of the share's samples (positions in the share) no GPU engine decoded
+    routes: np.ndarray  #: the engine that decoded each of the share's samples (ENGINES index)
+    seconds: dict  #: {engine: seconds of its work on this share}
+    attempted: dict  #: {engine: samples it was given}
+    done: Any = None  #: a CUDA event after the share's last work on its stream
+
+
+def _run_engine(chain: list, buffers: list, boxes: np.ndarray, out: torch.Tensor, slots: np.ndarray,
+                options: DecodeOptions, sizes: np.ndarray, stream: Optional["torch.cuda.Stream"]) -> _EngineRun:
+    """One GPU share on its engine's thread: ``chain`` is [(kind, engine)], the share's engine
+    first, then the CUDA decoder for what the hardware decoder declines (progressive files). On a
+    CUDA ``out`` the work goes on the share's stream, timed by CUDA events around it (the
+    engine's own pace); on a host ``out`` (the scheduler's tests) by the host's clock."""
+    n = len(buffers)
+    run = _EngineRun({}, np.zeros(n, np.int64), {}, {})
+    pending = np.arange(n)
+    try:
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            for kind, eng in chain:
+                rows = pending
+                run.attempted[kind] = len(rows)
+                t0 = time.perf_counter()
+                started = _record(stream)
+                declined = eng.decode([buffers[k] for k in rows], boxes[rows], out, slots[rows], options,
+                                      sizes=sizes[rows])
+                done = _record(stream)
+                run.seconds[kind] = (started, done) if started is not None else time.perf_counter() - t0
+                taken = np.ones(len(rows), bool)
+                taken[[int(k) for k in declined]] = False
+                run.routes[rows[taken]] = ENGINES.index(kind)
+                run.declined = {int(rows[int(k)]): f"{kind} decoder: {why}" for k, why in declined.items()}
+                pending = rows[~taken]
+                if not len(pending):
+                    break
+    except BaseException as e:  # what was queued before the error may still write out: wait() orders after it
+        e.gpupipe_engine_done = _record(stream)
+        raise
+    run.done = _record(stream)
+    return run
+
+
+def _record(stream: Optional["torch.cuda.Stream"]):
+    if stream is None:
+        return None
+    event = torch.cuda.Event(enable_timing=True)
+    event.record(stream)
+    return event
+
+
+class Pending:
+    """A started hybrid decode: the CPU share on the pool, the GPU shares queued on their threads."""
+
+    def __init__(self, n: int, out: torch.Tensor, options: DecodeOptions, workers: Workers, own_workers: bool):
+        self.out, self.options, self.workers, self.own_workers = out, options, workers, own_workers
         self.status = BatchStatus.empty(n)
         self.cpu_rows = np.zeros(0, np.int64)
         self.cpu_host: Optional[torch.Tensor] = None
         self.cpu_pending: Any = None
-        self.declined: dict = {}  # {row: reason} for the CPU core, after the started share
+        self.ineligible: dict = {}  # {row: reason}: in the CPU share because no GPU decoder may take it
         self.gpu: list = []  # (kind, rows, future)
         self.buffers: Sequence = ()
         self.boxes: Optional[np.ndarray] = None
         self.infos: Optional[HeaderInfos] = None
 
 
-_lock = threading.Lock()
-_threads: dict = {}  # (pid, device) -> a thread per GPU engine, so that their host-side waits overlap
-_streams: dict = {}  # (pid, kind, device) -> the engine's CUDA stream
-
-
-def _engine_threads(device: torch.device) -> ThreadPoolExecutor:
-    with _lock:
-        key = (os.getpid(), str(device))  # a forked child makes its own threads
-        if key not in _threads:
-            _threads[key] = ThreadPoolExecutor(len(ENGINES) - 1, thread_name_prefix="gpupipe-gpu-engine")
-        return _threads[key]
-
-
-def _engine_stream(kind: str, device: torch.device) -> "torch.cuda.Stream":
-    with _lock:
-        key = (os.getpid(), kind, str(device))
-        if key not in _streams:
-            _streams[key] = torch.cuda.Stream(device)
-        return _streams[key]
-
-
-@dataclasses.dataclass
-class _EngineRun:
-    declined: dict  #: {k: reason} of the share's samples the engine handed back
-    host_s: float  #: the call's wall time
-    started: Any = None  #: CUDA events around its work on its stream (None for a host engine)
-    done: Any = None
-
-
-def _run_engine(eng: Any, buffers: list, boxes: np.ndarray, out: torch.Tensor, slots: np.ndarray,
-                options: DecodeOptions, sizes: np.ndarray, stream: Optional["torch.cuda.Stream"]) -> _EngineRun:
-    """One GPU engine's share, on its own stream when ``out`` is on the GPU."""
-    t0 = time.perf_counter()
-    if stream is None:  # a host engine (the scheduler's tests): nothing to order
-        return _EngineRun(eng.decode(buffers, boxes, out, slots, options, sizes=sizes), time.perf_counter() - t0)
-    started, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with torch.cuda.stream(stream):
-        started.record(stream)
-        declined = eng.decode(buffers, boxes, out, slots, options, sizes=sizes)
-        done.record(stream)
-    return _EngineRun(declined, time.perf_counter() - t0, started, done)
+INELIGIBLE = ("not decodable by the GPU decoders with gpupipe's semantics (header, color space, a limit, the box, "
+              "no EOI marker at the end, a window resize or strict)")
 
 
 def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions, infos: HeaderInfos, *,
-          keys: Optional[RouteKeys] = None, shares: Optional[Shares] = None,
-          engines: Optional[dict] = None) -> Pending:
+          keys: Optional[RouteKeys] = None, shares: Optional[Shares] = None, engines: Optional[dict] = None,
+          workers: Optional[Workers] = None) -> Pending:
     """Starts a hybrid decode of every box into its slot of ``out``: returns once the CPU share is
-    on the pool and the GPU shares are queued on their engines' threads; :func:`wait` collects."""
+    on the pool and the GPU shares are queued on their engines' threads; :func:`wait` collects.
+    The GPU engines' streams start after the work queued so far on the current stream (``out``'s
+    allocation or writes); ``workers`` (made for the call and closed by :func:`wait` when None)."""
     n = len(buffers)
     engines = gpu_engines(out.device) if engines is None else engines
-    available = ["cpu", *engines]
-    if shares is None:
-        shares = Shares.prior(available, options.num_threads or _C.default_num_threads())
-    if keys is None:
-        keys = RouteKeys(0, 0, np.arange(n, dtype=np.int64))
+    shares = shares or Shares.prior(["cpu", *engines])
+    keys = keys or RouteKeys(0, 0, np.arange(n, dtype=np.int64))
     boxes = np.ascontiguousarray(boxes)
     eligible = gpu_fallback.gpu_eligible(infos, boxes, options)
-    # An engine that is not there takes nothing: its share falls to the CPU core.
     route = assign(keys.seed, keys.epoch, keys.indices, shares, eligible)
-    for k, kind in enumerate(ENGINES[1:], 1):
+    for k, kind in enumerate(ENGINES[1:], 1):  # an engine that is not there: its share to the CPU core
         if kind not in engines:
             route[route == k] = 0
-    p = Pending(n, out, options)
+    own = workers is None
+    workers = workers or Workers([k for k in ENGINES[1:] if k in engines and (route == ENGINES.index(k)).any()],
+                                 out.device)
+    p = Pending(n, out, options, workers, own)
     p.buffers, p.boxes, p.infos = buffers, boxes, infos
+    p.ineligible = {int(i): INELIGIBLE for i in np.flatnonzero(~eligible)}
     p.cpu_rows = np.flatnonzero(route == 0)
     if len(p.cpu_rows):
-        if out.device.type == "cpu":
-            p.cpu_host = torch.empty((len(p.cpu_rows), *out.shape[1:]), dtype=torch.uint8)
-        else:
-            p.cpu_host = torch.empty((len(p.cpu_rows), *out.shape[1:]), dtype=torch.uint8, pin_memory=True)
+        p.cpu_host = torch.empty((len(p.cpu_rows), *out.shape[1:]), dtype=torch.uint8, pin_memory=out.is_cuda)
         p.cpu_pending = cpu.start([buffers[i] for i in p.cpu_rows], boxes[p.cpu_rows], p.cpu_host, options)
-    pool = _engine_threads(out.device)
     sizes = np.stack([infos.column("height"), infos.column("width")], axis=1)  # the headers, read once
     for k, kind in enumerate(ENGINES[1:], 1):
         rows = np.flatnonzero(route == k)
         if not len(rows):
             continue
-        stream = _engine_stream(kind, out.device) if out.is_cuda else None
-        if stream is not None:  # the engine's stream starts after what the caller queued on out
+        stream = workers.streams.get(kind)
+        if stream is not None:
             stream.wait_stream(torch.cuda.current_stream(out.device))
-        future = pool.submit(_run_engine, engines[kind], [buffers[i] for i in rows], boxes[rows], out, rows,
-                             options, sizes[rows], stream)
+            out.record_stream(stream)  # written there: the allocator keeps it until that work is done
+        chain = [(kind, engines[kind])] + ([("cuda", engines["cuda"])] if kind == "hardware" and "cuda" in engines else [])
+        future = workers.threads[kind].submit(_run_engine, chain, [buffers[i] for i in rows], boxes[rows], out, rows,
+                                              options, sizes[rows], stream)
         p.gpu.append((kind, rows, future))
     return p
 
 
 def wait(p: Pending) -> BatchStatus:
     """The started decode's outcome: every slot of ``out`` written (or its sample failed), ordered
-    before later work on the caller's current stream; ``engine_seconds`` gives each engine's
-    (images, seconds) for this batch."""
+    before later work on the caller's current stream; ``engine_seconds`` gives each GPU engine's
+    (samples decoded, samples given, seconds) for this batch."""
+    try:
+        return _collect(p)
+    finally:
+        if p.own_workers:
+            p.workers.close()
+
+
+def _collect(p: Pending) -> BatchStatus:
     status, out = p.status, p.out
-    status.engine_seconds = {}
     failure: Optional[BaseException] = None
+    declined: dict = {}
     for kind, rows, future in p.gpu:
         try:
             run = future.result()
         except BaseException as e:  # a device error: the batch fails once every engine has stopped
             failure = failure or RuntimeError(f"the hybrid backend's {kind} decoder failed the batch "
                                               f"({type(e).__name__}: {' '.join(str(e).split())[:300]})")
+            queued = getattr(e, "gpupipe_engine_done", None)
+            if queued is not None:  # what it queued before failing still writes out: later work waits
+                torch.cuda.current_stream(out.device).wait_event(queued)
             continue
-        seconds = run.host_s
-        if run.done is not None:  # the engine's stream: the caller's later work on out waits for it
+        if run.done is not None:  # the caller's later work on out waits for the engine's stream
             torch.cuda.current_stream(out.device).wait_event(run.done)
-            run.done.synchronize()  # this thread only (the collect stage): the seconds of its GPU work
-            seconds = max(run.host_s, run.started.elapsed_time(run.done) / 1e3)
-        declined = {int(k): str(v) for k, v in run.declined.items()}
-        ok_rows = np.delete(rows, sorted(declined)) if declined else rows
-        status.route[ok_rows] = ROUTES[kind]
-        status.engine_seconds[kind] = (len(ok_rows), seconds)
-        for k, reason in declined.items():
-            p.declined[int(rows[k])] = f"declined by the GPU's {kind} decoder ({reason}); decoded by the CPU core"
+            run.done.synchronize()  # this thread only (the Loader's collect stage): the seconds are known
+        for engine, seconds in run.seconds.items():
+            if not isinstance(seconds, float):
+                seconds = seconds[0].elapsed_time(seconds[1]) / 1e3
+            decoded = int((run.routes == ENGINES.index(engine)).sum())
+            was = status.engine_seconds.get(engine, (0, 0, 0.0))
+            status.engine_seconds[engine] = (was[0] + decoded, was[1] + run.attempted[engine], was[2] + seconds)
+        for k in range(len(rows)):  # run's positions are the share's: rows[k] is the batch's sample
+            if k not in run.declined:
+                status.route[rows[k]] = ROUTES[ENGINES[run.routes[k]]]
+        declined.update({int(rows[k]): f"declined by the GPU's {why}; decoded by the CPU core"
+                         for k, why in run.declined.items()})
     if p.cpu_pending is not None:
         sub = cpu.wait(p.cpu_pending, len(p.cpu_rows))
         p.cpu_pending = None
         status.merge(sub, p.cpu_rows)
         _scatter(out, p.cpu_rows, p.cpu_host)
+        for i, reason in p.ineligible.items():  # the CPU core as a stand-in, not by its share: say why
+            if status.kind[i] == 0:
+                status.route[i] = Route.CPU_FALLBACK
+                status.fallback[i] = reason
     if failure is not None:
         raise failure
-    if p.declined:  # what a GPU decoder handed back: the CPU core, now, with its exact result or error
-        rows = np.array(sorted(p.declined), dtype=np.int64)
-        host = torch.empty((len(rows), *out.shape[1:]), dtype=torch.uint8)
+    if declined:  # what the GPU decoders handed back: the CPU core, now, with its exact result or error
+        rows = np.array(sorted(declined), dtype=np.int64)
+        host = torch.empty((len(rows), *out.shape[1:]), dtype=torch.uint8, pin_memory=out.is_cuda)
         sub = cpu.decode([p.buffers[i] for i in rows], p.boxes[rows], host, p.options, p.infos.select(rows))
         sub.route[sub.kind == 0] = Route.CPU_FALLBACK
-        sub.fallback.update({k: p.declined[int(i)] for k, i in enumerate(rows) if sub.kind[k] == 0})
+        sub.fallback.update({k: declined[int(i)] for k, i in enumerate(rows) if sub.kind[k] == 0})
         status.merge(sub, rows)
         _scatter(out, rows, host)
     return status
