@@ -189,6 +189,13 @@ def test_bad_arguments_are_value_errors_naming_the_sample(name, device):
         assert (out == 9).all()  # nothing written: every check comes before any pixel
 
 
+def test_a_batch_larger_than_the_output_is_refused_before_its_slot_table():
+    out = torch.zeros((1, 2, 2, 3), dtype=torch.uint8)
+    with pytest.raises(ValueError, match="output buffer holds 12 bytes"):
+        _C.crop_resize_ragged(np.zeros((0, 4), np.int64), np.zeros((0, 4)), np.zeros(0, np.int64), out.data_ptr(),
+                              out.numel(), 10**15, 2, 2, 3, True, False, 1)
+
+
 def test_an_output_overlapping_an_image_is_refused(photos):
     f = photos.full[0]
     out = torch.from_numpy(f[None, :20, :30].copy())

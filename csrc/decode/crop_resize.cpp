@@ -100,6 +100,10 @@ CropResizePlan plan_crop_resize(const std::vector<RaggedImage>& images, const st
     throw InvalidArgument("the output must be [batch >= 0, height >= 1, width >= 1, channels] within int32 rows, got [" +
                           std::to_string(batch) + ", " + std::to_string(out_h) + ", " + std::to_string(out_w) + ", " +
                           std::to_string(channels) + "]");
+  const size_t needed = checked_mul(checked_mul(checked_mul(static_cast<size_t>(batch), out_h, "the output"), out_w,
+                                                "the output"),
+                                    channels, "the output");
+  checked_output(out_address, needed, out_nbytes, {});  // the batch's size before a table of its slots
   CropResizePlan plan;
   plan.batch = batch;
   plan.out_h = out_h;
@@ -172,9 +176,6 @@ CropResizePlan plan_crop_resize(const std::vector<RaggedImage>& images, const st
     s.temp_offset = static_cast<int64_t>(offset);
     offset = align16(offset + static_cast<uint64_t>(s.temp_rows) * static_cast<uint64_t>(s.temp_row_bytes));
   }
-  const size_t needed = checked_mul(checked_mul(checked_mul(static_cast<size_t>(batch), out_h, "the output"), out_w,
-                                                "the output"),
-                                    channels, "the output");
   plan.out = checked_output(out_address, needed, out_nbytes, extents);
   plan.scratch_bytes = n ? offset : 0;
   return plan;
