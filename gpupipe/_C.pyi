@@ -89,6 +89,39 @@ def decode_batch_into(
     """Decodes N crops on the thread pool; returns ([(index, kind, message)] errors,
     [(index, message)] warnings)."""
 
+def crop_resize_ragged(
+    images: Buffer,  # int64 [N, 4] (address, height, width, row pitch in bytes) of host HWC uint8 images
+    boxes: Buffer,  # int64 or float64 [N, 4] (top, left, height, width), whole pixels
+    slots: Buffer,  # int64 [N], distinct, within the batch
+    out_address: int,
+    out_nbytes: int,
+    batch: int,
+    out_height: int,
+    out_width: int,
+    channels: int,
+    resize: bool,
+    window: bool,
+    num_threads: int,
+) -> None:
+    """Crops box i of image i, resized, into slot slots[i] of the uint8 [batch, out_height, out_width,
+    channels] buffer, on the thread pool (GIL released); ValueError naming the sample."""
+
+def crop_resize_plan(
+    images: Buffer,
+    boxes: Buffer,
+    slots: Buffer,
+    out_address: int,
+    out_nbytes: int,
+    batch: int,
+    out_height: int,
+    out_width: int,
+    channels: int,
+    resize: bool,
+    window: bool,
+) -> tuple[bytes, int]:
+    """crop_resize_ragged's checks and plan for the CUDA kernels: (the table of samples, the scratch
+    bytes it needs)."""
+
 def choose_scale_num(box_height: int, box_width: int, out_height: int, out_width: int) -> int: ...
 def _huffman_reader_stats() -> dict[str, int]:
     """Process-wide counts of the Huffman reader: images, rejected, skipped, decoded, handed_back (MCUs)."""

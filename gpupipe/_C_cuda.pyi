@@ -1,5 +1,6 @@
 # Type stub of gpupipe._C_cuda, the CUDA kernels (cuda/module_cuda.cpp), built when a CUDA compiler
-# was found. Private: use gpupipe.augment. tests/test_stubs.py checks it against the built module.
+# was found. Private: use gpupipe.augment and gpupipe._backends.crop_resize. tests/test_stubs.py checks it
+# against the built module.
 from collections.abc import Sequence
 
 MEAN_BLOCKS: int
@@ -41,3 +42,16 @@ def policy_apply(
     fill: Sequence[float] | None,
     stream: int,
 ) -> None: ...
+def crop_resize_ragged(
+    table: bytes,  # gpupipe._C.crop_resize_plan's
+    out_address: int,
+    out_nbytes: int,
+    batch: int,
+    out_height: int,
+    out_width: int,
+    channels: int,
+    scratch_address: int,
+    scratch_nbytes: int,  # at least crop_resize_plan's
+    stream: int,
+) -> None:
+    """The planned crop-resize on ``stream``: the table copied to the scratch's head, three launches."""

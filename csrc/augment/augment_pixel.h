@@ -18,11 +18,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#if defined(__CUDACC__)
-#define GPUPIPE_HD __host__ __device__ __forceinline__
-#else
-#define GPUPIPE_HD inline
-#endif
+#include "common/host_device.h"
 
 namespace gpupipe {
 namespace pixel {

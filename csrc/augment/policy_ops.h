@@ -11,13 +11,7 @@
 
 #include <cmath>
 
-#ifndef GPUPIPE_HD
-#if defined(__CUDACC__)
-#define GPUPIPE_HD __host__ __device__ __forceinline__
-#else
-#define GPUPIPE_HD inline
-#endif
-#endif
+#include "common/host_device.h"
 
 namespace gpupipe {
 namespace policy {

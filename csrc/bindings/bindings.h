@@ -14,6 +14,7 @@ namespace gpupipe {
 void register_errors(pybind11::module_& m);   // error_bindings.cpp: ErrorKind, the exception classes
 void register_header(pybind11::module_& m);   // decode_bindings.cpp: header probes
 void register_decode(pybind11::module_& m);   // decode_bindings.cpp: crop and batch decodes
+void register_crop_resize(pybind11::module_& m);  // decode_bindings.cpp: the ragged crop-resize
 void register_restarts(pybind11::module_& m); // decode_bindings.cpp: the restart-marker transcoder
 void register_encode(pybind11::module_& m);   // decode_bindings.cpp: the test-data encoder
 void register_files(pybind11::module_& m);    // runtime_bindings.cpp: batch file reads

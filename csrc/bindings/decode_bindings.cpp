@@ -14,6 +14,7 @@
 #include "bindings/buffer_view.h"
 #include "bindings/released_gil.h"
 #include "decode/batch_decode.h"
+#include "decode/crop_resize.h"
 #include "decode/decode_args.h"
 #include "decode/header_table.h"
 #include "decode/huffman_reader.h"
@@ -77,7 +78,64 @@ struct PendingDecode {
   }
 };
 
+// A ragged crop-resize's arguments, read through the buffer protocol and checked by the core.
+struct RaggedArgs {
+  std::vector<RaggedImage> images;
+  std::vector<Box> boxes;
+  std::vector<int64_t> slots;
+};
+
+RaggedArgs ragged_args(py::handle images, py::handle boxes, py::handle slots) {
+  BufferView iv(images.ptr(), PyBUF_FORMAT | PyBUF_C_CONTIGUOUS);
+  const Py_buffer& v = iv.view();
+  const size_t n = iv.size() / 32;
+  RaggedArgs a;
+  a.images = ragged_images(read_int64s(iv.data(), iv.size(), static_cast<size_t>(v.itemsize), v.format ? v.format : "B",
+                                       4 * n, "images, [n, 4] rows (address, height, width, pitch),"));
+  a.boxes = boxes_arg(boxes, n);
+  BufferView sv(slots.ptr(), PyBUF_FORMAT | PyBUF_C_CONTIGUOUS);
+  const Py_buffer& w = sv.view();
+  a.slots = read_int64s(sv.data(), sv.size(), static_cast<size_t>(w.itemsize), w.format ? w.format : "B", n,
+                        "slots, [n],");
+  return a;
+}
+
 }  // namespace
+
+void register_crop_resize(py::module_& m) {
+  m.def(
+      "crop_resize_ragged",
+      [](py::object images, py::object boxes, py::object slots, uintptr_t out_address, size_t out_nbytes,
+         int64_t batch, int64_t out_height, int64_t out_width, int64_t channels, bool resize, bool window,
+         int num_threads) {
+        const RaggedArgs a = ragged_args(images, boxes, slots);
+        ReleasedGil released;
+        crop_resize_host(plan_crop_resize(a.images, a.boxes, a.slots, out_address, out_nbytes, batch, out_height,
+                                          out_width, channels, resize, window),
+                         num_threads);
+      },
+      py::arg("images"), py::arg("boxes"), py::arg("slots"), py::arg("out_address"), py::arg("out_nbytes"),
+      py::arg("batch"), py::arg("out_height"), py::arg("out_width"), py::arg("channels"), py::arg("resize"),
+      py::arg("window"), py::arg("num_threads"),
+      "Crops box i of host image i and resizes it into slot slots[i] of the uint8 [batch, out_height, "
+      "out_width, channels] buffer at out_address, on the thread pool.");
+  m.def(
+      "crop_resize_plan",
+      [](py::object images, py::object boxes, py::object slots, uintptr_t out_address, size_t out_nbytes,
+         int64_t batch, int64_t out_height, int64_t out_width, int64_t channels, bool resize, bool window) {
+        const RaggedArgs a = ragged_args(images, boxes, slots);
+        const CropResizePlan plan = plan_crop_resize(a.images, a.boxes, a.slots, out_address, out_nbytes, batch,
+                                                     out_height, out_width, channels, resize, window);
+        return py::make_tuple(py::bytes(reinterpret_cast<const char*>(plan.samples.data()),
+                                        plan.samples.size() * sizeof(CropResizeSample)),
+                              plan.scratch_bytes);
+      },
+      py::arg("images"), py::arg("boxes"), py::arg("slots"), py::arg("out_address"), py::arg("out_nbytes"),
+      py::arg("batch"), py::arg("out_height"), py::arg("out_width"), py::arg("channels"), py::arg("resize"),
+      py::arg("window"),
+      "crop_resize_ragged's checks and plan, for the CUDA kernels (_C_cuda.crop_resize_ragged): "
+      "(the table of samples as bytes, the scratch bytes it needs).");
+}
 
 void register_header(py::module_& m) {
   m.attr("COLORSPACES") = names(kColorSpaceNames);

@@ -12,6 +12,14 @@ bool overlaps(const uint8_t* a, size_t an, const uint8_t* b, size_t bn) {
   return an && bn && a < b + bn && b < a + an;
 }
 
+// The struct-module formats of int64 and float64 elements (native or little-endian).
+bool int64_format(size_t itemsize, const std::string& f) {
+  return itemsize == 8 && (f == "q" || f == "l" || f == "<q" || f == "<l" || f == "=q" || f == "=l");
+}
+bool float64_format(size_t itemsize, const std::string& f) {
+  return itemsize == 8 && (f == "d" || f == "<d" || f == "=d");
+}
+
 }  // namespace
 
 size_t checked_mul(size_t a, size_t b, const char* what) {
@@ -59,9 +67,8 @@ CropOutput crop_output(const DecodeRequest& request, const ByteSpan& input, uint
 }
 
 std::vector<Box> read_boxes(const uint8_t* data, size_t size, size_t itemsize, const std::string& format, size_t n) {
-  const bool is_int = itemsize == 8 && (format == "q" || format == "l" || format == "<q" || format == "<l" ||
-                                        format == "=q" || format == "=l");
-  const bool is_float = itemsize == 8 && (format == "d" || format == "<d" || format == "=d");
+  const bool is_int = int64_format(itemsize, format);
+  const bool is_float = float64_format(itemsize, format);
   if ((!is_int && !is_float) || size != checked_mul(n, 32, "boxes"))
     throw InvalidArgument("boxes must be a C-contiguous int64 or float64 array of shape [" + std::to_string(n) +
                           ", 4]");
@@ -79,6 +86,15 @@ std::vector<Box> read_boxes(const uint8_t* data, size_t size, size_t itemsize, c
     }
     out[i] = Box{b[0], b[1], b[2], b[3]};
   }
+  return out;
+}
+
+std::vector<int64_t> read_int64s(const uint8_t* data, size_t size, size_t itemsize, const std::string& format,
+                                 size_t count, const std::string& what) {
+  if (!int64_format(itemsize, format) || size != checked_mul(count, 8, what.c_str()))
+    throw InvalidArgument(what + " must be a C-contiguous int64 array of " + std::to_string(count) + " values");
+  std::vector<int64_t> out(count);
+  if (count) std::memcpy(out.data(), data, 8 * count);
   return out;
 }
 

@@ -47,6 +47,11 @@ CropOutput crop_output(const DecodeRequest& request, const ByteSpan& input, uint
 // struct-module format as the buffer protocol gives them), read without assuming alignment.
 std::vector<Box> read_boxes(const uint8_t* data, size_t size, size_t itemsize, const std::string& format, size_t n);
 
+// `count` values of a C-contiguous int64 buffer, read the same way; InvalidArgument naming `what`
+// (e.g. "slots, shape [3],") otherwise.
+std::vector<int64_t> read_int64s(const uint8_t* data, size_t size, size_t itemsize, const std::string& format,
+                                 size_t count, const std::string& what);
+
 // A batch decode's samples, options and output, checked: num_threads within 0..kMaxThreads (0: the
 // default), the output holding one slot per sample and overlapping no input.
 struct BatchArgs {

@@ -324,6 +324,8 @@ Subsampling subsampling_of(const jpeg_decompress_struct& c) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+}  // namespace
+
 std::string describe(const Box& b) {
   char text[160];
   std::snprintf(text, sizeof(text), "(top=%.10g, left=%.10g, height=%.10g, width=%.10g)", b.top, b.left, b.height,
@@ -331,14 +333,18 @@ std::string describe(const Box& b) {
   return text;
 }
 
-bool whole(double v) { return v == std::floor(v); }
+bool whole_box(const Box& b) {
+  auto whole = [](double v) { return v == std::floor(v); };
+  return whole(b.top) && whole(b.left) && whole(b.height) && whole(b.width);
+}
 
-// The box is finite, non-empty and inside a frame_h x frame_w frame (no sum that could overflow).
-bool inside(const Box& b, int64_t frame_h, int64_t frame_w) {
+bool box_inside(const Box& b, int64_t frame_h, int64_t frame_w) {
   const bool finite = std::isfinite(b.top) && std::isfinite(b.left) && std::isfinite(b.height) && std::isfinite(b.width);
   return finite && b.height > 0 && b.width > 0 && b.top >= 0 && b.left >= 0 && b.top < frame_h && b.left < frame_w &&
          b.height <= static_cast<double>(frame_h) - b.top && b.width <= static_cast<double>(frame_w) - b.left;
 }
+
+namespace {
 
 // Everything about a decode that the header and the request decide: validation, the DCT scale, the
 // color conversion, the window of whole pixels to decode and the box within it.
@@ -354,13 +360,13 @@ Plan plan_decode(const jpeg_decompress_struct& c, const DecodeRequest& req) {
   // libjpeg scales the frame to ceil(W * M / 8) x ceil(H * M / 8).
   const int64_t sw = ceil_div(W * plan.scale_num, 8), sh = ceil_div(H * plan.scale_num, 8);
   const int64_t frame_w = req.scaled_box ? sw : W, frame_h = req.scaled_box ? sh : H;
-  if (!inside(b, frame_h, frame_w))
+  if (!box_inside(b, frame_h, frame_w))
     throw InvalidArgument("crop box " + describe(b) + " is not inside the image of " + std::to_string(frame_w) +
                           "x" + std::to_string(frame_h) + " (width x height)");
   if (req.out_height < 1 || req.out_width < 1) throw InvalidArgument("output size must be >= 1");
   const bool resample = req.resize && !req.scaled_box;
   if (!resample) {
-    if (!(whole(b.top) && whole(b.left) && whole(b.height) && whole(b.width)))
+    if (!whole_box(b))
       throw InvalidArgument("crop box " + describe(b) + " is fractional: only a resized box (size=...) may be");
     if (req.out_height != b.height || req.out_width != b.width)
       throw InvalidArgument("output size differs from the box size but resize is off");
@@ -400,8 +406,8 @@ Plan plan_decode(const jpeg_decompress_struct& c, const DecodeRequest& req) {
     // Decode the filter's reach around the box too (Pillow's bilinear support is max(1, scale)
     // source pixels on each side of a tap centre); the taps then stop where Pillow's stop: at the
     // image's edges, not the box's.
-    const int mx = static_cast<int>(std::ceil(std::max(1.0, (fx1 - fx0) / req.out_width))) + 1;
-    const int my = static_cast<int>(std::ceil(std::max(1.0, (fy1 - fy0) / req.out_height))) + 1;
+    const int mx = Resampler::window_margin(fx1 - fx0, req.out_width);
+    const int my = Resampler::window_margin(fy1 - fy0, req.out_height);
     plan.x0 = std::max(0, plan.x0 - mx);
     plan.y0 = std::max(0, plan.y0 - my);
     plan.x1 = static_cast<int>(std::min<int64_t>(fw, plan.x1 + mx));
@@ -410,9 +416,8 @@ Plan plan_decode(const jpeg_decompress_struct& c, const DecodeRequest& req) {
   // The pass order Pillow picks for the image its reference call resizes: the crop (the decoded
   // region), or with `window` the whole frame, resized to the size that maps the box to the output.
   if (resample && req.window)
-    plan.horizontal_first = Resampler::pillow_horizontal_first(
-        static_cast<double>(fh), static_cast<double>(fw), std::round(fh * (req.out_height / (fy1 - fy0))),
-        std::round(fw * (req.out_width / (fx1 - fx0))));
+    plan.horizontal_first =
+        Resampler::window_horizontal_first(fh, fw, fy1 - fy0, fx1 - fx0, req.out_height, req.out_width);
   else
     plan.horizontal_first = Resampler::pillow_horizontal_first(plan.y1 - plan.y0, plan.x1 - plan.x0, req.out_height,
                                                                req.out_width);

@@ -52,6 +52,13 @@ struct Box {
   double top = 0, left = 0, height = 0, width = 0;
 };
 
+// "(top=.., left=.., height=.., width=..)": how error messages name a box.
+std::string describe(const Box& b);
+// Every field is a whole number (a crop without resampling needs whole pixels).
+bool whole_box(const Box& b);
+// The box is finite, non-empty and inside a frame_h x frame_w frame (no sum that could overflow).
+bool box_inside(const Box& b, int64_t frame_h, int64_t frame_w);
+
 struct DecodeRequest {
   Box box;
   // Output size. Without `resize` it must equal the box size.

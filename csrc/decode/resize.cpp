@@ -1,10 +1,10 @@
 #include "decode/resize.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 
 #include "common/multiversion.h"
+#include "decode/crop_resize_pixel.h"
 
 #if GPUPIPE_X86_LEVELS
 #include <immintrin.h>
@@ -13,19 +13,8 @@
 namespace gpupipe {
 namespace {
 
-// Pillow's 8-bit precision: 32 bits - 8 for the sample - 2 for headroom.
-constexpr int kPrecisionBits = 32 - 8 - 2;
-
-inline double bilinear(double x) {
-  x = std::fabs(x);
-  return x < 1.0 ? 1.0 - x : 0.0;
-}
-
-inline uint8_t clip8(int32_t v) {
-  if (v >= (1 << kPrecisionBits << 8)) return 255;
-  if (v <= 0) return 0;
-  return static_cast<uint8_t>(v >> kPrecisionBits);
-}
+using resample::clip8;
+using resample::kPrecisionBits;
 
 // The passes below run under dispatch() (multiversion.h): vectorised at the CPU's width.
 
@@ -158,40 +147,16 @@ void vertical_pass(const uint8_t* src, size_t src_stride, int row_offset, uint8_
 
 }  // namespace
 
-// Pillow's precompute_coeffs + normalize_coeffs_8bpc (libImaging/Resample.c), term for term.
+// Pillow's precompute_coeffs + normalize_coeffs_8bpc (libImaging/Resample.c), term for term, in the
+// per-output form the CUDA kernels share (crop_resize_pixel.h).
 void Resampler::compute(int in_size, double in0, double in1, int out_size, Coeffs* c) {
-  const double scale = (in1 - in0) / out_size;
-  const double filterscale = scale < 1.0 ? 1.0 : scale;
-  const double support = 1.0 * filterscale;
-  const int ksize = static_cast<int>(std::ceil(support)) * 2 + 1;
-  c->ksize = ksize;
+  const resample::Axis axis = resample::axis_of(in_size, in0, in1, out_size);
+  c->ksize = axis.ksize;
   c->bounds.resize(2 * static_cast<size_t>(out_size));
-  c->weights.resize(static_cast<size_t>(out_size) * ksize);
-  c->scratch.resize(ksize);
-  for (int xx = 0; xx < out_size; ++xx) {
-    const double center = in0 + (xx + 0.5) * scale;
-    const double ss = 1.0 / filterscale;
-    int xmin = static_cast<int>(center - support + 0.5);
-    if (xmin < 0) xmin = 0;
-    int xmax = static_cast<int>(center + support + 0.5);
-    if (xmax > in_size) xmax = in_size;
-    xmax -= xmin;
-    double ww = 0.0;
-    double* k = c->scratch.data();
-    int x = 0;
-    for (; x < xmax; ++x) {
-      k[x] = bilinear((x + xmin - center + 0.5) * ss);
-      ww += k[x];
-    }
-    int32_t* kk = c->weights.data() + static_cast<size_t>(xx) * ksize;
-    for (x = 0; x < ksize; ++x) {
-      double v = x < xmax ? (ww != 0.0 ? k[x] / ww : k[x]) : 0.0;
-      kk[x] = v < 0 ? static_cast<int32_t>(-0.5 + v * (1 << kPrecisionBits))
-                    : static_cast<int32_t>(0.5 + v * (1 << kPrecisionBits));
-    }
-    c->bounds[2 * xx] = xmin;
-    c->bounds[2 * xx + 1] = xmax < 0 ? 0 : xmax;
-  }
+  c->weights.resize(static_cast<size_t>(out_size) * axis.ksize);
+  for (int xx = 0; xx < out_size; ++xx)
+    resample::output_taps(axis, xx, &c->bounds[2 * xx], &c->bounds[2 * xx + 1],
+                          c->weights.data() + static_cast<size_t>(xx) * axis.ksize);
 }
 
 bool Resampler::horizontal_rgb_fast(int channels, const uint8_t* src, size_t src_stride, int first_row, int rows,

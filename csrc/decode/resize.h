@@ -3,6 +3,8 @@
 // fixed-point rounding and pass order, so results are bit-identical to Pillow's.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -27,12 +29,26 @@ class Resampler {
     return !(in_h - out_h > 0 && in_h - out_h > 2 * (in_w - out_w));
   }
 
+  // A windowed resize (torchvision's Resize + CenterCrop: the taps read around the box, stopping at the
+  // frame's edges): the pixels it reads beyond each side of a box of box_size resized to out_size
+  // (the filter's support, max(1, scale), and one more) ...
+  static int window_margin(double box_size, int out_size) {
+    return static_cast<int>(std::ceil(std::max(1.0, box_size / out_size))) + 1;
+  }
+  // ... and its pass order: Pillow's for the whole frame resized to the size that maps the box onto
+  // the output.
+  static bool window_horizontal_first(int64_t frame_h, int64_t frame_w, double box_h, double box_w, int out_h,
+                                      int out_w) {
+    return pillow_horizontal_first(static_cast<double>(frame_h), static_cast<double>(frame_w),
+                                   std::round(static_cast<double>(frame_h) * (out_h / box_h)),
+                                   std::round(static_cast<double>(frame_w) * (out_w / box_w)));
+  }
+
  private:
   struct Coeffs {
     int ksize = 0;
     std::vector<int> bounds;       // per output: first tap, number of taps
     std::vector<int32_t> weights;  // per output: ksize fixed-point weights
-    std::vector<double> scratch;
   };
   static void compute(int in_size, double in0, double in1, int out_size, Coeffs* c);
   // The horizontal pass over `rows` rows from `first_row`: horizontal_rgb_fast where it applies.
