@@ -84,7 +84,8 @@ def decode_crop_jpeg(
         dct_scaling: with ``size``, decode a window >= 2x the size already downscaled in the DCT
             domain (much faster; a close but not identical result). ``False`` is bit-exact with
             Pillow's crop-then-resize.
-        backend: ``"auto"`` (CPU core for CPU outputs; DALI, else nvJPEG, for CUDA outputs),
+        backend: ``"auto"`` (CPU core for CPU outputs; for CUDA outputs hybrid where
+            nvImageCodec's decoders start, else DALI, else nvJPEG),
             ``"cpu"``, ``"hybrid"``, ``"dali"`` or ``"nvjpeg"``; see :func:`decode_crop_jpegs`.
         device: where the result lives (``"cpu"`` or a CUDA device).
         apply_exif_orientation: the box is in the displayed frame (EXIF orientation applied, as
@@ -193,8 +194,9 @@ class DecodedBatch:
             limit, or the GPU decoder failing the batch).
         backend: the backend that ran (``"cpu"``, ``"hybrid"``, ``"dali"``, ``"nvjpeg"``).
         kinds: ``{index: ErrorKind}`` for every sample that failed.
-        routes: per sample, the route that decoded it: ``"cpu"``, ``"gpu"``, ``"pillow"``,
-            ``"cpu-fallback"`` (``"none"`` where it failed).
+        routes: per sample, the route that decoded it: ``"cpu"``, ``"gpu"`` (DALI, torchvision's
+            nvJPEG), ``"gpu-hardware"`` / ``"gpu-cuda"`` (nvImageCodec's hardware and CUDA
+            decoders), ``"pillow"``, ``"cpu-fallback"`` (``"none"`` where it failed).
     """
 
     images: torch.Tensor

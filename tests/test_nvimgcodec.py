@@ -106,6 +106,37 @@ def test_the_arguments_fit_the_real_library():
     assert tuple(sub.view.region.start) == (1, 2) and tuple(sub.view.region.end) == (30, 40)
 
 
+def test_what_the_real_parser_refuses_is_declined_not_raised():
+    lib = _real_library()
+    good = encode(photo(37, 53))
+    streams, unparsed = nvimgcodec._code_streams(lib, [good, b"garbage", b"", b"\xff\xd8\xff"])
+    assert streams[0].height == 37 and set(unparsed) == {1, 2, 3} and "Failed to get image info" in unparsed[1]
+
+
+def test_the_verbosity_is_set_for_the_import_only(monkeypatch):
+    monkeypatch.delenv("PYNVIMGCODEC_VERBOSITY", raising=False)
+    seen = []
+    monkeypatch.setattr(nvimgcodec.importlib, "import_module", lambda name: seen.append(dict(nvimgcodec.os.environ)))
+    monkeypatch.delitem(sys.modules, "nvidia.nvimgcodec", raising=False)
+    nvimgcodec._library()
+    assert seen[0]["PYNVIMGCODEC_VERBOSITY"] == "0" and "PYNVIMGCODEC_VERBOSITY" not in nvimgcodec.os.environ
+    monkeypatch.setenv("PYNVIMGCODEC_VERBOSITY", "3")  # the user's own setting is left alone
+    nvimgcodec._library()
+    assert seen[1]["PYNVIMGCODEC_VERBOSITY"] == "3"
+
+
+def test_the_engines_need_the_crop_kernel(monkeypatch):
+    from gpupipe.augment import _kernels
+
+    built = nvimgcodec.crop_kernel_reason()
+    assert built is None or "without its CUDA kernels" in built
+    monkeypatch.setattr(_kernels, "_C_cuda", None)
+    assert "rebuild with nvcc" in nvimgcodec.crop_kernel_reason()
+    monkeypatch.setattr(nvimgcodec, "_library", lambda: types.SimpleNamespace())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert "rebuild with nvcc" in nvimgcodec.unavailable_reason(torch.device("cuda"))
+
+
 # --- the engine's logic, with a stand-in decoder --------------------------------------------------
 
 
@@ -167,7 +198,7 @@ def fake(monkeypatch):
         BackendKind=types.SimpleNamespace(HW_GPU_ONLY="hw", GPU_ONLY="gpu", HYBRID_CPU_GPU="hybrid"),
         ColorSpec=types.SimpleNamespace(SRGB="srgb", GRAY="gray"),
         DecodeParams=lambda **kw: ("params", kw["color_spec"]),
-        CodeStream=lambda data: types.SimpleNamespace(data=bytes(data), region=None,
+        CodeStream=lambda data: types.SimpleNamespace(data=bytes(data), region=None, height=1,
                                                      get_sub_code_stream=lambda region, d=bytes(data):
                                                      types.SimpleNamespace(data=d, region=region)),
         Region=lambda *a: a,
@@ -176,7 +207,7 @@ def fake(monkeypatch):
     monkeypatch.setattr(nvimgcodec, "_library", lambda: lib)
     monkeypatch.setattr(nvimgcodec, "_device_context", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(nvimgcodec, "_current_stream", lambda device: state.stream)
-    monkeypatch.setattr(nvimgcodec, "_synchronize", lambda device: state.synced.append(device))
+    monkeypatch.setattr(nvimgcodec, "_synchronize", lambda stream: state.synced.append(stream))
     monkeypatch.setattr(nvimgcodec, "_check_out", lambda *a: None)
 
     def crop(images, boxes, out, slots, *, resize, window=False):
@@ -213,6 +244,27 @@ def test_engine_crops_decoded_samples_and_declines_the_rest(fake):
     assert (resize, window) == (False, False)
     streams, params, cuda_stream = eng._decoder.calls[0]
     assert [s.data for s in streams] == datas and params == ("params", "srgb") and cuda_stream == 4242
+
+
+def test_a_file_the_parser_refuses_is_declined_and_the_rest_decode(fake):
+    datas = [encode(photo(30, 40)), b"not a jpeg", encode(photo(32, 42))]
+    lib = nvimgcodec._library()
+    make = lib.CodeStream
+
+    def strict(data):
+        if not bytes(data).startswith(b"\xff\xd8"):
+            raise RuntimeError("Failed to get image info")
+        return make(data)
+
+    lib.CodeStream = strict
+    eng = fake.make()
+    eng._decoder.result = [FakeImage(100, 30, 40), FakeImage(300, 32, 42)]
+    out = torch.zeros(3, 8, 8, 3, dtype=torch.uint8)
+    declined = eng.decode(datas, np.array([[0, 0, 8, 8]] * 3, dtype=np.float64), out, np.array([0, 1, 2]),
+                          DecodeOptions(size=(8, 8)), sizes=np.array([[30, 40], [1, 1], [32, 42]]))
+    assert list(declined) == [1] and "cannot parse" in declined[1]
+    (images, _, cslots, _, _), = fake.crops
+    assert cslots.tolist() == [0, 2] and images[:, 0].tolist() == [100, 300]
 
 
 def test_engine_gray_resize_and_given_sizes(fake):
@@ -258,7 +310,7 @@ def test_all_declined_checks_the_device(fake, monkeypatch):
             DecodeOptions(size=(8, 8)))
     assert sorted(eng.decode(*args, sizes=np.array([[8, 8]] * 2))) == [0, 1] and fake.synced and not fake.crops
 
-    def sticky(device):
+    def sticky(stream):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     monkeypatch.setattr(nvimgcodec, "_synchronize", sticky)

@@ -42,6 +42,7 @@ import contextlib
 import importlib
 import io
 import os
+import sys
 import threading
 from typing import Any, Optional, Sequence
 
@@ -62,9 +63,16 @@ ROI_MARGIN = 8  #: pixels decoded around a box with ``roi=True`` (the edge pixel
 
 
 def _library():
-    """The nvidia.nvimgcodec module, imported with its logging off unless the user set it."""
-    os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
-    return importlib.import_module("nvidia.nvimgcodec")
+    """The nvidia.nvimgcodec module, imported with its logging off unless the user set it. The
+    library reads the variable once, at import: it is set for the import only, so the user's
+    processes and children keep their own environment."""
+    if "PYNVIMGCODEC_VERBOSITY" in os.environ or "nvidia.nvimgcodec" in sys.modules:
+        return importlib.import_module("nvidia.nvimgcodec")
+    os.environ["PYNVIMGCODEC_VERBOSITY"] = "0"
+    try:
+        return importlib.import_module("nvidia.nvimgcodec")
+    finally:
+        os.environ.pop("PYNVIMGCODEC_VERBOSITY", None)
 
 
 # The device calls, one place each (the tests run the engine's logic on the CPU through them).
@@ -76,8 +84,9 @@ def _current_stream(device: torch.device) -> "torch.cuda.Stream":
     return torch.cuda.current_stream(device)
 
 
-def _synchronize(device: torch.device) -> None:
-    torch.cuda.synchronize(device)
+def _synchronize(stream: "torch.cuda.Stream") -> None:
+    """Waits for the engine's own stream only (never the whole device: the training step runs there)."""
+    stream.synchronize()
 
 
 def _check_out(name: str, out: torch.Tensor, device: torch.device, channels: int) -> None:
@@ -103,7 +112,7 @@ def unavailable_reason(device: Optional[torch.device] = None) -> Optional[str]:
         return f"nvImageCodec's engines decode into GPU memory, not {torch.device(device)}: pass device='cuda'"
     if not torch.cuda.is_available():
         return "no CUDA device (torch.cuda.is_available() is False)"
-    return None
+    return crop_kernel_reason()
 
 
 def _decoder_args(lib: Any, kind: str, cpu_threads: int, roi: bool) -> dict:
@@ -179,8 +188,34 @@ def image_table(images: Sequence, heights: np.ndarray, widths: np.ndarray, chann
     return table, declined
 
 
+def _code_streams(lib: Any, buffers: Sequence) -> tuple[list, dict]:
+    """A CodeStream per buffer, parsed now, and ``{k: reason}`` for those nvImageCodec's parser
+    refuses (``RuntimeError: Failed to get image info``): declined, not a failed batch."""
+    streams, unparsed = [], {}
+    for k, b in enumerate(buffers):
+        try:
+            stream = lib.CodeStream(b)
+            stream.height  # the parse is lazy: a file it refuses would otherwise fail the whole decode call
+            streams.append(stream)
+        except Exception as e:
+            unparsed[k] = f"nvImageCodec cannot parse it ({type(e).__name__}: {' '.join(str(e).split())[:120]})"
+            streams.append(None)
+    return streams, unparsed
+
+
+def crop_kernel_reason() -> Optional[str]:
+    """Why the ragged crop + resize kernel the engines need is not there, or None."""
+    try:
+        from gpupipe.augment._kernels import _C_cuda
+    except Exception as e:  # an import error of the CUDA module itself
+        return f"gpupipe's CUDA kernels are not importable ({type(e).__name__}: {e})"
+    if _C_cuda is None or not hasattr(_C_cuda, "crop_resize_ragged"):
+        return "gpupipe was built without its CUDA kernels (the crop + resize kernel): rebuild with nvcc on PATH"
+    return None
+
+
 def _crop_resize():
-    from gpupipe._backends.crop_resize import crop_resize_ragged  # lands from branch crop-resize
+    from gpupipe._backends.crop_resize import crop_resize_ragged
 
     return crop_resize_ragged
 
@@ -263,7 +298,13 @@ class Engine:
         sizes = np.asarray(sizes, dtype=np.int64).reshape(n, 2)
         heights, widths = sizes[:, 0], sizes[:, 1]
         lib = self._lib
-        streams = [lib.CodeStream(b) for b in buffers]
+        streams, unparsed = _code_streams(lib, buffers)
+        if unparsed:  # nvImageCodec's own parser refused them: declined, and the rest decode
+            keep = np.array([k for k in range(n) if k not in unparsed], dtype=np.int64)
+            if not len(keep):
+                return unparsed
+            sub = self.decode([buffers[k] for k in keep], boxes[keep], out, slots[keep], options, sizes=sizes[keep])
+            return {**unparsed, **{int(keep[k]): why for k, why in sub.items()}}
         if self.roi:
             regions = roi_regions(boxes, heights, widths)
             streams = [s.get_sub_code_stream(region=lib.Region(int(t), int(l), int(b), int(r)))
@@ -277,7 +318,7 @@ class Engine:
             except Exception as e:
                 raise self._fail("decode", e) from e
             if all(im is None for im in images):
-                self._check_device()  # nvImageCodec turns its own failures into None: is the device sane?
+                self._check_device(stream)  # nvImageCodec turns its own failures into None: is the device sane?
             table, declined = image_table(images, heights, widths, options.channels)
             ok = np.ones(n, dtype=bool)
             ok[list(declined)] = False
@@ -290,9 +331,9 @@ class Engine:
             del images  # freed on `stream` (cudaFreeAsync), after the kernel that reads them
         return declined
 
-    def _check_device(self) -> None:
+    def _check_device(self, stream: "torch.cuda.Stream") -> None:
         try:
-            _synchronize(self.device)
+            _synchronize(stream)
         except Exception as e:
             raise self._fail("decode (the device reported an error)", e) from e
 
