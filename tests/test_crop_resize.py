@@ -114,6 +114,29 @@ def test_host_build_is_pillows_resize_of_the_crop(photos, out_hw):
         np.testing.assert_array_equal(got[k], pil_resize(crop, out_hw), err_msg=f"sample {k}: box {(t, l, h, w)}")
 
 
+@pytest.mark.parametrize("box,out_hw", [((0, 0, 8, 8), (10, 10)), ((0, 0, 30, 40), (32, 42)),
+                                        ((0, 0, 155, 201), (157, 203)), ((2, 3, 30, 40), (33, 44))])
+def test_a_window_whose_region_has_the_output_size_is_still_resized(photos, box, out_hw):
+    """A window's margin on one side only (a box at the image's origin or edge) can make the region
+    the output's size while the box is smaller: that is a resize (Pillow's resize(box=)), not a copy
+    of the region, in the CPU core and in the host build alike."""
+    t, l, h, w = box
+    ref = pil_resize(photos.full[0], out_hw, box=(l, t, l + w, t + h))
+    got = run_host(photos, [0], np.array([box], np.int64), out_hw, window=True).numpy()[0]
+    core = core_reference(photos, [0], np.array([box], np.int64), out_hw, window=True).numpy()[0]
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(core, ref)
+
+
+def test_a_fractional_box_at_the_origin_is_resized_by_the_core(photos):
+    """A fractional box is the CPU core's alone (whole pixels here); its rounded-up region may have
+    the output's size: still Pillow's resize of the box."""
+    out_hw = (10, 10)
+    got = gpupipe.decode_crop_jpegs([photos.jpegs[0]], np.array([[0, 0, 9.5, 9.5]]), size=out_hw, dct_scaling=False,
+                                    mode=photos.mode).images.permute(0, 2, 3, 1).numpy()[0]
+    np.testing.assert_array_equal(got, pil_resize(photos.full[0], out_hw, box=(0, 0, 9.5, 9.5)))
+
+
 def test_without_resize_each_box_is_copied(photos):
     boxes = np.array([[0, 0, 30, 40], [157 - 30, 203 - 40, 30, 40], [5, 3, 30, 40], [1, 2, 30, 40]], np.int64)
     idx = [0, 0, 1, 2]

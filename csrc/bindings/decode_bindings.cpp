@@ -88,6 +88,10 @@ struct RaggedArgs {
 RaggedArgs ragged_args(py::handle images, py::handle boxes, py::handle slots) {
   BufferView iv(images.ptr(), PyBUF_FORMAT | PyBUF_C_CONTIGUOUS);
   const Py_buffer& v = iv.view();
+  if (v.itemsize != 8 || iv.size() % 32 != 0)
+    throw std::invalid_argument("images must be a C-contiguous int64 [n, 4] array of rows (address, height, width, "
+                                "pitch), got " + std::to_string(iv.size()) + " bytes of " +
+                                std::to_string(v.itemsize) + "-byte items");
   const size_t n = iv.size() / 32;
   RaggedArgs a;
   a.images = ragged_images(read_int64s(iv.data(), iv.size(), static_cast<size_t>(v.itemsize), v.format ? v.format : "B",

@@ -16,6 +16,8 @@ namespace {
 
 uint64_t align16(uint64_t v) { return (v + 15) / 16 * 16; }
 
+constexpr int64_t kMaxImageSide = int64_t{1} << 24;
+
 InvalidArgument sample_error(size_t i, const std::string& what) {
   return InvalidArgument("sample " + std::to_string(i) + ": " + what);
 }
@@ -117,10 +119,13 @@ CropResizePlan plan_crop_resize(const std::vector<RaggedImage>& images, const st
     const RaggedImage& im = images[i];
     const Box& b = boxes[i];
     if (im.address == 0) throw sample_error(i, "the image address is null");
-    if (im.height < 1 || im.width < 1 || im.height > INT32_MAX || im.width > INT32_MAX / channels ||
-        im.pitch < im.width * channels)
-      throw sample_error(i, "the image must be at least 1x1, within int32 rows, with a row pitch >= width * " +
-                                std::to_string(channels) + " bytes; got " + std::to_string(im.width) + "x" +
+    // Sides within 2^24 keep every tap count (2 * ceil(scale) + 1) far inside int32, and a pitch
+    // within 2^36 every image's extent within 2^60 bytes.
+    if (im.height < 1 || im.width < 1 || im.height > kMaxImageSide || im.width > kMaxImageSide ||
+        im.pitch < im.width * channels || im.pitch > (int64_t{1} << 36))
+      throw sample_error(i, "the image must be at least 1x1, at most " + std::to_string(kMaxImageSide) +
+                                " pixels a side, with a row pitch from width * " +
+                                std::to_string(channels) + " bytes to 2^36; got " + std::to_string(im.width) + "x" +
                                 std::to_string(im.height) + " (width x height), pitch " + std::to_string(im.pitch));
     if (!box_inside(b, im.height, im.width))
       throw sample_error(i, "crop box " + describe(b) + " is not inside the image of " + std::to_string(im.width) +
@@ -136,7 +141,7 @@ CropResizePlan plan_crop_resize(const std::vector<RaggedImage>& images, const st
       throw sample_error(i, "slot " + std::to_string(slot) + " is also sample " + std::to_string(owner[slot]) + "'s");
     owner[slot] = static_cast<int64_t>(i);
     extents[i] = ByteSpan{reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(im.address)),
-                          static_cast<size_t>(checked_mul(static_cast<size_t>(im.pitch), im.height - 1, "an image") +
+                          static_cast<size_t>(static_cast<size_t>(im.pitch) * static_cast<size_t>(im.height - 1) +
                                               im.width * channels)};
 
     // The region the CPU core decodes (plan_decode, DCT scaling off), the box within it, the pass order.
@@ -168,7 +173,8 @@ CropResizePlan plan_crop_resize(const std::vector<RaggedImage>& images, const st
     s.slot = static_cast<int32_t>(slot);
     s.h_ksize = horizontal_axis(s, out_w).ksize;
     s.v_ksize = vertical_axis(s, out_h).ksize;
-    const bool copy = !resize || (s.region_w == out_w && s.region_h == out_h && s.bx0 == 0 && s.by0 == 0);
+    const bool copy = !resize || (s.region_w == out_w && s.region_h == out_h && s.bx0 == 0 && s.by0 == 0 &&
+                                  s.bx1 == s.region_w && s.by1 == s.region_h);  // the box is the region
     plan_passes(&s, copy, horizontal_first, out_h, out_w, channels);
     s.coeff_offset = static_cast<int64_t>(offset);
     offset = align16(offset + 4 * (static_cast<uint64_t>(out_w) * (2 + s.h_ksize) +

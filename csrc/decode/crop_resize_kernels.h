@@ -163,8 +163,14 @@ inline void check_crop_launch(const CropResizeSample* t, uint64_t n, uint64_t ou
   for (uint64_t i = 0; i < n; ++i) {
     const CropResizeSample& s = t[i];
     const bool two = s.second != CropPass::kNone;
-    const bool sizes = s.h_ksize >= 0 && s.v_ksize >= 0 && s.temp_rows >= 0 && s.temp_row_bytes >= 0 &&
-                       s.coeff_offset >= 0 && s.temp_offset >= 0 && s.first_rows >= 0 && s.second_rows >= 0;
+    // The kernels recompute each axis's taps from the region and box: the table's must agree, or
+    // coefficients would overrun the sample's block.
+    const bool passes = static_cast<int32_t>(s.first) >= 0 && static_cast<int32_t>(s.first) <= 3 &&
+                        static_cast<int32_t>(s.second) >= 0 && static_cast<int32_t>(s.second) <= 3;
+    const bool sizes = passes && s.region_w >= 1 && s.region_h >= 1 && s.h_ksize >= 0 && s.v_ksize >= 0 &&
+                       s.h_ksize == horizontal_axis(s, out_w).ksize && s.v_ksize == vertical_axis(s, out_h).ksize &&
+                       s.temp_rows >= 0 && s.temp_row_bytes >= 0 && s.coeff_offset >= 0 && s.temp_offset >= 0 &&
+                       s.first_rows >= 0 && s.second_rows >= 0;
     const uint64_t coeff_bytes = 4 * (static_cast<uint64_t>(out_w) * (2 + static_cast<uint64_t>(s.h_ksize)) +
                                       static_cast<uint64_t>(out_h) * (2 + static_cast<uint64_t>(s.v_ksize)));
     const uint64_t temp_bytes = static_cast<uint64_t>(s.temp_rows) * static_cast<uint64_t>(s.temp_row_bytes);
