@@ -279,3 +279,26 @@ def test_cuda_large_boxes_into_224(photos):
     dev = torch.zeros_like(host, device="cuda")
     crop_resize_ragged(device_rows([dev_big[i] for i in idx]), boxes, dev, slots, resize=True)
     np.testing.assert_array_equal(dev.cpu().numpy(), host.numpy())
+
+
+@CUDA
+@pytest.mark.parametrize("boxes_of", ["one pass each", "more samples than a grid's 65535 rows"])
+def test_cuda_batches_that_skip_a_launch_or_loop_over_samples(boxes_of):
+    """A batch whose every sample needs one pass (the second launch is skipped), and one of 70,000
+    samples (blockIdx.y loops over them): the device writes the host build's bytes."""
+    rng = np.random.default_rng(5)
+    img = torch.from_numpy(rng.integers(0, 256, (40, 60, 3), dtype=np.uint8))
+    if boxes_of == "one pass each":  # the width kept: only the vertical pass runs
+        n, out_hw = 64, (16, 60)
+        boxes = np.array([[int(rng.integers(0, 10)), 0, 30, 60] for _ in range(n)], np.int64)
+    else:
+        n, out_hw = 70_000, (2, 2)
+        boxes = np.stack([rng.integers(0, 39, n), rng.integers(0, 59, n), np.ones(n, np.int64), np.ones(n, np.int64)],
+                         axis=1).astype(np.int64)
+    slots = np.arange(n, dtype=np.int64)
+    host = torch.zeros((n, *out_hw, 3), dtype=torch.uint8)
+    crop_resize_ragged(device_rows([img] * n), boxes, host, slots, resize=True)
+    dev_img = img.cuda()
+    dev = torch.zeros_like(host, device="cuda")
+    crop_resize_ragged(device_rows([dev_img] * n), boxes, dev, slots, resize=True)
+    np.testing.assert_array_equal(dev.cpu().numpy(), host.numpy())

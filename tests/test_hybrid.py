@@ -221,6 +221,21 @@ def test_no_engine_thread_outlives_its_call():
         time.sleep(0.01)
 
 
+def test_batches_queued_on_closed_workers_fail_clearly_and_nothing_hangs():
+    datas, infos, boxes = batch(8)
+    eng = engines(hardware={"delay": 0.05}, cuda={"delay": 0.05})
+    workers = hybrid.Workers(["hardware", "cuda"], torch.device("cpu"))
+    outs = [torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8) for _ in range(3)]
+    started = [hybrid.start(datas, boxes, o, options(), infos, shares=hybrid.Shares(0.0, 0.5, 0.5), engines=eng,
+                            workers=workers) for o in outs]
+    workers.close()  # the epoch ends: the running shares finish, the queued ones are dropped
+    t0 = time.time()
+    with pytest.raises(RuntimeError, match="cancelled: the Loader epoch that started the batch was closed"):
+        for p in started:
+            hybrid.wait(p)
+    assert time.time() - t0 < 5
+
+
 def test_the_empty_batch():
     out = torch.empty((0, *SIZE, 3), dtype=torch.uint8)
     status = hybrid.decode([], np.zeros((0, 4), np.int64), out, options(), read_infos([]), engines=engines())

@@ -15,6 +15,7 @@ the Loader sums them over an epoch, with the CPU pool's busy thread-seconds, and
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import time
@@ -187,45 +188,30 @@ class Workers:
 
 @dataclasses.dataclass
 class _EngineRun:
-    declined: dict  #: {k: reason} of the share's samples (positions in the share) no GPU engine decoded
-    routes: np.ndarray  #: the engine that decoded each of the share's samples (ENGINES index)
-    seconds: dict  #: {engine: seconds of its work on this share}
-    attempted: dict  #: {engine: samples it was given}
+    declined: dict  #: {k: reason} of the share's samples (positions in the share) the engine declined
+    seconds: Any  #: host seconds of the call, or the CUDA events around its work on its stream
     done: Any = None  #: a CUDA event after the share's last work on its stream
 
 
-def _run_engine(chain: list, buffers: list, boxes: np.ndarray, out: torch.Tensor, slots: np.ndarray,
+def _run_engine(eng: Any, buffers: list, boxes: np.ndarray, out: torch.Tensor, slots: np.ndarray,
                 options: DecodeOptions, sizes: np.ndarray, stream: Optional["torch.cuda.Stream"]) -> _EngineRun:
-    """One GPU share on its engine's thread: ``chain`` is [(kind, engine)], the share's engine
-    first, then the CUDA decoder for what the hardware decoder declines (progressive files). On a
-    CUDA ``out`` the work goes on the share's stream, timed by CUDA events around it (the
-    engine's own pace); on a host ``out`` (the scheduler's tests) by the host's clock."""
-    n = len(buffers)
-    run = _EngineRun({}, np.zeros(n, np.int64), {}, {})
-    pending = np.arange(n)
+    """One engine's share on its own thread. On a CUDA ``out`` its work goes on the engine's stream,
+    timed by CUDA events around it (the engine's own pace); on a host ``out`` (the scheduler's
+    tests) by the host's clock."""
     try:
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            for kind, eng in chain:
-                rows = pending
-                run.attempted[kind] = len(rows)
-                t0 = time.perf_counter()
-                started = _record(stream)
-                declined = eng.decode([buffers[k] for k in rows], boxes[rows], out, slots[rows], options,
-                                      sizes=sizes[rows])
-                done = _record(stream)
-                run.seconds[kind] = (started, done) if started is not None else time.perf_counter() - t0
-                taken = np.ones(len(rows), bool)
-                taken[[int(k) for k in declined]] = False
-                run.routes[rows[taken]] = ENGINES.index(kind)
-                run.declined = {int(rows[int(k)]): f"{kind} decoder: {why}" for k, why in declined.items()}
-                pending = rows[~taken]
-                if not len(pending):
-                    break
+            t0 = time.perf_counter()
+            started = _record(stream)
+            declined = eng.decode(buffers, boxes, out, slots, options, sizes=sizes)
+            done = _record(stream)
     except BaseException as e:  # what was queued before the error may still write out: wait() orders after it
-        e.gpupipe_engine_done = _record(stream)
+        try:
+            e.gpupipe_engine_done = _record(stream)
+        except Exception:  # a sticky device error: the original error says more
+            pass
         raise
-    run.done = _record(stream)
-    return run
+    seconds = (started, done) if started is not None else time.perf_counter() - t0
+    return _EngineRun({int(k): str(why) for k, why in declined.items()}, seconds, done)
 
 
 def _record(stream: Optional["torch.cuda.Stream"]):
@@ -239,17 +225,30 @@ def _record(stream: Optional["torch.cuda.Stream"]):
 class Pending:
     """A started hybrid decode: the CPU share on the pool, the GPU shares queued on their threads."""
 
-    def __init__(self, n: int, out: torch.Tensor, options: DecodeOptions, workers: Workers, own_workers: bool):
-        self.out, self.options, self.workers, self.own_workers = out, options, workers, own_workers
+    def __init__(self, n: int, out: torch.Tensor, options: DecodeOptions, engines: dict, workers: Workers,
+                 own_workers: bool):
+        self.out, self.options, self.engines, self.workers, self.own_workers = out, options, engines, workers, own_workers
         self.status = BatchStatus.empty(n)
         self.cpu_rows = np.zeros(0, np.int64)
         self.cpu_host: Optional[torch.Tensor] = None
         self.cpu_pending: Any = None
         self.ineligible: dict = {}  # {row: reason}: in the CPU share because no GPU decoder may take it
-        self.gpu: list = []  # (kind, rows, future)
+        self.gpu: list = []  # (kind, rows, future), in submission order
         self.buffers: Sequence = ()
         self.boxes: Optional[np.ndarray] = None
+        self.sizes: Optional[np.ndarray] = None
         self.infos: Optional[HeaderInfos] = None
+
+    def submit(self, kind: str, rows: np.ndarray) -> None:
+        """Queues the samples ``rows`` on the engine ``kind``'s thread and stream."""
+        stream = self.workers.streams.get(kind)
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(self.out.device))
+            self.out.record_stream(stream)  # written there: the allocator keeps it until that work is done
+        future = self.workers.threads[kind].submit(_run_engine, self.engines[kind], [self.buffers[i] for i in rows],
+                                                   self.boxes[rows], self.out, rows, self.options, self.sizes[rows],
+                                                   stream)
+        self.gpu.append((kind, rows, future))
 
 
 INELIGIBLE = ("not decodable by the GPU decoders with gpupipe's semantics (header, color space, a limit, the box, "
@@ -262,7 +261,8 @@ def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Deco
     """Starts a hybrid decode of every box into its slot of ``out``: returns once the CPU share is
     on the pool and the GPU shares are queued on their engines' threads; :func:`wait` collects.
     The GPU engines' streams start after the work queued so far on the current stream (``out``'s
-    allocation or writes); ``workers`` (made for the call and closed by :func:`wait` when None)."""
+    allocation or writes); ``workers`` (made for the call and closed by :func:`wait` when None)
+    need a thread per engine."""
     n = len(buffers)
     engines = gpu_engines(out.device) if engines is None else engines
     shares = shares or Shares.prior(["cpu", *engines])
@@ -274,28 +274,19 @@ def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Deco
         if kind not in engines:
             route[route == k] = 0
     own = workers is None
-    workers = workers or Workers([k for k in ENGINES[1:] if k in engines and (route == ENGINES.index(k)).any()],
-                                 out.device)
-    p = Pending(n, out, options, workers, own)
+    workers = workers or Workers(list(engines), out.device)
+    p = Pending(n, out, options, engines, workers, own)
     p.buffers, p.boxes, p.infos = buffers, boxes, infos
+    p.sizes = np.stack([infos.column("height"), infos.column("width")], axis=1)  # the headers, read once
     p.ineligible = {int(i): INELIGIBLE for i in np.flatnonzero(~eligible)}
     p.cpu_rows = np.flatnonzero(route == 0)
     if len(p.cpu_rows):
         p.cpu_host = torch.empty((len(p.cpu_rows), *out.shape[1:]), dtype=torch.uint8, pin_memory=out.is_cuda)
         p.cpu_pending = cpu.start([buffers[i] for i in p.cpu_rows], boxes[p.cpu_rows], p.cpu_host, options)
-    sizes = np.stack([infos.column("height"), infos.column("width")], axis=1)  # the headers, read once
     for k, kind in enumerate(ENGINES[1:], 1):
         rows = np.flatnonzero(route == k)
-        if not len(rows):
-            continue
-        stream = workers.streams.get(kind)
-        if stream is not None:
-            stream.wait_stream(torch.cuda.current_stream(out.device))
-            out.record_stream(stream)  # written there: the allocator keeps it until that work is done
-        chain = [(kind, engines[kind])] + ([("cuda", engines["cuda"])] if kind == "hardware" and "cuda" in engines else [])
-        future = workers.threads[kind].submit(_run_engine, chain, [buffers[i] for i in rows], boxes[rows], out, rows,
-                                              options, sizes[rows], stream)
-        p.gpu.append((kind, rows, future))
+        if len(rows):
+            p.submit(kind, rows)
     return p
 
 
@@ -314,30 +305,36 @@ def _collect(p: Pending) -> BatchStatus:
     status, out = p.status, p.out
     failure: Optional[BaseException] = None
     declined: dict = {}
-    for kind, rows, future in p.gpu:
+    k = 0
+    while k < len(p.gpu):  # the list grows when the hardware decoder's declines go to the CUDA decoder
+        kind, rows, future = p.gpu[k]
+        k += 1
         try:
             run = future.result()
         except BaseException as e:  # a device error: the batch fails once every engine has stopped
+            if isinstance(e, concurrent.futures.CancelledError):
+                e = RuntimeError("cancelled: the Loader epoch that started the batch was closed")
             failure = failure or RuntimeError(f"the hybrid backend's {kind} decoder failed the batch "
                                               f"({type(e).__name__}: {' '.join(str(e).split())[:300]})")
             queued = getattr(e, "gpupipe_engine_done", None)
             if queued is not None:  # what it queued before failing still writes out: later work waits
                 torch.cuda.current_stream(out.device).wait_event(queued)
             continue
+        seconds = run.seconds
         if run.done is not None:  # the caller's later work on out waits for the engine's stream
             torch.cuda.current_stream(out.device).wait_event(run.done)
             run.done.synchronize()  # this thread only (the Loader's collect stage): the seconds are known
-        for engine, seconds in run.seconds.items():
-            if not isinstance(seconds, float):
-                seconds = seconds[0].elapsed_time(seconds[1]) / 1e3
-            decoded = int((run.routes == ENGINES.index(engine)).sum())
-            was = status.engine_seconds.get(engine, (0, 0, 0.0))
-            status.engine_seconds[engine] = (was[0] + decoded, was[1] + run.attempted[engine], was[2] + seconds)
-        for k in range(len(rows)):  # run's positions are the share's: rows[k] is the batch's sample
-            if k not in run.declined:
-                status.route[rows[k]] = ROUTES[ENGINES[run.routes[k]]]
-        declined.update({int(rows[k]): f"declined by the GPU's {why}; decoded by the CPU core"
-                         for k, why in run.declined.items()})
+            seconds = seconds[0].elapsed_time(seconds[1]) / 1e3
+        taken = np.ones(len(rows), bool)
+        taken[list(run.declined)] = False
+        status.route[rows[taken]] = ROUTES[kind]
+        was = status.engine_seconds.get(kind, (0, 0, 0.0))
+        status.engine_seconds[kind] = (was[0] + int(taken.sum()), was[1] + len(rows), was[2] + seconds)
+        if kind == "hardware" and run.declined and "cuda" in p.engines and failure is None:
+            p.submit("cuda", rows[~taken])  # progressive files: the CUDA decoder takes them, on its own thread
+            continue
+        declined.update({int(rows[j]): f"declined by the GPU's {kind} decoder ({why}); decoded by the CPU core"
+                         for j, why in run.declined.items()})
     if p.cpu_pending is not None:
         sub = cpu.wait(p.cpu_pending, len(p.cpu_rows))
         p.cpu_pending = None
@@ -354,7 +351,7 @@ def _collect(p: Pending) -> BatchStatus:
         host = torch.empty((len(rows), *out.shape[1:]), dtype=torch.uint8, pin_memory=out.is_cuda)
         sub = cpu.decode([p.buffers[i] for i in rows], p.boxes[rows], host, p.options, p.infos.select(rows))
         sub.route[sub.kind == 0] = Route.CPU_FALLBACK
-        sub.fallback.update({k: declined[int(i)] for k, i in enumerate(rows) if sub.kind[k] == 0})
+        sub.fallback.update({j: declined[int(i)] for j, i in enumerate(rows) if sub.kind[j] == 0})
         status.merge(sub, rows)
         _scatter(out, rows, host)
     return status
