@@ -342,6 +342,25 @@ def test_fixed_decode_shares_and_a_set_epoch_during_the_iteration(tmp_path, host
         loader(tmp_path, decode_shares={"cpu": 0.5, "hardware": 0.0, "cuda": 0.0})
 
 
+def test_a_device_error_fails_the_loader_clearly_and_every_thread_stops(tmp_path, host_engines):
+    import gc
+
+    make_image_folder(tmp_path, per_class=12)
+    ld = loader(tmp_path)
+    it = iter(ld)
+    next(it)
+    host_engines["cuda"].fail = True  # e.g. an illegal memory access, or out of memory
+    with pytest.raises(RuntimeError, match="hybrid backend's cuda decoder failed the batch .*illegal memory access"):
+        for _ in it:
+            pass
+    del it
+    gc.collect()
+    deadline = time.time() + 5
+    while [t for t in threading.enumerate() if t.name.startswith("gpupipe")]:
+        assert time.time() < deadline, [t.name for t in threading.enumerate()]
+        time.sleep(0.02)
+
+
 def test_a_damaged_decode_shares_state_is_refused(tmp_path, host_engines):
     make_image_folder(tmp_path, per_class=4)
     ld = loader(tmp_path)
