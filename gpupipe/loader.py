@@ -360,7 +360,8 @@ class Loader:
         self.device = torch.device(device)
         self.backend = backends.resolve(backend, self.device)  # a clear error when it cannot run here
         if decode_shares is not None and self.backend != "hybrid":
-            raise ValueError(f"decode_shares splits the hybrid backend's batches; this Loader's backend is {self.backend!r}")
+            raise ValueError(f"decode_shares splits the hybrid backend's batches; this Loader's backend is "
+                             f"{self.backend!r}")
         self.decode_shares = None if decode_shares is None else hybrid.Shares.from_dict(decode_shares)
         self.shuffle = shuffle
         self.seed = int(seed)
@@ -534,7 +535,8 @@ class Loader:
         if "decode_shares" in mine:
             shares = state.get("decode_shares", {"epochs": {}, "next": None})
             if set(shares) != {"epochs", "next"} or not isinstance(shares["epochs"], dict):
-                raise ValueError(f"the Loader state's decode_shares={shares!r} is not {{'epochs': {{...}}, 'next': ...}}")
+                raise ValueError(f"the Loader state's decode_shares={shares!r} is not "
+                                 "{'epochs': {...}, 'next': ...}")
             history = {}
             for e, v in shares["epochs"].items():
                 if not _same_kind(e, 0) or e < 0:
@@ -558,7 +560,8 @@ class Loader:
         ``cpu``, ``gpu``, ``pillow``, ``cpu-fallback``, ``gpu-hardware``, ``gpu-cuda``), ``fallback``
         ([(key, reason)] for samples not decoded by the backend's own decoder), ``warnings``
         ([(key, message)]). With ``backend="hybrid"``: ``shares`` (the epoch's fraction per engine)
-        and ``engines`` (per GPU engine: ``images``, ``seconds`` of its work, ``images_per_s``).
+        and ``engines`` (per GPU engine: ``images`` decoded, ``given``, ``seconds`` of its work,
+        ``images_per_s``).
 
         Where the host's time goes: ``host_s`` (per stage, the CPU time its thread spent outside
         gpupipe's native calls: Python, torch ops, bookkeeping; the pools' work is not in it) and
@@ -700,8 +703,9 @@ class _Epoch:
 
     def plan(self, batch: Batch) -> Batch:
         l = self.l
-        batch.datas, batch.infos, batch.boxes = plan_batch(batch.datas, l.crop, l.options, seed=l.seed, epoch=self.epoch_number,
-                                                           indices=batch.indices, read_errors=batch.read_errors)
+        batch.datas, batch.infos, batch.boxes = plan_batch(batch.datas, l.crop, l.options, seed=l.seed,
+                                                           epoch=self.epoch_number, indices=batch.indices,
+                                                           read_errors=batch.read_errors)
         if self.augment_keyed:
             batch.augment_params = l.augment.sample_params(len(batch), seed=l.seed, epoch=self.epoch_number,
                                                            indices=torch.from_numpy(batch.indices))
