@@ -133,6 +133,11 @@ def transcode_with_restarts(data: Buffer, restart_rows: int = 1, restart_mcus: i
 def keyed_uniforms(seed: int, epoch: int, stream: int, indices: ArrayLike, count: int) -> NDArray:
     """float64 [N, count] keyed draws in [0, 1): gpupipe.keyed.uniforms (seed, epoch, stream mod 2**64)."""
 
+def random_resized_crop_boxes(seed: int, epoch: int, heights: ArrayLike, widths: ArrayLike, indices: ArrayLike,
+                              scale0: float, scale1: float, log_ratio0: float, log_ratio1: float, ratio0: float,
+                              ratio1: float) -> NDArray:
+    """int64 [N, 4] RandomResizedCrop boxes (top, left, height, width) keyed by (seed, epoch, index) mod 2**64: gpupipe.crops.RandomResizedCrop.boxes."""
+
 def default_num_threads() -> int: ...
 def cpu_capability() -> tuple[str, str]: ...
 def set_cpu_capability(name: str) -> str: ...

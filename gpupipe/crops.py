@@ -4,7 +4,7 @@ Every sampler maps ``(heights, widths, seed, epoch, indices)`` to int64 boxes ``
 (top, left, height, width). A box depends only on (seed, epoch, sample index), never on the batch
 it falls in, the thread count or the order of decoding: the random draws come from a counter-based
 hash of those three numbers (:func:`gpupipe.keyed.uniforms`, stream 0), vectorised over the batch
-(no per-sample Python).
+(no per-sample Python; RandomResizedCrop's tries in native code).
 
 The parameter semantics and distributions follow torchvision's transforms (the same statistics,
 not the same random stream).
@@ -17,9 +17,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from gpupipe import _C
 from gpupipe._args import Size, is_int, positive_pair, size_pair
 from gpupipe.decode_types import DecodeOptions
-from gpupipe.keyed import uniforms
+from gpupipe.keyed import _MASK, uniforms
 
 
 def _dims(heights: Any, widths: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -101,33 +102,11 @@ class RandomResizedCrop(CropSampler):
 
     def boxes(self, heights, widths, *, seed=0, epoch=0, indices=None):
         H, W = _dims(heights, widths)
-        n = H.shape[0]
-        tries = 10
-        u = uniforms(seed, epoch, self._indices(indices, n), 4 * tries).reshape(n, tries, 4)
-        area = (H * W).astype(np.float64)[:, None]
-        target = area * (self.scale[0] + u[..., 0] * (self.scale[1] - self.scale[0]))
+        # In native code (csrc/common/crop_sampling.h), operation for operation as the numpy
+        # definition tests/test_crops.py keeps: up to 10 tries of 4 keyed draws each (stream 0).
         lo, hi = math.log(self.ratio[0]), math.log(self.ratio[1])
-        aspect = np.exp(lo + u[..., 1] * (hi - lo))
-        w = np.round(np.sqrt(target * aspect)).astype(np.int64)  # round half to even, as Python
-        h = np.round(np.sqrt(target / aspect)).astype(np.int64)
-        fits = (w > 0) & (w <= W[:, None]) & (h > 0) & (h <= H[:, None])
-        first = np.argmax(fits, axis=1)
-        found = fits[np.arange(n), first]
-        rows = np.arange(n)
-        h_sel, w_sel = h[rows, first], w[rows, first]
-        top = _randint(u[rows, first, 2], H - h_sel + 1)
-        left = _randint(u[rows, first, 3], W - w_sel + 1)
-
-        # Fallback: the whole image, cut to the nearest allowed aspect ratio, centered.
-        in_ratio = W / H
-        fw, fh = W.copy(), H.copy()
-        narrow = in_ratio < self.ratio[0]
-        wide = in_ratio > self.ratio[1]
-        fh[narrow] = np.round(W[narrow] / self.ratio[0]).astype(np.int64)
-        fw[wide] = np.round(H[wide] * self.ratio[1]).astype(np.int64)
-        out = np.stack([top, left, h_sel, w_sel], axis=1)
-        fallback = np.stack([(H - fh) // 2, (W - fw) // 2, fh, fw], axis=1)
-        return np.where(found[:, None], out, fallback).astype(np.int64)
+        return _C.random_resized_crop_boxes(int(seed) & _MASK, int(epoch) & _MASK, H, W, self._indices(indices, len(H)),
+                                            self.scale[0], self.scale[1], lo, hi, self.ratio[0], self.ratio[1])
 
 
 class RandomCrop(CropSampler):

@@ -1,11 +1,12 @@
 """Crop samplers: torchvision's semantics, and boxes that depend only on (seed, epoch, index)."""
 
+import math
 
 import numpy as np
 import pytest
 import torch
 
-from gpupipe import crops
+from gpupipe import crops, keyed
 
 SAMPLERS = [crops.RandomResizedCrop(224), crops.RandomCrop((100, 120)), crops.CenterCrop(96), crops.Resize((64, 48))]
 
@@ -229,3 +230,49 @@ def test_sizes_are_whole_numbers_given_any_way():
             crops.CenterCrop(bad)
         with pytest.raises(ValueError, match="size"):
             gpupipe.decode_crop_jpeg(data, 0, 0, 40, 40, size=bad)
+
+
+def numpy_random_resized_crop(sampler, H, W, *, seed, epoch, indices):
+    """The numpy definition of RandomResizedCrop.boxes, the reference of its native code
+    (csrc/common/crop_sampling.h): 10 tries of 4 keyed draws, vectorised over the batch."""
+    from gpupipe.crops import _randint
+
+    n, tries = H.shape[0], 10
+    u = keyed.uniforms(seed, epoch, indices, 4 * tries).reshape(n, tries, 4)
+    area = (H * W).astype(np.float64)[:, None]
+    target = area * (sampler.scale[0] + u[..., 0] * (sampler.scale[1] - sampler.scale[0]))
+    lo, hi = math.log(sampler.ratio[0]), math.log(sampler.ratio[1])
+    aspect = np.exp(lo + u[..., 1] * (hi - lo))
+    w = np.round(np.sqrt(target * aspect)).astype(np.int64)  # round half to even, as Python
+    h = np.round(np.sqrt(target / aspect)).astype(np.int64)
+    fits = (w > 0) & (w <= W[:, None]) & (h > 0) & (h <= H[:, None])
+    first = np.argmax(fits, axis=1)
+    rows = np.arange(n)
+    found = fits[rows, first]
+    h_sel, w_sel = h[rows, first], w[rows, first]
+    top = _randint(u[rows, first, 2], H - h_sel + 1)
+    left = _randint(u[rows, first, 3], W - w_sel + 1)
+    in_ratio = W / H
+    fw, fh = W.copy(), H.copy()
+    narrow, wide = in_ratio < sampler.ratio[0], in_ratio > sampler.ratio[1]
+    fh[narrow] = np.round(W[narrow] / sampler.ratio[0]).astype(np.int64)
+    fw[wide] = np.round(H[wide] * sampler.ratio[1]).astype(np.int64)
+    out = np.stack([top, left, h_sel, w_sel], axis=1)
+    fallback = np.stack([(H - fh) // 2, (W - fw) // 2, fh, fw], axis=1)
+    return np.where(found[:, None], out, fallback).astype(np.int64)
+
+
+@pytest.mark.parametrize("scale,ratio", [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.5, 0.5), (1.0, 1.0)),
+                                         ((0.9, 1.5), (0.2, 5.0)), ((1e-4, 0.01), (1 / 3, 3.0))])
+def test_random_resized_crop_native_boxes_are_the_numpy_definition(scale, ratio):
+    rng = np.random.default_rng(17)
+    n = 200_000
+    H = np.concatenate([rng.integers(1, 4000, n // 2), rng.integers(1, 12, n // 4), np.full(n // 4, 7)])
+    W = np.concatenate([rng.integers(1, 4000, n // 2), rng.integers(1, 3000, n // 4), np.full(n // 4, 4000)])
+    idx = rng.integers(-2**62, 2**62, n)
+    sampler = crops.RandomResizedCrop(224, scale=scale, ratio=ratio)
+    for seed, epoch in ((0, 0), (2**64 - 1, 7), (-5, 2**70)):
+        ref = numpy_random_resized_crop(sampler, H, W, seed=seed, epoch=epoch, indices=idx)
+        got = sampler.boxes(H, W, seed=seed, epoch=epoch, indices=idx)
+        assert got.dtype == np.int64 and got.shape == (n, 4)
+        np.testing.assert_array_equal(got, ref)

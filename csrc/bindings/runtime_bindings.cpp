@@ -14,6 +14,7 @@
 #include "bindings/released_gil.h"
 #include "common/file_reader.h"
 #include "common/errors.h"
+#include "common/crop_sampling.h"
 #include "common/keyed_uniforms.h"
 #include "common/multiversion.h"
 #include "common/thread_pool.h"
@@ -106,6 +107,31 @@ void register_runtime(py::module_& m) {
       },
       py::arg("seed"), py::arg("epoch"), py::arg("stream"), py::arg("indices"), py::arg("count"),
       "float64 [N, count] keyed draws in [0, 1): gpupipe.keyed.uniforms (seed, epoch, stream mod 2**64).");
+  m.def(
+      "random_resized_crop_boxes",
+      [](uint64_t seed, uint64_t epoch, py::array_t<int64_t, py::array::c_style | py::array::forcecast> heights,
+         py::array_t<int64_t, py::array::c_style | py::array::forcecast> widths,
+         py::array_t<int64_t, py::array::c_style | py::array::forcecast> indices, double scale0, double scale1,
+         double log_ratio0, double log_ratio1, double ratio0, double ratio1) {
+        const int64_t n = indices.size();
+        if (heights.size() != n || widths.size() != n)
+          throw InvalidArgument("heights, widths and indices must have one entry per sample");
+        for (int64_t i = 0; i < n; ++i)
+          if (heights.data()[i] < 1 || widths.data()[i] < 1 || heights.data()[i] > (int64_t{1} << 31) ||
+              widths.data()[i] > (int64_t{1} << 31))
+            throw InvalidArgument("image sizes must be within 1..2^31, sample " + std::to_string(i) + " is not");
+        py::array_t<int64_t> out({n, int64_t{4}});
+        const ResizedCropRange range{scale0, scale1, log_ratio0, log_ratio1, ratio0, ratio1};
+        // microseconds a batch, as keyed_uniforms: the GIL is kept
+        random_resized_crop_boxes(seed, epoch, heights.data(), widths.data(), indices.data(), n, range,
+                                  out.mutable_data());
+        return out;
+      },
+      py::arg("seed"), py::arg("epoch"), py::arg("heights"), py::arg("widths"), py::arg("indices"),
+      py::arg("scale0"), py::arg("scale1"), py::arg("log_ratio0"), py::arg("log_ratio1"), py::arg("ratio0"),
+      py::arg("ratio1"),
+      "int64 [N, 4] RandomResizedCrop boxes (top, left, height, width) keyed by (seed, epoch, index) mod 2**64: "
+      "gpupipe.crops.RandomResizedCrop.boxes.");
   m.def("decode_busy_seconds", &decode_busy_seconds,
         "Thread-seconds all batch decodes of this process have spent decoding samples (pool utilisation).");
   m.def("default_num_threads", &default_num_threads);
