@@ -57,6 +57,12 @@ def import_extra(module: str, extra: str, what: str):
                                   f"({e})") from e
 
 
+def brief(e: BaseException, limit: int) -> str:
+    """``"Type: message"`` on one line, the message's whitespace collapsed and cut at ``limit``
+    characters: an exception quoted inside another message (a GPU decoder's, a library's)."""
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:limit]}"
+
+
 def error_class(kind) -> type:
     """The exception class of an :class:`ErrorKind`."""
     return ERROR_CLASSES[ErrorKind(kind)]

@@ -107,8 +107,7 @@ class _Stats:
         self.fallback: list = []
         self.routes = {r.label: 0 for r in Route if r != Route.NONE}
         self.engine_seconds: dict = {}  # the hybrid backend's GPU engines: {engine: [decoded, given, seconds]}
-        self.epoch: Optional[int] = None  # the epoch iterated, and (hybrid) its shares
-        self.shares: Optional[hybrid.Shares] = None
+        self.shares: Optional[hybrid.Shares] = None  # hybrid: the shares of the epoch iterated
         self.started: Optional[float] = None
         self.last: Optional[float] = None
         self.decode_busy0 = _C.decode_busy_seconds()  # the process's, at the epoch's start
@@ -574,7 +573,7 @@ class Loader:
         busy, wait = s.times.snapshot()
         host = s.times.host()
         pool_busy = _C.decode_busy_seconds() - s.decode_busy0
-        decode_threads = self.options.num_threads or _C.default_num_threads()
+        decode_threads = self._decode_threads()
         with s.lock:
             wall = (s.last - s.started) if s.started and s.last else 0.0
             pool_wall = (s.last - s.created) if s.last else 0.0
@@ -636,7 +635,7 @@ class _Epoch:
         self.shares = self.workers = self.decode_stream = None
         if loader.backend == "hybrid":
             self.shares = loader._epoch_shares()
-            loader._stats.epoch, loader._stats.shares = self.epoch_number, self.shares
+            loader._stats.shares = self.shares
             engines = loader._gpu_engines()
             self.workers = hybrid.Workers(list(engines), loader.device)
             if loader.device.type == "cuda":  # the engines wait for this stream only, not the training step
@@ -712,9 +711,7 @@ class _Epoch:
         return batch
 
     def decode(self, batch: Batch) -> Batch:
-        if self.decode_stream is None:
-            return self._decode(batch)
-        with torch.cuda.stream(self.decode_stream):  # out's allocation and every wait on this stream
+        with torch.cuda.stream(self.decode_stream):  # hybrid on CUDA: out's allocation and waits here; else a no-op
             return self._decode(batch)
 
     def _decode(self, batch: Batch) -> Batch:
@@ -745,9 +742,8 @@ class _Epoch:
         except BaseException:
             self.release(batch)
             raise
-        if batch.images.is_cuda and batch.pending is None:  # the consumer's stream waits for this thread's work
-            batch.ready = torch.cuda.Event()
-            batch.ready.record(torch.cuda.current_stream(batch.images.device))
+        if batch.pending is None:
+            _mark_ready(batch)
         return batch
 
     def route_keys(self, batch: Batch) -> "hybrid.RouteKeys":
@@ -755,8 +751,6 @@ class _Epoch:
 
     def collect(self, batch: Batch) -> Batch:
         """The batch's decode, waited for (when it was started), and the error policy applied."""
-        if self.decode_stream is None:
-            return self._collect(batch)
         with torch.cuda.stream(self.decode_stream):
             return self._collect(batch)
 
@@ -766,9 +760,7 @@ class _Epoch:
             if batch.pending is not None:
                 batch.status = batch.pending()
                 batch.pending = None
-                if batch.images.is_cuda:  # the hybrid decode's last work was queued by this thread
-                    batch.ready = torch.cuda.Event()
-                    batch.ready.record(torch.cuda.current_stream(batch.images.device))
+                _mark_ready(batch)  # a started hybrid decode's last work was queued by this thread
             batch.failures = apply_policy(batch.status, l.on_error, batch.keys)
         except BaseException:
             self.release(batch)
@@ -855,6 +847,14 @@ class _Epoch:
         if batch.slot is not None:
             self.ring.release(batch.slot, event)
             batch.slot = None
+
+
+def _mark_ready(batch: Batch) -> None:
+    """Records, after the work this thread queued on a CUDA batch, the event the consumer's stream
+    waits for."""
+    if batch.images.is_cuda:
+        batch.ready = torch.cuda.Event()
+        batch.ready.record(torch.cuda.current_stream(batch.images.device))
 
 
 class _Finished:

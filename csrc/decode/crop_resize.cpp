@@ -173,8 +173,7 @@ CropResizePlan plan_crop_resize(const std::vector<RaggedImage>& images, const st
     s.slot = static_cast<int32_t>(slot);
     s.h_ksize = horizontal_axis(s, out_w).ksize;
     s.v_ksize = vertical_axis(s, out_h).ksize;
-    const bool copy = !resize || (s.region_w == out_w && s.region_h == out_h && s.bx0 == 0 && s.by0 == 0 &&
-                                  s.bx1 == s.region_w && s.by1 == s.region_h);  // the box is the region
+    const bool copy = !resize || Resampler::is_copy(s.region_h, s.region_w, s.bx0, s.by0, s.bx1, s.by1, out_h, out_w);
     plan_passes(&s, copy, horizontal_first, out_h, out_w, channels);
     s.coeff_offset = static_cast<int64_t>(offset);
     offset = align16(offset + 4 * (static_cast<uint64_t>(out_w) * (2 + s.h_ksize) +

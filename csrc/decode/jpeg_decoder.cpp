@@ -425,11 +425,9 @@ Plan plan_decode(const jpeg_decompress_struct& c, const DecodeRequest& req) {
   plan.by0 = fy0 - plan.y0;
   plan.bx1 = fx1 - plan.x0;
   plan.by1 = fy1 - plan.y0;
-  // A copy only where the box IS the region and has the output's size: a window margin on one side
-  // only, or a fractional box rounded up, can make a smaller box's region the output's size.
-  plan.direct = !resample || (plan.scale_num == 8 && plan.x1 - plan.x0 == req.out_width &&
-                              plan.y1 - plan.y0 == req.out_height && plan.bx0 == 0 && plan.by0 == 0 &&
-                              plan.bx1 == plan.x1 - plan.x0 && plan.by1 == plan.y1 - plan.y0);
+  plan.direct = !resample || (plan.scale_num == 8 && Resampler::is_copy(plan.y1 - plan.y0, plan.x1 - plan.x0, plan.bx0,
+                                                                         plan.by0, plan.bx1, plan.by1, req.out_height,
+                                                                         req.out_width));
   return plan;
 }
 

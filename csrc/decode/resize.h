@@ -35,6 +35,15 @@ class Resampler {
   static int window_margin(double box_size, int out_size) {
     return static_cast<int>(std::ceil(std::max(1.0, box_size / out_size))) + 1;
   }
+  // Whether resizing the box [bx0, bx1) x [by0, by1) of a region_h x region_w region to out_h x
+  // out_w is a plain copy: the box is the whole region and has the output's size. A window's margin
+  // on one side only, or a fractional box rounded up, can give a smaller box a region of the
+  // output's size: that is still a resize.
+  static bool is_copy(int64_t region_h, int64_t region_w, double bx0, double by0, double bx1, double by1, int64_t out_h,
+                      int64_t out_w) {
+    return region_w == out_w && region_h == out_h && bx0 == 0 && by0 == 0 && bx1 == static_cast<double>(region_w) &&
+           by1 == static_cast<double>(region_h);
+  }
   // ... and its pass order: Pillow's for the whole frame resized to the size that maps the box onto
   // the output.
   static bool window_horizontal_first(int64_t frame_h, int64_t frame_w, double box_h, double box_w, int out_h,

@@ -10,6 +10,7 @@ import torch
 
 from gpupipe import _C
 from gpupipe._backends import cpu
+from gpupipe._errors import brief
 from gpupipe.decode_types import BatchStatus, DecodeOptions, HeaderInfos, Route
 from gpupipe.limits import get_limits
 
@@ -47,6 +48,36 @@ def gpu_eligible(infos: HeaderInfos, boxes: np.ndarray, options: DecodeOptions) 
             & (infos.column("scans") <= limits.max_scans) & (infos.column("eoi") == 1) & inside & whole)
 
 
+def ineligible_reason(name: str) -> str:
+    """The fallback reason of a sample :func:`gpu_eligible` keeps from the GPU decoder ``name``."""
+    return (f"not decodable by {name} with gpupipe's semantics (header, color space, a limit, the box, no EOI "
+            "marker at the end, a window resize or strict)")
+
+
+def decode_on_cpu(status: BatchStatus, reasons: dict, buffers: Sequence, boxes: np.ndarray, out: torch.Tensor,
+                  options: DecodeOptions, infos: HeaderInfos) -> None:
+    """The samples ``reasons`` names (``{index: why a GPU decoder did not take it}``), decoded by
+    the CPU core into their slots of ``out`` (on a CUDA ``out``: from pinned memory, one copy),
+    each with its exact result (route ``cpu-fallback``, the reason in ``fallback``) or its exact
+    error, merged into ``status``."""
+    idx = np.array(sorted(reasons), dtype=np.int64)
+    host = torch.empty((len(idx), *out.shape[1:]), dtype=torch.uint8, pin_memory=out.is_cuda)
+    sub = cpu.decode([buffers[i] for i in idx], np.ascontiguousarray(boxes[idx]), host, options, infos.select(idx))
+    sub.route[sub.kind == 0] = Route.CPU_FALLBACK
+    sub.fallback.update({k: reasons[int(i)] for k, i in enumerate(idx) if sub.kind[k] == 0})
+    status.merge(sub, idx)
+    scatter(out, idx, host)
+
+
+def scatter(out: torch.Tensor, rows: np.ndarray, host: torch.Tensor) -> None:
+    """out[rows] = host (host -> device without blocking the host: pinned memory, one copy)."""
+    if out.device.type == "cpu":
+        out.index_copy_(0, torch.from_numpy(rows), host)
+        return
+    sub = host.to(out.device, non_blocking=True)
+    out.index_copy_(0, torch.from_numpy(rows).to(out.device, non_blocking=True), sub)
+
+
 def decode_with_fallback(name: str, gpu_decode: Callable[[np.ndarray], Optional[GpuOutcome]], buffers: Sequence,
                          boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions, infos: HeaderInfos, *,
                          device_errors: str = "fallback") -> BatchStatus:
@@ -60,8 +91,7 @@ def decode_with_fallback(name: str, gpu_decode: Callable[[np.ndarray], Optional[
     n = len(buffers)
     status = BatchStatus.empty(n)
     eligible = gpu_eligible(infos, boxes, options)
-    reasons = {int(i): f"not decodable by {name} with gpupipe's semantics (header, color space, a limit, the box, "
-                       "no EOI marker at the end, a window resize or strict)" for i in np.flatnonzero(~eligible)}
+    reasons = {int(i): ineligible_reason(name) for i in np.flatnonzero(~eligible)}
     gpu_idx = np.flatnonzero(eligible)
     if len(gpu_idx):
         try:
@@ -69,7 +99,7 @@ def decode_with_fallback(name: str, gpu_decode: Callable[[np.ndarray], Optional[
         except Exception as e:  # GPU decoders fail a whole batch for one bad sample
             if device_errors == "raise":
                 raise
-            message = f"{name} failed on the batch ({type(e).__name__}: {' '.join(str(e).split())[:240]}); decoded by the CPU core"
+            message = f"{name} failed on the batch ({brief(e, 240)}); decoded by the CPU core"
             reasons.update({int(i): message for i in gpu_idx})
         else:
             if outcome is None:
@@ -79,11 +109,5 @@ def decode_with_fallback(name: str, gpu_decode: Callable[[np.ndarray], Optional[
                 reasons.update({int(i): f"declined by {reason}; decoded by the CPU core"
                                 for i, reason in outcome.declined.items()})
     if reasons:
-        idx = np.array(sorted(reasons), dtype=np.int64)
-        sub_out = torch.empty((len(idx), *out.shape[1:]), dtype=torch.uint8, device=out.device)
-        sub = cpu.decode([buffers[i] for i in idx], np.ascontiguousarray(boxes[idx]), sub_out, options, infos.select(idx))
-        sub.route[sub.kind == 0] = Route.CPU_FALLBACK
-        sub.fallback.update({k: reasons[int(i)] for k, i in enumerate(idx) if sub.kind[k] == 0})
-        status.merge(sub, idx)
-        out[torch.from_numpy(idx).to(out.device)] = sub_out
+        decode_on_cpu(status, reasons, buffers, boxes, out, options, infos)
     return status

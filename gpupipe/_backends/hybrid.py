@@ -16,7 +16,6 @@ the Loader sums them over an epoch, with the CPU pool's busy thread-seconds, and
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,8 +24,9 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from gpupipe import _C, keyed
+from gpupipe import keyed
 from gpupipe._backends import cpu, gpu_fallback
+from gpupipe._errors import brief
 from gpupipe.decode_types import BatchStatus, DecodeOptions, HeaderInfos, Route
 
 name = "hybrid"
@@ -78,7 +78,7 @@ def gpu_engines(device: torch.device) -> dict:
 @dataclasses.dataclass(frozen=True)
 class Shares:
     """The fraction of a batch's samples each engine gets (they sum to 1; an engine that is not
-    there gets 0), and the rates they came from (images/s)."""
+    there gets 0)."""
 
     cpu: float
     hardware: float
@@ -199,7 +199,7 @@ def _run_engine(eng: Any, buffers: list, boxes: np.ndarray, out: torch.Tensor, s
     timed by CUDA events around it (the engine's own pace); on a host ``out`` (the scheduler's
     tests) by the host's clock."""
     try:
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        with torch.cuda.stream(stream):  # a no-op for None (a host engine)
             t0 = time.perf_counter()
             started = _record(stream)
             declined = eng.decode(buffers, boxes, out, slots, options, sizes=sizes)
@@ -251,8 +251,7 @@ class Pending:
         self.gpu.append((kind, rows, future))
 
 
-INELIGIBLE = ("not decodable by the GPU decoders with gpupipe's semantics (header, color space, a limit, the box, "
-              "no EOI marker at the end, a window resize or strict)")
+INELIGIBLE = gpu_fallback.ineligible_reason("the GPU decoders")
 
 
 def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions, infos: HeaderInfos, *,
@@ -314,8 +313,7 @@ def _collect(p: Pending) -> BatchStatus:
         except BaseException as e:  # a device error: the batch fails once every engine has stopped
             if isinstance(e, concurrent.futures.CancelledError):
                 e = RuntimeError("cancelled: the Loader epoch that started the batch was closed")
-            failure = failure or RuntimeError(f"the hybrid backend's {kind} decoder failed the batch "
-                                              f"({type(e).__name__}: {' '.join(str(e).split())[:300]})")
+            failure = failure or RuntimeError(f"the hybrid backend's {kind} decoder failed the batch ({brief(e, 300)})")
             queued = getattr(e, "gpupipe_engine_done", None)
             if queued is not None:  # what it queued before failing still writes out: later work waits
                 torch.cuda.current_stream(out.device).wait_event(queued)
@@ -339,7 +337,7 @@ def _collect(p: Pending) -> BatchStatus:
         sub = cpu.wait(p.cpu_pending, len(p.cpu_rows))
         p.cpu_pending = None
         status.merge(sub, p.cpu_rows)
-        _scatter(out, p.cpu_rows, p.cpu_host)
+        gpu_fallback.scatter(out, p.cpu_rows, p.cpu_host)
         for i, reason in p.ineligible.items():  # the CPU core as a stand-in, not by its share: say why
             if status.kind[i] == 0:
                 status.route[i] = Route.CPU_FALLBACK
@@ -347,23 +345,8 @@ def _collect(p: Pending) -> BatchStatus:
     if failure is not None:
         raise failure
     if declined:  # what the GPU decoders handed back: the CPU core, now, with its exact result or error
-        rows = np.array(sorted(declined), dtype=np.int64)
-        host = torch.empty((len(rows), *out.shape[1:]), dtype=torch.uint8, pin_memory=out.is_cuda)
-        sub = cpu.decode([p.buffers[i] for i in rows], p.boxes[rows], host, p.options, p.infos.select(rows))
-        sub.route[sub.kind == 0] = Route.CPU_FALLBACK
-        sub.fallback.update({j: declined[int(i)] for j, i in enumerate(rows) if sub.kind[j] == 0})
-        status.merge(sub, rows)
-        _scatter(out, rows, host)
+        gpu_fallback.decode_on_cpu(status, declined, p.buffers, p.boxes, out, p.options, p.infos)
     return status
-
-
-def _scatter(out: torch.Tensor, rows: np.ndarray, host: torch.Tensor) -> None:
-    """out[rows] = host (host -> device without blocking the host: pinned memory, one copy)."""
-    if out.device.type == "cpu":
-        out.index_copy_(0, torch.from_numpy(rows), host)
-        return
-    sub = host.to(out.device, non_blocking=True)
-    out.index_copy_(0, torch.from_numpy(rows).to(out.device, non_blocking=True), sub)
 
 
 def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions, infos: HeaderInfos, *,

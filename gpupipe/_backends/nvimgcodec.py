@@ -49,6 +49,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
+from gpupipe._errors import brief
 from gpupipe.decode_types import DecodeOptions, Route
 
 KINDS = ("hardware", "cuda")
@@ -107,7 +108,7 @@ def unavailable_reason(device: Optional[torch.device] = None) -> Optional[str]:
             return f"nvImageCodec is not installed: {INSTALL}"
         return f"nvImageCodec is not importable ({type(e).__name__}: {e})"
     except Exception as e:  # a broken install: a missing CUDA runtime, a wrong wheel
-        return f"nvImageCodec is not importable ({type(e).__name__}: {' '.join(str(e).split())[:240]}): {INSTALL}"
+        return f"nvImageCodec is not importable ({brief(e, 240)}): {INSTALL}"
     if device is not None and torch.device(device).type != "cuda":
         return f"nvImageCodec's engines decode into GPU memory, not {torch.device(device)}: pass device='cuda'"
     if not torch.cuda.is_available():
@@ -198,7 +199,7 @@ def _code_streams(lib: Any, buffers: Sequence) -> tuple[list, dict]:
             stream.height  # the parse is lazy: a file it refuses would otherwise fail the whole decode call
             streams.append(stream)
         except Exception as e:
-            unparsed[k] = f"nvImageCodec cannot parse it ({type(e).__name__}: {' '.join(str(e).split())[:120]})"
+            unparsed[k] = f"nvImageCodec cannot parse it ({brief(e, 120)})"
             streams.append(None)
     return streams, unparsed
 
@@ -254,13 +255,13 @@ class Engine:
                 self._decoder = self._lib.Decoder(device_id=self.device.index,
                                                   **_decoder_args(self._lib, kind, cpu_threads, self.roi))
         except Exception as e:
-            raise RuntimeError(f"{self.name} could not start ({type(e).__name__}: {' '.join(str(e).split())[:240]})") from e
+            raise RuntimeError(f"{self.name} could not start ({brief(e, 240)})") from e
 
     def __repr__(self) -> str:
         return f"Engine({self.kind!r}, {str(self.device)!r}, roi={self.roi})"
 
     def _fail(self, what: str, e: BaseException) -> RuntimeError:
-        return RuntimeError(f"{self.name}: {what} failed ({type(e).__name__}: {' '.join(str(e).split())[:400]})")
+        return RuntimeError(f"{self.name}: {what} failed ({brief(e, 400)})")
 
     def decode(self, buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, slots: np.ndarray, options: DecodeOptions,
                *, sizes: Optional[np.ndarray] = None) -> dict:
@@ -411,9 +412,7 @@ def hardware_decoder_available(device: Optional[torch.device] = None) -> bool:
     """Whether ``device`` (the current CUDA device when None) has JPEG engines nvImageCodec can
     use (checked once per process by decoding a small JPEG on them)."""
     device = torch.device("cuda") if device is None else torch.device(device)
-    if unavailable_reason(device) is not None:
-        return False
-    try:
+    try:  # engine() raises unavailable_reason's reason first
         engine("hardware", device)
     except RuntimeError:
         return False

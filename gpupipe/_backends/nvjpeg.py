@@ -26,13 +26,10 @@ def engines(device: torch.device) -> list:
     """nvImageCodec's engines for ``device`` in the order a sample tries them: the hardware decoder
     where the GPU has one, then the CUDA decoder. Empty where nvImageCodec is absent or its CUDA
     decoder does not start (the reason: ``gpupipe.backends_available()["nvimgcodec"]``)."""
-    if nvimgcodec.unavailable_reason(device) is not None:
+    if engine_failure(device) is not None:
         return []
-    try:
-        cuda = nvimgcodec.engine("cuda", device)
-    except RuntimeError:
-        return []
-    return ([nvimgcodec.engine("hardware", device)] if nvimgcodec.hardware_decoder_available(device) else []) + [cuda]
+    return ([nvimgcodec.engine("hardware", device)] if nvimgcodec.hardware_decoder_available(device) else []) + \
+        [nvimgcodec.engine("cuda", device)]
 
 
 def unavailable_reason(device: Optional[torch.device] = None) -> Optional[str]:
@@ -66,13 +63,11 @@ def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Dec
 
 def engine_failure(device: torch.device) -> Optional[str]:
     """Why nvImageCodec's CUDA decoder cannot run on ``device``, or None where it does."""
-    reason = nvimgcodec.unavailable_reason(device)
-    if reason is None:
-        try:
-            nvimgcodec.engine("cuda", device)
-        except RuntimeError as e:
-            reason = str(e)
-    return reason
+    try:
+        nvimgcodec.engine("cuda", device)  # raises nvimgcodec.unavailable_reason first, then a start failure
+    except RuntimeError as e:
+        return str(e)
+    return None
 
 
 def _decode_on_engines(chain: list, buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions,
