@@ -12,6 +12,7 @@ import threading
 from typing import Callable
 
 _lock = threading.Lock()
+_held = threading.local()  # depth 1 while this thread captures
 
 
 @contextlib.contextmanager
@@ -20,13 +21,18 @@ def captured(is_decoder_message: Callable[[str], bool]):
     after the block, the lines ``is_decoder_message`` claims; anything else written meanwhile (by
     other threads) is passed on to the real stderr."""
     found: list = []
+    if getattr(_held, "depth", 0):  # nested in this thread: the outer block already captures
+        yield found
+        return
     with _lock, tempfile.TemporaryFile() as tmp:
+        _held.depth = 1
         sys.stderr.flush()
         saved = os.dup(2)
         os.dup2(tmp.fileno(), 2)
         try:
             yield found
         finally:
+            _held.depth = 0
             os.dup2(saved, 2)
             os.close(saved)
             tmp.seek(0)

@@ -60,6 +60,7 @@ def test_unavailable_reason_gives_the_import_error(monkeypatch):
 
 
 def test_unavailable_without_a_cuda_device(monkeypatch):
+    monkeypatch.setattr(nvimgcodec, "_engines", {})  # engines a GPU machine's earlier tests started
     monkeypatch.setattr(nvimgcodec, "_library", lambda: types.SimpleNamespace())
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert nvimgcodec.unavailable_reason() == "no CUDA device (torch.cuda.is_available() is False)"
@@ -95,7 +96,7 @@ def test_the_arguments_fit_the_real_library():
     cuda = nvimgcodec._decoder_args(lib, "cuda", 3, True)
     assert [b.backend_kind for b in cuda["backends"]] == [lib.BackendKind.GPU_ONLY, lib.BackendKind.HYBRID_CPU_GPU]
     assert cuda["max_num_cpu_threads"] == 3 and ":enable_roi_fancy_upsampling=1" in cuda["options"].split()
-    assert "nvjpeg_cuda_decoder:hybrid_huffman_threshold=0" in cuda["options"].split()
+    assert f"nvjpeg_cuda_decoder:hybrid_huffman_threshold={nvimgcodec.CUDA_HUFFMAN_ON_GPU_ABOVE}" in cuda["options"].split()
     gray, rgb = nvimgcodec._decode_params(lib, "gray"), nvimgcodec._decode_params(lib, "rgb")
     assert (gray.color_spec, rgb.color_spec) == (lib.ColorSpec.GRAY, lib.ColorSpec.SRGB)
     assert not gray.apply_exif_orientation and not rgb.allow_any_depth
@@ -418,15 +419,17 @@ def test_engine_errors_fail_the_batch_torchvision_errors_fall_back(jpegs):
     assert "nvJPEG failed on the batch" in status.fallback[0]
 
 
-def test_gray_keeps_rgb_coded_files_on_the_cpu():
+def test_rgb_coded_files_stay_on_the_cpu():
+    """The GPU decoders convert RGB-coded files as YCbCr (measured on an H200: 245 levels off)."""
     datas = [encode(photo(40, 40)), encode(photo(40, 40), colorspace="rgb"), encode(photo(40, 40), colorspace="gray")]
     boxes = np.array([[0, 0, 8, 8]] * 3, dtype=np.float64)
     infos = read_infos(datas)
-    assert gpu_fallback.gpu_eligible(infos, boxes, DecodeOptions(size=(8, 8))).tolist() == [True, True, True]
-    assert gpu_fallback.gpu_eligible(infos, boxes, DecodeOptions(size=(8, 8), mode="gray")).tolist() == [True, False, True]
+    for mode in ("rgb", "gray"):
+        assert gpu_fallback.gpu_eligible(infos, boxes, DecodeOptions(size=(8, 8), mode=mode)).tolist() == [True, False, True]
 
 
 def test_nvjpeg_without_nvimgcodec_keeps_torchvision(jpegs, monkeypatch):
+    monkeypatch.setattr(nvimgcodec, "_engines", {})  # engines a GPU machine's earlier tests started
     monkeypatch.setattr(nvimgcodec, "unavailable_reason", lambda device=None: "nvImageCodec is not installed: ...")
     assert nvjpeg.engines(torch.device("cuda", 0)) == []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -489,18 +492,29 @@ def _assert_close(got, ref, where):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("mode", ["rgb", "gray"])
 def test_gpu_engine_crops_match_the_cpu_core(kind, mode):
+    """Every variant the GPU decoders are given (gpu_eligible: not CMYK/YCCK, not coded as RGB, ...)
+    within the tolerance, each reported; the rest never reach them."""
     eng = _gpu_engine(kind)
-    variants = {k: v for k, v in make_variants(photo(157, 203)).items() if not k.startswith(("cmyk", "ycck"))}
-    if mode == "gray":
-        variants = {k: v for k, v in variants.items() if not k.startswith("rgb")}
+    variants = make_variants(photo(157, 203))
+    boxes = np.array([[5, 7, 96, 120]] * len(variants), dtype=np.float64)
+    opts = DecodeOptions(size=(96, 120), mode=mode)
+    eligible = gpu_fallback.gpu_eligible(read_infos(list(variants.values())), boxes, opts)
+    assert not eligible[[k for k, n in enumerate(variants) if n.startswith(("cmyk", "ycck", "rgb"))]].any()
+    variants = {n: v for (n, v), ok in zip(variants.items(), eligible) if ok}
     datas = list(variants.values())
-    boxes = np.array([[5, 7, 96, 120]] * len(datas), dtype=np.float64)
-    got, ref, declined = _engine_vs_core(eng, datas, boxes, (96, 120), mode)
+    got, ref, declined = _engine_vs_core(eng, datas, boxes[:len(datas)], (96, 120), mode)
     names = list(variants)
     print(f"{kind} {mode}: declined {[names[k] for k in declined]}")
+    failed = []
     for k, name in enumerate(names):
         if k not in declined:
-            _assert_close(got[k], ref[k], f"{kind} {mode} {name}")
+            diff = (got[k].int() - ref[k].int()).abs()
+            print(f"  {name}: max |diff| {int(diff.max())}, mean {diff.float().mean():.3f}")
+            try:
+                _assert_close(got[k], ref[k], f"{kind} {mode} {name}")
+            except AssertionError as e:
+                failed.append(str(e).splitlines()[0])
+    assert not failed, failed
     baseline = [k for k, n in enumerate(names) if "progressive" not in n and "arithmetic" not in n and "4:1" not in n]
     assert not set(baseline) & set(declined), f"{kind} declined baseline files: {[names[k] for k in declined]}"
 

@@ -14,8 +14,9 @@ from gpupipe._errors import brief
 from gpupipe.decode_types import BatchStatus, DecodeOptions, HeaderInfos, Route
 from gpupipe.limits import get_limits
 
-GPU_COLORSPACES = tuple(_C.COLORSPACES.index(c) for c in ("gray", "ycbcr", "rgb"))
-GPU_GRAY_COLORSPACES = tuple(_C.COLORSPACES.index(c) for c in ("gray", "ycbcr"))
+# Files coded as RGB (Adobe transform 0, or component ids 'R','G','B') stay on the CPU: measured on an
+# H200 with nvImageCodec 0.9 / nvJPEG 13.2, both GPU decoders treat them as YCbCr (245 levels off).
+GPU_COLORSPACES = tuple(_C.COLORSPACES.index(c) for c in ("gray", "ycbcr"))
 
 
 class GpuOutcome(NamedTuple):
@@ -33,18 +34,16 @@ def gpu_eligible(infos: HeaderInfos, boxes: np.ndarray, options: DecodeOptions) 
     fractional, files that do not end with their EOI marker: nvJPEG decodes a truncated file
     without a word) go to the CPU core, which gives each its exact result or its exact error: gpupipe's
     limits hold whatever the backend. So does every sample of a ``window`` resize (the GPU resizers
-    crop first) and of a ``strict`` decode (nvJPEG does not report recoverable corruption). In gray
-    mode, files coded as RGB (not YCbCr) stay on the CPU too: libjpeg computes their luma from R, G
-    and B, and nvJPEG's gray output of such a file is not documented to be that."""
+    crop first) and of a ``strict`` decode (nvJPEG does not report recoverable corruption). Files
+    coded as RGB (not YCbCr) stay on the CPU too: the GPU decoders convert them as YCbCr."""
     if options.window or options.strict:
         return np.zeros(len(boxes), dtype=bool)
     h, w = infos.column("height"), infos.column("width")
-    colorspaces = GPU_COLORSPACES if options.mode == "rgb" else GPU_GRAY_COLORSPACES
     t, l, bh, bw = np.asarray(boxes, dtype=np.float64).T
     inside = (t >= 0) & (l >= 0) & (bh >= 1) & (bw >= 1) & (t + bh <= h) & (l + bw <= w)
     whole = (np.floor(boxes) == boxes).all(axis=1)
     limits = get_limits()
-    return ((h > 0) & np.isin(infos.column("colorspace"), colorspaces) & (h * w <= limits.max_pixels)
+    return ((h > 0) & np.isin(infos.column("colorspace"), GPU_COLORSPACES) & (h * w <= limits.max_pixels)
             & (infos.column("scans") <= limits.max_scans) & (infos.column("eoi") == 1) & inside & whole)
 
 
