@@ -73,30 +73,45 @@ def options(**kw):
 # --- shares and routes ------------------------------------------------------------------------------
 
 def test_shares_follow_the_rates_and_keep_every_engine_measured():
-    s = hybrid.Shares.from_rates({"cpu": 2000, "hardware": 6000, "cuda": 2000}, ["cpu", "hardware", "cuda"])
-    assert s.as_dict() == pytest.approx({"cpu": 0.2, "hardware": 0.6, "cuda": 0.2})
-    s = hybrid.Shares.from_rates({"cpu": 1, "hardware": 10000, "cuda": 10000}, ["cpu", "hardware", "cuda"])
+    s = hybrid.Shares.from_rates({"cpu": 2000, "hardware": 6000, "cuda": 2000}, ["cpu", "hardware"])
+    assert s.as_dict() == pytest.approx({"cpu": 0.25, "hardware": 0.75, "cuda": 0})
+    s = hybrid.Shares.from_rates({"cpu": 1, "hardware": 10000, "cuda": 10000}, ["cpu", "hardware"])
     assert s.cpu == pytest.approx(0.02) and sum(s.as_dict().values()) == pytest.approx(1)
     s = hybrid.Shares.from_rates({"cpu": 1000, "hardware": 5000, "cuda": 1000}, ["cpu", "cuda"])
     assert s.hardware == 0 and s.cpu == pytest.approx(0.5)  # an engine that is not there gets nothing
+    s = hybrid.Shares.from_rates({"cpu": 1, "hardware": 5000, "cuda": 10000}, ["cpu", "cuda"])
+    assert s.cpu == pytest.approx(0.02) and s.cuda == pytest.approx(0.98)
     prior = hybrid.Shares.prior(["cpu", "cuda"])
-    assert prior.hardware == 0 and prior.cpu == pytest.approx(7200 / 11200)
+    assert prior.hardware == 0 and prior.cpu == pytest.approx(8700 / 9950)
+
+
+def test_beside_a_hardware_decoder_the_cuda_decoder_gets_no_share():
+    """It only takes the hardware's declines: measured on an H200, a 2% share of it set the pace."""
+    assert hybrid.sharing(["cpu", "hardware", "cuda"]) == ["cpu", "hardware"]
+    assert hybrid.sharing(["cpu", "cuda"]) == ["cpu", "cuda"]
+    s = hybrid.Shares.from_rates({"cpu": 1000, "hardware": 1000, "cuda": 10 ** 6}, ["cpu", "hardware", "cuda"])
+    assert s.as_dict() == pytest.approx({"cpu": 0.5, "hardware": 0.5, "cuda": 0})
+    assert hybrid.Shares.prior(["cpu", "hardware", "cuda"]).cuda == 0
+    t = s.retuned({"cpu": (300, 300, 8.0), "hardware": (300, 300, 0.5), "cuda": (300, 300, 0.01)},
+                  ["cpu", "hardware", "cuda"], 4)
+    assert t.cuda == 0 and t.hardware == pytest.approx(600 / 750)
 
 
 def test_retuned_shares_make_the_engines_finish_together():
-    s = hybrid.Shares(cpu=1 / 3, hardware=1 / 3, cuda=1 / 3)
-    # cpu: 300 images in 8 thread-seconds on 4 threads (150/s); hardware 300 in 0.5 s; cuda 300 in 1 s
-    t = s.retuned({"cpu": (300, 300, 8.0), "hardware": (300, 300, 0.5), "cuda": (300, 300, 1.0)},
-                  ["cpu", "hardware", "cuda"], 4)
-    assert t.as_dict() == pytest.approx({"cpu": 150 / 1050, "hardware": 600 / 1050, "cuda": 300 / 1050})
-    # an engine that decoded nothing keeps its share; the measured ones split the rest by their rates
-    u = s.retuned({"cpu": (300, 300, 8.0), "cuda": (300, 300, 1.0)}, ["cpu", "hardware", "cuda"], 4)
-    assert u.hardware == pytest.approx(1 / 3) and u.cpu / u.cuda == pytest.approx(0.5)
+    s = hybrid.Shares(cpu=0.5, hardware=0.5, cuda=0)
+    # cpu: 300 images in 8 thread-seconds on 4 threads (150/s); hardware 300 in 0.5 s (600/s)
+    t = s.retuned({"cpu": (300, 300, 8.0), "hardware": (300, 300, 0.5)}, ["cpu", "hardware", "cuda"], 4)
+    assert t.as_dict() == pytest.approx({"cpu": 150 / 750, "hardware": 600 / 750, "cuda": 0})
     assert s.retuned({}, ["cpu", "hardware", "cuda"], 4) == s  # nothing measured: unchanged
     # an engine that declines most of what it is given decodes few images per second: less work
-    v = s.retuned({"cpu": (300, 300, 8.0), "hardware": (30, 300, 0.5), "cuda": (300, 300, 1.0)},
-                  ["cpu", "hardware", "cuda"], 4)
-    assert v.hardware == pytest.approx(60 / 510)
+    v = s.retuned({"cpu": (300, 300, 8.0), "hardware": (30, 300, 0.5)}, ["cpu", "hardware", "cuda"], 4)
+    assert v.hardware == pytest.approx(60 / 210)
+    # without a hardware decoder: the CPU and the CUDA decoder; one that decoded nothing keeps its share
+    w = hybrid.Shares(cpu=0.5, hardware=0, cuda=0.5)
+    assert w.retuned({"cpu": (300, 300, 8.0), "cuda": (300, 300, 1.0)}, ["cpu", "cuda"], 4).as_dict() == \
+        pytest.approx({"cpu": 150 / 450, "hardware": 0, "cuda": 300 / 450})
+    u = hybrid.Shares(cpu=1 / 3, hardware=1 / 3, cuda=1 / 3).retuned({"cpu": (300, 300, 8.0)}, ["cpu", "cuda"], 4)
+    assert u.cpu == pytest.approx(0.5) and u.cuda == pytest.approx(0.5) and u.hardware == 0
 
 
 @pytest.mark.parametrize("bad", [None, {"cpu": 1}, {"cpu": 0.5, "hardware": 0.5, "cuda": 0.5},
@@ -281,19 +296,19 @@ def loader(root, **kw):
 
 def test_the_loader_splits_batches_reports_routes_and_retunes_between_epochs(tmp_path, host_engines):
     make_image_folder(tmp_path, per_class=12)
-    host_engines["cuda"].delay = 0.004  # a slow CUDA decoder: it should get less work next epoch
+    host_engines["hardware"].delay = 0.004  # a slow hardware decoder: it should get less work next epoch
     ld = loader(tmp_path)
     seen = [index_of(x[k]) for x, _ in ld for k in range(x.shape[0])]
     assert sorted(seen) == list(range(36))
     st = ld.stats()
     first = st["shares"]
     assert sum(st["routes"][r] for r in ("cpu", "gpu-hardware", "gpu-cuda")) == 36
-    assert set(st["engines"]) == {"hardware", "cuda"} and st["engines"]["cuda"]["images_per_s"] > 0
+    assert st["engines"]["hardware"]["images_per_s"] > 0 and st["routes"]["gpu-cuda"] == 0 and first["cuda"] == 0
     ld.set_epoch(1)
     list(ld)
     st = ld.stats()
     second = st["shares"]
-    assert second != first and second["cuda"] < first["cuda"]
+    assert second != first and second["hardware"] < first["hardware"] and second["cuda"] == 0
     assert ld.state_dict()["decode_shares"]["epochs"] == {0: first, 1: second}
     # every sample went where (seed, epoch, index) and the epoch's shares sent it
     expected = hybrid.assign(3, 1, ld.indices(), hybrid.Shares.from_dict(second), np.ones(36, bool))
@@ -349,8 +364,8 @@ def test_a_device_error_fails_the_loader_clearly_and_every_thread_stops(tmp_path
     ld = loader(tmp_path)
     it = iter(ld)
     next(it)
-    host_engines["cuda"].fail = True  # e.g. an illegal memory access, or out of memory
-    with pytest.raises(RuntimeError, match="hybrid backend's cuda decoder failed the batch .*illegal memory access"):
+    host_engines["hardware"].fail = True  # e.g. an illegal memory access, or out of memory
+    with pytest.raises(RuntimeError, match="hybrid backend's hardware decoder failed the batch .*illegal memory access"):
         for _ in it:
             pass
     del it

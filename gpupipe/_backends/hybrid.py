@@ -35,11 +35,13 @@ ENGINES = ("cpu", "hardware", "cuda")  #: the engines a batch is split between, 
 ROUTES = {"cpu": Route.CPU, "hardware": Route.GPU_HARDWARE, "cuda": Route.GPU_CUDA}
 ROUTE_STREAM = keyed.stream_of("gpupipe.hybrid.route")  #: the routes' own keyed stream (crops are 0)
 
-# Starting rates (images/s at RandomResizedCrop 224 of 800x533 photos on a 16-core H100 node: the
-# CPU core's 16 threads, nvImageCodec's hardware and CUDA decoders; issue 29's measurements). They
-# only set the first epoch's shares (and decode_crop_jpegs's), the same whatever the thread count,
-# so that no pixel depends on it; the Loader re-tunes them between epochs from what it measured.
-PRIOR_RATES = {"cpu": 7200.0, "hardware": 7000.0, "cuda": 4000.0}
+# Starting rates (images/s of the Loader at RandomResizedCrop 224 of 800x533 photos, batch 256, on a
+# 16-core H200 node: the CPU core's 16 threads alone 8,710, the hardware decoder alone 11,566; split
+# between the two, 50/50 gave 12,550 and 35/65 10,461, as the decoder's host work competes with the
+# pool, so the prior is the even split; the CUDA decoder alone 1,259 with nvImageCodec's 2 host
+# threads). They only set the first epoch's shares (and decode_crop_jpegs's), the same whatever the
+# thread count, so that no pixel depends on it; the Loader re-tunes them between epochs.
+PRIOR_RATES = {"cpu": 8700.0, "hardware": 8700.0, "cuda": 1250.0}
 _MIN_SHARE = 0.02  # an engine that exists keeps a little work, so its rate stays measured
 
 
@@ -87,7 +89,9 @@ class Shares:
     @classmethod
     def from_rates(cls, rates: dict, available: Sequence[str]) -> "Shares":
         """Shares in proportion to the engines' rates (images/s), so that they finish a batch
-        together; each available engine keeps at least a small share, so that it stays measured."""
+        together; each engine that shares keeps at least a small share, so that it stays measured.
+        Where the GPU has a hardware decoder the CUDA decoder gets no share (:func:`sharing`)."""
+        available = sharing(available)
         raw = {e: max(float(rates.get(e, 0.0)), 0.0) if e in available else 0.0 for e in ENGINES}
         total = sum(raw.values())
         if total <= 0:
@@ -145,6 +149,15 @@ class Shares:
             if r is None:
                 rates[e] = getattr(self, e) * scale
         return Shares.from_rates(rates, available)
+
+
+def sharing(available: Sequence[str]) -> list:
+    """The engines of ``available`` that get a share of each batch. Beside a hardware decoder the
+    CUDA decoder only takes what the hardware declines (progressive files): measured on an H200,
+    its Huffman stage runs on nvImageCodec's host threads (1,259 images/s with 2 of them, 4,447 with
+    8, 974 on the GPU), so a share as small as 2% set the pace of every batch (9,237 images/s
+    instead of 12,550) and more threads would take cores from the CPU pool."""
+    return [e for e in available if not (e == "cuda" and "hardware" in available)]
 
 
 def assign(seed: int, epoch: int, indices: np.ndarray, shares: Shares, eligible: np.ndarray) -> np.ndarray:
