@@ -4,9 +4,10 @@
    sub-batches of 32..512 (a per-call cost shows as a falling rate at small calls), the CUDA decoder
    with its Huffman stage on the GPU or on the host (threshold, threads); GPU time (CUDA events)
    beside the host's wall time of the call.
-2. The Loader (backend hybrid, CUDA output, no augmentation, 16 threads, batch 256) with fixed
-   ``decode_shares``: the CPU alone, the hardware decoder alone, and splits of the two, so whether
-   the engines add up shows directly.
+2. The Loader (backend hybrid, CUDA output, no augmentation, batch 256) with fixed
+   ``decode_shares`` (cpu/hardware/cuda): the CPU alone, the hardware decoder alone, and splits of
+   the two, so whether the engines add up shows directly; then with fewer CPU pool threads than
+   cores (left to the hardware decoder's host side), and the re-tuned default.
 Each row also carries a GIL probe: a Python thread that sleeps 0.5 ms in a loop and reports how late
 it woke (p99, max): long holds of the GIL by the engines' Python show there.
 
@@ -103,13 +104,19 @@ def engine_rates(datas: list, reps: int = 3) -> None:
 
 def loader_rows(path, threads: int, batch: int) -> None:
     data = open_data(str(path))
-    variants = [{"cpu": 1.0, "hardware": 0.0, "cuda": 0.0}, {"cpu": 0.0, "hardware": 1.0, "cuda": 0.0},
-                {"cpu": 0.5, "hardware": 0.5, "cuda": 0.0}, {"cpu": 0.35, "hardware": 0.65, "cuda": 0.0},
-                {"cpu": 0.35, "hardware": 0.55, "cuda": 0.10}]
-    print("\n| decode_shares | img/s (epochs 1-2) | pool busy | host us/img | stages ms/batch (busy, all epochs) | GIL |\n|---|---:|---:|---:|---|---|")
-    for shares in variants + [None]:
+    def split(cpu, hw, cuda=0.0):
+        return {"cpu": cpu, "hardware": hw, "cuda": cuda}
+
+    # (shares or None for the re-tuned default, CPU pool threads): the engines alone, then splits,
+    # then the even split with cores left to the hardware decoder's host threads
+    variants = [(split(1, 0), threads), (split(0, 1), threads), (split(0.5, 0.5), threads),
+                (split(0.45, 0.55), threads), (split(0.55, 0.45), threads), (split(0.35, 0.65), threads),
+                (split(0.5, 0.5), threads - 2), (split(0.5, 0.5), threads - 4), (split(0.45, 0.55), threads - 2),
+                (None, threads), (None, threads - 2)]
+    print("\n| decode_shares | pool threads | img/s (epochs 1-2) | pool busy | host us/img | stages ms/batch (busy, all epochs) | GIL |\n|---|---:|---:|---:|---:|---|---|")
+    for shares, pool_threads in variants:
         loader = gpupipe.Loader(data.source, batch_size=batch, crop=gpupipe.crops.RandomResizedCrop(224),
-                                device="cuda", backend="hybrid", num_threads=threads, seed=0, drop_last=True,
+                                device="cuda", backend="hybrid", num_threads=max(1, pool_threads), seed=0, drop_last=True,
                                 **({} if shares is None else {"decode_shares": shares}))
         for _ in loader:  # epoch 0: warm-up (engines, pinned buffers)
             pass
@@ -125,8 +132,8 @@ def loader_rows(path, threads: int, batch: int) -> None:
         st = loader.stats()
         busy = ", ".join(f"{k} {1e3 * v / max(st['batches'], 1):.1f}" for k, v in st["busy_s"].items())
         pool = st.get("decode_pool", {})
-        label = "re-tuned (prior, then measured)" if shares is None else shares
-        print(f"| {label} | {n / dt:.0f} | {pool.get('utilisation', float('nan')):.0%} | "
+        label = "re-tuned (prior, then measured)" if shares is None else "/".join(f"{v:g}" for v in shares.values())
+        print(f"| {label} | {max(1, pool_threads)} | {n / dt:.0f} | {pool.get('utilisation', float('nan')):.0%} | "
               f"{st.get('host_us_per_image', float('nan')):.1f} | {busy} | {probe.summary()} |", flush=True)
         if shares is None:
             print("  shares:", st.get("shares"), "engines:", st.get("engines"))
