@@ -11,28 +11,22 @@ import tempfile
 import threading
 from typing import Callable
 
-_lock = threading.Lock()
-_held = threading.local()  # depth 1 while this thread captures
+_lock = threading.RLock()  # re-entrant: a nested block captures into its own file, then hands on what it did not claim
 
 
 @contextlib.contextmanager
 def captured(is_decoder_message: Callable[[str], bool]):
     """Runs the block with descriptor 2 redirected to a temporary file. Yields a list that holds,
     after the block, the lines ``is_decoder_message`` claims; anything else written meanwhile (by
-    other threads) is passed on to the real stderr."""
+    other threads) is passed on to what descriptor 2 was: the real stderr, or an enclosing block's file."""
     found: list = []
-    if getattr(_held, "depth", 0):  # nested in this thread: the outer block already captures
-        yield found
-        return
     with _lock, tempfile.TemporaryFile() as tmp:
-        _held.depth = 1
         sys.stderr.flush()
         saved = os.dup(2)
         os.dup2(tmp.fileno(), 2)
         try:
             yield found
         finally:
-            _held.depth = 0
             os.dup2(saved, 2)
             os.close(saved)
             tmp.seek(0)

@@ -14,9 +14,11 @@ from gpupipe._errors import brief
 from gpupipe.decode_types import BatchStatus, DecodeOptions, HeaderInfos, Route
 from gpupipe.limits import get_limits
 
-# Files coded as RGB (Adobe transform 0, or component ids 'R','G','B') stay on the CPU: measured on an
-# H200 with nvImageCodec 0.9 / nvJPEG 13.2, both GPU decoders treat them as YCbCr (245 levels off).
+# Files coded as RGB (Adobe transform 0, or component ids 'R','G','B') stay on the CPU for GPU outputs:
+# measured on an H200 with nvImageCodec 0.9 / nvJPEG 13.2, both GPU decoders treat them as YCbCr (245
+# levels off). DALI's CPU operators (libjpeg-turbo) decode them right, in RGB mode.
 GPU_COLORSPACES = tuple(_C.COLORSPACES.index(c) for c in ("gray", "ycbcr"))
+HOST_COLORSPACES = GPU_COLORSPACES + (_C.COLORSPACES.index("rgb"),)
 
 
 class GpuOutcome(NamedTuple):
@@ -35,15 +37,17 @@ def gpu_eligible(infos: HeaderInfos, boxes: np.ndarray, options: DecodeOptions) 
     without a word) go to the CPU core, which gives each its exact result or its exact error: gpupipe's
     limits hold whatever the backend. So does every sample of a ``window`` resize (the GPU resizers
     crop first) and of a ``strict`` decode (nvJPEG does not report recoverable corruption). Files
-    coded as RGB (not YCbCr) stay on the CPU too: the GPU decoders convert them as YCbCr."""
+    coded as RGB (not YCbCr) stay on the CPU core too for GPU outputs (the GPU decoders convert them
+    as YCbCr) and in gray mode (libjpeg computes their luma from R, G and B)."""
     if options.window or options.strict:
         return np.zeros(len(boxes), dtype=bool)
     h, w = infos.column("height"), infos.column("width")
+    colorspaces = HOST_COLORSPACES if options.mode == "rgb" and options.device.type == "cpu" else GPU_COLORSPACES
     t, l, bh, bw = np.asarray(boxes, dtype=np.float64).T
     inside = (t >= 0) & (l >= 0) & (bh >= 1) & (bw >= 1) & (t + bh <= h) & (l + bw <= w)
     whole = (np.floor(boxes) == boxes).all(axis=1)
     limits = get_limits()
-    return ((h > 0) & np.isin(infos.column("colorspace"), GPU_COLORSPACES) & (h * w <= limits.max_pixels)
+    return ((h > 0) & np.isin(infos.column("colorspace"), colorspaces) & (h * w <= limits.max_pixels)
             & (infos.column("scans") <= limits.max_scans) & (infos.column("eoi") == 1) & inside & whole)
 
 

@@ -32,8 +32,8 @@ docstrings, and github.com/NVIDIA/nvImageCodec ``python/decoder.cpp``, ``python/
   upsampling on nvJPEG < 13.2: declined otherwise, as the edge pixel may be wrong).
 
 Gray output is ``ColorSpec.GRAY`` (nvJPEG's Y plane, which is what libjpeg gives for a YCbCr or
-gray file: the same IDCT, no color conversion); files coded as RGB are not sent here in gray mode
-(``gpu_fallback.gpu_eligible``).
+gray file: the same IDCT, no color conversion); files coded as RGB are never sent here (both decoders
+convert them as YCbCr; ``gpu_fallback.gpu_eligible``).
 """
 
 from __future__ import annotations
@@ -69,21 +69,18 @@ def _library():
     """The nvidia.nvimgcodec module, imported with its logging off unless the user set it (the
     library reads the variable once, at import: it is set for the import only, so the user's
     processes and children keep their own environment) and what it prints kept in LIBRARY_MESSAGES."""
-    if sys.modules.get("nvidia.nvimgcodec") is not None:
-        return sys.modules["nvidia.nvimgcodec"]
+    if "PYNVIMGCODEC_VERBOSITY" in os.environ or sys.modules.get("nvidia.nvimgcodec") is not None:
+        return importlib.import_module("nvidia.nvimgcodec")  # (waits for an import under way in another thread)
     from gpupipe import _stderr
 
-    quiet = "PYNVIMGCODEC_VERBOSITY" not in os.environ
-    if quiet:
-        os.environ["PYNVIMGCODEC_VERBOSITY"] = "0"
+    os.environ["PYNVIMGCODEC_VERBOSITY"] = "0"
+    printed: list = []
     try:  # its extensions print, whatever the verbosity, that optional codecs (nvJPEG2000, nvTIFF) are absent
         with _stderr.captured(_is_library_line) as printed:
-            lib = importlib.import_module("nvidia.nvimgcodec")
-        LIBRARY_MESSAGES.extend(printed)
-        return lib
+            return importlib.import_module("nvidia.nvimgcodec")
     finally:
-        if quiet:
-            os.environ.pop("PYNVIMGCODEC_VERBOSITY", None)
+        os.environ.pop("PYNVIMGCODEC_VERBOSITY", None)
+        LIBRARY_MESSAGES.extend(printed)
 
 
 # The device calls, one place each (the tests run the engine's logic on the CPU through them).
@@ -118,7 +115,8 @@ def unavailable_reason(device: Optional[torch.device] = None) -> Optional[str]:
             return f"nvImageCodec is not installed: {INSTALL}"
         return f"nvImageCodec is not importable ({type(e).__name__}: {e})"
     except Exception as e:  # a broken install: a missing CUDA runtime, a wrong wheel
-        return f"nvImageCodec is not importable ({brief(e, 240)}): {INSTALL}"
+        said = f"; it printed: {' | '.join(LIBRARY_MESSAGES[-3:])[:300]}" if LIBRARY_MESSAGES else ""
+        return f"nvImageCodec is not importable ({brief(e, 240)}{said}): {INSTALL}"
     if device is not None and torch.device(device).type != "cuda":
         return f"nvImageCodec's engines decode into GPU memory, not {torch.device(device)}: pass device='cuda'"
     if not torch.cuda.is_available():
