@@ -295,9 +295,10 @@ def decode_crop_jpegs(
             ``decoders.image_slice`` with absolute anchors (nvJPEG on CUDA outputs, DALI's CPU
             operators for CPU outputs) and antialiased ``fn.resize``. ``"nvjpeg"``:
             ``torchvision.io.decode_jpeg(device="cuda")``, crop and antialiased resize on the GPU.
-            ``"hybrid"``: each batch split between the CPU core, the GPU's hardware JPEG decoder
-            and nvImageCodec's CUDA decoder (routes keyed by position in the call, the starting
-            shares; the Loader re-tunes them per epoch). ``"auto"``: the CPU core for CPU
+            ``"hybrid"``: each batch split between the CPU core and the GPU's hardware JPEG decoder
+            (nvImageCodec's CUDA decoder where there is none, else only for what the hardware
+            declines; routes keyed by position in the call, the starting shares; the Loader
+            re-tunes them per epoch). ``"auto"``: the CPU core for CPU
             outputs; hybrid where nvImageCodec is installed, else DALI, else nvjpeg, for CUDA outputs. GPU
             backends hand what they cannot decode (CMYK, over a limit, a failing batch) to the CPU
             core inside the same batch, reported in ``fallback``.

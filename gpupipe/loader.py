@@ -279,8 +279,9 @@ class Loader:
             nvImageCodec's GPU decoders are installed, else DALI, else nvJPEG), ``"cpu"``,
             ``"hybrid"``, ``"dali"`` or ``"nvjpeg"``. GPU backends decode each batch on ``device``
             (no host ring), handing what they cannot decode to the CPU core inside the batch.
-            ``"hybrid"`` splits every batch between the CPU pool, the GPU's hardware JPEG decoder
-            and its CUDA decoder in proportion to their rates, re-tuned after each complete epoch
+            ``"hybrid"`` splits every batch between the CPU pool and the GPU's hardware JPEG
+            decoder (or, on a GPU without one, its CUDA decoder) in proportion to their rates, the
+            CUDA decoder taking what the hardware declines, re-tuned after each complete epoch
             (``stats()["shares"]``; kept in ``state_dict()``, so an epoch replays exactly).
         decode_shares: with ``backend="hybrid"``, fixed shares ``{"cpu": a, "hardware": b, "cuda":
             c}`` (summing to 1) for every epoch instead of shares re-tuned from measured rates: the

@@ -55,6 +55,15 @@ def engines(**kw):
     return {"hardware": HostEngine("hardware", **kw.get("hardware", {})), "cuda": HostEngine("cuda", **kw.get("cuda", {}))}
 
 
+def expected_routes(seed, epoch, indices, shares, infos) -> list:
+    """The routes :func:`hybrid.assign` gives, with the progressive files it sends to the hardware
+    decoder (which declines them) on the CPU core instead."""
+    e = hybrid.assign(seed, epoch, indices, shares, np.ones(len(indices), bool))
+    routes = np.array([Route.CPU, Route.GPU_HARDWARE, Route.GPU_CUDA])[e]
+    routes[(e == 1) & (infos.column("progressive") == 1)] = Route.CPU_FALLBACK
+    return routes.tolist()
+
+
 def batch(n: int = 24):
     datas = photo_jpegs([PHOTOS[i % 4] for i in range(n)], [{"quality": 90}, {"quality": 85, "progressive": True}])
     infos = read_infos(datas)
@@ -149,13 +158,12 @@ def test_a_batch_is_split_between_the_engines_with_the_cpu_cores_pixels():
     out = torch.full_like(ref, 77)
     status = hybrid.decode(datas, boxes, out, opts, infos, keys=keys, shares=shares, engines=eng)
     assert status.ok.all() and torch.equal(out, ref)
-    expected = hybrid.assign(5, 1, keys.indices, shares, np.ones(len(datas), bool))
-    routes = [Route.CPU, Route.GPU_HARDWARE, Route.GPU_CUDA]
-    assert status.route.tolist() == [routes[e] for e in expected]
-    assert {e for e in expected} == {0, 1, 2}
-    for k, kind in ((1, "hardware"), (2, "cuda")):
-        assert np.array_equal(np.concatenate(eng[kind].calls), np.flatnonzero(expected == k))
-        assert status.engine_seconds[kind][:2] == ((expected == k).sum(),) * 2
+    expected = np.array(expected_routes(5, 1, keys.indices, shares, infos))
+    assert status.route.tolist() == expected.tolist()
+    assert set(expected.tolist()) == {Route.CPU, Route.GPU_HARDWARE, Route.GPU_CUDA, Route.CPU_FALLBACK}
+    for route, kind in ((Route.GPU_HARDWARE, "hardware"), (Route.GPU_CUDA, "cuda")):
+        assert np.array_equal(np.concatenate(eng[kind].calls), np.flatnonzero(expected == route))
+        assert status.engine_seconds[kind][:2] == ((expected == route).sum(),) * 2
     assert not (eng["hardware"].threads & {threading.get_ident()})  # the engines run on their own threads
 
 
@@ -180,14 +188,14 @@ def test_declined_and_ineligible_samples_go_to_the_cpu_core_and_are_reported():
     datas = datas[:-2] + [cmyk, datas[-1][:-2]]  # CMYK, then a file without its EOI marker
     boxes[-2] = (0, 0, 40, 50)
     infos = read_infos(datas)
-    declined_data = datas[3]
+    declined_data = datas[2]  # a baseline file (the odd ones are progressive)
     eng = engines(hardware={"decline": lambda b: bytes(b) == declined_data},
                   cuda={"decline": lambda b: bytes(b) == declined_data})
     out = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
     status = hybrid.decode(datas, boxes, out, options(), infos, shares=hybrid.Shares(0.0, 0.5, 0.5), engines=eng)
     assert status.route[-2] == Route.CPU_FALLBACK and status.route[-1] == Route.CPU_FALLBACK  # not eligible
     assert "not decodable by the GPU decoders" in status.fallback[10]
-    assert status.route[3] == Route.CPU_FALLBACK and "declined by the GPU's" in status.fallback[3]
+    assert status.route[2] == Route.CPU_FALLBACK and "declined by the GPU's" in status.fallback[2]
     assert set(status.route[:-2].tolist()) - {Route.CPU_FALLBACK} <= {Route.GPU_HARDWARE, Route.GPU_CUDA}
     assert status.ok.all() and list(status.warnings) == [11]  # the CPU core's word for the missing end
     gpu = torch.from_numpy(np.isin(status.route, [Route.GPU_HARDWARE, Route.GPU_CUDA]))
@@ -198,14 +206,40 @@ def test_declined_and_ineligible_samples_go_to_the_cpu_core_and_are_reported():
 
 
 def test_what_the_hardware_decoder_declines_goes_to_the_cuda_decoder():
-    datas, infos, boxes = batch(16)  # every other file progressive: the hardware decoder declines those
-    eng = engines(hardware={"decline": lambda b: read_infos([b]).column("progressive")[0] == 1})
+    datas, infos, boxes = batch(16)
+    baseline = np.flatnonzero(infos.column("progressive") == 0)
+    refused = {bytes(datas[i]) for i in baseline[:3]}  # e.g. files its parser refuses
+    eng = engines(hardware={"decline": lambda b: bytes(b) in refused})
     out = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
     status = hybrid.decode(datas, boxes, out, options(), infos, shares=hybrid.Shares(0.0, 1.0, 0.0), engines=eng)
+    declined = np.array([bytes(d) in refused for d in datas])
+    taken = declined | (infos.column("progressive") == 1)
+    assert (status.route[declined] == Route.GPU_CUDA).all() and (status.route[~taken] == Route.GPU_HARDWARE).all()
+    n_hw = int((infos.column("progressive") == 0).sum())
+    assert status.engine_seconds["hardware"][:2] == (n_hw - int(declined.sum()), n_hw)
+    assert status.engine_seconds["cuda"][:2] == (int(declined.sum()),) * 2
+    assert status.ok.all()
+
+
+def test_progressive_files_never_wait_for_the_hardware_decoder():
+    """The hardware decoder declines progressive JPEGs: those it would get go to the CPU core at
+    once (route cpu-fallback, with the reason), not to the CUDA decoder after its share."""
+    datas, infos, boxes = batch(16)  # every other file progressive
     progressive = infos.column("progressive") == 1
-    assert (status.route[progressive] == Route.GPU_CUDA).all() and (status.route[~progressive] == Route.GPU_HARDWARE).all()
-    assert status.engine_seconds["hardware"][:2] == (8, 16) and status.engine_seconds["cuda"][:2] == (8, 8)
-    assert not status.fallback and status.ok.all()
+    assert progressive.any() and (~progressive).any()
+
+    def refuse(b):
+        assert read_infos([b]).column("progressive")[0] == 0, "a progressive file reached the hardware decoder"
+        return False
+
+    eng = engines(hardware={"decline": refuse}, cuda={"decline": lambda b: pytest.fail("the CUDA decoder got work")})
+    out = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
+    status = hybrid.decode(datas, boxes, out, options(), infos, shares=hybrid.Shares(0.0, 1.0, 0.0), engines=eng)
+    assert (status.route[progressive] == Route.CPU_FALLBACK).all() and (status.route[~progressive] == Route.GPU_HARDWARE).all()
+    assert all("progressive" in status.fallback[i] for i in np.flatnonzero(progressive)) and status.ok.all()
+    ref = torch.empty_like(out)
+    cpu.decode(datas, boxes, ref, options(), infos)
+    assert torch.equal(out[torch.from_numpy(progressive)], ref[torch.from_numpy(progressive)])
 
 
 def test_a_failing_engine_fails_the_batch_with_a_clear_error_and_the_next_batch_decodes():
@@ -284,8 +318,7 @@ def test_decode_into_keys_follow_every_sub_batch(host_engines):
     out = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
     status = routing.decode_into(datas, boxes, out, options(), keys=keys, shares=shares)
     jpeg = [0, 1, 2, 3, 6, 7, 8, 9]
-    expected = hybrid.assign(3, 2, keys.indices[jpeg], shares, np.ones(len(jpeg), bool))
-    assert status.route[jpeg].tolist() == [[Route.CPU, Route.GPU_HARDWARE, Route.GPU_CUDA][e] for e in expected]
+    assert status.route[jpeg].tolist() == expected_routes(3, 2, keys.indices[jpeg], shares, read_infos([datas[i] for i in jpeg]))
     assert status.route[4] == Route.PILLOW and not status.ok[5]
 
 
@@ -362,9 +395,8 @@ def test_a_device_error_fails_the_loader_clearly_and_every_thread_stops(tmp_path
 
     make_image_folder(tmp_path, per_class=12)
     ld = loader(tmp_path)
-    it = iter(ld)
-    next(it)
     host_engines["hardware"].fail = True  # e.g. an illegal memory access, or out of memory
+    it = iter(ld)  # (set before: batches are decoded ahead of the consumer)
     with pytest.raises(RuntimeError, match="hybrid backend's hardware decoder failed the batch .*illegal memory access"):
         for _ in it:
             pass
@@ -419,7 +451,8 @@ def test_gpu_hybrid_batches_match_the_cpu_core_within_the_engines_tolerance():
     got = gpupipe.decode_crop_jpegs(datas, boxes, size=SIZE, dct_scaling=False, backend="hybrid", device="cuda")
     assert got.ok.all() and set(got.routes) <= {"cpu", "gpu-hardware", "gpu-cuda"}
     gpu = [k for k, r in enumerate(got.routes) if r.startswith("gpu-")]
-    assert len(gpu) > 16, got.routes  # the starting shares send most samples to the GPU decoders
+    prior = hybrid.Shares.prior(["cpu", *hybrid.gpu_engines(torch.device("cuda"))])  # decode_crop_jpegs's shares
+    assert len(gpu) == (hybrid.assign(0, 0, np.arange(64), prior, np.ones(64, bool)) != 0).sum() > 0, got.routes
     cpu_rows = [k for k, r in enumerate(got.routes) if r == "cpu"]
     assert torch.equal(got.images.cpu()[cpu_rows], ref.images[cpu_rows])  # the CPU core's route: its own bytes
     diff = (got.images.cpu()[gpu].int() - ref.images[gpu].int()).abs()

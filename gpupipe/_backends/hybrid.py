@@ -1,7 +1,8 @@
 """The hybrid backend: every decode engine of a GPU node on each batch at once.
 
-A batch is split between the CPU pool (ROI + DCT scaling, the C++ core), the GPU's hardware JPEG
-decoder and nvImageCodec's CUDA decoder, in proportion to their measured rates (:class:`Shares`).
+A batch is split between the CPU pool (ROI + DCT scaling, the C++ core) and the GPU's hardware JPEG
+decoder (nvImageCodec's CUDA decoder where there is none: beside one it only takes the hardware's
+declines, :func:`sharing`), in proportion to their measured rates (:class:`Shares`).
 A sample's route is a pure function of (seed, epoch, index) and the epoch's shares (:func:`assign`),
 so an epoch replays exactly: same routes, same pixels. The samples a GPU decoder cannot take with
 gpupipe's semantics (``gpu_fallback.gpu_eligible``), and those it declines, go to the CPU core.
@@ -42,7 +43,7 @@ ROUTE_STREAM = keyed.stream_of("gpupipe.hybrid.route")  #: the routes' own keyed
 # threads). They only set the first epoch's shares (and decode_crop_jpegs's), the same whatever the
 # thread count, so that no pixel depends on it; the Loader re-tunes them between epochs.
 PRIOR_RATES = {"cpu": 8700.0, "hardware": 8700.0, "cuda": 1250.0}
-_MIN_SHARE = 0.02  # an engine that exists keeps a little work, so its rate stays measured
+_MIN_SHARE = 0.02  # an engine that shares (sharing()) keeps a little work, so its rate stays measured
 
 
 def _nvimgcodec():
@@ -135,7 +136,7 @@ class Shares:
         ``cpu_threads``). A rate is what an engine decoded per second of its work, so an engine
         that declines much is given less; one given fewer than 8 samples keeps its share."""
         rates = {}
-        for e in available:
+        for e in sharing(available):
             decoded, given, seconds = measured.get(e, (0, 0, 0.0))
             if e == "cpu":
                 seconds = seconds / max(cpu_threads, 1)
@@ -265,6 +266,8 @@ class Pending:
 
 
 INELIGIBLE = gpu_fallback.ineligible_reason("the GPU decoders")
+HARDWARE_DECLINES = ("a progressive JPEG, which the GPU's hardware decoder declines: decoded by the CPU core at once "
+                     "(the CUDA decoder after the hardware's share would set the batch's pace)")
 
 
 def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions, infos: HeaderInfos, *,
@@ -285,12 +288,15 @@ def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Deco
     for k, kind in enumerate(ENGINES[1:], 1):  # an engine that is not there: its share to the CPU core
         if kind not in engines:
             route[route == k] = 0
+    known_declines = (route == 1) & (infos.column("progressive") == 1)
+    route[known_declines] = 0
     own = workers is None
     workers = workers or Workers(list(engines), out.device)
     p = Pending(n, out, options, engines, workers, own)
     p.buffers, p.boxes, p.infos = buffers, boxes, infos
     p.sizes = np.stack([infos.column("height"), infos.column("width")], axis=1)  # the headers, read once
     p.ineligible = {int(i): INELIGIBLE for i in np.flatnonzero(~eligible)}
+    p.ineligible.update({int(i): HARDWARE_DECLINES for i in np.flatnonzero(known_declines)})
     p.cpu_rows = np.flatnonzero(route == 0)
     if len(p.cpu_rows):
         p.cpu_host = torch.empty((len(p.cpu_rows), *out.shape[1:]), dtype=torch.uint8, pin_memory=out.is_cuda)
