@@ -64,5 +64,6 @@ probe)  # build, the GPU tests, then where the hybrid backend's time goes (bench
   tail -3 "$L/tests.txt"; grep -E "^(FAILED|ERROR)" "$L/tests.txt" | head -20
   step probe 170 python3 -m benchmarks.hybrid_probe
   grep -E "^\||shares" "$L/probe.txt" ;;
+*) echo "usage: bash benchmarks/device_check.sh 1|2|3|4|probe"; exit 2 ;;
 esac
 tar -C $G/logs -czf "$OUT/logs-$PART.tgz" $PART; true

@@ -7,7 +7,7 @@ Checks: batch decode (hybrid, dali mixed, nvjpeg, cpu->cuda) for the seed worklo
 and RandomResizedCrop 224 on 1920x1280; nvImageCodec's two engines (the hardware JPEG decoder and
 the CUDA decoder, whole images + the ragged crop kernel) against the CPU core at batch 256, timed
 beside the CPU core and backend nvjpeg's torchvision path (max, mean |diff| and the share of
-pixels more than 2 levels off; on these 4:2:0 photos, max 3 and mean < 0.1: measured on an H200, the
+pixels more than 2 levels off; on these 4:2:0 photos, max 4 and mean < 0.1: measured on an H200, the
 hardware decoder max 1, the CUDA decoder 3); BatchAugment's
 CUDA kernels bit-equal to their host build (every color model, interpolation, output dtype and
 layout), and the full augmentation chain's share of the device's memory bandwidth on a
@@ -173,7 +173,7 @@ def _augment_check(checks: list, avail: dict, repeats: int) -> list:
     return rows
 
 
-ENGINE_MAX_DIFF, ENGINE_MEAN_DIFF = 3, 0.1  # measured on an H200 (docs/gpu.md): max 1 hardware, 3 CUDA decoder
+ENGINE_MAX_DIFF, ENGINE_MEAN_DIFF = 4, 0.1  # measured on an H200 (docs/gpu.md): max 1 hardware, 3 CUDA decoder
 
 
 def _diff_status(got_nchw: torch.Tensor, ref: torch.Tensor, extra: str = "") -> tuple:

@@ -95,11 +95,14 @@ def engine_rates(datas: list, reps: int = 3) -> None:
         measure(hw8, "hardware", "cpu_threads 8", 256)
     except RuntimeError as e:
         print(f"| hardware | - | - | - | - | {e} |")
-    for threshold, threads in ((0, 2), (1_000_000, 2), (1_000_000, 8), (0, 8)):
-        nvimgcodec.CUDA_HUFFMAN_ON_GPU_ABOVE = threshold
-        eng = nvimgcodec.Engine("cuda", dev, cpu_threads=threads)
-        measure(eng, "cuda", f"Huffman on GPU above {threshold} px, cpu_threads {threads}", 256)
-    nvimgcodec.CUDA_HUFFMAN_ON_GPU_ABOVE = 0
+    default = nvimgcodec.CUDA_HUFFMAN_ON_GPU_ABOVE
+    try:
+        for threshold, threads in ((0, 2), (1_000_000, 2), (1_000_000, 8), (0, 8)):
+            nvimgcodec.CUDA_HUFFMAN_ON_GPU_ABOVE = threshold
+            eng = nvimgcodec.Engine("cuda", dev, cpu_threads=threads)
+            measure(eng, "cuda", f"Huffman on GPU above {threshold} px, cpu_threads {threads}", 256)
+    finally:  # the Loader rows run what ships
+        nvimgcodec.CUDA_HUFFMAN_ON_GPU_ABOVE = default
 
 
 def loader_rows(path, threads: int, batch: int) -> None:

@@ -299,10 +299,10 @@ class BatchAugment(KeyedModule):
                 "saturation": one, "hue": zero, "order": torch.arange(4).expand(n, 4), "grayscale": false}
 
     @staticmethod
-    def check_params(params: dict, n: int) -> None:
+    def check_params(params: dict, n: int, *, values: bool = True) -> None:
         """Raises ``ValueError`` / ``TypeError`` naming the key for parameters that are not a batch of
-        ``n`` valid draws (shapes and dtypes always; values in eager mode here, and in the native
-        packing of ``color="torchvision"`` under torch.compile too)."""
+        ``n`` valid draws (shapes and dtypes always; values, with ``values``, in eager mode here, and
+        in the native packing of ``color="torchvision"`` under torch.compile too)."""
         if not isinstance(params, dict):
             raise TypeError(f"params must be a dict, got {type(params).__name__}")
         missing = [k for k in PARAM_KEYS if k not in params]
@@ -323,13 +323,15 @@ class BatchAugment(KeyedModule):
                     raise TypeError(f"params['order'] must be int64, got {v.dtype}")
             elif not v.is_floating_point():
                 raise TypeError(f"params[{k!r}] must be floating point, got {v.dtype}")
-        if torch.compiler.is_compiling():
+        if not values or torch.compiler.is_compiling():
             return
         # every value checked in native code (csrc/augment/augment_params.h), the packed rows of a 1x1 image unused
         _C.pack_augment_params(*_as_numpy(params[k] for k in PARAM_KEYS), 1, 1)
 
     def _checked_params(self, params: dict, n: int) -> dict:
-        self.check_params(params, n)
+        # The fused engine's torchvision colour model packs the values in native code right after,
+        # checking each before any kernel runs: checking them here too cost a second packing per call.
+        self.check_params(params, n, values=self.engine == "kornia" or self.color == "linear")
         return params
 
     def pack_params(self, params: dict, height: int, width: int) -> torch.Tensor:
