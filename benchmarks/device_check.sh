@@ -63,7 +63,7 @@ probe)  # build, the GPU tests, then where the hybrid backend's time goes (bench
     tests/test_hybrid.py tests/test_backends.py
   tail -3 "$L/tests.txt"; grep -E "^(FAILED|ERROR)" "$L/tests.txt" | head -20
   step probe 170 python3 -m benchmarks.hybrid_probe
-  grep -E "^\||shares" "$L/probe.txt" ;;
+  grep -E "^\||shares|BatchAugment|Name|aten::|gpupipe" "$L/probe.txt" | cut -c1-220 ;;
 *) echo "usage: bash benchmarks/device_check.sh 1|2|3|4|probe"; exit 2 ;;
 esac
 tar -C $G/logs -czf "$OUT/logs-$PART.tgz" $PART; true

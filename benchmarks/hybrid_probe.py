@@ -8,6 +8,7 @@
    ``decode_shares`` (cpu/hardware/cuda): the CPU alone, the hardware decoder alone, and splits of
    the two, so whether the engines add up shows directly; then with fewer CPU pool threads than
    cores (left to the hardware decoder's host side), and the re-tuned default.
+3. BatchAugment's whole call on CUDA against its kernels, with torch.profiler's host-side ops.
 Each row also carries a GIL probe: a Python thread that sleeps 0.5 ms in a loop and reports how late
 it woke (p99, max): long holds of the GIL by the engines' Python show there.
 
@@ -142,17 +143,55 @@ def loader_rows(path, threads: int, batch: int) -> None:
             print("  shares:", st.get("shares"), "engines:", st.get("engines"))
 
 
+def augment_host_side(reps: int = 30) -> None:
+    """BatchAugment's whole call on CUDA (256x3x224x224, the train recipe's chain with rotation and
+    hue) against its kernels: the host's time until the call returns, the whole call with a sync,
+    and torch.profiler's host-side ops (issue 28: whole call <= 1.3x the kernels)."""
+    from gpupipe.augment import BatchAugment
+
+    aug = BatchAugment(hflip=0.5, rotation=25, brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1, generator=0)
+    x = torch.randint(0, 256, (256, 3, 224, 224), dtype=torch.uint8, device="cuda")
+    params = aug.sample_params(256, seed=0)
+    for _ in range(5):
+        aug(x, params=params)
+    torch.cuda.synchronize()
+    host, whole = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        aug(x, params=params)
+        host.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+        whole.append(time.perf_counter() - t0)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(reps):
+        aug(x, params=params)
+    e.record()
+    e.synchronize()
+    print(f"\nBatchAugment 256x3x224x224 on CUDA: host until return {1e6 * statistics.median(host):.0f} us, whole call "
+          f"(synced) {1e6 * statistics.median(whole):.0f} us, back to back {1e3 * s.elapsed_time(e) / reps:.0f} us per call")
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            aug(x, params=params)
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=50))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--files", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--part", choices=["all", "engines", "loader"], default="all")
+    ap.add_argument("--part", choices=["all", "engines", "loader", "augment"], default="all")
     args = ap.parse_args(argv)
     print("device:", torch.cuda.get_device_name(0))
     if args.part in ("all", "engines"):
         seed = datasets.load_set("seed", progress=False)
         engine_rates([seed[i % len(seed)] for i in range(512)])
+    if args.part in ("all", "augment"):
+        augment_host_side()
     if args.part in ("all", "loader"):
         loader_rows(loader_scale.folder("seed", args.files), args.threads, args.batch)
 

@@ -110,9 +110,18 @@ def _pack(params: list, height: int, width: int) -> torch.Tensor:
 
 
 def _as_numpy(params) -> list:
-    """numpy views of parameter tensors, floating ones as float64 (numpy has no bfloat16)."""
-    return [(v.detach().cpu().to(torch.float64) if v.is_floating_point() else v.detach().cpu()).numpy()
-            for v in params]
+    """numpy views of parameter tensors, floating ones as float64 (numpy has no bfloat16); the
+    usual case (CPU tensors as sample_params makes them) without a torch call per tensor."""
+    out = []
+    for v in params:
+        if v.requires_grad:
+            v = v.detach()
+        if v.device.type != "cpu":
+            v = v.cpu()
+        if v.is_floating_point() and v.dtype != torch.float64:
+            v = v.to(torch.float64)
+        out.append(v.numpy())
+    return out
 
 
 class BatchAugment(KeyedModule):
@@ -337,12 +346,13 @@ class BatchAugment(KeyedModule):
     def pack_params(self, params: dict, height: int, width: int) -> torch.Tensor:
         """float32 ``[N, fused.PARAM_COUNT]`` on the CPU: the engine's per-sample rows, each parameter
         in its columns of ``fused.PARAM_LAYOUT`` (``csrc/augment/augment_kernels.h``)."""
-        p = [params[k].detach() for k in PARAM_KEYS]
+        p = [params[k] for k in PARAM_KEYS]
         if self.color == "linear":  # opt-in; its color matrices stay torch ops
-            return self._pack_linear({k: v.cpu() for k, v in zip(PARAM_KEYS, p)}, height, width)
+            return self._pack_linear({k: v.detach().cpu() for k, v in zip(PARAM_KEYS, p)}, height, width)
         if torch.compiler.is_compiling() or any(type(v) is not torch.Tensor for v in p):
-            return torch.ops.gpupipe.augment_pack_params(p, height, width)  # the same native code, opaque
-        return _pack(p, height, width)
+            # the same native code, opaque
+            return torch.ops.gpupipe.augment_pack_params([v.detach() for v in p], height, width)
+        return _pack(p, height, width)  # (_as_numpy detaches what needs it)
 
     def _pack_linear(self, p: dict, height: int, width: int) -> torch.Tensor:
         f64 = torch.float64
