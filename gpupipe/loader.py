@@ -41,7 +41,7 @@ from gpupipe.crops import CropSampler
 from gpupipe.engine import Closed, Engine, HostClock, StageTimes
 from gpupipe.error_policy import apply_policy, check_on_error
 from gpupipe.routing import decode_into, plan_batch, straight
-from gpupipe.sources import MapSource, Source, call_or_error, distributed_indices, indented
+from gpupipe.sources import Arenas, MapSource, Source, call_or_error, distributed_indices, indented
 
 STAGES = ("read", "plan", "decode", "collect", "transfer", "augment")
 
@@ -621,6 +621,8 @@ class _Epoch:
         self.native_reads = isinstance(loader.source, MapSource) and loader.source.reads_files()
         # a source's own read() runs on a Python thread pool; files are read natively (read_many)
         self.reader = None if self.native_reads else ThreadPoolExecutor(loader.io_threads, thread_name_prefix="gpupipe-io")
+        # the batches' bytes in reused buffers, one per batch in flight (queues of `prefetch`, the stages)
+        self.arenas = Arenas(keep=3 * loader.prefetch + 5) if self.native_reads else None
         h, w = loader.crop.size
         self.ring = None
         # Reused host buffers where the decoded batch is read once more: copied to the GPU, or augmented
@@ -692,7 +694,7 @@ class _Epoch:
             batch.read_errors = {k: s.error for k, s in enumerate(batch.samples) if s.error is not None}
             return batch
         if self.native_reads:  # one native call per batch, no Python per file
-            batch.datas, failed = source.read_batch(batch.indices, self.l.io_threads)
+            batch.datas, failed = source.read_batch(batch.indices, self.l.io_threads, self.arenas)
             batch.read_errors = {k: f"read error: {type(e).__name__}: {e}" for k, e in failed.items()}
             return batch
         got = list(self.reader.map(lambda i: call_or_error(source.read, i), batch.indices.tolist()))

@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -489,6 +490,64 @@ def test_map_source_read_many_equals_read_and_keeps_each_failure(folder, tmp_pat
     # a key open() refuses fails alone, as open() fails (not truncated at the NUL, not the batch)
     nul = sources.FileList([paths[0] + "\0zz", paths[0]], [0, 0]).read_many([0, 1], 2)
     assert type(nul[0]) is ValueError and "null byte" in str(nul[0]) and nul[1] == src.read(0)
+
+
+def test_read_batch_into_arenas_gives_the_same_bytes_and_failures(folder, tmp_path):
+    """With arenas (the Loader's read stage) a batch's files are memoryview slices of one reused
+    buffer: the same bytes and the same failures as bytes objects, an empty file empty."""
+    root, samples = folder
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    (tmp_path / "dir.jpg").mkdir()
+    paths = [samples[0][0], str(tmp_path / "missing.jpg"), str(tmp_path / "dir.jpg"), str(tmp_path / "empty.jpg"),
+             samples[1][0], samples[2][0] + "\0x"]  # the last: a key open() refuses
+    src = sources.FileList(paths, [0] * len(paths))
+    plain, plain_failed = src.read_batch(range(len(paths)), 3)
+    arenas = sources.Arenas(keep=2)
+    views, failed = src.read_batch(range(len(paths)), 3, arenas)
+    assert [type(v) for v in views] == [memoryview, bytes, bytes, memoryview, memoryview, bytes]
+    assert [bytes(v) for v in views] == plain and views[3] == b""
+    assert {k: (type(e), str(e)) for k, e in failed.items()} == {k: (type(e), str(e)) for k, e in plain_failed.items()}
+    assert sorted(failed) == [1, 2, 5]
+    assert views[0].obj is views[4].obj is arenas.buffers[0] and views[0].readonly is False
+
+
+def test_arenas_are_reused_only_once_nothing_references_them(folder):
+    root, samples = folder
+    src = sources.FileList([p for p, _, _ in samples[:8]], [0] * 8)
+    want = [src.read(i) for i in range(8)]
+    arenas = sources.Arenas(keep=2)
+    first, _ = src.read_batch(range(8), 2, arenas)
+    second, _ = src.read_batch(range(8), 2, arenas)  # the first batch is alive: another buffer
+    assert first[0].obj is not second[0].obj and len(arenas.buffers) == 2
+    third, _ = src.read_batch(range(8), 2, arenas)  # both alive, the pool full: a buffer of its own
+    assert third[0].obj is not first[0].obj and third[0].obj is not second[0].obj and len(arenas.buffers) == 2
+    assert [bytes(v) for v in first] == [bytes(v) for v in second] == [bytes(v) for v in third] == want
+    kept = first[3]  # one slice is enough to keep its buffer from being read into
+    del first
+    fourth, _ = src.read_batch(range(8), 2, arenas)
+    assert fourth[0].obj is not kept.obj and bytes(kept) == want[3]
+    del second, fourth, kept  # every pooled buffer free again: one of them is read into
+    again, _ = src.read_batch([1, 0], 2, arenas)
+    assert any(again[0].obj is b for b in arenas.buffers) and len(arenas.buffers) == 2
+    assert [bytes(v) for v in again] == [want[1], want[0]]
+    big = sources.Arenas(keep=1)
+    small, _ = src.read_batch([0], 1, big)
+    del small
+    large, _ = src.read_batch(range(8), 2, big)  # the free buffer is too small: replaced
+    assert large[0].obj.nbytes >= sum(len(w) for w in want) and len(big.buffers) == 1
+
+
+def test_read_files_refuses_a_buffer_it_cannot_write_and_leaks_no_file(folder):
+    root, samples = folder
+    paths = [p.encode() for p, _, _ in samples[:4]]
+    fds = len(os.listdir("/proc/self/fd"))
+    for bad, match in ((lambda n: bytes(n), "writable"), (lambda n: bytearray(n - 1 if n > 1 else 0), "at least"),
+                       (lambda n: np.empty((n, 2), np.uint8)[:, 0], "contiguous")):
+        with pytest.raises(ValueError, match=match):
+            _C.read_files(paths, 2, bad)
+    with pytest.raises(ZeroDivisionError):
+        _C.read_files(paths, 2, lambda n: 1 / 0)
+    assert len(os.listdir("/proc/self/fd")) == fds
 
 
 @pytest.mark.filterwarnings("ignore::gpupipe.SkippedSamplesWarning")
