@@ -3,7 +3,7 @@
 # buffer protocol (bytes, bytearray, memoryview, numpy arrays). tests/test_stubs.py checks that this
 # file and the built module name the same functions with the same parameters.
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from numpy.typing import ArrayLike, NDArray
 from typing_extensions import Buffer
@@ -146,7 +146,7 @@ def cpu_share() -> dict[str, int]:
     """This process's share of the cores (thread_pool.h): threads, affinity, online, local_world_size."""
 
 def pool_threads() -> int: ...
-def read_files(paths: list[bytes], num_threads: int) -> tuple[list[bytes], list[tuple[int, int, str]]]: ...
+def read_files(paths: list[bytes], num_threads: int, allocate: Callable[[int], Buffer] | None = None) -> tuple[list[bytes | memoryview], list[tuple[int, int, str]]]: ...
 class CallScope(pybind11_object):
     """``with CallScope():`` around a gpupipe call of this thread (gpupipe._exit)."""
 
