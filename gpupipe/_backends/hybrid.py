@@ -154,7 +154,8 @@ class Shares:
 
 def sharing(available: Sequence[str]) -> list:
     """The engines of ``available`` that get a share of each batch. Beside a hardware decoder the
-    CUDA decoder only takes what the hardware declines (progressive files): measured on an H200,
+    CUDA decoder only takes what the hardware declines beyond the progressive files (those go to the
+    CPU core at once, :func:`start`): measured on an H200,
     its Huffman stage runs on nvImageCodec's host threads (1,259 images/s with 2 of them, 4,447 with
     8, 974 on the GPU), so a share as small as 2% set the pace of every batch (9,237 images/s
     instead of 12,550) and more threads would take cores from the CPU pool."""
