@@ -429,6 +429,9 @@ class Loader:
         return self._engines
 
     def _decode_threads(self) -> int:
+        """The CPU pool's threads (beside the GPU decoders, :func:`hybrid.cpu_pool_threads`)."""
+        if self.backend == "hybrid":
+            return hybrid.cpu_pool_threads(self.options.num_threads, list(self._engines or ()))
         return self.options.num_threads or _C.default_num_threads()
 
     def _epoch_shares(self) -> "hybrid.Shares":

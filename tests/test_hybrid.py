@@ -348,6 +348,19 @@ def test_the_loader_splits_batches_reports_routes_and_retunes_between_epochs(tmp
     assert np.bincount(expected, minlength=3).tolist() == [st["routes"][r] for r in ("cpu", "gpu-hardware", "gpu-cuda")]
 
 
+def test_the_cpu_pool_leaves_threads_of_the_budget_to_the_gpu_decoders(tmp_path, host_engines):
+    assert hybrid.cpu_pool_threads(16, ["hardware"]) == 16 - hybrid.ENGINE_HOST_THREADS
+    assert hybrid.cpu_pool_threads(1, ["hardware", "cuda"]) == 1  # never below one thread
+    assert hybrid.cpu_pool_threads(5, []) == 5  # no GPU decoder: the whole budget
+    make_image_folder(tmp_path, per_class=4)
+    ld = gpupipe.Loader(gpupipe.sources.ImageFolder(tmp_path), batch_size=4, backend="hybrid", num_threads=5,
+                        crop=gpupipe.crops.RandomResizedCrop(SIZE), decode_shares={"cpu": 1, "hardware": 0, "cuda": 0})
+    list(ld)
+    st = ld.stats()
+    assert st["decode_pool"]["threads"] == st["threads"]["decode"] == 5 - hybrid.ENGINE_HOST_THREADS
+    assert st["routes"]["cpu"] == 12 and st["decode_pool"]["busy_s"] > 0
+
+
 def test_the_loader_resumes_mid_epoch_with_the_same_routes_and_pixels(tmp_path, host_engines):
     make_image_folder(tmp_path, per_class=12)
     ld = loader(tmp_path)

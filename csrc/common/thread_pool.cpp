@@ -29,13 +29,13 @@ struct ThreadPool::Loop {
   std::condition_variable done;
 };
 
-ThreadPool::ThreadPool(int num_threads) {
+ThreadPool::ThreadPool(int num_threads, const char* name) {
   if (num_threads < 1 || num_threads > kMaxThreads)
     throw InvalidArgument("num_threads must be within 1.." + std::to_string(kMaxThreads) + ", got " +
                           std::to_string(num_threads));
   workers_.reserve(num_threads);
   try {
-    for (int i = 0; i < num_threads; ++i) workers_.emplace_back([this] { worker_main(); });
+    for (int i = 0; i < num_threads; ++i) workers_.emplace_back([this, name] { worker_main(name); });
   } catch (const std::system_error& e) {
     // Never let a joinable std::thread be destroyed (std::terminate): stop and join what started.
     const size_t started = workers_.size();
@@ -92,7 +92,8 @@ void ThreadPool::wait(const std::shared_ptr<Loop>& loop) {
   if (loop->error) std::rethrow_exception(loop->error);
 }
 
-void ThreadPool::worker_main() {
+void ThreadPool::worker_main(const char* name) {
+  pthread_setname_np(pthread_self(), name);  // best effort: a name longer than 15 characters is refused
   for (;;) {
     std::shared_ptr<Loop> loop;
     {
@@ -205,7 +206,7 @@ std::shared_ptr<ThreadPool> get_pool(int num_threads, PoolUse use) {
       return pools.front().second;
     }
   }
-  auto pool = std::make_shared<ThreadPool>(num_threads);
+  auto pool = std::make_shared<ThreadPool>(num_threads, use == PoolUse::kIo ? "gpupipe-io" : "gpupipe-decode");
   pools.emplace_front(std::make_pair(use, num_threads), pool);
   if (pools.size() > kCachedPools) {
     evicted = std::move(pools.back().second);  // callers still holding it keep it alive

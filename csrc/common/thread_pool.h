@@ -18,7 +18,8 @@ class ThreadPool {
  public:
   // Starts num_threads (1..kMaxThreads) workers. Throws InvalidArgument for a bad count and
   // InternalError when the system refuses a thread (the ones already started are joined first).
-  explicit ThreadPool(int num_threads);
+  // The threads are named `name` (at most 15 characters shown: top -H, py-spy, /proc/self/task).
+  explicit ThreadPool(int num_threads, const char* name = "gpupipe-pool");
   ~ThreadPool();  // finishes queued loops, then joins
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -41,7 +42,7 @@ class ThreadPool {
   static void wait_quietly(const std::shared_ptr<Loop>& loop) noexcept;
 
  private:
-  void worker_main();
+  void worker_main(const char* name);
   void stop_and_join();
 
   std::mutex mutex_;

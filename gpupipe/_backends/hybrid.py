@@ -25,7 +25,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from gpupipe import keyed
+from gpupipe import _C, keyed
 from gpupipe._backends import cpu, gpu_fallback
 from gpupipe._errors import brief
 from gpupipe.decode_types import BatchStatus, DecodeOptions, HeaderInfos, Route
@@ -43,6 +43,11 @@ ROUTE_STREAM = keyed.stream_of("gpupipe.hybrid.route")  #: the routes' own keyed
 # threads). They only set the first epoch's shares (and decode_crop_jpegs's), the same whatever the
 # thread count, so that no pixel depends on it; the Loader re-tunes them between epochs.
 PRIOR_RATES = {"cpu": 8700.0, "hardware": 8700.0, "cuda": 1250.0}
+# Threads of the decode budget (``num_threads``) left to the GPU decoders' host side: nvImageCodec's
+# own threads (``nvimgcodec.CPU_THREADS`` per engine) parse the files and feed the engines, and a
+# Python thread per engine launches them. A CPU pool as large as the budget competes with them for
+# the cores, and the hardware decoder, not the pool, then sets the pace.
+ENGINE_HOST_THREADS = 2
 _MIN_SHARE = 0.02  # an engine that shares (sharing()) keeps a little work, so its rate stays measured
 
 
@@ -150,6 +155,14 @@ class Shares:
             if r is None:
                 rates[e] = getattr(self, e) * scale
         return Shares.from_rates(rates, available)
+
+
+def cpu_pool_threads(num_threads: int, engines: Sequence[str]) -> int:
+    """The CPU pool's threads beside the GPU ``engines`` for a decode budget of ``num_threads`` (0:
+    the default, ``GPUPIPE_NUM_THREADS`` or this rank's share of the cores): the budget less
+    :data:`ENGINE_HOST_THREADS` when a GPU decoder shares the batches, at least 1."""
+    total = int(num_threads) or _C.default_num_threads()
+    return max(1, total - ENGINE_HOST_THREADS) if len(engines) else total
 
 
 def sharing(available: Sequence[str]) -> list:
@@ -301,7 +314,8 @@ def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Deco
     p.cpu_rows = np.flatnonzero(route == 0)
     if len(p.cpu_rows):
         p.cpu_host = torch.empty((len(p.cpu_rows), *out.shape[1:]), dtype=torch.uint8, pin_memory=out.is_cuda)
-        p.cpu_pending = cpu.start([buffers[i] for i in p.cpu_rows], boxes[p.cpu_rows], p.cpu_host, options)
+        pool = dataclasses.replace(options, num_threads=cpu_pool_threads(options.num_threads, list(engines)))
+        p.cpu_pending = cpu.start([buffers[i] for i in p.cpu_rows], boxes[p.cpu_rows], p.cpu_host, pool)
     for k, kind in enumerate(ENGINES[1:], 1):
         rows = np.flatnonzero(route == k)
         if len(rows):

@@ -44,6 +44,7 @@ import io
 import os
 import sys
 import threading
+import time
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -258,6 +259,8 @@ class Engine:
         self._lib = _library()
         self._params = {mode: _decode_params(self._lib, mode) for mode in ("rgb", "gray")}
         self._lock = threading.Lock()  # one batch at a time per decoder
+        # Host seconds of each part of decode() summed over calls (diagnostics: benchmarks.hybrid_probe)
+        self.host_seconds = dict.fromkeys(("parse", "lock", "decode", "table", "crop"), 0.0)
         try:
             with _device_context(self.device):
                 self._decoder = self._lib.Decoder(device_id=self.device.index,
@@ -307,7 +310,9 @@ class Engine:
         sizes = np.asarray(sizes, dtype=np.int64).reshape(n, 2)
         heights, widths = sizes[:, 0], sizes[:, 1]
         lib = self._lib
+        clock = _PartClock(self.host_seconds)
         streams, unparsed = _code_streams(lib, buffers)
+        clock.lap("parse")
         if unparsed:  # nvImageCodec's own parser refused them: declined, and the rest decode
             keep = np.array([k for k in range(n) if k not in unparsed], dtype=np.int64)
             if not len(keep):
@@ -322,15 +327,18 @@ class Engine:
             heights, widths = regions[:, 2] - regions[:, 0], regions[:, 3] - regions[:, 1]
         stream = _current_stream(self.device)
         with self._lock, _device_context(self.device):
+            clock.lap("lock")
             try:
                 images = self._decoder.decode(streams, params=self._params[options.mode], cuda_stream=stream.cuda_stream)
             except Exception as e:
                 raise self._fail("decode", e) from e
             if all(im is None for im in images):
                 self._check_device(stream)  # nvImageCodec turns its own failures into None: is the device sane?
+            clock.lap("decode")
             table, declined = image_table(images, heights, widths, options.channels)
             ok = np.ones(n, dtype=bool)
             ok[list(declined)] = False
+            clock.lap("table")
             if ok.any():
                 try:
                     _crop_resize()(table[ok], np.ascontiguousarray(boxes[ok]), out, slots[ok], resize=options.resize,
@@ -338,6 +346,7 @@ class Engine:
                 except Exception as e:
                     raise self._fail("crop and resize", e) from e
             del images  # freed on `stream` (cudaFreeAsync), after the kernel that reads them
+            clock.lap("crop")
         return declined
 
     def _check_device(self, stream: "torch.cuda.Stream") -> None:
@@ -363,6 +372,20 @@ class Engine:
             hint = ("this GPU has no JPEG engines (A100, H100, B200 have)" if self.kind == "hardware" else
                     "is nvJPEG's library installed? pip install nvidia-nvjpeg")
             raise RuntimeError(f"{self.name} is not available: {declined[0]} ({hint})")
+
+
+class _PartClock:
+    """Adds the host seconds since the previous lap to ``parts[name]`` (a dict of floats)."""
+
+    __slots__ = ("parts", "t")
+
+    def __init__(self, parts: dict):
+        self.parts, self.t = parts, time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        t = time.perf_counter()
+        self.parts[name] += t - self.t
+        self.t = t
 
 
 def _probe_jpeg() -> tuple[bytes, int, int]:

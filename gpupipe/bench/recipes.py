@@ -128,6 +128,23 @@ def train(num_classes: int) -> RecipeParts:
     )
 
 
+# --- crop: the decode path alone ------------------------------------------------------------------
+
+
+@recipe("crop", "RandomResizedCrop 224 only, uint8 out (the decode path without augmentation)")
+def crop_only(num_classes: int) -> RecipeParts:
+    T = _torchvision_transforms()
+
+    def dali(fn, types, jpegs, decoder):
+        images = fn.decoders.image_random_crop(jpegs, device=decoder, output_type=types.RGB, random_area=[0.08, 1.0],
+                                               random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=10)
+        images = fn.resize(images, resize_x=224, resize_y=224, antialias=True, interp_type=types.INTERP_LINEAR)
+        return fn.transpose(images, perm=[2, 0, 1])  # uint8 CHW, as the Loader's batches
+
+    return RecipeParts(crop=crops.RandomResizedCrop(224), augment=None,
+                       torchvision=T.Compose([T.RandomResizedCrop(224), T.PILToTensor()]), dali=dali)
+
+
 # --- eval: Resize(256) + CenterCrop(224) -----------------------------------------------------------
 
 

@@ -250,9 +250,9 @@ class DaliRun:
         """One batch of the pipeline's images as a tensor on the device (on the CPU, DALI's buffer)."""
         t = images.as_tensor()
         if self.device.type == "cuda":
-            from nvidia.dali.plugin.pytorch import feed_ndarray
+            from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
-            x = torch.empty(t.shape(), dtype=torch.float32, device=self.device)
+            x = torch.empty(t.shape(), dtype=to_torch_type[t.dtype], device=self.device)
             feed_ndarray(t, x, cuda_stream=torch.cuda.current_stream(self.device))
             return x
         return torch.from_numpy(np.asarray(t))
