@@ -4,7 +4,7 @@
 # ../shared/device/prepare.sh made .device/; DALI's wheel travels in four pieces, one per call:
 #   call 1 (carry .device/base): bash benchmarks/device_check.sh 1   build, data, the GPU tests, hybrid_probe
 #                                (which writes the best hybrid.ENGINE_HOST_THREADS; later calls use it)
-#   call 2 (carry .device/d2):   bash benchmarks/device_check.sh 2   gpu_check --quick; Loader (cpu) vs raw, no augment
+#   call 2 (carry .device/d2):   bash benchmarks/device_check.sh 2   Loader (cpu) vs raw, no augment (GPU_CHECK=1: gpu_check --quick first)
 #   call 3 (carry .device/d3):   bash benchmarks/device_check.sh 3   the Loader (backend cpu) vs raw, train recipe
 #   call 4 (carry .device/d4):   bash benchmarks/device_check.sh 4   DALI installed; hybrid vs raw vs DALI GPU
 # or, in one call without DALI (carry .device/base/whl, .device/base/debs, .device/base/setup.sh,
@@ -50,15 +50,15 @@ print(default_set())" > "$L/data.txt" 2>&1) &
   # the later calls run with the best measured threads left to the GPU engines' host side
   [ -s $G/tuned ] && sed -i "s/^ENGINE_HOST_THREADS = .*/ENGINE_HOST_THREADS = $(cat $G/tuned)/" gpupipe/_backends/hybrid.py
   grep -n "^ENGINE_HOST_THREADS" gpupipe/_backends/hybrid.py | tee -a "$OUT/summary.txt" ;;
-2)
-  step gpu_check 150 python3 -m benchmarks.gpu_check --quick
-  grep -E "PASS|FAIL|^\||kernels" "$L/gpu_check.txt" | cut -c1-330 | head -40
+2)  # issue 28 without augmentation: the Loader (backend cpu, CUDA output) beside its raw decode
+  [ "${GPU_CHECK:-0}" = 1 ] && { step gpu_check 150 python3 -m benchmarks.gpu_check --quick
+    grep -E "PASS|FAIL|^\||kernels" "$L/gpu_check.txt" | cut -c1-330 | head -40; }
   for s in seed hd; do RECIPE=crop bench "cpu-crop-$s-256" $s 256 --backend cpu --methods gpupipe raw; done ;;
 3)  # issue 28: the Loader (backend cpu, CUDA output) beside its raw decode, 16 threads, train recipe
   for s in seed hd; do bench "cpu-$s-256" $s 256 --backend cpu --methods gpupipe raw; done ;;
 4)  # issue 29: backend hybrid (auto) beside the raw decode and DALI's GPU pipeline, one run each
   bash $G/install_dali.sh > "$L/dali.txt" 2>&1; echo "dali install rc $?" | tee -a "$OUT/summary.txt"; tail -1 "$L/dali.txt"
-  for sb in seed:256 default:64 hd:256 default:256 seed:64 hd:64; do  # most wanted first
+  for sb in seed:256 default:64 hd:256 default:256 ${MORE_BATCHES:-}; do  # most wanted first
     bench "hybrid-${sb/:/-}" ${sb%:*} ${sb#*:} --methods gpupipe raw dali; done
   RECIPE=crop bench hybrid-crop-seed-256 seed 256 --methods gpupipe raw dali ;;
 probe)  # build, the GPU tests, then where the hybrid backend's time goes (benchmarks/hybrid_probe.py)
