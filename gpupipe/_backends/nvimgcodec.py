@@ -274,8 +274,18 @@ class Engine:
     def _fail(self, what: str, e: BaseException) -> RuntimeError:
         return RuntimeError(f"{self.name}: {what} failed ({brief(e, 400)})")
 
+    def parse(self, buffers: Sequence) -> tuple[list, dict]:
+        """nvImageCodec's CodeStreams of ``buffers`` (bytes-like JPEGs) and ``{k: reason}`` of those
+        its parser refuses, for :meth:`decode`'s ``parsed``: made by the caller's thread, so that
+        the engine's own thread only decodes (the hybrid backend parses batch k + 1 while the
+        engine decodes batch k)."""
+        t0 = time.perf_counter()
+        parsed = _code_streams(self._lib, buffers)
+        self.host_seconds["parse"] += time.perf_counter() - t0
+        return parsed
+
     def decode(self, buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, slots: np.ndarray, options: DecodeOptions,
-               *, sizes: Optional[np.ndarray] = None) -> dict:
+               *, sizes: Optional[np.ndarray] = None, parsed: Optional[tuple] = None) -> dict:
         """Decodes sample k (the whole image, or its box's region with ``roi``; ``buffers`` are
         bytes-like JPEGs) on the GPU and crops + resizes ``boxes[k]`` (top, left, height, width,
         whole numbers inside the image) into ``out[slots[k]]``.
@@ -287,6 +297,7 @@ class Engine:
             slots: int64 [N], distinct slots of ``out``.
             sizes: int64 [N, 2] (height, width) of each stored image as its header says (the
                 batch's header table); read here, once, when not given.
+            parsed: :meth:`parse`'s result for ``buffers``, when the caller parsed them already.
 
         Returns:
             ``{k: reason}`` for the samples this decoder declined or could not decode (hand them
@@ -310,14 +321,15 @@ class Engine:
         sizes = np.asarray(sizes, dtype=np.int64).reshape(n, 2)
         heights, widths = sizes[:, 0], sizes[:, 1]
         lib = self._lib
-        clock = _PartClock(self.host_seconds)
-        streams, unparsed = _code_streams(lib, buffers)
-        clock.lap("parse")
+        streams, unparsed = self.parse(buffers) if parsed is None else parsed
+        if len(streams) != n:
+            raise ValueError(f"{self.name}: parsed holds {len(streams)} code streams for {n} buffers")
         if unparsed:  # nvImageCodec's own parser refused them: declined, and the rest decode
             keep = np.array([k for k in range(n) if k not in unparsed], dtype=np.int64)
             if not len(keep):
                 return unparsed
-            sub = self.decode([buffers[k] for k in keep], boxes[keep], out, slots[keep], options, sizes=sizes[keep])
+            sub = self.decode([buffers[k] for k in keep], boxes[keep], out, slots[keep], options, sizes=sizes[keep],
+                              parsed=([streams[k] for k in keep], {}))
             return {**unparsed, **{int(keep[k]): why for k, why in sub.items()}}
         if self.roi:
             regions = roi_regions(boxes, heights, widths)
@@ -326,6 +338,7 @@ class Engine:
             boxes = boxes - np.concatenate([regions[:, :2], np.zeros((n, 2), np.int64)], axis=1)
             heights, widths = regions[:, 2] - regions[:, 0], regions[:, 3] - regions[:, 1]
         stream = _current_stream(self.device)
+        clock = _PartClock(self.host_seconds)
         with self._lock, _device_context(self.device):
             clock.lap("lock")
             try:
