@@ -391,6 +391,7 @@ class Loader:
         self._done = (0, 0)  # (epoch, batches yielded) of the latest iteration
         self._ring: Optional[_Ring] = None  # host buffers, passed from epoch to epoch
         self._recycled: Optional[_Recycled] = None
+        self._arenas: Optional[Arenas] = None  # read buffers, kept across epochs
         self._engines: Optional[dict] = None  # hybrid: the GPU engines, made at the first epoch
         self._shares: dict = {}  # hybrid: {epoch: Shares} of every epoch started
         self._next_shares: Optional[hybrid.Shares] = None  # hybrid: re-tuned after a complete epoch
@@ -414,6 +415,13 @@ class Loader:
         else:
             self._ring = _Ring([torch.empty(shape, dtype=torch.uint8, pin_memory=pin) for _ in range(slots)])
         return self._ring
+
+    def _read_arenas(self) -> Arenas:
+        """The buffers files are read into, kept across epochs like the host ring."""
+        if self._arenas is None:
+            # the batches read and not yet decoded: three queues of `prefetch`, the stages', an epoch closing
+            self._arenas = Arenas(keep=3 * self.prefetch + 5)
+        return self._arenas
 
     def _host_batches(self, shape: tuple) -> _Recycled:
         if self._recycled is None or self._recycled.shape != shape:
@@ -625,7 +633,7 @@ class _Epoch:
         # a source's own read() runs on a Python thread pool; files are read natively (read_many)
         self.reader = None if self.native_reads else ThreadPoolExecutor(loader.io_threads, thread_name_prefix="gpupipe-io")
         # the batches' bytes in reused buffers, one per batch in flight (queues of `prefetch`, the stages)
-        self.arenas = Arenas(keep=3 * loader.prefetch + 5) if self.native_reads else None
+        self.arenas = loader._read_arenas() if self.native_reads else None
         h, w = loader.crop.size
         self.ring = None
         # Reused host buffers where the decoded batch is read once more: copied to the GPU, or augmented

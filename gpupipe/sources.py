@@ -17,6 +17,7 @@ import math
 import os
 import sys
 import tarfile
+import threading
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple, Optional, Protocol, Sequence, runtime_checkable
 
@@ -141,25 +142,28 @@ class Arenas:
     """Byte buffers that batches of files are read into (``read_batch(..., arenas=)``), each
     handed out again once no slice of it is alive: freeing 256 separate 75 KB bytes objects cost
     the Loader's threads ~1.1 ms of GIL time per batch (glibc returns such chunks to the system one
-    by one), a reused buffer nothing. At most ``keep`` buffers are kept (the batches in flight);
-    one thread takes from it (a Loader epoch's read stage)."""
+    by one), a reused buffer nothing. At most ``keep`` buffers are kept (the batches in flight).
+    A Loader keeps one across its epochs (a new buffer's first touch costs page faults, and a short
+    epoch would otherwise never reuse one); a lock makes each buffer go to one taker."""
 
     def __init__(self, keep: int = 8):
         self.keep = keep
         self.buffers: list = []
+        self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> np.ndarray:
         """A uint8 buffer of at least ``nbytes`` that nothing else references."""
-        free = [i for i in range(len(self.buffers)) if sys.getrefcount(self.buffers[i]) == 2]  # the list's and the argument's
-        for i in free:
-            if self.buffers[i].nbytes >= nbytes:
-                return self.buffers[i]
-        fresh = np.empty(nbytes + nbytes // 4, dtype=np.uint8)  # room for the next batch's larger files
-        if free:  # replace a free buffer that is too small
-            self.buffers[free[0]] = fresh
-        elif len(self.buffers) < self.keep:
-            self.buffers.append(fresh)
-        return fresh
+        with self._lock:
+            free = [i for i in range(len(self.buffers)) if sys.getrefcount(self.buffers[i]) == 2]  # the list's and the argument's
+            for i in free:
+                if self.buffers[i].nbytes >= nbytes:
+                    return self.buffers[i]
+            fresh = np.empty(nbytes + nbytes // 4, dtype=np.uint8)  # room for the next batch's larger files
+            if free:  # replace a free buffer that is too small
+                self.buffers[free[0]] = fresh
+            elif len(self.buffers) < self.keep:
+                self.buffers.append(fresh)
+            return fresh
 
 
 def _read_paths(paths: list, num_threads: int, arenas: Optional[Arenas] = None) -> tuple[list, dict]:

@@ -537,6 +537,28 @@ def test_arenas_are_reused_only_once_nothing_references_them(folder):
     assert large[0].obj.nbytes >= sum(len(w) for w in want) and len(big.buffers) == 1
 
 
+def test_the_loader_reads_into_the_same_buffers_epoch_after_epoch(folder):
+    """A short epoch (here 3 batches) would never reuse a buffer if each epoch made its own."""
+    root, samples = folder
+    ld = gpupipe.Loader(sources.ImageFolder(root), batch_size=8, crop=gpupipe.crops.RandomResizedCrop(16),
+                        num_threads=2, prefetch=1, drop_last=True)
+    first = [x.clone() for x, _ in ld]
+    arenas = ld._arenas
+    made = {id(b) for b in arenas.buffers}
+    assert 0 < len(made) <= arenas.keep
+    taken, take = [], arenas.take
+    arenas.take = lambda n: taken.append(take(n)) or taken[-1]
+    for epoch in (1, 2):
+        ld.set_epoch(epoch)
+        list(ld)
+    assert ld._arenas is arenas and len(arenas.buffers) <= arenas.keep
+    reused = [b for b in taken if id(b) in made]
+    assert reused, "the first epoch's buffers were not read into again"
+    del arenas.take, taken, reused  # the slices they hold would keep their buffers
+    ld.set_epoch(0)
+    assert all(torch.equal(a, x) for a, (x, _) in zip(first, ld))  # the bytes read into reused buffers are right
+
+
 def test_read_files_refuses_a_buffer_it_cannot_write_and_leaks_no_file(folder):
     root, samples = folder
     paths = [p.encode() for p, _, _ in samples[:4]]
