@@ -9,13 +9,14 @@
 #   call 4 (carry .device/d4):   bash benchmarks/device_check.sh 4   DALI installed; hybrid vs raw vs DALI GPU
 # or, in one call without DALI (carry .device/base/whl, .device/base/debs, .device/base/setup.sh,
 # .device/base/install_dali.sh): bash benchmarks/device_check.sh probe   build, GPU tests, hybrid_probe
+# (or ... final: the engine tests and hybrid_probe --part final: ROI vs whole images, the default vs the CPU pool)
 # Each step's log goes into $OUT/logs-K.tgz (with the bench outputs), its rc and time into $OUT/summary.txt.
 set -u
 G=${DEVICE_CHECK_ROOT:-/root/g}
 PART=${1:-1}
 OUT=${OUT:-/tmp/device-check}; L=$G/logs/$PART; mkdir -p "$OUT" "$L" /root/dali
 for d in .device/base/dali .device/d2 .device/d3 .device/d4; do [ -d $d ] && cp $d/* /root/dali/; done
-if [ "$PART" = 1 ] || [ "$PART" = probe ]; then bash .device/base/setup.sh > "$L/setup.txt" 2>&1; echo "setup rc $?" | tee -a "$OUT/summary.txt"; tail -3 "$L/setup.txt"; fi
+if [ "$PART" = 1 ] || [ "$PART" = probe ] || [ "$PART" = final ]; then bash .device/base/setup.sh > "$L/setup.txt" 2>&1; echo "setup rc $?" | tee -a "$OUT/summary.txt"; tail -3 "$L/setup.txt"; fi
 cd $G/proj || { echo "setup failed"; exit 2; }
 export PYTHONPATH=$G/site LD_LIBRARY_PATH=$G/jpeg/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-} PYTHONUNBUFFERED=1
 step() {  # step NAME SECONDS command...: one timed step, its log under $OUT, its rc in summary.txt
@@ -68,6 +69,11 @@ probe)  # build, the GPU tests, then where the hybrid backend's time goes (bench
   tail -3 "$L/tests.txt"; grep -E "^(FAILED|ERROR)" "$L/tests.txt" | head -20
   step probe 200 python3 -m benchmarks.hybrid_probe
   grep -E "^\||shares|BatchAugment|Name|aten::|gpupipe|best" "$L/probe.txt" | cut -c1-400 ;;
-*) echo "usage: bash benchmarks/device_check.sh 1|2|3|4|probe"; exit 2 ;;
+final)  # one call on a fresh machine (carry as for probe): build, the engine tests, hybrid_probe --part final
+  step tests 60 python3 -m pytest -q -x -p no:cacheprovider -rs tests/test_nvimgcodec.py tests/test_hybrid.py
+  tail -2 "$L/tests.txt"; grep -E "^(FAILED|ERROR)" "$L/tests.txt" | head -5
+  step final 150 python3 -m benchmarks.hybrid_probe --part final
+  grep -E "^\||shares" "$L/final.txt" | cut -c1-330 ;;
+*) echo "usage: bash benchmarks/device_check.sh 1|2|3|4|probe|final"; exit 2 ;;
 esac
 tar -C $G/logs -czf "$OUT/logs-$PART.tgz" $PART; true

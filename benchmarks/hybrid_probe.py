@@ -123,16 +123,93 @@ def _renice_pool(nice: int) -> str:
     return ""
 
 
-def loader_rows(path, threads: int, batch: int, tuned: str = "") -> None:
+def split(cpu, hw, cuda=0.0) -> dict:
+    return {"cpu": cpu, "hardware": hw, "cuda": cuda}
+
+
+LOADER_HEADER = ("\n| data | decode_shares | pool threads | extra | img/s (epochs 1-2) | pool busy | host us/img | routes "
+                 "| hardware host ms/batch (parse, lock, decode, table, crop) | stages ms/batch (busy, all epochs) | GIL |"
+                 "\n|---|---|---:|---|---:|---:|---:|---|---|---|---|")
+
+
+def loader_row(data, name: str, shares, reserve: int, extra: str, threads: int, batch: int) -> float:
+    """One Loader row (backend hybrid, CUDA, RandomResizedCrop 224, no augmentation): an epoch of
+    warm-up, then epochs 1-2 timed. ``shares`` None: the re-tuned default; ``reserve``:
+    hybrid.ENGINE_HOST_THREADS; ``extra``: "switch 0.5 ms", "nice 10", "roi" (the hardware decoder
+    decodes each box's region), "prefetch N"."""
     import sys
 
     from gpupipe._backends import hybrid
 
-    data = open_data(str(path))
-    def split(cpu, hw, cuda=0.0):
-        return {"cpu": cpu, "hardware": hw, "cuda": cuda}
+    default_reserve, hybrid.ENGINE_HOST_THREADS = hybrid.ENGINE_HOST_THREADS, reserve
+    prefetch = int(extra.split()[1]) if extra.startswith("prefetch") else 2
+    switch = sys.getswitchinterval()
+    swapped = _roi_engine() if extra == "roi" else None
+    try:
+        loader = gpupipe.Loader(data.source, batch_size=batch, crop=gpupipe.crops.RandomResizedCrop(224),
+                                device="cuda", backend="hybrid", num_threads=threads, seed=0, drop_last=True,
+                                prefetch=prefetch, **({} if shares is None else {"decode_shares": shares}))
+        for _ in loader:  # epoch 0: warm-up (engines, pinned buffers, the pool's threads)
+            pass
+        torch.cuda.synchronize()
+        note = ""
+        if extra.startswith("switch"):
+            sys.setswitchinterval(0.0005)
+        elif extra.startswith("nice"):
+            note = _renice_pool(10)
+        hw = loader._gpu_engines().get("hardware")
+        before = dict(hw.host_seconds) if hw is not None else {}
+        n, t0 = 0, time.perf_counter()
+        with GilProbe() as probe:
+            for epoch in (1, 2):
+                loader.set_epoch(epoch)
+                for images, _ in loader:
+                    n += len(images)
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+    finally:
+        sys.setswitchinterval(switch)
+        hybrid.ENGINE_HOST_THREADS = default_reserve
+        if extra.startswith("nice"):
+            _renice_pool(0)
+        if swapped is not None:
+            swapped()
+    st = loader.stats()
+    batches = max(st["batches"], 1)
+    busy = ", ".join(f"{k} {1e3 * v / batches:.1f}" for k, v in st["busy_s"].items())
+    hw_parts = ", ".join(f"{1e3 * (hw.host_seconds[k] - before[k]) / (2 * batches):.2f}" for k in before) if hw else "-"
+    pool = st.get("decode_pool", {})
+    label = "re-tuned (prior, then measured)" if shares is None else "/".join(f"{v:g}" for v in shares.values())
+    routes = {k: v for k, v in st.get("routes", {}).items() if v}
+    print(f"| {name} | {label} | {pool.get('threads')} | {extra or '-'} {note} | {n / dt:.0f} | "
+          f"{pool.get('utilisation', float('nan')):.0%} | {st.get('host_us_per_image', float('nan')):.1f} | {routes} | "
+          f"{hw_parts} | {busy} | {probe.summary()} |", flush=True)
+    if shares is None:
+        print("  shares:", st.get("shares"), "engines:", st.get("engines"))
+    return n / dt
 
-    default_reserve = hybrid.ENGINE_HOST_THREADS
+
+def _roi_engine():
+    """Puts an ROI hardware engine in nvImageCodec's engine cache (the Loader then uses it);
+    returns the function that puts the whole-image one back."""
+    import os
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    key = (os.getpid(), "hardware", str(dev))
+    nvimgcodec.engine("hardware", dev)
+    old = nvimgcodec._engines[key]
+    roi = nvimgcodec.Engine("hardware", dev, roi=True)
+    roi.probe()
+    nvimgcodec._engines[key] = roi
+
+    def restore():
+        nvimgcodec._engines[key] = old
+
+    return restore
+
+
+def loader_rows(path, threads: int, batch: int, tuned: str = "") -> None:
+    data = open_data(str(path))
     # (shares or None for the re-tuned default, threads left to the engines' host side, extra):
     # the engines alone, splits of the two with 0/2/4 cores left to the hardware decoder's host
     # threads, then two other ways to let it have the cores it needs: a shorter GIL switch interval,
@@ -142,58 +219,72 @@ def loader_rows(path, threads: int, batch: int, tuned: str = "") -> None:
                 (split(0.45, 0.55), 2, ""), (split(0.4, 0.6), 2, ""),
                 (split(0.5, 0.5), 2, "switch 0.5 ms"), (split(0.5, 0.5), 0, "nice 10"), (split(0.4, 0.6), 0, "nice 10"),
                 (None, 2, ""), (None, 4, "")]
-    print("\n| decode_shares | pool threads | extra | img/s (epochs 1-2) | pool busy | host us/img | routes | hardware host ms/batch "
-          "(parse, lock, decode, table, crop) | stages ms/batch (busy, all epochs) | GIL |\n|---|---:|---|---:|---:|---:|---|---|---|---|")
+    print(LOADER_HEADER)
     results = {}
     for shares, reserve, extra in variants:
-        hybrid.ENGINE_HOST_THREADS = reserve
-        loader = gpupipe.Loader(data.source, batch_size=batch, crop=gpupipe.crops.RandomResizedCrop(224),
-                                device="cuda", backend="hybrid", num_threads=threads, seed=0, drop_last=True,
-                                **({} if shares is None else {"decode_shares": shares}))
-        switch = sys.getswitchinterval()
-        try:
-            for _ in loader:  # epoch 0: warm-up (engines, pinned buffers, the pool's threads)
-                pass
-            torch.cuda.synchronize()
-            note = ""
-            if extra.startswith("switch"):
-                sys.setswitchinterval(0.0005)
-            elif extra.startswith("nice"):
-                note = _renice_pool(10)
-            hw = loader._gpu_engines().get("hardware")
-            before = dict(hw.host_seconds) if hw is not None else {}
-            n, t0 = 0, time.perf_counter()
-            with GilProbe() as probe:
-                for epoch in (1, 2):
-                    loader.set_epoch(epoch)
-                    for images, _ in loader:
-                        n += len(images)
-                torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
-        finally:
-            sys.setswitchinterval(switch)
-            if extra.startswith("nice"):
-                _renice_pool(0)
-        st = loader.stats()
-        batches = max(st["batches"], 1)
-        busy = ", ".join(f"{k} {1e3 * v / batches:.1f}" for k, v in st["busy_s"].items())
-        hw_parts = ", ".join(f"{1e3 * (hw.host_seconds[k] - before[k]) / (2 * batches):.2f}" for k in before) if hw else "-"
-        pool = st.get("decode_pool", {})
-        label = "re-tuned (prior, then measured)" if shares is None else "/".join(f"{v:g}" for v in shares.values())
-        results[(label, reserve, extra)] = n / dt
-        print(f"| {label} | {pool.get('threads')} | {extra or '-'} {note} | {n / dt:.0f} | {pool.get('utilisation', float('nan')):.0%} | "
-              f"{st.get('host_us_per_image', float('nan')):.1f} | {st.get('routes')} | {hw_parts} | {busy} | {probe.summary()} |",
-              flush=True)
-        if shares is None:
-            print("  shares:", st.get("shares"), "engines:", st.get("engines"))
-    hybrid.ENGINE_HOST_THREADS = default_reserve
+        rate = loader_row(data, "800x533", shares, reserve, extra, threads, batch)
+        label = "re-tuned" if shares is None else "/".join(f"{v:g}" for v in shares.values())
+        results[(label, reserve, extra)] = rate
     # the threads to leave to the engines, by the even split and the re-tuned rows
     best = max((0, 2, 4), key=lambda r: max(v for (label, res, extra), v in results.items() if res == r and not extra
-                                            and label in ("0.5/0.5/0", "re-tuned (prior, then measured)")))
+                                            and label in ("0.5/0.5/0", "re-tuned")))
     print(f"best ENGINE_HOST_THREADS: {best}")
     if tuned:
         with open(tuned, "w") as f:
             f.write(f"{best}\n")
+
+
+def roi_rates(name: str, datas: list, reps: int = 3) -> None:
+    """The hardware decoder on whole images against ROI decode (each box plus ROI_MARGIN), both
+    against the CPU core's pixels (dct_scaling=False): the issue's "choose by measurement"."""
+    infos = read_infos(datas)
+    sizes = np.stack([infos.column("height"), infos.column("width")], axis=1)
+    boxes = gpupipe.crops.RandomResizedCrop(224).boxes(sizes[:, 0], sizes[:, 1], seed=0)
+    options = DecodeOptions(size=(224, 224), resize=True, device=torch.device("cuda"))
+    ref = gpupipe.decode_crop_jpegs(datas, boxes, size=(224, 224), backend="cpu", dct_scaling=False).images.cuda()
+    out = torch.zeros(len(datas), 224, 224, 3, dtype=torch.uint8, device="cuda")
+    slots = np.arange(len(datas))
+    dev = torch.device("cuda", torch.cuda.current_device())
+    for roi in (False, True):
+        eng = nvimgcodec.Engine("hardware", dev, roi=roi)
+        run = lambda: eng.decode(datas, boxes, out, slots, options, sizes=sizes)  # noqa: E731
+        declined = run()
+        torch.cuda.synchronize()
+        keep = [k for k in range(len(datas)) if k not in declined]
+        diff = (out[keep].permute(0, 3, 1, 2).int() - ref[keep].int()).abs()
+        gpu = []
+        for _ in range(reps):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            run()
+            e.record()
+            e.synchronize()
+            gpu.append(s.elapsed_time(e) / 1e3)
+        why = f" ({next(iter(declined.values()))[:120]})" if declined else ""
+        print(f"| {name} | hardware roi={roi} | {len(datas)} | {len(datas) / statistics.median(gpu):.0f} img/s | "
+              f"declined {len(declined)}{why} | max |diff| {int(diff.max()) if diff.numel() else '-'}, "
+              f"mean {diff.float().mean().item() if diff.numel() else float('nan'):.3f} |", flush=True)
+
+
+def final_rows(threads: int, batch: int, files: int) -> None:
+    """The last GPU call's checks: ROI against whole images on the hardware decoder, then the
+    shipped default (re-tuned, ENGINE_HOST_THREADS) beside the CPU pool alone in the same run,
+    with the ROI engine and a deeper prefetch as variants, on 800x533 and 1920x1280 photos."""
+    print("| set | engine | images | rate | declined | pixels vs CPU core |\n|---|---|---:|---:|---|---|")
+    for name in ("seed", "hd"):
+        got = datasets.load_set(name, progress=False)
+        roi_rates(name, [got[i % len(got)] for i in range(256)])
+    from gpupipe._backends import hybrid
+
+    reserve = hybrid.ENGINE_HOST_THREADS
+    print(LOADER_HEADER)
+    seed = open_data(str(loader_scale.folder("seed", files)))
+    for shares, res, extra in ((split(1, 0), 0, ""), (None, reserve, ""), (None, reserve, "roi"),
+                               (None, reserve, "prefetch 4")):
+        loader_row(seed, "800x533", shares, res, extra, threads, batch)
+    hd = open_data(str(loader_scale.folder("hd", 1024)))
+    for shares, res, extra in ((split(1, 0), 0, ""), (None, reserve, ""), (None, reserve, "roi")):
+        loader_row(hd, "1920x1280", shares, res, extra, threads, batch)
 
 
 def augment_host_side(reps: int = 30) -> None:
@@ -237,10 +328,13 @@ def main(argv=None):
     ap.add_argument("--files", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--part", choices=["all", "engines", "loader", "augment"], default="all")
+    ap.add_argument("--part", choices=["all", "engines", "loader", "augment", "final"], default="all")
     ap.add_argument("--tuned", default="", help="file to write the best ENGINE_HOST_THREADS measured into")
     args = ap.parse_args(argv)
     print("device:", torch.cuda.get_device_name(0))
+    if args.part == "final":
+        final_rows(args.threads, args.batch, args.files)
+        return
     if args.part in ("all", "engines"):
         seed = datasets.load_set("seed", progress=False)
         engine_rates([seed[i % len(seed)] for i in range(512)])
