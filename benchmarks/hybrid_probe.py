@@ -270,6 +270,7 @@ def final_rows(threads: int, batch: int, files: int) -> None:
     """The last GPU call's checks: ROI against whole images on the hardware decoder, then the
     shipped default (re-tuned, ENGINE_HOST_THREADS) beside the CPU pool alone in the same run,
     with the ROI engine and a deeper prefetch as variants, on 800x533 and 1920x1280 photos."""
+    augment_host_side(profile=False)
     print("| set | engine | images | rate | declined | pixels vs CPU core |\n|---|---|---:|---:|---|---|")
     for name in ("seed", "hd"):
         got = datasets.load_set(name, progress=False)
@@ -287,7 +288,7 @@ def final_rows(threads: int, batch: int, files: int) -> None:
         loader_row(hd, "1920x1280", shares, res, extra, threads, batch)
 
 
-def augment_host_side(reps: int = 30) -> None:
+def augment_host_side(reps: int = 30, profile: bool = True) -> None:
     """BatchAugment's whole call on CUDA (256x3x224x224, the train recipe's chain with rotation and
     hue) against its kernels: the host's time until the call returns, the whole call with a sync,
     and torch.profiler's host-side ops (issue 28: whole call <= 1.3x the kernels)."""
@@ -314,9 +315,11 @@ def augment_host_side(reps: int = 30) -> None:
     e.synchronize()
     print(f"\nBatchAugment 256x3x224x224 on CUDA: host until return {1e6 * statistics.median(host):.0f} us, whole call "
           f"(synced) {1e6 * statistics.median(whole):.0f} us, back to back {1e3 * s.elapsed_time(e) / reps:.0f} us per call")
-    from torch.profiler import ProfilerActivity, profile
+    if not profile:
+        return
+    from torch.profiler import ProfilerActivity, profile as profiler
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profiler(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(10):
             aug(x, params=params)
         torch.cuda.synchronize()
