@@ -251,11 +251,8 @@ def pack_augment_params(
     grayscale: ArrayLike,
     height: int,
     width: int,
-    into: NDArray | None = None,
 ) -> NDArray:
-    """BatchAugment's float32 [N, 24] engine rows (color='torchvision'), values checked; with
-    ``into`` (a writable C-contiguous float32 array of at least N x 24 values) written there and
-    ``into`` returned."""
+    """BatchAugment's float32 [N, 24] engine rows (color='torchvision'), values checked."""
 
 def augment(
     input: Sequence[int],

@@ -51,22 +51,6 @@ class HostEngine:
         return declined
 
 
-class ParsingHostEngine(HostEngine):
-    """A stand-in with nvImageCodec's ``parse``: what it parsed must come back to its decode."""
-
-    def __init__(self, kind: str, **kw):
-        super().__init__(kind, **kw)
-        self.parse_threads = set()
-
-    def parse(self, buffers):
-        self.parse_threads.add(threading.get_ident())
-        return [("parsed", bytes(b[:16])) for b in buffers], {}
-
-    def decode(self, buffers, boxes, out, slots, options, *, sizes, parsed=None):
-        assert parsed is not None and parsed[0] == [("parsed", bytes(b[:16])) for b in buffers]
-        return super().decode(buffers, boxes, out, slots, options, sizes=sizes)
-
-
 def engines(**kw):
     return {"hardware": HostEngine("hardware", **kw.get("hardware", {})), "cuda": HostEngine("cuda", **kw.get("cuda", {}))}
 
@@ -181,21 +165,6 @@ def test_a_batch_is_split_between_the_engines_with_the_cpu_cores_pixels():
         assert np.array_equal(np.concatenate(eng[kind].calls), np.flatnonzero(expected == route))
         assert status.engine_seconds[kind][:2] == ((expected == route).sum(),) * 2
     assert not (eng["hardware"].threads & {threading.get_ident()})  # the engines run on their own threads
-
-
-def test_an_engine_that_parses_gets_its_files_parsed_on_the_starting_thread():
-    datas, infos, boxes = batch()
-    opts = options(dct_scaling=False)
-    ref = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
-    cpu.decode(datas, boxes, ref, opts, infos)
-    eng = {"hardware": ParsingHostEngine("hardware"), "cuda": HostEngine("cuda")}
-    out = torch.full_like(ref, 77)
-    status = hybrid.decode(datas, boxes, out, opts, infos, shares=hybrid.Shares(cpu=0.3, hardware=0.7, cuda=0.0),
-                           engines=eng)
-    assert status.ok.all() and torch.equal(out, ref) and (status.route == Route.GPU_HARDWARE).any()
-    # parsed by the thread that started the batch, decoded on the engine's own: the two overlap
-    assert eng["hardware"].parse_threads == {threading.get_ident()}
-    assert not (eng["hardware"].threads & {threading.get_ident()})
 
 
 def test_routes_change_pixels_but_replay_exactly():

@@ -270,33 +270,6 @@ def test_a_file_the_parser_refuses_is_declined_and_the_rest_decode(fake):
     assert cslots.tolist() == [0, 2] and images[:, 0].tolist() == [100, 300]
 
 
-def test_streams_parsed_ahead_are_decoded_as_given_and_refusals_stay_declined(fake):
-    datas = [encode(photo(30, 40)), b"not a jpeg", encode(photo(32, 42))]
-    lib = nvimgcodec._library()
-    made, make = [], lib.CodeStream
-
-    def counting(data):
-        made.append(bytes(data))
-        if not bytes(data).startswith(b"\xff\xd8"):
-            raise RuntimeError("Failed to get image info")
-        return make(data)
-
-    lib.CodeStream = counting
-    eng = fake.make("hardware")
-    parsed = eng.parse(datas)  # on the caller's thread (the hybrid backend's stage), timed there
-    assert len(made) == 3 and parsed[0][1] is None and list(parsed[1]) == [1] and eng.host_seconds["parse"] > 0
-    eng._decoder.result = [FakeImage(100, 30, 40), FakeImage(300, 32, 42)]
-    out = torch.zeros(3, 8, 8, 3, dtype=torch.uint8)
-    declined = eng.decode(datas, np.array([[0, 0, 8, 8]] * 3, dtype=np.float64), out, np.array([0, 1, 2]),
-                          DecodeOptions(size=(8, 8)), sizes=np.array([[30, 40], [1, 1], [32, 42]]), parsed=parsed)
-    assert len(made) == 3, "decode parsed the files again"
-    assert list(declined) == [1] and "cannot parse" in declined[1]
-    streams, _, _ = eng._decoder.calls[0]
-    assert [s.data for s in streams] == [datas[0], datas[2]]
-    with pytest.raises(ValueError, match="2 code streams for 3 buffers"):
-        eng.decode(datas, np.zeros((3, 4)), out, np.arange(3), DecodeOptions(size=(8, 8)), parsed=(parsed[0][:2], {}))
-
-
 def test_engine_gray_resize_and_given_sizes(fake):
     eng = fake.make()
     eng._decoder.result = [FakeImage(7, 50, 60, c=1)]

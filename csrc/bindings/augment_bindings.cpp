@@ -57,7 +57,7 @@ void register_augment_params(py::module_& m) {
       "pack_augment_params",
       [](SafeRows<bool> hflip, SafeRows<bool> vflip, Rows<double> angle, Rows<double> translate, Rows<double> scale,
          Rows<double> shear, Rows<double> brightness, Rows<double> contrast, Rows<double> saturation, Rows<double> hue,
-         SafeRows<int64_t> order, SafeRows<bool> grayscale, int64_t height, int64_t width, py::object into) {
+         SafeRows<int64_t> order, SafeRows<bool> grayscale, int64_t height, int64_t width) {
         const int64_t n = angle.size();
         AugmentParams p{rows_of(hflip, n, "hflip"),           rows_of(vflip, n, "vflip"),
                         angle.data(),                         rows_of(translate, 2 * n, "translate"),
@@ -65,26 +65,15 @@ void register_augment_params(py::module_& m) {
                         rows_of(brightness, n, "brightness"), rows_of(contrast, n, "contrast"),
                         rows_of(saturation, n, "saturation"), rows_of(hue, n, "hue"),
                         rows_of(order, 4 * n, "order"),       rows_of(grayscale, n, "grayscale")};
-        if (into.is_none()) {
-          py::array_t<float> out({n, int64_t{param::kCount}});
-          pack_augment_params(n, p, height, width, out.mutable_data());
-          return py::array(out);
-        }
-        // The caller's buffer (BatchAugment's pinned staging rows): written in place, never a copy.
-        py::array out = py::reinterpret_borrow<py::array>(into);
-        if (!py::isinstance<py::array>(into) || !out.dtype().is(py::dtype::of<float>()) || !out.writeable() ||
-            !(out.flags() & py::array::c_style) || out.size() < n * param::kCount)
-          throw InvalidArgument("into must be a writable C-contiguous float32 array of at least " +
-                                std::to_string(n * param::kCount) + " values");
-        pack_augment_params(n, p, height, width, static_cast<float*>(out.mutable_data()));
+        py::array_t<float> out({n, int64_t{param::kCount}});
+        pack_augment_params(n, p, height, width, out.mutable_data());
         return out;
       },
       py::arg("hflip"), py::arg("vflip"), py::arg("angle"), py::arg("translate"), py::arg("scale"), py::arg("shear"),
       py::arg("brightness"), py::arg("contrast"), py::arg("saturation"), py::arg("hue"), py::arg("order"),
-      py::arg("grayscale"), py::arg("height"), py::arg("width"), py::arg("into") = py::none(),
+      py::arg("grayscale"), py::arg("height"), py::arg("width"),
       "BatchAugment's float32 [N, 24] engine rows (color='torchvision') from its parameters, values checked "
-      "(ValueError naming the first that cannot apply); into=: written into the first N rows of that "
-      "float32 buffer, which is returned.");
+      "(ValueError naming the first that cannot apply).");
 }
 
 }  // namespace

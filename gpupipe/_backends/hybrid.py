@@ -225,8 +225,7 @@ class _EngineRun:
 
 
 def _run_engine(eng: Any, buffers: list, boxes: np.ndarray, out: torch.Tensor, slots: np.ndarray,
-                options: DecodeOptions, sizes: np.ndarray, stream: Optional["torch.cuda.Stream"],
-                parsed: Optional[tuple] = None) -> _EngineRun:
+                options: DecodeOptions, sizes: np.ndarray, stream: Optional["torch.cuda.Stream"]) -> _EngineRun:
     """One engine's share on its own thread. On a CUDA ``out`` its work goes on the engine's stream,
     timed by CUDA events around it (the engine's own pace); on a host ``out`` (the scheduler's
     tests) by the host's clock."""
@@ -234,8 +233,7 @@ def _run_engine(eng: Any, buffers: list, boxes: np.ndarray, out: torch.Tensor, s
         with torch.cuda.stream(stream):  # a no-op for None (a host engine)
             t0 = time.perf_counter()
             started = _record(stream)
-            declined = eng.decode(buffers, boxes, out, slots, options, sizes=sizes,
-                                  **({} if parsed is None else {"parsed": parsed}))
+            declined = eng.decode(buffers, boxes, out, slots, options, sizes=sizes)
             done = _record(stream)
     except BaseException as e:  # what was queued before the error may still write out: wait() orders after it
         try:
@@ -278,13 +276,9 @@ class Pending:
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream(self.out.device))
             self.out.record_stream(stream)  # written there: the allocator keeps it until that work is done
-        eng, buffers = self.engines[kind], [self.buffers[i] for i in rows]
-        # Parsed here, on the stage's thread, when the engine can: its own thread then only decodes,
-        # and parsing this batch overlaps the engine's work on the one before (measured on an H100:
-        # 3-4.5 ms of a hardware-decoder batch of ~130 photos was parsing, the decoder idle meanwhile).
-        parsed = eng.parse(buffers) if hasattr(eng, "parse") else None
-        future = self.workers.threads[kind].submit(_run_engine, eng, buffers, self.boxes[rows], self.out, rows,
-                                                   self.options, self.sizes[rows], stream, parsed)
+        future = self.workers.threads[kind].submit(_run_engine, self.engines[kind], [self.buffers[i] for i in rows],
+                                                   self.boxes[rows], self.out, rows, self.options, self.sizes[rows],
+                                                   stream)
         self.gpu.append((kind, rows, future))
 
 

@@ -238,8 +238,11 @@ class Engine:
         kind: ``"hardware"`` or ``"cuda"``.
         device: the CUDA device it decodes on (outputs must live there).
         roi: decode only each box plus :data:`ROI_MARGIN` pixels (nvImageCodec's regions) instead
-            of whole images. Off: both decoders declined ROI with fancy upsampling on nvJPEG <
-            13.2; turn it on where a measurement says it pays and the pixels stay within tolerance.
+            of whole images. Off, by measurement: on an H100 with nvJPEG 13.2.3 the hardware
+            decoder takes ROI requests with the same pixels (max 1 level from the CPU core) but
+            is slower (RandomResizedCrop 224, batch 256: 15,633 against 17,190 img/s on 800x533
+            photos, 4,470 against 4,582 on 1920x1280; in the hybrid Loader 12,257 against 14,504),
+            and nvJPEG < 13.2 declines ROI with fancy upsampling.
         cpu_threads: nvImageCodec's host threads for this engine.
 
     Use :func:`engine` (cached, checked by a first decode) rather than constructing one.
@@ -274,18 +277,8 @@ class Engine:
     def _fail(self, what: str, e: BaseException) -> RuntimeError:
         return RuntimeError(f"{self.name}: {what} failed ({brief(e, 400)})")
 
-    def parse(self, buffers: Sequence) -> tuple[list, dict]:
-        """nvImageCodec's CodeStreams of ``buffers`` (bytes-like JPEGs) and ``{k: reason}`` of those
-        its parser refuses, for :meth:`decode`'s ``parsed``: made by the caller's thread, so that
-        the engine's own thread only decodes (the hybrid backend parses batch k + 1 while the
-        engine decodes batch k)."""
-        t0 = time.perf_counter()
-        parsed = _code_streams(self._lib, buffers)
-        self.host_seconds["parse"] += time.perf_counter() - t0
-        return parsed
-
     def decode(self, buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, slots: np.ndarray, options: DecodeOptions,
-               *, sizes: Optional[np.ndarray] = None, parsed: Optional[tuple] = None) -> dict:
+               *, sizes: Optional[np.ndarray] = None) -> dict:
         """Decodes sample k (the whole image, or its box's region with ``roi``; ``buffers`` are
         bytes-like JPEGs) on the GPU and crops + resizes ``boxes[k]`` (top, left, height, width,
         whole numbers inside the image) into ``out[slots[k]]``.
@@ -297,7 +290,6 @@ class Engine:
             slots: int64 [N], distinct slots of ``out``.
             sizes: int64 [N, 2] (height, width) of each stored image as its header says (the
                 batch's header table); read here, once, when not given.
-            parsed: :meth:`parse`'s result for ``buffers``, when the caller parsed them already.
 
         Returns:
             ``{k: reason}`` for the samples this decoder declined or could not decode (hand them
@@ -321,15 +313,14 @@ class Engine:
         sizes = np.asarray(sizes, dtype=np.int64).reshape(n, 2)
         heights, widths = sizes[:, 0], sizes[:, 1]
         lib = self._lib
-        streams, unparsed = self.parse(buffers) if parsed is None else parsed
-        if len(streams) != n:
-            raise ValueError(f"{self.name}: parsed holds {len(streams)} code streams for {n} buffers")
+        clock = _PartClock(self.host_seconds)
+        streams, unparsed = _code_streams(lib, buffers)
+        clock.lap("parse")
         if unparsed:  # nvImageCodec's own parser refused them: declined, and the rest decode
             keep = np.array([k for k in range(n) if k not in unparsed], dtype=np.int64)
             if not len(keep):
                 return unparsed
-            sub = self.decode([buffers[k] for k in keep], boxes[keep], out, slots[keep], options, sizes=sizes[keep],
-                              parsed=([streams[k] for k in keep], {}))
+            sub = self.decode([buffers[k] for k in keep], boxes[keep], out, slots[keep], options, sizes=sizes[keep])
             return {**unparsed, **{int(keep[k]): why for k, why in sub.items()}}
         if self.roi:
             regions = roi_regions(boxes, heights, widths)
@@ -338,7 +329,6 @@ class Engine:
             boxes = boxes - np.concatenate([regions[:, :2], np.zeros((n, 2), np.int64)], axis=1)
             heights, widths = regions[:, 2] - regions[:, 0], regions[:, 3] - regions[:, 1]
         stream = _current_stream(self.device)
-        clock = _PartClock(self.host_seconds)
         with self._lock, _device_context(self.device):
             clock.lap("lock")
             try:

@@ -3,8 +3,7 @@ ToTensor, Normalize) as one batched ``nn.Module``, run by a one-pass engine on t
 
 from __future__ import annotations
 
-import threading
-from typing import Callable, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -123,51 +122,6 @@ def _as_numpy(params) -> list:
             v = v.to(torch.float64)
         out.append(v.numpy())
     return out
-
-
-def _pinned_rows(rows: int) -> torch.Tensor:
-    return torch.empty((rows, fused.PARAM_COUNT), dtype=torch.float32, pin_memory=True)
-
-
-def _copy_done_event(device: torch.device):
-    event = torch.cuda.Event()
-    event.record(torch.cuda.current_stream(device))
-    return event
-
-
-class _ParamUploads:
-    """Pinned host rows that the CUDA path packs a batch's parameters into and copies to the device
-    from: packing straight into reused pinned memory saves, per call, a pageable array,
-    ``pin_memory()``'s allocation and its copy (the host side of the call is most of its cost next
-    to 0.25 ms of kernels). A slot is written again only once the copy that read it is done (its
-    CUDA event, SLOTS calls ago); one still in flight gets new rows instead (the caching host
-    allocator keeps the old ones until their copy is done): the host never waits. Process-wide,
-    one lock (any module, any thread)."""
-
-    SLOTS = 4
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.slots: list = [None] * self.SLOTS  # [pinned rows, their numpy view, event of the copy or None]
-        self.next = 0
-
-    def upload(self, pack: Callable, n: int, device: torch.device) -> torch.Tensor:
-        """``pack(rows)`` writes n rows into ``rows`` (numpy float32 [capacity, PARAM_COUNT]); they
-        are copied to ``device`` on its current stream, without waiting."""
-        with self.lock:
-            k, self.next = self.next, (self.next + 1) % self.SLOTS
-            slot = self.slots[k]
-            if slot is None or slot[0].shape[0] < n or (slot[2] is not None and not slot[2].query()):
-                rows = _pinned_rows(max(n, 256))
-                slot = self.slots[k] = [rows, rows.numpy(), None]
-            slot[2] = None
-            pack(slot[1])
-            packed = slot[0][:n].to(device, non_blocking=True)
-            slot[2] = _copy_done_event(device)
-            return packed
-
-
-_UPLOADS = _ParamUploads()
 
 
 class BatchAugment(KeyedModule):
@@ -435,19 +389,12 @@ class BatchAugment(KeyedModule):
 
             self.last_path = "kornia"
             return kornia_augment(self, x, params)
-        p = [params[k] for k in PARAM_KEYS]
-        if (x.device.type == "cuda" and self.color != "linear" and not torch.compiler.is_compiling()
-                and all(type(v) is torch.Tensor for v in p)):  # packed into pinned rows, copied from there
-            packed = _UPLOADS.upload(lambda rows: _C.pack_augment_params(*_as_numpy(p), h, w, into=rows), x.shape[0],
-                                     x.device)
-        elif x.device.type == "cuda":
-            packed = self.pack_params(params, h, w)
+        packed = self.pack_params(params, h, w)
+        if x.device.type == "cuda":
             if not torch.compiler.is_compiling():
                 packed = packed.pin_memory()
             packed = packed.to(x.device, non_blocking=True)  # the one transfer of the batch
-        elif x.device.type == "cpu":
-            packed = self.pack_params(params, h, w)
-        else:
+        elif x.device.type != "cpu":
             raise ValueError(f"x must be on a CPU or CUDA device for engine='fused', got {x.device}")
         out = None
         if x.device.type == "cpu" and self.reuse_outputs and not torch.compiler.is_compiling():
