@@ -291,7 +291,9 @@ class Loader:
         drop_last: drop the tail that does not split evenly across ranks and the last partial batch.
         num_threads: decode threads (default: ``GPUPIPE_NUM_THREADS``, else this rank's share of the
             cores: the CPU affinity count, divided by ``LOCAL_WORLD_SIZE`` when the node's ranks share
-            the same cores, as under ``torchrun``; :func:`gpupipe.cpu_share`).
+            the same cores, as under ``torchrun``; :func:`gpupipe.cpu_share`). With
+            ``backend="hybrid"`` the CPU pool leaves ``hybrid.ENGINE_HOST_THREADS`` (4) of them to
+            the GPU decoders' host side (``stats()["decode_pool"]["threads"]``).
         prefetch: batches decoded ahead of the consumer (bounds memory: ``prefetch + 3`` buffers).
         on_error: ``"skip"`` drops failed samples (the batch is smaller), ``"replace"`` keeps zero
             images, ``"raise"`` raises naming the sample's key. Every failure is in ``stats()`` with
