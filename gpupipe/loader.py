@@ -727,7 +727,9 @@ class _Epoch:
         return batch
 
     def decode(self, batch: Batch) -> Batch:
-        with torch.cuda.stream(self.decode_stream):  # hybrid on CUDA: out's allocation and waits here; else a no-op
+        if self.decode_stream is None:  # (torch.cuda.stream(None) asks for CUDA devices: 60 us on a host without)
+            return self._decode(batch)
+        with torch.cuda.stream(self.decode_stream):  # hybrid on CUDA: out's allocation and waits here
             return self._decode(batch)
 
     def _decode(self, batch: Batch) -> Batch:
@@ -767,6 +769,8 @@ class _Epoch:
 
     def collect(self, batch: Batch) -> Batch:
         """The batch's decode, waited for (when it was started), and the error policy applied."""
+        if self.decode_stream is None:
+            return self._collect(batch)
         with torch.cuda.stream(self.decode_stream):
             return self._collect(batch)
 
