@@ -109,13 +109,13 @@ def engine_rates(datas: list, reps: int = 3) -> None:
 
 
 def _renice_pool(nice: int) -> str:
-    """Sets the niceness of gpupipe's decode threads (named gpupipe-decode); '' or why it could not."""
+    """Sets the niceness of gpupipe's decode threads (named gpupipe-pool); '' or why it could not."""
     import os
 
     for tid in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
-                if f.read().strip() != "gpupipe-decode":
+                if f.read().strip() != "gpupipe-pool":
                     continue
             os.setpriority(os.PRIO_PROCESS, int(tid), nice)
         except OSError as e:

@@ -282,7 +282,8 @@ def decode_crop_jpegs(
         out: optional destination, uint8 ``[N, H, W, C]`` contiguous or ``[N, C, H, W]``
             channels-last (typically pinned). Written in place; ``images`` is a view of it.
         num_threads: decode threads (1..1024). Default: ``GPUPIPE_NUM_THREADS``, else the CPU
-            affinity count.
+            affinity count. With ``backend="hybrid"`` the CPU's share runs on that budget less the
+            GPU decoders' host threads (``hybrid.cpu_pool_threads``).
         on_error: ``"raise"``: after the whole batch, raise for the first failure, naming its index
             and the decoder's message (its class says the kind; the exception's ``failures`` holds
             them all). ``"skip"``: report failures in ``ok``/``errors``/``kinds``; drop them with

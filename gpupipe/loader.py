@@ -292,9 +292,12 @@ class Loader:
         num_threads: decode threads (default: ``GPUPIPE_NUM_THREADS``, else this rank's share of the
             cores: the CPU affinity count, divided by ``LOCAL_WORLD_SIZE`` when the node's ranks share
             the same cores, as under ``torchrun``; :func:`gpupipe.cpu_share`). With
-            ``backend="hybrid"`` the CPU pool leaves ``hybrid.ENGINE_HOST_THREADS`` (4) of them to
-            the GPU decoders' host side (``stats()["decode_pool"]["threads"]``).
-        prefetch: batches decoded ahead of the consumer (bounds memory: ``prefetch + 3`` buffers).
+            ``backend="hybrid"`` the CPU pool leaves ``hybrid.ENGINE_HOST_THREADS`` (4; a quarter of a
+            smaller budget) to the host side of the GPU decoders that share the batches
+            (``stats()["decode_pool"]["threads"]``).
+        prefetch: batches decoded ahead of the consumer (bounds memory: ``prefetch + 3`` buffers,
+            and the files of up to ``3 * prefetch + 5`` batches read ahead, in buffers the Loader
+            keeps across epochs).
         on_error: ``"skip"`` drops failed samples (the batch is smaller), ``"replace"`` keeps zero
             images, ``"raise"`` raises naming the sample's key. Every failure is in ``stats()`` with
             its kind (:mod:`gpupipe.error_policy`).
@@ -441,7 +444,8 @@ class Loader:
     def _decode_threads(self) -> int:
         """The CPU pool's threads (beside the GPU decoders, :func:`hybrid.cpu_pool_threads`)."""
         if self.backend == "hybrid":
-            return hybrid.cpu_pool_threads(self.options.num_threads, list(self._engines or ()))
+            sharing = hybrid.sharing_engines(self._stats.shares, list(self._engines or ()))
+            return hybrid.cpu_pool_threads(self.options.num_threads, sharing)
         return self.options.num_threads or _C.default_num_threads()
 
     def _epoch_shares(self) -> "hybrid.Shares":

@@ -348,17 +348,35 @@ def test_the_loader_splits_batches_reports_routes_and_retunes_between_epochs(tmp
     assert np.bincount(expected, minlength=3).tolist() == [st["routes"][r] for r in ("cpu", "gpu-hardware", "gpu-cuda")]
 
 
-def test_the_cpu_pool_leaves_threads_of_the_budget_to_the_gpu_decoders(tmp_path, host_engines):
+def test_the_cpu_pool_leaves_threads_of_the_budget_to_the_gpu_decoders(tmp_path, host_engines, monkeypatch):
     assert hybrid.cpu_pool_threads(16, ["hardware"]) == 16 - hybrid.ENGINE_HOST_THREADS
+    assert hybrid.cpu_pool_threads(8, ["hardware"]) == 6  # a small budget leaves a quarter
     assert hybrid.cpu_pool_threads(1, ["hardware", "cuda"]) == 1  # never below one thread
-    assert hybrid.cpu_pool_threads(5, []) == 5  # no GPU decoder: the whole budget
+    assert hybrid.cpu_pool_threads(5, []) == 5  # no GPU decoder shares: the whole budget
+    assert hybrid.sharing_engines(hybrid.Shares(1.0, 0.0, 0.0), ["hardware", "cuda"]) == []
+    assert hybrid.sharing_engines(hybrid.Shares(0.5, 0.5, 0.0), ["hardware", "cuda"]) == ["hardware"]
+    started = []  # the pool size each CPU share really went to
+    real_start = cpu.start
+    monkeypatch.setattr(cpu, "start", lambda b, x, out, options: started.append(options.num_threads)
+                        or real_start(b, x, out, options))
+    declined = []
+    real_fallback = hybrid.gpu_fallback.decode_on_cpu
+    monkeypatch.setattr(hybrid.gpu_fallback, "decode_on_cpu", lambda status, reasons, b, x, out, options, infos:
+                        declined.append(options.num_threads) or real_fallback(status, reasons, b, x, out, options, infos))
     make_image_folder(tmp_path, per_class=4)
-    ld = gpupipe.Loader(gpupipe.sources.ImageFolder(tmp_path), batch_size=4, backend="hybrid", num_threads=5,
-                        crop=gpupipe.crops.RandomResizedCrop(SIZE), decode_shares={"cpu": 1, "hardware": 0, "cuda": 0})
-    list(ld)
-    st = ld.stats()
-    assert st["decode_pool"]["threads"] == st["threads"]["decode"] == 5 - hybrid.ENGINE_HOST_THREADS
-    assert st["routes"]["cpu"] == 12 and st["decode_pool"]["busy_s"] > 0
+    host_engines["hardware"].decline = lambda data: True  # everything the hardware decoder gets comes back
+    host_engines["cuda"].decline = lambda data: True
+    for shares, pool in (({"cpu": 0.5, "hardware": 0.5, "cuda": 0}, 8 - 2), ({"cpu": 1, "hardware": 0, "cuda": 0}, 8)):
+        started.clear()
+        declined.clear()
+        ld = gpupipe.Loader(gpupipe.sources.ImageFolder(tmp_path), batch_size=4, backend="hybrid", num_threads=8,
+                            crop=gpupipe.crops.RandomResizedCrop(SIZE), decode_shares=shares)
+        list(ld)
+        st = ld.stats()
+        assert set(started) == {pool} and set(declined) <= {pool}, (shares, started, declined)
+        assert st["decode_pool"]["threads"] == st["threads"]["decode"] == pool
+        assert st["routes"]["cpu"] + st["routes"]["cpu-fallback"] == 12
+        assert bool(declined) == (shares["hardware"] > 0), "the declined samples' CPU decode was not seen"
 
 
 def test_the_loader_resumes_mid_epoch_with_the_same_routes_and_pixels(tmp_path, host_engines):

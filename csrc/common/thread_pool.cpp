@@ -35,7 +35,11 @@ ThreadPool::ThreadPool(int num_threads, const char* name) {
                           std::to_string(num_threads));
   workers_.reserve(num_threads);
   try {
-    for (int i = 0; i < num_threads; ++i) workers_.emplace_back([this, name] { worker_main(name); });
+    for (int i = 0; i < num_threads; ++i) {
+      workers_.emplace_back([this] { worker_main(); });
+      // best effort (a name over 15 characters is refused); set here, so `name` is read only now
+      pthread_setname_np(workers_.back().native_handle(), name);
+    }
   } catch (const std::system_error& e) {
     // Never let a joinable std::thread be destroyed (std::terminate): stop and join what started.
     const size_t started = workers_.size();
@@ -92,8 +96,7 @@ void ThreadPool::wait(const std::shared_ptr<Loop>& loop) {
   if (loop->error) std::rethrow_exception(loop->error);
 }
 
-void ThreadPool::worker_main(const char* name) {
-  pthread_setname_np(pthread_self(), name);  // best effort: a name longer than 15 characters is refused
+void ThreadPool::worker_main() {
   for (;;) {
     std::shared_ptr<Loop> loop;
     {
@@ -206,7 +209,7 @@ std::shared_ptr<ThreadPool> get_pool(int num_threads, PoolUse use) {
       return pools.front().second;
     }
   }
-  auto pool = std::make_shared<ThreadPool>(num_threads, use == PoolUse::kIo ? "gpupipe-io" : "gpupipe-decode");
+  auto pool = std::make_shared<ThreadPool>(num_threads, use == PoolUse::kIo ? "gpupipe-io-pool" : "gpupipe-pool");
   pools.emplace_front(std::make_pair(use, num_threads), pool);
   if (pools.size() > kCachedPools) {
     evicted = std::move(pools.back().second);  // callers still holding it keep it alive

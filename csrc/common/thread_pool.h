@@ -42,7 +42,7 @@ class ThreadPool {
   static void wait_quietly(const std::shared_ptr<Loop>& loop) noexcept;
 
  private:
-  void worker_main(const char* name);
+  void worker_main();
   void stop_and_join();
 
   std::mutex mutex_;

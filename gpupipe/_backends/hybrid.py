@@ -161,11 +161,20 @@ class Shares:
 
 
 def cpu_pool_threads(num_threads: int, engines: Sequence[str]) -> int:
-    """The CPU pool's threads beside the GPU ``engines`` for a decode budget of ``num_threads`` (0:
-    the default, ``GPUPIPE_NUM_THREADS`` or this rank's share of the cores): the budget less
-    :data:`ENGINE_HOST_THREADS` when a GPU decoder shares the batches, at least 1."""
+    """The CPU pool's threads beside the GPU ``engines`` that have a share of the batches, for a
+    decode budget of ``num_threads`` (0: the default, ``GPUPIPE_NUM_THREADS`` or this rank's share
+    of the cores): the budget less :data:`ENGINE_HOST_THREADS`, or less a quarter of it when that
+    is fewer (a small budget keeps most of its threads), at least 1; the whole budget when no GPU
+    engine shares."""
     total = int(num_threads) or _C.default_num_threads()
-    return max(1, total - ENGINE_HOST_THREADS) if len(engines) else total
+    if not len(engines):
+        return total
+    return max(1, total - min(ENGINE_HOST_THREADS, total // 4))
+
+
+def sharing_engines(shares: Optional["Shares"], engines: Sequence[str]) -> list:
+    """The GPU engines of ``engines`` with a share of the batches under ``shares``."""
+    return [] if shares is None else [e for e in engines if e in ENGINES[1:] and getattr(shares, e) > 0]
 
 
 def sharing(available: Sequence[str]) -> list:
@@ -265,6 +274,7 @@ class Pending:
         self.cpu_pending: Any = None
         self.ineligible: dict = {}  # {row: reason}: in the CPU share because no GPU decoder may take it
         self.gpu: list = []  # (kind, rows, future), in submission order
+        self.cpu_options = options  # the options of the CPU core's work (its pool's threads): start() sets them
         self.buffers: Sequence = ()
         self.boxes: Optional[np.ndarray] = None
         self.sizes: Optional[np.ndarray] = None
@@ -311,14 +321,17 @@ def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Deco
     workers = workers or Workers(list(engines), out.device)
     p = Pending(n, out, options, engines, workers, own)
     p.buffers, p.boxes, p.infos = buffers, boxes, infos
+    # the CPU core's share and every sample it decodes in the GPU decoders' stead: one pool, the
+    # budget less what the sharing GPU decoders' host side needs (cpu_pool_threads)
+    threads = cpu_pool_threads(options.num_threads, sharing_engines(shares, list(engines)))
+    p.cpu_options = dataclasses.replace(options, num_threads=threads)
     p.sizes = np.stack([infos.column("height"), infos.column("width")], axis=1)  # the headers, read once
     p.ineligible = {int(i): INELIGIBLE for i in np.flatnonzero(~eligible)}
     p.ineligible.update({int(i): HARDWARE_DECLINES for i in np.flatnonzero(known_declines)})
     p.cpu_rows = np.flatnonzero(route == 0)
     if len(p.cpu_rows):
         p.cpu_host = torch.empty((len(p.cpu_rows), *out.shape[1:]), dtype=torch.uint8, pin_memory=out.is_cuda)
-        pool = dataclasses.replace(options, num_threads=cpu_pool_threads(options.num_threads, list(engines)))
-        p.cpu_pending = cpu.start([buffers[i] for i in p.cpu_rows], boxes[p.cpu_rows], p.cpu_host, pool)
+        p.cpu_pending = cpu.start([buffers[i] for i in p.cpu_rows], boxes[p.cpu_rows], p.cpu_host, p.cpu_options)
     for k, kind in enumerate(ENGINES[1:], 1):
         rows = np.flatnonzero(route == k)
         if len(rows):
@@ -382,7 +395,7 @@ def _collect(p: Pending) -> BatchStatus:
     if failure is not None:
         raise failure
     if declined:  # what the GPU decoders handed back: the CPU core, now, with its exact result or error
-        gpu_fallback.decode_on_cpu(status, declined, p.buffers, p.boxes, out, p.options, p.infos)
+        gpu_fallback.decode_on_cpu(status, declined, p.buffers, p.boxes, out, p.cpu_options, p.infos)
     return status
 
 

@@ -37,7 +37,8 @@ class RecipeParts:
         augment: the Loader's ``augment`` module (uint8 ``[N, 3, H, W]`` in, normalised float out).
         batch_transform: the Loader's ``batch_transform`` ((images, labels) -> (images, soft labels)),
             or None.
-        torchvision: the DataLoader's per-sample transform, PIL RGB image -> float ``[3, H, W]``.
+        torchvision: the DataLoader's per-sample transform, PIL RGB image -> ``[3, H, W]`` (float;
+            uint8 for recipes without augmentation, as the Loader's batches then are).
         torchvision_collate: the DataLoader's ``collate_fn`` (None: the default one).
         dali: ``dali(fn, types, jpegs, decoder_device) -> images`` builds the recipe in a DALI
             pipeline (``decoder_device`` is ``"cpu"`` or ``"mixed"``), or None when DALI lacks an op.
