@@ -103,6 +103,14 @@ def _dali_normalize(fn, types, images, mean, std, **kwargs):
                                     std=[s * 255 for s in std], **kwargs)
 
 
+def _dali_random_resized_crop(fn, types, jpegs, decoder, size: int):
+    """DALI's RandomResizedCrop: torchvision's area and aspect ranges, decoded as the crop, then an
+    antialiased linear resize."""
+    images = fn.decoders.image_random_crop(jpegs, device=decoder, output_type=types.RGB, random_area=[0.08, 1.0],
+                                           random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=10)
+    return fn.resize(images, resize_x=size, resize_y=size, antialias=True, interp_type=types.INTERP_LINEAR)
+
+
 # --- train: torchvision's classic reference recipe -------------------------------------------------
 
 
@@ -111,9 +119,7 @@ def train(num_classes: int) -> RecipeParts:
     T = _torchvision_transforms()
 
     def dali(fn, types, jpegs, decoder):
-        images = fn.decoders.image_random_crop(jpegs, device=decoder, output_type=types.RGB, random_area=[0.08, 1.0],
-                                               random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=10)
-        images = fn.resize(images, resize_x=224, resize_y=224, antialias=True, interp_type=types.INTERP_LINEAR)
+        images = _dali_random_resized_crop(fn, types, jpegs, decoder, 224)
         jitter = [fn.random.uniform(range=(0.6, 1.4)) for _ in range(3)]
         images = fn.color_twist(images, brightness=jitter[0], contrast=jitter[1], saturation=jitter[2])
         return _dali_normalize(fn, types, images, IMAGENET_MEAN, IMAGENET_STD, mirror=fn.random.coin_flip())
@@ -137,9 +143,7 @@ def crop_only(num_classes: int) -> RecipeParts:
     T = _torchvision_transforms()
 
     def dali(fn, types, jpegs, decoder):
-        images = fn.decoders.image_random_crop(jpegs, device=decoder, output_type=types.RGB, random_area=[0.08, 1.0],
-                                               random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=10)
-        images = fn.resize(images, resize_x=224, resize_y=224, antialias=True, interp_type=types.INTERP_LINEAR)
+        images = _dali_random_resized_crop(fn, types, jpegs, decoder, 224)
         return fn.transpose(images, perm=[2, 0, 1])  # uint8 CHW, as the Loader's batches
 
     return RecipeParts(crop=crops.RandomResizedCrop(224), augment=None,
