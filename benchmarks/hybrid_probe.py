@@ -167,6 +167,7 @@ def loader_row(data, name: str, shares, reserve: int, extra: str, threads: int, 
                     n += len(images)
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
+        st = loader.stats()  # before the reserve is put back: its pool size and utilisation are this row's
     finally:
         sys.setswitchinterval(switch)
         hybrid.ENGINE_HOST_THREADS = default_reserve
@@ -174,7 +175,6 @@ def loader_row(data, name: str, shares, reserve: int, extra: str, threads: int, 
             _renice_pool(0)
         if swapped is not None:
             swapped()
-    st = loader.stats()
     batches = max(st["batches"], 1)
     busy = ", ".join(f"{k} {1e3 * v / batches:.1f}" for k, v in st["busy_s"].items())
     hw_parts = ", ".join(f"{1e3 * (hw.host_seconds[k] - before[k]) / (2 * batches):.2f}" for k in before) if hw else "-"
