@@ -2,11 +2,12 @@
 # The GPU checks and measurements of issues 28 and 29 on a lent GPU machine (no network), in four
 # back-to-back device calls from the project root (the machine stays warm between them).
 # ../shared/device/prepare.sh made .device/; DALI's wheel travels in four pieces, one per call:
-#   call 1 (carry .device/base): bash benchmarks/device_check.sh 1   build, data, the GPU tests, hybrid_probe
-#                                (which writes the best hybrid.ENGINE_HOST_THREADS; later calls use it)
-#   call 2 (carry .device/d2):   bash benchmarks/device_check.sh 2   Loader (cpu) vs raw, no augment (GPU_CHECK=1: gpu_check --quick first)
-#   call 3 (carry .device/d3):   bash benchmarks/device_check.sh 3   the Loader (backend cpu) vs raw, train recipe
-#   call 4 (carry .device/d4):   bash benchmarks/device_check.sh 4   DALI installed; hybrid vs raw vs DALI GPU
+#   call 1 (carry .device/base): bash benchmarks/device_check.sh 1   build, data, the GPU tests, the Loader's
+#                                lookahead on and off (hybrid, 800x533, train recipe, batch 256); PROBE=1: hybrid_probe
+#                                too (it writes the best hybrid.ENGINE_HOST_THREADS; later calls use it)
+#   call 2 (carry .device/d2):   bash benchmarks/device_check.sh 2   lookahead on and off, 1920x1280 (GPU_CHECK=1: gpu_check --quick first)
+#   call 3 (carry .device/d3):   bash benchmarks/device_check.sh 3   the Loader (backend cpu) vs raw, train recipe, lookahead on and off
+#   call 4 (carry .device/d4):   bash benchmarks/device_check.sh 4   DALI installed; hybrid vs raw vs DALI GPU ($BATCHES)
 # or, in one call without DALI (carry .device/base/whl, .device/base/debs, .device/base/setup.sh,
 # .device/base/install_dali.sh): bash benchmarks/device_check.sh probe   build, GPU tests, hybrid_probe
 # (or ... final: the engine tests and hybrid_probe --part final: ROI vs whole images, the default vs the CPU pool)
@@ -46,22 +47,25 @@ print(default_set())" > "$L/data.txt" 2>&1) &
     tests/test_hybrid.py tests/test_backends.py
   tail -3 "$L/tests.txt"; grep -E "^(FAILED|ERROR)" "$L/tests.txt" | head -20
   wait; tail -2 "$L/data.txt"
-  step probe 200 python3 -m benchmarks.hybrid_probe --tuned $G/tuned
-  grep -E "^\||shares|best|BatchAugment" "$L/probe.txt" | cut -c1-400
+  if [ "${PROBE:-0}" = 1 ]; then step probe 200 python3 -m benchmarks.hybrid_probe --tuned $G/tuned
+    grep -E "^\||shares|best|BatchAugment" "$L/probe.txt" | cut -c1-400; fi
+  bench hybrid-seed-256 seed 256 --methods gpupipe raw
+  bench hybrid-seed-256-nolookahead seed 256 --methods gpupipe --no-lookahead
   # the later calls run with the best measured threads left to the GPU engines' host side
   [ -s $G/tuned ] && sed -i "s/^ENGINE_HOST_THREADS = .*/ENGINE_HOST_THREADS = $(cat $G/tuned)/" gpupipe/_backends/hybrid.py
   grep -n "^ENGINE_HOST_THREADS" gpupipe/_backends/hybrid.py | tee -a "$OUT/summary.txt" ;;
-2)  # issue 28 without augmentation: the Loader (backend cpu, CUDA output) beside its raw decode
+2)  # the hybrid Loader with and without lookahead on 1920x1280 photos
   [ "${GPU_CHECK:-0}" = 1 ] && { step gpu_check 150 python3 -m benchmarks.gpu_check --quick
     grep -E "PASS|FAIL|^\||kernels" "$L/gpu_check.txt" | cut -c1-330 | head -40; }
-  for s in seed hd; do RECIPE=crop bench "cpu-crop-$s-256" $s 256 --backend cpu --methods gpupipe raw; done ;;
+  bench hybrid-hd-256 hd 256 --methods gpupipe raw
+  bench hybrid-hd-256-nolookahead hd 256 --methods gpupipe --no-lookahead ;;
 3)  # issue 28: the Loader (backend cpu, CUDA output) beside its raw decode, 16 threads, train recipe
-  for s in seed hd; do bench "cpu-$s-256" $s 256 --backend cpu --methods gpupipe raw; done ;;
+  bench cpu-seed-256 seed 256 --backend cpu --methods gpupipe raw
+  bench cpu-seed-256-nolookahead seed 256 --backend cpu --methods gpupipe --no-lookahead ;;
 4)  # issue 29: backend hybrid (auto) beside the raw decode and DALI's GPU pipeline, one run each
   bash $G/install_dali.sh > "$L/dali.txt" 2>&1; echo "dali install rc $?" | tee -a "$OUT/summary.txt"; tail -1 "$L/dali.txt"
-  for sb in seed:256 default:64 hd:256 default:256 ${MORE_BATCHES:-}; do  # most wanted first
-    bench "hybrid-${sb/:/-}" ${sb%:*} ${sb#*:} --methods gpupipe raw dali; done
-  RECIPE=crop bench hybrid-crop-seed-256 seed 256 --methods gpupipe raw dali ;;
+  for sb in ${BATCHES:-seed:256 default:64 hd:256}; do  # most wanted first
+    bench "hybrid-${sb/:/-}" ${sb%:*} ${sb#*:} --methods gpupipe raw dali; done ;;
 probe)  # build, the GPU tests, then where the hybrid backend's time goes (benchmarks/hybrid_probe.py)
   python3 -c "import PIL, torch; print('Pillow', PIL.__version__, 'torch', torch.__version__, torch.cuda.get_device_name(0))"
   step tests 60 python3 -m pytest -q -p no:cacheprovider -rs tests/test_crop_resize.py tests/test_nvimgcodec.py \

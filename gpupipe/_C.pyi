@@ -161,6 +161,7 @@ class PendingDecode(pybind11_object):
     """A batch decode started on the pool (decode_batch_start)."""
 
     def wait(self) -> tuple[list[tuple[int, ErrorKind, str]], list[tuple[int, str]]]: ...
+    def busy_seconds(self) -> float: ...
 
 def decode_batch_start(
     datas: Sequence[Buffer],

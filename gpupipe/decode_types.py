@@ -115,6 +115,9 @@ class BatchStatus:
         fallback: ``{index: reason}`` for samples not decoded by the backend's own decoder
             (Pillow, or the CPU core standing in for a GPU decoder).
         engine_seconds: ``{engine: (decoded, given, seconds)}`` of the hybrid backend's GPU decoders.
+        cpu_busy_seconds: thread-seconds the CPU pool spent on the samples of this batch it was
+            started on (the hybrid backend's re-tuning: the process-wide count would take in the
+            next epoch's batches, started before this epoch ends).
     """
 
     kind: np.ndarray
@@ -123,6 +126,7 @@ class BatchStatus:
     warnings: dict = dataclasses.field(default_factory=dict)
     fallback: dict = dataclasses.field(default_factory=dict)
     engine_seconds: dict = dataclasses.field(default_factory=dict)
+    cpu_busy_seconds: float = 0.0
 
     @classmethod
     def empty(cls, n: int) -> "BatchStatus":
@@ -146,6 +150,7 @@ class BatchStatus:
         self.route[idx] = sub.route
         for mine, theirs in ((self.errors, sub.errors), (self.warnings, sub.warnings), (self.fallback, sub.fallback)):
             mine.update({int(idx[k]): v for k, v in theirs.items()})
+        self.cpu_busy_seconds += sub.cpu_busy_seconds
         for engine, measured in sub.engine_seconds.items():
             was = self.engine_seconds.get(engine)
             self.engine_seconds[engine] = measured if was is None else tuple(a + b for a, b in zip(was, measured))

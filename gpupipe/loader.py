@@ -107,6 +107,7 @@ class _Stats:
         self.fallback: list = []
         self.routes = {r.label: 0 for r in Route if r != Route.NONE}
         self.engine_seconds: dict = {}  # the hybrid backend's GPU engines: {engine: [decoded, given, seconds]}
+        self.cpu_busy = 0.0  # thread-seconds of the CPU pool on the delivered batches' started decodes
         self.shares: Optional[hybrid.Shares] = None  # hybrid: the shares of the epoch iterated
         self.started: Optional[float] = None
         self.last: Optional[float] = None
@@ -127,6 +128,7 @@ class _Stats:
             for r, count in enumerate(np.bincount(status.route[status.ok], minlength=len(Route))):
                 if count:
                     self.routes[Route(r).label] += int(count)
+            self.cpu_busy += status.cpu_busy_seconds
             for engine, measured in status.engine_seconds.items():
                 was = self.engine_seconds.setdefault(engine, [0, 0, 0.0])
                 for k, v in enumerate(measured):
@@ -313,6 +315,17 @@ class Loader:
             thread, so the training loop keeps its setting (torch's OpenMP builds).
         apply_exif_orientation: crop in the displayed frame (``PIL.ImageOps.exif_transpose``):
             boxes are drawn from displayed sizes and crops come out upright.
+        lookahead: once an epoch's last batch is read (a few batches, the stages' queues, before
+            the epoch ends), start reading and decoding the next epoch's first batches (as many as
+            the stages hold), so that the pipeline does not drain and fill again between epochs, as
+            DALI's reader runs on. The next epoch is the one after (``set_epoch(epoch + 1)``), or
+            the same one again when the last two iterations were of the same epoch. An iteration of another epoch or from a resumed position,
+            ``load_state_dict``, an error, an iteration closed or dropped before its end, and the
+            Loader's own end drop that work; batches and pixels are the same either way. What is
+            drawn ahead (crop boxes, keyed augmentation parameters) is drawn with the crop sampler
+            and ``augment`` as they are then: ``lookahead=False`` where a schedule changes them
+            between epochs. With ``backend="hybrid"`` the next epoch's shares are then re-tuned on
+            the batches delivered when it starts.
 
     Yields:
         ``(images, labels)``: images uint8 ``[N, 3, H, W]`` (channels-last) on ``device`` without
@@ -338,7 +351,7 @@ class Loader:
                  prefetch: int = 2, on_error: str = "skip", rank: Optional[int] = None,
                  world_size: Optional[int] = None, progress: bool = False, io_threads: Optional[int] = None,
                  augment_threads: Optional[int] = None, apply_exif_orientation: bool = False,
-                 decode_shares: Optional[dict] = None):
+                 decode_shares: Optional[dict] = None, lookahead: bool = True):
         batch_size, seed = as_int("batch_size", batch_size), as_int("seed", seed)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -368,6 +381,7 @@ class Loader:
             raise ValueError(f"decode_shares splits the hybrid backend's batches; this Loader's backend is "
                              f"{self.backend!r}")
         self.decode_shares = None if decode_shares is None else hybrid.Shares.from_dict(decode_shares)
+        self.lookahead = bool(lookahead)
         self.shuffle = shuffle
         self.seed = int(seed)
         self.drop_last = drop_last
@@ -394,12 +408,16 @@ class Loader:
         self._resume: Optional[tuple[int, int]] = None  # (epoch, first batch) of a restored run
         self._fingerprint: Optional[str] = None
         self._done = (0, 0)  # (epoch, batches yielded) of the latest iteration
-        self._ring: Optional[_Ring] = None  # host buffers, passed from epoch to epoch
+        self._rings: list = []  # host buffers, passed from epoch to epoch (two: an epoch and the one ahead)
         self._recycled: Optional[_Recycled] = None
         self._arenas: Optional[Arenas] = None  # read buffers, kept across epochs
         self._engines: Optional[dict] = None  # hybrid: the GPU engines, made at the first epoch
+        self._workers: Optional[hybrid.Workers] = None  # hybrid: a thread and stream per engine, shared by epochs
+        self._workers_finalizer = None
         self._shares: dict = {}  # hybrid: {epoch: Shares} of every epoch started
         self._next_shares: Optional[hybrid.Shares] = None  # hybrid: re-tuned after a complete epoch
+        self._ahead: Optional[_Ahead] = None  # the next epoch, started while this one drains (lookahead)
+        self._iterated: tuple = (None, None)  # the epochs of the last two iterations (which one comes next)
 
     def __repr__(self) -> str:
         augment = "" if self.augment is None else f"\n    augment={self.augment!r}"
@@ -412,14 +430,16 @@ class Loader:
     # --- host buffers, kept across epochs (an epoch of 4 batches would otherwise pay for them 4 times) --
 
     def _host_ring(self, slots: int, shape: tuple, pin: bool) -> _Ring:
-        """A ring over the last epoch's host buffers when they fit and its threads have stopped (CUDA
-        copies still reading a slot carried over), else over new ones (pinned: cudaHostAlloc)."""
-        old = self._ring
-        if old is not None and old.retired and old.fits(slots, shape, pin):
-            self._ring = _Ring(old.buffers, old.pending())
-        else:
-            self._ring = _Ring([torch.empty(shape, dtype=torch.uint8, pin_memory=pin) for _ in range(slots)])
-        return self._ring
+        """A ring over an earlier epoch's host buffers when they fit and its threads have stopped
+        (CUDA copies still reading a slot carried over), else over new ones (pinned: cudaHostAlloc).
+        Two rings are kept: the epoch iterated and the one started ahead of it."""
+        for k, old in enumerate(self._rings):
+            if old.retired and old.fits(slots, shape, pin):
+                self._rings[k] = ring = _Ring(old.buffers, old.pending())
+                return ring
+        ring = _Ring([torch.empty(shape, dtype=torch.uint8, pin_memory=pin) for _ in range(slots)])
+        self._rings = [*self._rings[-1:], ring]
+        return ring
 
     def _read_arenas(self) -> Arenas:
         """The buffers files are read into, kept across epochs like the host ring."""
@@ -441,6 +461,22 @@ class Loader:
             self._engines = hybrid.gpu_engines(self.device)
         return self._engines
 
+    def _hybrid_workers(self) -> "hybrid.Workers":
+        """The GPU engines' threads and streams, one set for the epoch iterated and the one started
+        ahead: an engine's batches of both queue in order on its one thread, and the CUDA events
+        around each then time the engine's own work (two threads would time each other's batches
+        as waits for the engine: measured on an H100, the hardware decoder's rate fell from 4,455
+        to 1,288 images/s, and the shares with it)."""
+        if self._workers is None:
+            self._workers = hybrid.Workers(list(self._gpu_engines()), self.device)
+            self._workers_finalizer = weakref.finalize(self, self._workers.close)
+        return self._workers
+
+    def _close_workers(self) -> None:
+        if self._workers is not None:
+            self._workers_finalizer()
+            self._workers = self._workers_finalizer = None
+
     def _decode_threads(self) -> int:
         """The CPU pool's threads (beside the GPU decoders, :func:`hybrid.cpu_pool_threads`)."""
         if self.backend == "hybrid":
@@ -448,16 +484,16 @@ class Loader:
             return hybrid.cpu_pool_threads(self.options.num_threads, sharing)
         return self.options.num_threads or _C.default_num_threads()
 
-    def _epoch_shares(self) -> "hybrid.Shares":
-        """The shares of the current epoch: the fixed ``decode_shares``; else those it started with
-        when it runs again (resume, or an epoch iterated twice), else the latest re-tuned ones, else
-        the starting ones (the same whatever the thread count)."""
+    def _epoch_shares(self, epoch: int) -> "hybrid.Shares":
+        """The shares of ``epoch``: the fixed ``decode_shares``; else those it started with when it
+        runs again (resume, or an epoch iterated twice), else the latest re-tuned ones, else the
+        starting ones (the same whatever the thread count)."""
         if self.decode_shares is not None:
             return self.decode_shares
-        shares = self._shares.get(self.epoch)
+        shares = self._shares.get(epoch)
         if shares is None:
             shares = self._next_shares or hybrid.Shares.prior(["cpu", *self._gpu_engines()])
-            self._shares[self.epoch] = shares
+            self._shares[epoch] = shares
         return shares
 
     def _retune(self, st: "_Stats") -> None:
@@ -467,8 +503,47 @@ class Loader:
         with st.lock:
             measured = {e: tuple(v) for e, v in st.engine_seconds.items()}
             cpu_images = st.routes[Route.CPU.label] + st.routes[Route.CPU_FALLBACK.label]
-        measured["cpu"] = (cpu_images, cpu_images, _C.decode_busy_seconds() - st.decode_busy0)
+            # the epoch's own batches (the next epoch's first batches may be decoding already: lookahead)
+            measured["cpu"] = (cpu_images, cpu_images, st.cpu_busy)
         self._next_shares = st.shares.retuned(measured, ["cpu", *self._gpu_engines()], self._decode_threads())
+
+    # --- lookahead: the next epoch started while this one drains ------------------------------------
+
+    def _look_ahead(self, parent: "_Epoch") -> None:
+        """Starts the epoch the next iteration most likely asks for (``lookahead``). Its threads
+        hold the Loader weakly, so a Loader dropped between epochs stops them."""
+        if not self.lookahead or self._ahead is not None:
+            return
+        previous, current = self._iterated
+        number = current if previous == current else current + 1
+        new_shares = self.backend == "hybrid" and number not in self._shares
+        stats = _Stats()
+        epoch = _Epoch(weakref.proxy(self), 0, number, stats)
+        self._ahead = _Ahead(epoch, stats, parent, new_shares, weakref.finalize(self, epoch.close))
+
+    def _take_ahead(self, first_batch: int) -> Optional["_Ahead"]:
+        """The epoch started ahead when it is the one now asked for from its start, else None (and
+        it is dropped)."""
+        ahead = self._ahead
+        if ahead is None:
+            return None
+        if first_batch == 0 and ahead.epoch.epoch_number == self.epoch:
+            self._ahead = None
+            ahead.finalizer.detach()
+            ahead.epoch.l = self  # the iteration holds the Loader from now on
+            return ahead
+        self._drop_ahead()
+        return None
+
+    def _drop_ahead(self, parent: Optional["_Epoch"] = None) -> None:
+        """Stops the epoch started ahead (only the one ``parent`` started, when given)."""
+        ahead = self._ahead
+        if ahead is None or (parent is not None and ahead.parent() is not parent):
+            return
+        self._ahead = None
+        ahead.finalizer()
+        if ahead.new_shares:  # never iterated: the epoch gets the shares of when it really starts
+            self._shares.pop(ahead.epoch.epoch_number, None)
 
     # --- sampling ---------------------------------------------------------------------------------
 
@@ -549,6 +624,7 @@ class Loader:
             total = len(self)
             if batches > total:
                 raise ValueError(f"the Loader state's batches={batches} is more than the {total} batches of epoch {epoch}")
+        self._drop_ahead()  # (the checks are passed: this state is taken)
         if "decode_shares" in mine:
             shares = state.get("decode_shares", {"epochs": {}, "next": None})
             if set(shares) != {"epochs", "next"} or not isinstance(shares["epochs"], dict):
@@ -632,9 +708,11 @@ class _Epoch:
     """The stage functions and resources of one epoch's iteration. Threads reference this object,
     never the iterator, so dropping the iterator finalises the iteration."""
 
-    def __init__(self, loader: Loader, first_batch: int):
+    def __init__(self, loader: Loader, first_batch: int, epoch_number: int, stats: _Stats):
         self.l = loader
         self.first_batch = first_batch
+        self.stats = stats
+        self.read_all = False  # the epoch's last batch went into the pipeline (lookahead starts the next)
         self.native_reads = isinstance(loader.source, MapSource) and loader.source.reads_files()
         # a source's own read() runs on a Python thread pool; files are read natively (read_many)
         self.reader = None if self.native_reads else ThreadPoolExecutor(loader.io_threads, thread_name_prefix="gpupipe-io")
@@ -651,13 +729,12 @@ class _Epoch:
             self.ring = loader._host_ring(loader.prefetch + 3, (loader.batch_size, h, w, 3), pin=loader.device.type == "cuda")
         self.recycled = loader._host_batches((loader.batch_size, h, w, 3)) \
             if self.ring is None and loader.device.type == "cpu" else None
-        self.epoch_number = loader.epoch  # a set_epoch() during the iteration changes nothing of it
+        self.epoch_number = epoch_number  # a set_epoch() during the iteration changes nothing of it
         self.shares = self.workers = self.decode_stream = None
         if loader.backend == "hybrid":
-            self.shares = loader._epoch_shares()
-            loader._stats.shares = self.shares
-            engines = loader._gpu_engines()
-            self.workers = hybrid.Workers(list(engines), loader.device)
+            self.shares = loader._epoch_shares(epoch_number)
+            stats.shares = self.shares
+            self.workers = loader._hybrid_workers()
             if loader.device.type == "cuda":  # the engines wait for this stream only, not the training step
                 self.decode_stream = torch.cuda.Stream(loader.device)
         self.augment_keyed = _keyed(loader.augment)
@@ -666,13 +743,11 @@ class _Epoch:
         stages = [("read", self.read), ("plan", self.plan), ("decode", self.decode), ("collect", self.collect)]
         if loader.device.type == "cpu":  # real work on the CPU: overlapped; on CUDA, queued GPU work
             stages.append(("finish", self.finish, False))  # times its transfer and augment parts
-        self.engine = Engine(self.batches(), stages, capacity=loader.prefetch, times=loader._stats.times,
+        self.engine = Engine(self.batches(), stages, capacity=loader.prefetch, times=stats.times,
                              closables=[self.ring] if self.ring else [], name="gpupipe")
 
     def close(self) -> None:
-        self.engine.close()
-        if self.workers is not None:
-            self.workers.close()
+        self.engine.close()  # (the GPU engines' workers are the Loader's: _end_iteration)
         if self.ring is not None and not self.engine.alive:  # nothing of this epoch writes a slot any more
             self.ring.retired = True
         if self.reader is not None:
@@ -681,6 +756,10 @@ class _Epoch:
     # --- the stages -------------------------------------------------------------------------------
 
     def batches(self):
+        yield from self._batches()
+        self.read_all = True
+
+    def _batches(self):
         l = self.l
         start = self.first_batch * l.batch_size
         if isinstance(l.source, MapSource):  # arrays: no Python per sample
@@ -798,13 +877,13 @@ class _Epoch:
         clock = HostClock()
         images = self._to_device(batch, images)
         labels = labels.to(l.device, non_blocking=True)
-        l._stats.times.add("transfer", *clock.read())
+        self.stats.times.add("transfer", *clock.read())
         clock = HostClock()
         if l.device.type == "cpu" and _PER_THREAD_TORCH_THREADS:  # this is the augment stage's own thread
             torch.set_num_threads(l.augment_threads)  # torch's ops and gpupipe's kernels both follow it
         images, labels = self._augment(batch, images, labels, indices, params)
         if l.augment is not None or l.batch_transform is not None:
-            l._stats.times.add("augment", *clock.read())
+            self.stats.times.add("augment", *clock.read())
         return _Finished(images, labels, batch)
 
     def _augment(self, batch: Batch, images, labels, indices, params):
@@ -890,14 +969,42 @@ class _Finished:
         self.images, self.labels, self.batch = images, labels, batch
 
 
+class _Ahead:
+    """An epoch started ahead (:meth:`Loader._look_ahead`): its stage threads and stats, the epoch
+    whose iteration started it, whether its shares were made for it, and what closes it."""
+
+    __slots__ = ("epoch", "stats", "parent", "new_shares", "finalizer")
+
+    def __init__(self, epoch: "_Epoch", stats: _Stats, parent: "_Epoch", new_shares: bool, finalizer):
+        self.epoch, self.stats, self.new_shares, self.finalizer = epoch, stats, new_shares, finalizer
+        self.parent = weakref.ref(parent)  # (a strong one would hold the Loader: the parent's stages do)
+
+
+def _end_iteration(loader: Loader, epoch: _Epoch, outcome: dict) -> None:
+    """Stops an iteration's threads; unless it delivered its whole epoch, the next epoch it
+    started ahead too (an error, a break: the next iteration may well be another epoch's)."""
+    epoch.close()
+    if not outcome["complete"]:
+        loader._drop_ahead(parent=epoch)
+    if loader._ahead is None:  # nothing decodes on the GPU engines' threads any more
+        loader._close_workers()
+
+
 class _LoaderIterator:
     def __init__(self, loader: Loader, first_batch: int):
         self.l = loader
         self.done = first_batch
-        loader._stats = _Stats()
+        loader._iterated = (loader._iterated[1], loader.epoch)
+        ahead = loader._take_ahead(first_batch)
+        if ahead is not None:  # started while the previous epoch drained
+            loader._stats, self.epoch = ahead.stats, ahead.epoch
+        else:
+            loader._stats = _Stats()
+            self.epoch = _Epoch(loader, first_batch, loader.epoch, loader._stats)
         loader._done = (loader.epoch, first_batch)
-        self.epoch = _Epoch(loader, first_batch)
-        self._finalizer = weakref.finalize(self, self.epoch.close)
+        self._outcome = {"complete": False}
+        self._finalizer = weakref.finalize(self, _end_iteration, loader, self.epoch, self._outcome)
+        self._looked_ahead = False
         self._bar = None
         if loader.progress:
             tqdm = import_extra("tqdm", "progress", "Loader(progress=True)").tqdm
@@ -925,10 +1032,12 @@ class _LoaderIterator:
             done = item if isinstance(item, _Finished) else self.epoch.finish(item)
         except StopIteration:
             self.l._done = (self.epoch.epoch_number, 0)  # the epoch is complete: a restored run starts it over
+            self._outcome["complete"] = True
             self.close()
             if self.l.backend == "hybrid":
                 self.l._retune(st)
-            _report_losses(self.l, st)
+            _report_losses(self.l, st)  # (raises when nothing was delivered: then no epoch ahead)
+            self._look_ahead()
             raise
         except BaseException:
             self.close()
@@ -938,7 +1047,16 @@ class _LoaderIterator:
         st.record(done.batch, done.images.shape[0], self.l.on_error)  # counted when delivered
         if self._bar is not None:
             self._bar.update(1)
+        if self.epoch.read_all:
+            self._look_ahead()
         return done.images, done.labels
+
+    def _look_ahead(self) -> None:
+        if not self._looked_ahead and self.l.lookahead:
+            self._looked_ahead = True
+            if self.l.backend == "hybrid" and not self._outcome["complete"]:
+                self.l._retune(self.l._stats)  # the next epoch's shares from the batches delivered so far
+            self.l._look_ahead(self.epoch)
 
 
 __all__ = ["Loader", "Batch"]

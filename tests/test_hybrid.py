@@ -330,7 +330,7 @@ def loader(root, **kw):
 def test_the_loader_splits_batches_reports_routes_and_retunes_between_epochs(tmp_path, host_engines):
     make_image_folder(tmp_path, per_class=12)
     host_engines["hardware"].delay = 0.004  # a slow hardware decoder: it should get less work next epoch
-    ld = loader(tmp_path)
+    ld = loader(tmp_path, lookahead=False)  # re-tuned on the whole epoch (lookahead: on what was delivered)
     seen = [index_of(x[k]) for x, _ in ld for k in range(x.shape[0])]
     assert sorted(seen) == list(range(36))
     st = ld.stats()
@@ -346,6 +346,30 @@ def test_the_loader_splits_batches_reports_routes_and_retunes_between_epochs(tmp
     # every sample went where (seed, epoch, index) and the epoch's shares sent it
     expected = hybrid.assign(3, 1, ld.indices(), hybrid.Shares.from_dict(second), np.ones(36, bool))
     assert np.bincount(expected, minlength=3).tolist() == [st["routes"][r] for r in ("cpu", "gpu-hardware", "gpu-cuda")]
+
+
+def test_an_epoch_started_ahead_has_its_shares_in_the_state_and_replays_exactly(tmp_path, host_engines):
+    make_image_folder(tmp_path, per_class=12)
+    host_engines["hardware"].delay = 0.002
+    ld = loader(tmp_path)
+    list(ld)
+    assert ld._ahead is not None and ld._ahead.epoch.epoch_number == 1  # started while epoch 0 drained
+    # one thread per GPU engine for both epochs: its batches queue in order, its timing stays its own
+    assert ld._ahead.epoch.workers is ld._workers is not None
+    state = ld.state_dict()
+    ahead_shares = state["decode_shares"]["epochs"][1]  # chosen when epoch 1 started, ahead
+    ld.set_epoch(1)
+    got = [x.clone() for x, _ in ld]
+    st = ld.stats()
+    assert st["shares"] == ahead_shares and st["images"] == 36
+    expected = hybrid.assign(3, 1, ld.indices(), hybrid.Shares.from_dict(ahead_shares), np.ones(36, bool))
+    assert np.bincount(expected, minlength=3).tolist() == [st["routes"][r] for r in ("cpu", "gpu-hardware", "gpu-cuda")]
+    again = loader(tmp_path, lookahead=False)  # a restored run: the same routes, the same pixels
+    again.load_state_dict(state)
+    again.set_epoch(1)
+    replay = [x for x, _ in again]
+    assert again.stats()["shares"] == ahead_shares
+    assert len(replay) == len(got) and all(torch.equal(a, b) for a, b in zip(got, replay))
 
 
 def test_the_cpu_pool_leaves_threads_of_the_budget_to_the_gpu_decoders(tmp_path, host_engines, monkeypatch):
@@ -370,8 +394,8 @@ def test_the_cpu_pool_leaves_threads_of_the_budget_to_the_gpu_decoders(tmp_path,
         started.clear()
         declined.clear()
         ld = gpupipe.Loader(gpupipe.sources.ImageFolder(tmp_path), batch_size=4, backend="hybrid", num_threads=8,
-                            crop=gpupipe.crops.RandomResizedCrop(SIZE), decode_shares=shares)
-        list(ld)
+                            crop=gpupipe.crops.RandomResizedCrop(SIZE), decode_shares=shares, lookahead=False)
+        list(ld)  # (no epoch started ahead: its decodes would fall into the next configuration's record)
         st = ld.stats()
         assert set(started) == {pool} and set(declined) <= {pool}, (shares, started, declined)
         assert st["decode_pool"]["threads"] == st["threads"]["decode"] == pool

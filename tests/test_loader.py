@@ -586,3 +586,102 @@ def test_loader_reports_a_file_gone_after_listing_as_a_read_failure(folder, tmp_
     (failure,) = loader.stats()["skipped"]
     assert failure.key == str(gone) and failure.kind == gpupipe.ErrorKind.READ
     assert failure.message.startswith("read error: FileNotFoundError: [Errno 2]"), failure.message
+
+
+# --- lookahead: the next epoch started while this one drains --------------------------------------
+
+
+def _epochs(loader, epochs):
+    out = []
+    for e in epochs:
+        loader.set_epoch(e)
+        out.append([x.clone() for x, _ in loader])
+    return out
+
+
+def test_lookahead_delivers_the_same_batches_and_starts_the_epoch_asked_for(folder):
+    root, _ = folder
+
+    def make(lookahead):
+        return gpupipe.Loader(sources.ImageFolder(root), batch_size=8, crop=crops.RandomResizedCrop(24), seed=2,
+                              num_threads=2, lookahead=lookahead)
+
+    ahead, plain = make(True), make(False)
+    assert len(_epochs(ahead, [0])[0]) == len(plain)
+    assert ahead._ahead is not None and ahead._ahead.epoch.epoch_number == 1 and plain._ahead is None
+    # epochs 1, 2 adopt the epoch started ahead; then epoch 7: the one started ahead (3) is dropped
+    for a, b in zip(_epochs(ahead, [1, 2, 7]), _epochs(plain, [1, 2, 7])):
+        assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+    again, plain_again = make(True), make(False)  # an epoch iterated twice (no set_epoch): the same one ahead
+    for a, b in zip(_epochs(again, [0, 0, 0]), _epochs(plain_again, [0, 0, 0])):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert again._ahead.epoch.epoch_number == 0
+    st = again.stats()
+    assert st["images"] == len(again.indices()) and st["batches"] == len(again)
+
+
+def test_lookahead_work_is_dropped_on_resume_and_stops_with_the_loader(folder):
+    root, _ = folder
+
+    def make():
+        return gpupipe.Loader(sources.ImageFolder(root), batch_size=8, crop=crops.RandomResizedCrop(24), seed=2,
+                              num_threads=2)
+
+    ld = make()
+    it = iter(ld)
+    next(it), next(it)
+    state = ld.state_dict()
+    rest = [x.clone() for x, _ in it]
+    assert ld._ahead is not None
+    ld.load_state_dict(state)  # the epoch started ahead is dropped: the state's position wins
+    assert ld._ahead is None
+    resumed = [x for x, _ in ld]
+    assert len(resumed) == len(rest) and all(torch.equal(a, b) for a, b in zip(rest, resumed))
+    assert ld._ahead is not None and gpupipe_threads()
+    del ld, it
+    gc.collect()
+    assert _exits_quickly(lambda: not gpupipe_threads()), gpupipe_threads()
+
+
+def test_a_warning_on_the_consumer_is_not_lost_while_a_stage_thread_reads_a_png():
+    """Pillow's warnings are dropped on the thread that reads the file only: catch_warnings on a
+    stage thread swapped the whole process's filters (the Loader's SkippedSamplesWarning went
+    missing when the epoch started ahead read a PNG at the epoch's end)."""
+    import warnings
+
+    from gpupipe._quiet_warnings import quiet
+
+    inside, go_on = threading.Event(), threading.Event()
+
+    def pillow_thread():
+        with quiet("PIL"):
+            from PIL import Image as PILImage
+
+            PILImage.warnings.warn("a Pillow note, dropped on this thread")
+            inside.set()
+            go_on.wait(5)
+
+    t = threading.Thread(target=pillow_thread)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        t.start()
+        assert inside.wait(5)
+        warnings.warn("the consumer's warning", UserWarning)
+        from PIL import Image as PILImage
+
+        PILImage.warnings.warn("a Pillow warning on another thread")  # still shown: only the quiet thread drops
+        go_on.set()
+        t.join()
+    assert [str(w.message) for w in seen] == ["the consumer's warning", "a Pillow warning on another thread"]
+
+
+def test_a_started_decode_reports_its_own_busy_seconds():
+    from gpupipe._backends import cpu
+    from gpupipe.decode_types import DecodeOptions
+
+    datas = [jpeg_bytes(i, 0, 64, 64) for i in range(6)]
+    boxes = np.tile(np.array([[0, 0, 32, 32]], dtype=np.float64), (6, 1))
+    out = torch.empty((6, 32, 32, 3), dtype=torch.uint8)
+    before = _C.decode_busy_seconds()
+    status = cpu.wait(cpu.start(datas, boxes, out, DecodeOptions(size=(32, 32), resize=False, num_threads=2)), 6)
+    assert status.ok.all() and 0 < status.cpu_busy_seconds <= _C.decode_busy_seconds() - before

@@ -154,8 +154,9 @@ def test_keyed_modules_get_the_batch_indices(folder):
     loader = gpupipe.Loader(sources.ImageFolder(folder), batch_size=16, crop=crops.CenterCrop(24), seed=4, augment=Spy())
     loader.set_epoch(3)
     list(loader)
-    assert [i for _, _, idx in seen for i in idx] == loader.indices().tolist()
-    assert {(s, e) for s, e, _ in seen} == {(4, 3)}
+    assert [i for _, e, idx in seen if e == 3 for i in idx] == loader.indices().tolist()
+    # the Loader's lookahead may have drawn the first batches of epoch 4 already, keyed as such
+    assert {(s, e) for s, e, _ in seen} <= {(4, 3), (4, 4)}
 
 
 def test_a_state_taken_after_a_whole_epoch_resumes_as_the_next_iteration_would(folder):

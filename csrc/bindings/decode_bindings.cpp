@@ -241,7 +241,11 @@ void register_decode(py::module_& m) {
             }
             return status_lists(*status);
           },
-          "([(index, ErrorKind, message)] errors, [(index, message)] warnings), once every sample is decoded.");
+          "([(index, ErrorKind, message)] errors, [(index, message)] warnings), once every sample is decoded.")
+      .def(
+          "busy_seconds", [](const PendingDecode& p) { return p.batch->busy_seconds(); },
+          "Thread-seconds the pool spent decoding this batch's samples (all of them after wait()); the "
+          "process-wide sum is decode_busy_seconds().");
   m.def(
       "decode_batch_start",
       [](py::sequence datas, py::object boxes, py::object out_owner, uintptr_t out_address, size_t out_nbytes,

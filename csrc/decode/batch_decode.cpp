@@ -43,6 +43,7 @@ struct PendingBatch::Job {
   uint8_t* out = nullptr;
   size_t slot = 0, row_bytes = 0;
   std::vector<SampleStatus> status;
+  std::atomic<uint64_t> busy_ns{0};  // this batch's share of g_decode_busy_ns (the hybrid backend's re-tuning)
 
   Job(std::vector<BatchSample> s, const BatchOptions& o, uint8_t* dst) : samples(std::move(s)), options(o), out(dst) {
     slot = slot_bytes(options.request);
@@ -59,11 +60,13 @@ void PendingBatch::Job::decode_one(size_t i) {
   const auto start = std::chrono::steady_clock::now();
   struct Busy {  // counted however the sample ends
     std::chrono::steady_clock::time_point start;
+    std::atomic<uint64_t>& batch_ns;
     ~Busy() {
       const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start);
       g_decode_busy_ns.fetch_add(static_cast<uint64_t>(ns.count()), std::memory_order_relaxed);
+      batch_ns.fetch_add(static_cast<uint64_t>(ns.count()), std::memory_order_relaxed);
     }
-  } busy{start};
+  } busy{start, busy_ns};
   const BatchSample& sample = samples[i];
   uint8_t* dst = out + i * slot;
   DecodeRequest req = options.request;
@@ -120,6 +123,10 @@ const std::vector<SampleStatus>& PendingBatch::wait() {
     ThreadPool::wait(loop_);  // decode_one catches everything: nothing is rethrown
   }
   return job_->status;
+}
+
+double PendingBatch::busy_seconds() const {
+  return static_cast<double>(job_->busy_ns.load(std::memory_order_relaxed)) * 1e-9;
 }
 
 }  // namespace gpupipe

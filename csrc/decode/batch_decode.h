@@ -67,6 +67,9 @@ class PendingBatch {
   // Every sample's status, once all are decoded (the first wait returns them; later ones too).
   const std::vector<SampleStatus>& wait();
 
+  // Thread-seconds the pool has spent on this batch's samples (all of them once wait() returned).
+  double busy_seconds() const;
+
   struct Job;
 
  private:

@@ -50,7 +50,9 @@ def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Deco
 
 
 def wait(pending: "_C.PendingDecode", n: int) -> BatchStatus:
-    return _status(n, *pending.wait())
+    status = _status(n, *pending.wait())
+    status.cpu_busy_seconds = pending.busy_seconds()
+    return status
 
 
 def _status(n: int, errors: list, warns: list) -> BatchStatus:

@@ -44,9 +44,9 @@ def _bucket(n: int) -> int:
 def _pipeline(max_batch: int, out_hw, resize: bool, mode: str, device: torch.device, num_threads: int):
     key = (max_batch, tuple(out_hw), resize, mode, device.type, device.index, num_threads)
     with _lock:
-        pipe = _pipelines.get(key)
-        if pipe is not None:
-            return pipe
+        found = _pipelines.get(key)
+        if found is not None:
+            return found
         import nvidia.dali.fn as fn
         import nvidia.dali.types as types
         from nvidia.dali import pipeline_def
@@ -72,13 +72,15 @@ def _pipeline(max_batch: int, out_hw, resize: bool, mode: str, device: torch.dev
 
         pipe = build()
         pipe.build()
-        _pipelines[key] = pipe
-        return pipe
+        # feed_input and run are one step: two threads on one pipeline (two Loaders, or an epoch and
+        # the one started ahead of it) would otherwise take each other's batches
+        _pipelines[key] = found = (pipe, threading.Lock())
+        return found
 
 
 def _forget(pipe) -> None:
     with _lock:
-        for k, v in list(_pipelines.items()):
+        for k, (v, _) in list(_pipelines.items()):
             if v is pipe:
                 del _pipelines[k]
 
@@ -115,19 +117,20 @@ def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Dec
     threads = options.num_threads or _C.default_num_threads()
 
     def gpu_decode(idx: np.ndarray) -> None:
-        pipe = _pipeline(_bucket(len(idx)), out.shape[1:3], options.resize, options.mode, out.device, threads)
-        try:
-            pipe.feed_input("data", [np.frombuffer(buffers[i], dtype=np.uint8) for i in idx])
-            pipe.feed_input("anchor", [np.array([boxes[i, 1], boxes[i, 0]], dtype=np.int64) for i in idx])  # (x, y)
-            pipe.feed_input("shape", [np.array([boxes[i, 3], boxes[i, 2]], dtype=np.int64) for i in idx])  # (w, h)
-            with _stderr_captured() as messages:
-                (images,) = pipe.run()
-        except Exception:
-            _forget(pipe)  # a pipeline that failed is not reused
-            raise
-        if messages:
-            raise DaliReportedProblems("; ".join(messages[:3]))
-        _copy_out(images, out, idx)
+        pipe, lock = _pipeline(_bucket(len(idx)), out.shape[1:3], options.resize, options.mode, out.device, threads)
+        with lock:
+            try:
+                pipe.feed_input("data", [np.frombuffer(buffers[i], dtype=np.uint8) for i in idx])
+                pipe.feed_input("anchor", [np.array([boxes[i, 1], boxes[i, 0]], dtype=np.int64) for i in idx])  # (x, y)
+                pipe.feed_input("shape", [np.array([boxes[i, 3], boxes[i, 2]], dtype=np.int64) for i in idx])  # (w, h)
+                with _stderr_captured() as messages:
+                    (images,) = pipe.run()
+            except Exception:
+                _forget(pipe)  # a pipeline that failed is not reused
+                raise
+            if messages:
+                raise DaliReportedProblems("; ".join(messages[:3]))
+            _copy_out(images, out, idx)  # (the pipeline's outputs are valid until its next run)
 
     return gpu_fallback.decode_with_fallback("DALI", gpu_decode, buffers, boxes, out, options, infos)
 

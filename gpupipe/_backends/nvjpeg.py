@@ -10,13 +10,13 @@ crop and antialiased resize with torch ops, as before.
 
 from __future__ import annotations
 
-import warnings
 from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
 from gpupipe._backends import gpu_fallback, nvimgcodec
+from gpupipe._quiet_warnings import quiet as quiet_warnings
 from gpupipe.decode_types import BatchStatus, DecodeOptions, HeaderInfos
 
 name = "nvjpeg"
@@ -104,8 +104,7 @@ def _decode_with_torchvision(buffers: Sequence, boxes: np.ndarray, out: torch.Te
 
     def gpu_decode(idx: np.ndarray) -> None:
         tensors = [torch.frombuffer(bytearray(buffers[i]), dtype=torch.uint8) for i in idx]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
+        with quiet_warnings("torchvision.io"):  # its deprecation of decode_jpeg, on this thread only
             decoded = decode_jpeg(tensors, mode=read_mode, device=out.device)
         for k, i in enumerate(idx):
             t, l, h, w = (int(v) for v in boxes[i])

@@ -12,7 +12,6 @@ import contextlib
 import io
 import math
 import re
-import warnings
 from typing import Sequence
 
 import numpy as np
@@ -21,6 +20,7 @@ import torch
 from gpupipe import _stderr
 from gpupipe.decode_types import BatchStatus, DecodeOptions, Route
 from gpupipe._errors import ErrorKind
+from gpupipe._quiet_warnings import quiet as quiet_warnings
 from gpupipe.limits import get_limits
 
 name = "pillow"
@@ -39,6 +39,17 @@ def _open(data):
     from PIL import Image
 
     return Image.open(io.BytesIO(bytes(data)), formats=FORMATS)
+
+
+def _load_plugins() -> None:
+    from PIL import Image
+
+    Image.init()
+
+
+def _quiet_pillow():
+    """Pillow's warnings (its bomb warning, palette and EXIF notes) dropped on this thread only."""
+    return quiet_warnings("PIL", _load_plugins)
 
 
 def _quiet(data):
@@ -72,8 +83,7 @@ def probe(buffers: Sequence, indices, jpeg_messages: dict, orientation: bool = F
     limit = limits.max_pixels
     for i in indices:
         try:
-            with warnings.catch_warnings(), _quiet(buffers[i]):
-                warnings.simplefilter("ignore")  # Pillow's own bomb warning: gpupipe's limit is checked below
+            with _quiet_pillow(), _quiet(buffers[i]):  # Pillow's own bomb warning: gpupipe's limit is checked below
                 img = _open(buffers[i])
                 w, h = img.size
         except Image.DecompressionBombError as e:  # Pillow's hard limit (2x its MAX_IMAGE_PIXELS)
@@ -126,8 +136,7 @@ def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Dec
                                                        "(size=...) may be")
             continue
         try:
-            with warnings.catch_warnings(), _quiet(buffers[i]) as messages:
-                warnings.simplefilter("ignore")
+            with _quiet_pillow(), _quiet(buffers[i]) as messages:
                 img = _open(buffers[i])
                 if options.apply_exif_orientation:
                     img = ImageOps.exif_transpose(img)

@@ -51,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="gpupipe decode threads = DataLoader num_workers = DALI threads (default: the cores here, "
                          f"{_cores()})")
     ap.add_argument("--backend", default="auto", choices=gpupipe.backends.BACKEND_NAMES, help="the Loader's decode backend")
+    ap.add_argument("--no-lookahead", dest="lookahead", action="store_false",
+                    help="the Loader without lookahead: each epoch's pipeline fills after the last one drained")
     ap.add_argument("--steps", type=int, default=None,
                     help="timed batches per repeat (default: one epoch's worth less the warm-up, at least 4 per "
                          "thread and at most 30 or 4 per thread; 5 with --quick)")
@@ -79,7 +81,7 @@ class LoaderRun:
         augment = parts.augment.to(device) if parts.augment is not None else None
         self.loader = gpupipe.Loader(data.source, batch_size=args.batch_size, crop=parts.crop, augment=augment,
                                      device=device, backend=args.backend, num_threads=args.threads, seed=args.seed,
-                                     drop_last=True, **extra)
+                                     drop_last=True, lookahead=args.lookahead, **extra)
         self.epoch = epoch
         self._it = None
 
