@@ -85,9 +85,9 @@ def decode_batch_into(
     dct_scaling: bool,
     num_threads: int,
     window: bool = False,
-) -> tuple[list[tuple[int, ErrorKind, str]], list[tuple[int, str]]]:
+) -> tuple[list[tuple[int, ErrorKind, str]], list[tuple[int, str]], float]:
     """Decodes N crops on the thread pool; returns ([(index, kind, message)] errors,
-    [(index, message)] warnings)."""
+    [(index, message)] warnings, thread-seconds spent decoding)."""
 
 def crop_resize_ragged(
     images: Buffer,  # int64 [N, 4] (address, height, width, row pitch in bytes) of host HWC uint8 images

@@ -5,7 +5,8 @@ stage thread it hid the warnings other threads raised meanwhile (the Loader's ow
 ``SkippedSamplesWarning`` on the consumer's thread, while the next epoch's first batches were being
 read: ``Loader(lookahead=True)``), and, left out of order, it un-did a ``catch_warnings`` the user
 entered meanwhile. Instead, the library's modules get a stand-in for their ``warnings`` module whose
-``warn`` drops what a thread inside :func:`quiet` raises and passes everything else on unchanged.
+``warn`` drops what a thread inside :func:`quiet` raises (of the categories it names) and passes
+everything else on unchanged.
 """
 
 from __future__ import annotations
@@ -16,50 +17,56 @@ import threading
 import warnings
 from typing import Callable, Iterator
 
-_inside = threading.local()
-
 
 class _ThreadQuietWarnings:
-    """The ``warnings`` module as the library's modules see it."""
+    """The ``warnings`` module as one package's modules see it."""
+
+    def __init__(self):
+        self.inside = threading.local()  # .categories: a list, a tuple of categories per quiet() entered
 
     def __getattr__(self, name: str):
         return getattr(warnings, name)
 
-    @staticmethod
-    def warn(message, category=None, stacklevel=1, source=None, **kwargs) -> None:
-        if getattr(_inside, "depth", 0):
+    def warn(self, message, category=None, stacklevel=1, source=None, **kwargs) -> None:
+        kind = type(message) if isinstance(message, Warning) else (category or UserWarning)
+        if any(issubclass(kind, c) for c in getattr(self.inside, "categories", ())):
             return
         warnings.warn(message, category, stacklevel + 1, source, **kwargs)  # one frame more: this one
 
 
-_STAND_IN = _ThreadQuietWarnings()
-_patched: dict = {}  # package -> the number of its modules when last patched
+_stand_ins: dict = {}  # package -> its _ThreadQuietWarnings
+_patched: dict = {}  # package -> len(sys.modules) when its modules were last patched
 _lock = threading.Lock()
 
 
 def _patch(package: str) -> None:
-    """Gives every loaded module of ``package`` that imported ``warnings`` the stand-in."""
-    prefix = package + "."
-    modules = [m for name, m in list(sys.modules.items()) if m is not None and (name == package or name.startswith(prefix))]
+    """Gives every loaded module of ``package`` that imported ``warnings`` the stand-in (again only
+    when modules were imported since: a scan of sys.modules costs ~300 us)."""
+    if _patched.get(package) == len(sys.modules):
+        return
     with _lock:
-        if _patched.get(package) == len(modules):
-            return
-        for m in modules:
-            if getattr(m, "warnings", None) is warnings:
-                m.warnings = _STAND_IN
-        _patched[package] = len(modules)
+        count = len(sys.modules)
+        stand_in = _stand_ins.setdefault(package, _ThreadQuietWarnings())
+        prefix = package + "."
+        for name, m in list(sys.modules.items()):
+            if (name == package or name.startswith(prefix)) and getattr(m, "warnings", None) is warnings:
+                m.warnings = stand_in
+        _patched[package] = count
 
 
 @contextlib.contextmanager
-def quiet(package: str, load: Callable[[], None] = lambda: None) -> Iterator[None]:
-    """Drops the warnings ``package``'s modules raise on this thread inside the block (``load``
-    first imports the modules the block may use, so that they are patched before it runs)."""
+def quiet(package: str, *categories: type, load: Callable[[], None] = lambda: None) -> Iterator[None]:
+    """Drops the warnings of ``categories`` (default: every warning) that ``package``'s modules
+    raise on this thread inside the block; ``load`` first imports the modules the block may use,
+    so that they have the stand-in before it runs."""
     if package not in _patched:
         load()
     _patch(package)
-    _inside.depth = getattr(_inside, "depth", 0) + 1
+    inside = _stand_ins[package].inside
+    entered = getattr(inside, "categories", [])
+    inside.categories = entered + [categories or (Warning,)]
     try:
         yield
     finally:
-        _inside.depth -= 1
+        inside.categories = entered
         _patch(package)  # modules the block imported

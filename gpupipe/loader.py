@@ -34,7 +34,7 @@ import torch
 
 from gpupipe import _C, backends, keyed
 from gpupipe._args import is_python_int
-from gpupipe._errors import SkippedSamplesWarning, import_extra
+from gpupipe._errors import SkippedSamplesWarning, brief, import_extra
 from gpupipe._backends import cpu, hybrid
 from gpupipe.decode_types import BatchStatus, HeaderInfos, Route, as_int, check_thread_count
 from gpupipe.crops import CropSampler
@@ -107,11 +107,10 @@ class _Stats:
         self.fallback: list = []
         self.routes = {r.label: 0 for r in Route if r != Route.NONE}
         self.engine_seconds: dict = {}  # the hybrid backend's GPU engines: {engine: [decoded, given, seconds]}
-        self.cpu_busy = 0.0  # thread-seconds of the CPU pool on the delivered batches' started decodes
+        self.cpu_busy = 0.0  # thread-seconds the CPU core spent on the delivered batches' samples
         self.shares: Optional[hybrid.Shares] = None  # hybrid: the shares of the epoch iterated
         self.started: Optional[float] = None
         self.last: Optional[float] = None
-        self.decode_busy0 = _C.decode_busy_seconds()  # the process's, at the epoch's start
         self.created = time.perf_counter()  # the pool starts decoding before the consumer's first batch
 
     def record(self, batch: Batch, delivered: int, on_error: str) -> None:
@@ -319,13 +318,18 @@ class Loader:
             the epoch ends), start reading and decoding the next epoch's first batches (as many as
             the stages hold), so that the pipeline does not drain and fill again between epochs, as
             DALI's reader runs on. The next epoch is the one after (``set_epoch(epoch + 1)``), or
-            the same one again when the last two iterations were of the same epoch. An iteration of another epoch or from a resumed position,
-            ``load_state_dict``, an error, an iteration closed or dropped before its end, and the
-            Loader's own end drop that work; batches and pixels are the same either way. What is
-            drawn ahead (crop boxes, keyed augmentation parameters) is drawn with the crop sampler
-            and ``augment`` as they are then: ``lookahead=False`` where a schedule changes them
-            between epochs. With ``backend="hybrid"`` the next epoch's shares are then re-tuned on
-            the batches delivered when it starts.
+            the same one again when the last two iterations were of the same epoch. An iteration
+            of another epoch or from a resumed position, ``load_state_dict``, an error, an
+            iteration closed or dropped before its end, and the Loader's own end drop that work.
+            The batches are those the epoch started afresh gives: the same samples, order, crop
+            boxes and keyed augmentation, drawn with the crop sampler and ``augment`` as they are
+            when it starts (``lookahead=False`` where a schedule changes them between epochs); on
+            CPU outputs ``augment`` and ``batch_transform`` run only once an iteration takes the
+            epoch. With ``backend="hybrid"`` the epoch's shares (its routes) are re-tuned on the
+            batches delivered when it starts if they are half the epoch or more, else they are
+            the last complete epoch's re-tuning; ``state_dict()`` records them. Between epochs the
+            Loader holds up to ``3 * prefetch + 5`` decoded batches of the next one (on ``device``
+            for the GPU backends): ``lookahead=False`` for a Loader iterated once or rarely.
 
     Yields:
         ``(images, labels)``: images uint8 ``[N, 3, H, W]`` (channels-last) on ``device`` without
@@ -413,7 +417,7 @@ class Loader:
         self._arenas: Optional[Arenas] = None  # read buffers, kept across epochs
         self._engines: Optional[dict] = None  # hybrid: the GPU engines, made at the first epoch
         self._workers: Optional[hybrid.Workers] = None  # hybrid: a thread and stream per engine, shared by epochs
-        self._workers_finalizer = None
+        self._workers_finalizer: Optional[weakref.finalize] = None
         self._shares: dict = {}  # hybrid: {epoch: Shares} of every epoch started
         self._next_shares: Optional[hybrid.Shares] = None  # hybrid: re-tuned after a complete epoch
         self._ahead: Optional[_Ahead] = None  # the next epoch, started while this one drains (lookahead)
@@ -462,20 +466,18 @@ class Loader:
         return self._engines
 
     def _hybrid_workers(self) -> "hybrid.Workers":
-        """The GPU engines' threads and streams, one set for the epoch iterated and the one started
-        ahead: an engine's batches of both queue in order on its one thread, and the CUDA events
-        around each then time the engine's own work (two threads would time each other's batches
-        as waits for the engine: measured on an H100, the hardware decoder's rate fell from 4,455
-        to 1,288 images/s, and the shares with it)."""
-        if self._workers is None:
+        """The GPU engines' threads and streams, acquired by an epoch (released when it closes):
+        one set for the epoch iterated and the one started ahead, so that an engine's batches of
+        both queue in order on its one thread, and the CUDA events around each time the engine's
+        own work (two threads timed each other's batches as waits for the engine: measured on an
+        H100, the hardware decoder's rate fell from 4,455 to 1,288 images/s, and the shares with
+        it). The last epoch to release them closes them; so does the Loader's end."""
+        if self._workers is None or self._workers.closed:
+            if self._workers_finalizer is not None:
+                self._workers_finalizer.detach()  # (closed already: one finalizer per Loader, not per epoch)
             self._workers = hybrid.Workers(list(self._gpu_engines()), self.device)
             self._workers_finalizer = weakref.finalize(self, self._workers.close)
-        return self._workers
-
-    def _close_workers(self) -> None:
-        if self._workers is not None:
-            self._workers_finalizer()
-            self._workers = self._workers_finalizer = None
+        return self._workers.acquire()
 
     def _decode_threads(self) -> int:
         """The CPU pool's threads (beside the GPU decoders, :func:`hybrid.cpu_pool_threads`)."""
@@ -498,27 +500,42 @@ class Loader:
 
     def _retune(self, st: "_Stats") -> None:
         """After a complete epoch: the next epoch's shares from that epoch's engine rates."""
-        if self.decode_shares is not None:
-            return
+        if self.decode_shares is None:
+            self._next_shares = self._retuned(st)
+
+    def _retuned(self, st: "_Stats") -> "hybrid.Shares":
+        """Shares from the engine rates of the batches ``st`` counted."""
         with st.lock:
             measured = {e: tuple(v) for e, v in st.engine_seconds.items()}
             cpu_images = st.routes[Route.CPU.label] + st.routes[Route.CPU_FALLBACK.label]
             # the epoch's own batches (the next epoch's first batches may be decoding already: lookahead)
             measured["cpu"] = (cpu_images, cpu_images, st.cpu_busy)
-        self._next_shares = st.shares.retuned(measured, ["cpu", *self._gpu_engines()], self._decode_threads())
+        return st.shares.retuned(measured, ["cpu", *self._gpu_engines()], self._decode_threads())
 
     # --- lookahead: the next epoch started while this one drains ------------------------------------
 
-    def _look_ahead(self, parent: "_Epoch") -> None:
-        """Starts the epoch the next iteration most likely asks for (``lookahead``). Its threads
-        hold the Loader weakly, so a Loader dropped between epochs stops them."""
+    def _look_ahead(self, parent: "_Epoch", shares: Optional["hybrid.Shares"] = None) -> None:
+        """Starts the epoch the next iteration most likely asks for (``lookahead``), with
+        ``shares`` (hybrid; else the latest re-tuned ones) unless it has its own already. Its
+        threads hold the Loader weakly, so a Loader dropped between epochs stops them. A failure
+        to start it (pinned memory, threads) turns lookahead off for this Loader, with a warning."""
         if not self.lookahead or self._ahead is not None:
             return
         previous, current = self._iterated
         number = current if previous == current else current + 1
-        new_shares = self.backend == "hybrid" and number not in self._shares
+        new_shares = self.backend == "hybrid" and self.decode_shares is None and number not in self._shares
+        if new_shares and shares is not None:
+            self._shares[number] = shares
         stats = _Stats()
-        epoch = _Epoch(weakref.proxy(self), 0, number, stats)
+        try:
+            epoch = _Epoch(weakref.proxy(self), 0, number, stats, ahead=True)
+        except Exception as e:
+            if new_shares:
+                self._shares.pop(number, None)
+            self.lookahead = False
+            warnings.warn(f"gpupipe.Loader: the next epoch could not be started ahead ({brief(e, 300)}); "
+                          "lookahead is off for this Loader", RuntimeWarning, stacklevel=4)
+            return
         self._ahead = _Ahead(epoch, stats, parent, new_shares, weakref.finalize(self, epoch.close))
 
     def _take_ahead(self, first_batch: int) -> Optional["_Ahead"]:
@@ -531,6 +548,7 @@ class Loader:
             self._ahead = None
             ahead.finalizer.detach()
             ahead.epoch.l = self  # the iteration holds the Loader from now on
+            ahead.epoch.adopted.set()
             return ahead
         self._drop_ahead()
         return None
@@ -624,7 +642,6 @@ class Loader:
             total = len(self)
             if batches > total:
                 raise ValueError(f"the Loader state's batches={batches} is more than the {total} batches of epoch {epoch}")
-        self._drop_ahead()  # (the checks are passed: this state is taken)
         if "decode_shares" in mine:
             shares = state.get("decode_shares", {"epochs": {}, "next": None})
             if set(shares) != {"epochs", "next"} or not isinstance(shares["epochs"], dict):
@@ -636,6 +653,8 @@ class Loader:
                     raise ValueError(f"the Loader state's decode_shares has an epoch {e!r}")
                 history[int(e)] = hybrid.Shares.from_dict(v)
             after = None if shares["next"] is None else hybrid.Shares.from_dict(shares["next"])
+        self._drop_ahead()  # every check is passed: this state is taken
+        if "decode_shares" in mine:
             self._shares, self._next_shares = history, after
         self.epoch = epoch
         self._resume = (epoch, batches)
@@ -658,17 +677,19 @@ class Loader:
 
         Where the host's time goes: ``host_s`` (per stage, the CPU time its thread spent outside
         gpupipe's native calls: Python, torch ops, bookkeeping; the pools' work is not in it) and
-        ``host_us_per_image`` (their sum per delivered image); ``decode_pool`` (``threads``, ``busy_s``: thread-seconds spent decoding samples,
-        ``utilisation``: busy over threads x wall; decodes of other threads of the process count
-        too); ``threads`` (this rank's ``share`` of the cores, see :func:`gpupipe.cpu_share`, and
+        ``host_us_per_image`` (their sum per delivered image); ``decode_pool`` (``threads``,
+        ``busy_s``: thread-seconds the CPU core spent decoding the delivered batches' samples,
+        ``utilisation``: busy over threads x the wall time since the epoch's pipeline started,
+        which with ``lookahead`` is before the previous epoch ended); ``threads`` (this rank's
+        ``share`` of the cores, see :func:`gpupipe.cpu_share`, and
         the ``decode``, ``io`` and ``augment`` threads taken from it).
         """
         s = self._stats
         busy, wait = s.times.snapshot()
         host = s.times.host()
-        pool_busy = _C.decode_busy_seconds() - s.decode_busy0
         decode_threads = self._decode_threads()
         with s.lock:
+            pool_busy = s.cpu_busy
             wall = (s.last - s.started) if s.started and s.last else 0.0
             pool_wall = (s.last - s.created) if s.last else 0.0
             failures: dict = {}
@@ -708,11 +729,15 @@ class _Epoch:
     """The stage functions and resources of one epoch's iteration. Threads reference this object,
     never the iterator, so dropping the iterator finalises the iteration."""
 
-    def __init__(self, loader: Loader, first_batch: int, epoch_number: int, stats: _Stats):
+    def __init__(self, loader: Loader, first_batch: int, epoch_number: int, stats: _Stats, ahead: bool = False):
         self.l = loader
         self.first_batch = first_batch
         self.stats = stats
         self.read_all = False  # the epoch's last batch went into the pipeline (lookahead starts the next)
+        self.adopted = threading.Event()  # an epoch started ahead: set when an iteration takes it
+        self.closing = False
+        if not ahead:
+            self.adopted.set()
         self.native_reads = isinstance(loader.source, MapSource) and loader.source.reads_files()
         # a source's own read() runs on a Python thread pool; files are read natively (read_many)
         self.reader = None if self.native_reads else ThreadPoolExecutor(loader.io_threads, thread_name_prefix="gpupipe-io")
@@ -742,12 +767,17 @@ class _Epoch:
         self.stream = torch.cuda.Stream(loader.device) if loader.device.type == "cuda" else None
         stages = [("read", self.read), ("plan", self.plan), ("decode", self.decode), ("collect", self.collect)]
         if loader.device.type == "cpu":  # real work on the CPU: overlapped; on CUDA, queued GPU work
-            stages.append(("finish", self.finish, False))  # times its transfer and augment parts
+            stages.append(("finish", self.finish_stage, False))  # times its transfer and augment parts
         self.engine = Engine(self.batches(), stages, capacity=loader.prefetch, times=stats.times,
                              closables=[self.ring] if self.ring else [], name="gpupipe")
 
     def close(self) -> None:
-        self.engine.close()  # (the GPU engines' workers are the Loader's: _end_iteration)
+        self.closing = True
+        self.adopted.set()  # (a finish stage waiting for it then stops)
+        self.engine.close()
+        if self.workers is not None:  # (shared with the epoch ahead or behind: the last one closes them)
+            workers, self.workers = self.workers, None
+            workers.release()
         if self.ring is not None and not self.engine.alive:  # nothing of this epoch writes a slot any more
             self.ring.retired = True
         if self.reader is not None:
@@ -870,6 +900,15 @@ class _Epoch:
             raise
         return batch
 
+    def finish_stage(self, batch: Batch):
+        """:meth:`finish` as a stage (CPU outputs): an epoch started ahead runs the user's augment
+        and batch_transform only once an iteration took it, never for an epoch then dropped."""
+        if not self.adopted.is_set() and (self.l.augment is not None or self.l.batch_transform is not None):
+            self.adopted.wait()
+            if self.closing:
+                raise Closed
+        return self.finish(batch)
+
     def finish(self, batch: Batch):
         """(images, labels) of a decoded batch, on the consumer's side of the queue."""
         l = self.l
@@ -986,8 +1025,6 @@ def _end_iteration(loader: Loader, epoch: _Epoch, outcome: dict) -> None:
     epoch.close()
     if not outcome["complete"]:
         loader._drop_ahead(parent=epoch)
-    if loader._ahead is None:  # nothing decodes on the GPU engines' threads any more
-        loader._close_workers()
 
 
 class _LoaderIterator:
@@ -1052,11 +1089,18 @@ class _LoaderIterator:
         return done.images, done.labels
 
     def _look_ahead(self) -> None:
-        if not self._looked_ahead and self.l.lookahead:
-            self._looked_ahead = True
-            if self.l.backend == "hybrid" and not self._outcome["complete"]:
-                self.l._retune(self.l._stats)  # the next epoch's shares from the batches delivered so far
-            self.l._look_ahead(self.epoch)
+        if self._looked_ahead or not self.l.lookahead:
+            return
+        self._looked_ahead = True
+        shares = None
+        l, st = self.l, self.l._stats
+        # hybrid: the next epoch's shares from this one's batches delivered so far, when they are at
+        # least half of it; else it starts with the latest complete epoch's tuning (a short epoch is
+        # read whole before its first batch is delivered). _next_shares stays that of complete epochs.
+        if (l.backend == "hybrid" and l.decode_shares is None and not self._outcome["complete"]
+                and isinstance(l.source, MapSource) and 2 * st.batches >= len(l)):
+            shares = l._retuned(st)
+        l._look_ahead(self.epoch, shares)
 
 
 __all__ = ["Loader", "Batch"]

@@ -372,6 +372,33 @@ def test_an_epoch_started_ahead_has_its_shares_in_the_state_and_replays_exactly(
     assert len(replay) == len(got) and all(torch.equal(a, b) for a, b in zip(got, replay))
 
 
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_an_iterator_dropped_mid_epoch_leaves_the_next_one_its_gpu_workers(tmp_path, host_engines, lookahead):
+    """it = iter(ld); next(it); it = iter(ld): the first iteration ends after the second started;
+    the engines' threads are shared, so they stay until their last epoch is done."""
+    make_image_folder(tmp_path, per_class=12)
+    ld = loader(tmp_path, lookahead=lookahead, decode_shares={"cpu": 0.5, "hardware": 0.5, "cuda": 0.0})
+    it = iter(ld)
+    next(it)
+    it = iter(ld)
+    assert sum(x.shape[0] for x, _ in it) == 36 and ld.stats()["routes"]["gpu-hardware"] > 0
+
+
+def test_a_short_epoch_ahead_starts_with_the_last_complete_epochs_tuning(tmp_path, host_engines):
+    make_image_folder(tmp_path, per_class=12)  # 5 batches: read whole before its first is delivered
+    host_engines["hardware"].delay = 0.004
+    ld = loader(tmp_path)
+    prior = ld._epoch_shares(0)
+    list(ld)
+    state = ld.state_dict()["decode_shares"]
+    assert state["epochs"][1] == prior.as_dict()  # too little delivered when epoch 1 started ahead
+    tuned = state["next"]  # epoch 0's complete tuning: the slow hardware decoder gets less
+    assert tuned["hardware"] < prior.hardware
+    ld.set_epoch(1)
+    list(ld)
+    assert ld.state_dict()["decode_shares"]["epochs"][2] == tuned
+
+
 def test_the_cpu_pool_leaves_threads_of_the_budget_to_the_gpu_decoders(tmp_path, host_engines, monkeypatch):
     assert hybrid.cpu_pool_threads(16, ["hardware"]) == 16 - hybrid.ENGINE_HOST_THREADS
     assert hybrid.cpu_pool_threads(8, ["hardware"]) == 6  # a small budget leaves a quarter

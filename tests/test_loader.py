@@ -643,6 +643,47 @@ def test_lookahead_work_is_dropped_on_resume_and_stops_with_the_loader(folder):
     assert _exits_quickly(lambda: not gpupipe_threads()), gpupipe_threads()
 
 
+def test_lookahead_runs_the_users_modules_only_for_an_epoch_iterated(folder):
+    root, _ = folder
+    calls = []
+
+    def transform(images, labels):
+        calls.append(images.shape[0])
+        return images, labels
+
+    ld = gpupipe.Loader(sources.ImageFolder(root), batch_size=8, crop=crops.CenterCrop(24), num_threads=2,
+                        batch_transform=transform)
+    list(ld)
+    time.sleep(0.3)  # the epoch ahead decodes meanwhile; its batches wait before the user's transform
+    assert len(calls) == len(ld) and ld._ahead is not None
+    ld.set_epoch(5)  # not the one started ahead: dropped, its transform never ran
+    list(ld)
+    assert len(calls) == 2 * len(ld)
+
+
+def test_a_refused_state_keeps_the_epoch_ahead_and_a_failed_start_turns_lookahead_off(folder, monkeypatch):
+    root, _ = folder
+    ld = gpupipe.Loader(sources.ImageFolder(root), batch_size=8, crop=crops.CenterCrop(24), num_threads=2)
+    list(ld)
+    ahead = ld._ahead
+    state = ld.state_dict()
+    with pytest.raises(ValueError, match="seed"):
+        ld.load_state_dict({**state, "seed": 99})
+    assert ld._ahead is ahead  # nothing of a refused state is taken
+    real = gpupipe.loader._Epoch
+
+    def failing(*args, ahead=False, **kw):
+        if ahead:
+            raise RuntimeError("out of pinned memory")
+        return real(*args, ahead=ahead, **kw)
+
+    monkeypatch.setattr(gpupipe.loader, "_Epoch", failing)
+    ld.set_epoch(3)  # the epoch ahead (1) is dropped; starting 4 ahead fails
+    with pytest.warns(RuntimeWarning, match="could not be started ahead .*out of pinned memory.*lookahead is off"):
+        got = [x for x, _ in ld]
+    assert len(got) == len(ld) and not ld.lookahead and ld._ahead is None
+
+
 def test_a_warning_on_the_consumer_is_not_lost_while_a_stage_thread_reads_a_png():
     """Pillow's warnings are dropped on the thread that reads the file only: catch_warnings on a
     stage thread swapped the whole process's filters (the Loader's SkippedSamplesWarning went
@@ -673,6 +714,12 @@ def test_a_warning_on_the_consumer_is_not_lost_while_a_stage_thread_reads_a_png(
         go_on.set()
         t.join()
     assert [str(w.message) for w in seen] == ["the consumer's warning", "a Pillow warning on another thread"]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with quiet("PIL", DeprecationWarning):  # only the categories named
+            PILImage.warnings.warn("deprecated", DeprecationWarning)
+            PILImage.warnings.warn("a note")
+    assert [str(w.message) for w in seen] == ["a note"]
 
 
 def test_a_started_decode_reports_its_own_busy_seconds():

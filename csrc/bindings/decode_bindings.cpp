@@ -216,19 +216,22 @@ void register_decode(py::module_& m) {
         const BatchInputs in = batch_inputs(datas, boxes, out_address, out_nbytes, out_height, out_width, resize, mode,
                                             strict, dct_scaling, num_threads, window);
         std::vector<SampleStatus> status;
+        double busy = 0;
         {
           ReleasedGil released;
           std::shared_ptr<ThreadPool> pool;
           if (num_threads != 1 && in.args.samples.size() > 1) pool = get_pool(num_threads);
-          status = decode_batch(pool.get(), in.args.samples, in.args.options, in.args.out);
+          status = decode_batch(pool.get(), in.args.samples, in.args.options, in.args.out, &busy);
         }
-        return status_lists(status);
+        const py::tuple lists = status_lists(status);
+        return py::make_tuple(lists[0], lists[1], busy);
       },
       py::arg("datas"), py::arg("boxes"), py::arg("out_address"), py::arg("out_nbytes"), py::arg("out_height"),
       py::arg("out_width"), py::arg("resize"), py::arg("mode"), py::arg("strict"), py::arg("dct_scaling"),
       py::arg("num_threads"), py::arg("window") = false,
       "Decodes N crops into N x out_height x out_width x C uint8 at out_address on the thread "
-      "pool. Returns ([(index, ErrorKind, message)] errors, [(index, message)] warnings).");
+      "pool. Returns ([(index, ErrorKind, message)] errors, [(index, message)] warnings, thread-seconds spent "
+      "decoding).");
 
   py::class_<PendingDecode>(m, "PendingDecode")
       .def(

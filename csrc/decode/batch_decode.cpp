@@ -96,13 +96,14 @@ void PendingBatch::Job::decode_one(size_t i) {
 }
 
 std::vector<SampleStatus> decode_batch(ThreadPool* pool, const std::vector<BatchSample>& samples,
-                                       const BatchOptions& options, uint8_t* out) {
+                                       const BatchOptions& options, uint8_t* out, double* busy_seconds) {
   PendingBatch::Job job(samples, options, out);
   if (pool == nullptr || pool->size() <= 1 || samples.size() <= 1) {
     for (size_t i = 0; i < samples.size(); ++i) job.decode_one(i);
   } else {
     pool->parallel_for(samples.size(), [&job](size_t i) { job.decode_one(i); });
   }
+  if (busy_seconds != nullptr) *busy_seconds = static_cast<double>(job.busy_ns.load()) * 1e-9;
   return std::move(job.status);
 }
 

@@ -47,9 +47,10 @@ size_t slot_bytes(const DecodeRequest& request);
 double decode_busy_seconds();
 
 // Decodes sample i into out + i * slot_bytes(options.request). A failed sample's slot is
-// zero-filled, never left half-written. pool == nullptr decodes on the calling thread.
+// zero-filled, never left half-written. pool == nullptr decodes on the calling thread. busy_seconds,
+// when given, receives the thread-seconds spent on the batch's samples.
 std::vector<SampleStatus> decode_batch(ThreadPool* pool, const std::vector<BatchSample>& samples,
-                                       const BatchOptions& options, uint8_t* out);
+                                       const BatchOptions& options, uint8_t* out, double* busy_seconds = nullptr);
 
 // A batch decode started on a pool and not yet waited for. The Loader starts the next batch before
 // it waits for this one, so the pool's threads go from one batch's last samples to the next's first

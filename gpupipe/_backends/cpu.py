@@ -35,7 +35,10 @@ def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Dec
                                   options.window)
     if host is not out:
         out.copy_(host, non_blocking=True)
-    return _status(n, *result)
+    errors, warns, busy = result
+    status = _status(n, errors, warns)
+    status.cpu_busy_seconds = busy
+    return status
 
 
 def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions) -> "_C.PendingDecode":

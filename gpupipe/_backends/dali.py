@@ -141,7 +141,11 @@ def _copy_out(images, out_nhwc: torch.Tensor, idx: np.ndarray) -> None:
         from nvidia.dali.plugin.pytorch import feed_ndarray
 
         tmp = torch.empty(tuple(dense.shape()), dtype=torch.uint8, device=out_nhwc.device)
-        feed_ndarray(dense, tmp, cuda_stream=torch.cuda.current_stream(out_nhwc.device))
+        stream = torch.cuda.current_stream(out_nhwc.device)
+        feed_ndarray(dense, tmp, cuda_stream=stream)
+        # the copy is queued on this stream, not DALI's: done before the pipeline's next run, which
+        # may reuse the output's memory (the caller holds the pipeline's lock until this returns)
+        stream.synchronize()
     else:
         tmp = torch.from_numpy(np.asarray(dense))
     if len(idx) == out_nhwc.shape[0]:

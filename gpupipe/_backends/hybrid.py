@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Sequence
@@ -212,16 +213,34 @@ class RouteKeys:
 
 class Workers:
     """A thread and a CUDA stream per GPU engine, so that the engines decode at the same time and
-    their host-side waits overlap. Owned by whoever starts batches (a Loader's epoch; one
-    :func:`decode` call), and closed by it: no thread outlives its owner."""
+    their host-side waits overlap. Owned by whoever starts batches: one :func:`decode` call, which
+    closes them, or a Loader, whose epochs share them (each epoch calls :meth:`acquire`, and
+    :meth:`release` when it closes; the last release closes them). No thread outlives its owners."""
 
     def __init__(self, kinds: Sequence[str], device: torch.device):
         self.device = device
         self.threads = {k: ThreadPoolExecutor(1, thread_name_prefix=f"gpupipe-{k}-decoder") for k in kinds}
         self.streams = {k: torch.cuda.Stream(device) for k in kinds} if device.type == "cuda" else {}
+        self.closed = False
+        self._users = 0
+        self._lock = threading.Lock()
+
+    def acquire(self) -> "Workers":
+        with self._lock:
+            self._users += 1
+        return self
+
+    def release(self) -> None:
+        """One user less; the last one closes the threads."""
+        with self._lock:
+            self._users -= 1
+            last = self._users <= 0
+        if last:
+            self.close()
 
     def close(self) -> None:
         """Stops the threads once their running batch is queued; batches not started are dropped."""
+        self.closed = True
         for t in self.threads.values():
             t.shutdown(wait=False, cancel_futures=True)
 

@@ -104,7 +104,7 @@ def _decode_with_torchvision(buffers: Sequence, boxes: np.ndarray, out: torch.Te
 
     def gpu_decode(idx: np.ndarray) -> None:
         tensors = [torch.frombuffer(bytearray(buffers[i]), dtype=torch.uint8) for i in idx]
-        with quiet_warnings("torchvision.io"):  # its deprecation of decode_jpeg, on this thread only
+        with quiet_warnings("torchvision.io", DeprecationWarning):  # its deprecation of decode_jpeg, this thread only
             decoded = decode_jpeg(tensors, mode=read_mode, device=out.device)
         for k, i in enumerate(idx):
             t, l, h, w = (int(v) for v in boxes[i])

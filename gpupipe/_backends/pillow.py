@@ -49,7 +49,7 @@ def _load_plugins() -> None:
 
 def _quiet_pillow():
     """Pillow's warnings (its bomb warning, palette and EXIF notes) dropped on this thread only."""
-    return quiet_warnings("PIL", _load_plugins)
+    return quiet_warnings("PIL", load=_load_plugins)
 
 
 def _quiet(data):
