@@ -81,7 +81,7 @@ class LoaderRun:
         augment = parts.augment.to(device) if parts.augment is not None else None
         self.loader = gpupipe.Loader(data.source, batch_size=args.batch_size, crop=parts.crop, augment=augment,
                                      device=device, backend=args.backend, num_threads=args.threads, seed=args.seed,
-                                     drop_last=True, lookahead=args.lookahead, **extra)
+                                     drop_last=True, lookahead=getattr(args, "lookahead", True), **extra)
         self.epoch = epoch
         self._it = None
 
