@@ -51,6 +51,18 @@ class HostEngine:
         return declined
 
 
+class MergingHostEngine(HostEngine):
+    """A HostEngine that takes several batches' shares in one call (as nvImageCodec's engines do)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.groups = []
+
+    def decode_jobs(self, jobs):
+        self.groups.append([len(j[0]) for j in jobs])
+        return [self.decode(b, x, out, slots, options, sizes=sizes) for b, x, out, slots, options, sizes in jobs]
+
+
 def engines(**kw):
     return {"hardware": HostEngine("hardware", **kw.get("hardware", {})), "cuda": HostEngine("cuda", **kw.get("cuda", {}))}
 
@@ -283,6 +295,32 @@ def test_batches_queued_on_closed_workers_fail_clearly_and_nothing_hangs():
         for p in started:
             hybrid.wait(p)
     assert time.time() - t0 < 5
+
+
+def test_shares_waiting_for_a_busy_engine_go_in_one_call_with_their_own_pixels_and_seconds(monkeypatch):
+    datas, infos, boxes = batch(8)
+    hw = MergingHostEngine("hardware", delay=0.02)
+    eng = {"hardware": hw, "cuda": HostEngine("cuda")}
+    shares = hybrid.Shares(0.0, 1.0, 0.0)
+    alone = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
+    first = hybrid.decode(datas, boxes, alone, options(), infos, shares=shares,
+                          engines={"hardware": HostEngine("hardware"), "cuda": HostEngine("cuda")})
+    n = int((first.route == Route.GPU_HARDWARE).sum())  # the share (progressive files go to the CPU core)
+    monkeypatch.setattr(hybrid, "MERGE_IMAGES", 2 * n)  # room for two batches' shares per call
+    workers = hybrid.Workers(["hardware", "cuda"], torch.device("cpu"))
+    try:
+        outs = [torch.zeros((len(datas), *SIZE, 3), dtype=torch.uint8) for _ in range(5)]
+        started = [hybrid.start(datas, boxes, o, options(), infos, shares=shares, engines=eng, workers=workers)
+                   for o in outs]  # the first runs at once; the rest wait for it, then go two at a time
+        statuses = [hybrid.wait(p) for p in started]
+    finally:
+        workers.close()
+    assert n > 0 and hw.groups == [[n, n], [n, n]] and len(hw.calls) == 5
+    assert all(torch.equal(o, alone) for o in outs) and all(s.ok.all() for s in statuses)
+    seconds = [s.engine_seconds["hardware"][2] for s in statuses]
+    assert all(s.engine_seconds["hardware"][:2] == (n, n) for s in statuses)
+    # the two shares of a call count half its time each: batches (0, 1) and (2, 3), or (1, 2) and (3, 4)
+    assert any(seconds[a] == seconds[a + 1] and seconds[a + 2] == seconds[a + 3] for a in (0, 1))
 
 
 def test_the_empty_batch():

@@ -270,6 +270,28 @@ def test_a_file_the_parser_refuses_is_declined_and_the_rest_decode(fake):
     assert cslots.tolist() == [0, 2] and images[:, 0].tolist() == [100, 300]
 
 
+def test_shares_of_several_batches_decode_in_one_call_and_crop_into_their_own_outputs(fake):
+    datas = [encode(photo(30 + k, 40)) for k in range(3)]
+    lib = nvimgcodec._library()
+    make = lib.CodeStream
+    lib.CodeStream = lambda data: make(data) if bytes(data).startswith(b"\xff\xd8") else (_ for _ in ()).throw(
+        RuntimeError("Failed to get image info"))
+    eng = fake.make("hardware")
+    eng._decoder.result = [FakeImage(100, 30, 40), None, FakeImage(300, 32, 40)]
+    outs = [torch.zeros(4, 8, 8, 3, dtype=torch.uint8) for _ in range(2)]
+    options = DecodeOptions(size=(8, 8))
+    jobs = [(datas[:2], np.array([[0, 0, 8, 8]] * 2, dtype=np.float64), outs[0], np.array([3, 1]), options,
+             np.array([[30, 40], [31, 40]])),
+            ([b"not a jpeg", datas[2]], np.array([[0, 0, 8, 8]] * 2, dtype=np.float64), outs[1], np.array([0, 2]),
+             options, np.array([[1, 1], [32, 40]]))]
+    first, second = eng.decode_jobs(jobs)
+    assert len(eng._decoder.calls) == 1 and [s.data for s in eng._decoder.calls[0][0]] == datas  # ONE call
+    assert list(first) == [1] and "no image" in first[1]  # positions within each share
+    assert list(second) == [0] and "cannot parse" in second[0]
+    assert [c[2].tolist() for c in fake.crops] == [[3], [2]]  # a kernel per share, into its own out
+    assert [c[0][0, 0] for c in fake.crops] == [100, 300]
+
+
 def test_engine_gray_resize_and_given_sizes(fake):
     eng = fake.make()
     eng._decoder.result = [FakeImage(7, 50, 60, c=1)]

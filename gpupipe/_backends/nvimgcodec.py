@@ -39,6 +39,7 @@ convert them as YCbCr; ``gpu_fallback.gpu_eligible``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import io
 import os
@@ -299,9 +300,62 @@ class Engine:
             RuntimeError naming the engine for a device error (a CUDA error, out of memory): the
             batch fails with it, nothing waits forever.
         """
+        return self.decode_jobs([(buffers, boxes, out, slots, options, sizes)])[0]
+
+    def decode_jobs(self, jobs: Sequence[tuple]) -> list:
+        """:meth:`decode` for several shares in ONE call of the decoder (a call's fixed cost paid
+        once): ``jobs`` are ``(buffers, boxes, out, slots, options, sizes)`` with the same
+        ``options.mode``; returns each job's ``{k: reason}`` of declined samples."""
+        lib = self._lib
+        clock = _PartClock(self.host_seconds)
+        parts = [self._prepare(*job) for job in jobs]
+        clock.lap("parse")
+        streams = [s for p in parts for s in p.streams]
+        results = [dict(p.unparsed) for p in parts]
+        if not streams:
+            return results
+        mode = jobs[0][4].mode
+        if any(job[4].mode != mode for job in jobs):
+            raise ValueError(f"{self.name}: the shares of one call must have the same mode")
+        stream = _current_stream(self.device)
+        with self._lock, _device_context(self.device):
+            clock.lap("lock")
+            try:
+                images = self._decoder.decode(streams, params=self._params[mode], cuda_stream=stream.cuda_stream)
+            except Exception as e:
+                raise self._fail("decode", e) from e
+            if all(im is None for im in images):
+                self._check_device(stream)  # nvImageCodec turns its own failures into None: is the device sane?
+            clock.lap("decode")
+            start = 0
+            for p, (_, _, out, _, options, _), declines in zip(parts, jobs, results):
+                mine = images[start:start + len(p.streams)]
+                start += len(p.streams)
+                if not len(mine):
+                    continue
+                table, declined = image_table(mine, p.heights, p.widths, options.channels)
+                ok = np.ones(len(mine), dtype=bool)
+                ok[list(declined)] = False
+                clock.lap("table")
+                if ok.any():
+                    try:
+                        _crop_resize()(table[ok], np.ascontiguousarray(p.boxes[ok]), out, p.slots[ok],
+                                       resize=options.resize, window=options.window)
+                    except Exception as e:
+                        raise self._fail("crop and resize", e) from e
+                declines.update({int(p.rows[k]): why for k, why in declined.items()})
+                clock.lap("crop")
+            del images, mine  # freed on `stream` (cudaFreeAsync), after the kernels that read them
+        return results
+
+    def _prepare(self, buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, slots: np.ndarray,
+                 options: DecodeOptions, sizes: Optional[np.ndarray]) -> "_Share":
+        """One share's code streams (parsed now: those nvImageCodec refuses are declined, the rest
+        decode), boxes, slots and sizes, in the frame of what is decoded (the region with ``roi``)."""
         n = len(buffers)
         if n == 0:
-            return {}
+            return _Share([], np.zeros((0, 4)), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64),
+                          np.zeros(0, np.int64), {})
         _check_out(self.name, out, self.device, options.channels)
         boxes = np.ascontiguousarray(boxes, dtype=np.float64).reshape(n, 4)
         slots = np.ascontiguousarray(slots, dtype=np.int64).reshape(n)
@@ -311,46 +365,18 @@ class Engine:
             infos = read_infos(buffers)
             sizes = np.stack([infos.column("height"), infos.column("width")], axis=1)
         sizes = np.asarray(sizes, dtype=np.int64).reshape(n, 2)
-        heights, widths = sizes[:, 0], sizes[:, 1]
-        lib = self._lib
-        clock = _PartClock(self.host_seconds)
-        streams, unparsed = _code_streams(lib, buffers)
-        clock.lap("parse")
-        if unparsed:  # nvImageCodec's own parser refused them: declined, and the rest decode
-            keep = np.array([k for k in range(n) if k not in unparsed], dtype=np.int64)
-            if not len(keep):
-                return unparsed
-            sub = self.decode([buffers[k] for k in keep], boxes[keep], out, slots[keep], options, sizes=sizes[keep])
-            return {**unparsed, **{int(keep[k]): why for k, why in sub.items()}}
-        if self.roi:
+        streams, unparsed = _code_streams(self._lib, buffers)
+        rows = np.array([k for k in range(n) if k not in unparsed], dtype=np.int64)
+        streams = [streams[k] for k in rows]
+        boxes, slots, heights, widths = boxes[rows], slots[rows], sizes[rows, 0], sizes[rows, 1]
+        if self.roi and len(rows):
+            lib = self._lib
             regions = roi_regions(boxes, heights, widths)
             streams = [s.get_sub_code_stream(region=lib.Region(int(t), int(l), int(b), int(r)))
                        for s, (t, l, b, r) in zip(streams, regions)]
-            boxes = boxes - np.concatenate([regions[:, :2], np.zeros((n, 2), np.int64)], axis=1)
+            boxes = boxes - np.concatenate([regions[:, :2], np.zeros((len(rows), 2), np.int64)], axis=1)
             heights, widths = regions[:, 2] - regions[:, 0], regions[:, 3] - regions[:, 1]
-        stream = _current_stream(self.device)
-        with self._lock, _device_context(self.device):
-            clock.lap("lock")
-            try:
-                images = self._decoder.decode(streams, params=self._params[options.mode], cuda_stream=stream.cuda_stream)
-            except Exception as e:
-                raise self._fail("decode", e) from e
-            if all(im is None for im in images):
-                self._check_device(stream)  # nvImageCodec turns its own failures into None: is the device sane?
-            clock.lap("decode")
-            table, declined = image_table(images, heights, widths, options.channels)
-            ok = np.ones(n, dtype=bool)
-            ok[list(declined)] = False
-            clock.lap("table")
-            if ok.any():
-                try:
-                    _crop_resize()(table[ok], np.ascontiguousarray(boxes[ok]), out, slots[ok], resize=options.resize,
-                                   window=options.window)
-                except Exception as e:
-                    raise self._fail("crop and resize", e) from e
-            del images  # freed on `stream` (cudaFreeAsync), after the kernel that reads them
-            clock.lap("crop")
-        return declined
+        return _Share(streams, boxes, slots, heights, widths, rows, unparsed)
 
     def _check_device(self, stream: "torch.cuda.Stream") -> None:
         try:
@@ -375,6 +401,19 @@ class Engine:
             hint = ("this GPU has no JPEG engines (A100, H100, B200 have)" if self.kind == "hardware" else
                     "is nvJPEG's library installed? pip install nvidia-nvjpeg")
             raise RuntimeError(f"{self.name} is not available: {declined[0]} ({hint})")
+
+
+@dataclasses.dataclass
+class _Share:
+    """One share of :meth:`Engine.decode_jobs`: what is decoded, and where it goes."""
+
+    streams: list  #: nvImageCodec code streams of the samples it parsed
+    boxes: np.ndarray  #: their boxes, in the frame of what is decoded
+    slots: np.ndarray  #: their slots of out
+    heights: np.ndarray  #: of what is decoded (the whole image, or its region with roi)
+    widths: np.ndarray
+    rows: np.ndarray  #: their positions in the share
+    unparsed: dict  #: {position: reason} of those nvImageCodec's parser refused
 
 
 class _PartClock:
