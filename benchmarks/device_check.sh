@@ -2,9 +2,10 @@
 # The GPU checks and measurements of issues 28 and 29 on a lent GPU machine (no network), in four
 # back-to-back device calls from the project root (the machine stays warm between them).
 # ../shared/device/prepare.sh made .device/; DALI's wheel travels in four pieces, one per call:
-#   call 1 (carry .device/base): bash benchmarks/device_check.sh 1   build, data, the GPU tests, the Loader's
-#                                lookahead on and off (hybrid, 800x533, train recipe, batch 256); PROBE=1: hybrid_probe
-#                                too (it writes the best hybrid.ENGINE_HOST_THREADS; later calls use it)
+#   call 1 (carry .device/base): bash benchmarks/device_check.sh 1   build, data, the GPU tests, the hybrid Loader
+#                                with and without merged engine calls (hybrid.MERGE_IMAGES 0), 800x533, train recipe,
+#                                batch 64 and 256; PROBE=1: hybrid_probe too (it writes the best
+#                                hybrid.ENGINE_HOST_THREADS; later calls use it)
 #   call 2 (carry .device/d2):   bash benchmarks/device_check.sh 2   lookahead on and off, 1920x1280 (GPU_CHECK=1: gpu_check --quick first)
 #   call 3 (carry .device/d3):   bash benchmarks/device_check.sh 3   the Loader (backend cpu) vs raw, train recipe, lookahead on and off
 #   call 4 (carry .device/d4):   bash benchmarks/device_check.sh 4   DALI installed; hybrid vs raw vs DALI GPU ($BATCHES)
@@ -25,10 +26,14 @@ step() {  # step NAME SECONDS command...: one timed step, its log under $OUT, it
   timeout "$limit" "$@" > "$L/$name.txt" 2>&1; local rc=$?
   echo "$name rc $rc in $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
 }
-bench() {  # bench NAME SET BATCH ARGS...: python -m gpupipe bench, $RECIPE (train), 16 threads, CUDA
+bench() {  # bench NAME SET BATCH ARGS...: python -m gpupipe bench, $RECIPE (train), 16 threads, CUDA (NOMERGE=1:
+  # the GPU engines take one batch's share per call)
   local name=$1 set=$2 bs=$3; shift 3
   local data=(); [ "$set" = default ] || data=(--data "$(cat $G/set-$set)")
-  step "$name" 75 python3 -m gpupipe bench --device cuda --threads 16 --recipe "${RECIPE:-train}" --batch-size "$bs" \
+  local run=(python3 -m gpupipe bench)
+  [ "${NOMERGE:-0}" = 1 ] && run=(python3 -c "import sys; from gpupipe._backends import hybrid; hybrid.MERGE_IMAGES = 0
+from gpupipe.bench import main; sys.exit(main(sys.argv[1:]))")
+  step "$name" 75 "${run[@]}" --device cuda --threads 16 --recipe "${RECIPE:-train}" --batch-size "$bs" \
     "${data[@]}" --repeats 2 --out "$L/$name-out" "$@"
   grep -E "^\|" "$L/$name.txt" | head -8
 }
@@ -49,8 +54,8 @@ print(default_set())" > "$L/data.txt" 2>&1) &
   wait; tail -2 "$L/data.txt"
   if [ "${PROBE:-0}" = 1 ]; then step probe 200 python3 -m benchmarks.hybrid_probe --tuned $G/tuned
     grep -E "^\||shares|best|BatchAugment" "$L/probe.txt" | cut -c1-400; fi
-  bench hybrid-seed-256 seed 256 --methods gpupipe raw
-  bench hybrid-seed-256-nolookahead seed 256 --methods gpupipe --no-lookahead
+  for bs in 64 256; do bench hybrid-seed-$bs seed $bs --methods gpupipe raw
+    NOMERGE=1 bench hybrid-seed-$bs-nomerge seed $bs --methods gpupipe; done
   # the later calls run with the best measured threads left to the GPU engines' host side
   [ -s $G/tuned ] && sed -i "s/^ENGINE_HOST_THREADS = .*/ENGINE_HOST_THREADS = $(cat $G/tuned)/" gpupipe/_backends/hybrid.py
   grep -n "^ENGINE_HOST_THREADS" gpupipe/_backends/hybrid.py | tee -a "$OUT/summary.txt" ;;
