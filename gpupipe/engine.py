@@ -118,7 +118,9 @@ class Engine:
     Args:
         source: an iterable of items (consumed on the first stage's thread).
         stages: ``(name, fn)`` pairs, or ``(name, fn, False)`` for a stage that times its own
-            parts; ``fn`` runs once per item.
+            parts, or ``(name, fn, timed, gate)``: ``gate()`` runs before each item, outside the
+            item's call scope (it may wait: an exiting interpreter does not wait for it; it may
+            raise :class:`Closed`); ``fn`` runs once per item.
         capacity: items queued between stages (bounds memory and read-ahead).
         times: where the stages' busy time and the consumer's wait go.
         closables: objects whose ``close()`` must also wake waiters on shutdown (e.g. a buffer ring).
@@ -134,15 +136,15 @@ class Engine:
         self._threads = []
         inputs: list[Optional[BoundedQueue]] = [None] + self._queues[:-1]
         for stage, inbox, outbox in zip(stages, inputs, self._queues):
-            stage_name, fn, timed = (*stage, True)[:3]
+            stage_name, fn, timed, gate = (*stage, True, None)[:4] if len(stage) == 2 else (*stage, None)[:4]
             items = source if inbox is None else None
-            t = threading.Thread(target=self._run, args=(stage_name, fn, timed, items, inbox, outbox),
+            t = threading.Thread(target=self._run, args=(stage_name, fn, timed, gate, items, inbox, outbox),
                                  name=f"{name}-{stage_name}", daemon=True)
             self._threads.append(t)
         for t in self._threads:
             t.start()
 
-    def _run(self, stage_name: str, fn: Callable, timed: bool, items: Optional[Iterable],
+    def _run(self, stage_name: str, fn: Callable, timed: bool, gate: Optional[Callable], items: Optional[Iterable],
              inbox: Optional[BoundedQueue], outbox: BoundedQueue) -> None:
         try:
             iterator = iter(items) if items is not None else None
@@ -154,6 +156,8 @@ class Engine:
                 if item is _END or isinstance(item, _Raised):
                     outbox.put(item)
                     return
+                if gate is not None:
+                    gate()
                 clock = HostClock()
                 with call_scope():  # an exiting interpreter waits for the item in hand (gpupipe._exit)
                     result = fn(item)

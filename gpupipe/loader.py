@@ -325,9 +325,10 @@ class Loader:
             boxes and keyed augmentation, drawn with the crop sampler and ``augment`` as they are
             when it starts (``lookahead=False`` where a schedule changes them between epochs); on
             CPU outputs ``augment`` and ``batch_transform`` run only once an iteration takes the
-            epoch. With ``backend="hybrid"`` the epoch's shares (its routes) are re-tuned on the
-            batches delivered when it starts if they are half the epoch or more, else they are
-            the last complete epoch's re-tuning; ``state_dict()`` records them. Between epochs the
+            epoch (a keyed module's ``sample_params`` draws ahead). With ``backend="hybrid"`` the
+            epoch's shares (its routes) are re-tuned on the batches delivered when it starts if
+            they are half the epoch or more (map-style sources), else they are the last complete
+            epoch's re-tuning; ``state_dict()`` records them. Between epochs the
             Loader holds up to ``3 * prefetch + 5`` decoded batches of the next one (on ``device``
             for the GPU backends): ``lookahead=False`` for a Loader iterated once or rarely.
 
@@ -472,12 +473,13 @@ class Loader:
         own work (two threads timed each other's batches as waits for the engine: measured on an
         H100, the hardware decoder's rate fell from 4,455 to 1,288 images/s, and the shares with
         it). The last epoch to release them closes them; so does the Loader's end."""
-        if self._workers is None or self._workers.closed:
+        if self._workers is None or not self._workers.acquire():
             if self._workers_finalizer is not None:
                 self._workers_finalizer.detach()  # (closed already: one finalizer per Loader, not per epoch)
             self._workers = hybrid.Workers(list(self._gpu_engines()), self.device)
             self._workers_finalizer = weakref.finalize(self, self._workers.close)
-        return self._workers.acquire()
+            self._workers.acquire()
+        return self._workers
 
     def _decode_threads(self) -> int:
         """The CPU pool's threads (beside the GPU decoders, :func:`hybrid.cpu_pool_threads`)."""
@@ -736,6 +738,7 @@ class _Epoch:
         self.read_all = False  # the epoch's last batch went into the pipeline (lookahead starts the next)
         self.adopted = threading.Event()  # an epoch started ahead: set when an iteration takes it
         self.closing = False
+        self._close_lock = threading.Lock()
         if not ahead:
             self.adopted.set()
         self.native_reads = isinstance(loader.source, MapSource) and loader.source.reads_files()
@@ -760,23 +763,38 @@ class _Epoch:
             self.shares = loader._epoch_shares(epoch_number)
             stats.shares = self.shares
             self.workers = loader._hybrid_workers()
-            if loader.device.type == "cuda":  # the engines wait for this stream only, not the training step
-                self.decode_stream = torch.cuda.Stream(loader.device)
-        self.augment_keyed = _keyed(loader.augment)
-        self.transform_keyed = _keyed(loader.batch_transform)
-        self.stream = torch.cuda.Stream(loader.device) if loader.device.type == "cuda" else None
-        stages = [("read", self.read), ("plan", self.plan), ("decode", self.decode), ("collect", self.collect)]
-        if loader.device.type == "cpu":  # real work on the CPU: overlapped; on CUDA, queued GPU work
-            stages.append(("finish", self.finish_stage, False))  # times its transfer and augment parts
-        self.engine = Engine(self.batches(), stages, capacity=loader.prefetch, times=stats.times,
-                             closables=[self.ring] if self.ring else [], name="gpupipe")
+        try:
+            if loader.backend == "hybrid" and loader.device.type == "cuda":
+                self.decode_stream = torch.cuda.Stream(loader.device)  # the engines wait for it, not the training step
+            self.augment_keyed = _keyed(loader.augment)
+            self.transform_keyed = _keyed(loader.batch_transform)
+            self.stream = torch.cuda.Stream(loader.device) if loader.device.type == "cuda" else None
+            stages = [("read", self.read), ("plan", self.plan), ("decode", self.decode), ("collect", self.collect)]
+            if loader.device.type == "cpu":  # real work on the CPU: overlapped; on CUDA, queued GPU work
+                # times its transfer and augment parts; an epoch started ahead runs them once it is taken
+                stages.append(("finish", self.finish, False, self._wait_until_adopted))
+            self.engine = Engine(self.batches(), stages, capacity=loader.prefetch, times=stats.times,
+                                 closables=[self.ring] if self.ring else [], name="gpupipe")
+        except BaseException:  # nothing started: what was taken is given back
+            self._release_workers()
+            if self.ring is not None:
+                self.ring.retired = True
+            if self.reader is not None:
+                self.reader.shutdown(wait=False)
+            raise
 
     def close(self) -> None:
         self.closing = True
         self.adopted.set()  # (a finish stage waiting for it then stops)
         self.engine.close()
-        if self.workers is not None:  # (shared with the epoch ahead or behind: the last one closes them)
+        self._release_workers()
+
+    def _release_workers(self) -> None:
+        """The GPU engines' workers given back (once): shared with the epoch ahead or behind, the
+        last one closes them."""
+        with self._close_lock:
             workers, self.workers = self.workers, None
+        if workers is not None:
             workers.release()
         if self.ring is not None and not self.engine.alive:  # nothing of this epoch writes a slot any more
             self.ring.retired = True
@@ -900,14 +918,13 @@ class _Epoch:
             raise
         return batch
 
-    def finish_stage(self, batch: Batch):
-        """:meth:`finish` as a stage (CPU outputs): an epoch started ahead runs the user's augment
-        and batch_transform only once an iteration took it, never for an epoch then dropped."""
+    def _wait_until_adopted(self) -> None:
+        """The finish stage's gate (CPU outputs): an epoch started ahead applies ``augment`` and
+        ``batch_transform`` only once an iteration took it, never for an epoch then dropped."""
         if not self.adopted.is_set() and (self.l.augment is not None or self.l.batch_transform is not None):
             self.adopted.wait()
             if self.closing:
                 raise Closed
-        return self.finish(batch)
 
     def finish(self, batch: Batch):
         """(images, labels) of a decoded batch, on the consumer's side of the queue."""

@@ -291,7 +291,7 @@ def test_batches_queued_on_closed_workers_fail_clearly_and_nothing_hangs():
                             workers=workers) for o in outs]
     workers.close()  # the epoch ends: the running shares finish, the queued ones are dropped
     t0 = time.time()
-    with pytest.raises(RuntimeError, match="cancelled: the Loader epoch that started the batch was closed"):
+    with pytest.raises(RuntimeError, match="cancelled: the GPU engine.s queue was closed"):
         for p in started:
             hybrid.wait(p)
     assert time.time() - t0 < 5
@@ -597,3 +597,30 @@ def test_gpu_the_loader_tunes_its_shares_and_resumes_exactly(tmp_path):
                            crop=gpupipe.crops.RandomResizedCrop(SIZE), seed=3)
     again.load_state_dict(state)
     assert all(torch.equal(a, b.cpu()) for a, (b, _) in zip(rest, again))
+
+
+def test_an_engine_answering_nonsense_fails_its_batches_and_nothing_waits():
+    datas, infos, boxes = batch(8)
+
+    class Nonsense(MergingHostEngine):
+        def decode(self, *a, **kw):
+            return None  # not {k: reason}
+
+    eng = {"hardware": Nonsense("hardware"), "cuda": HostEngine("cuda")}
+    out = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
+    t0 = time.time()
+    with pytest.raises(RuntimeError, match="hardware decoder failed the batch .*NoneType"):
+        hybrid.decode(datas, boxes, out, options(), infos, shares=hybrid.Shares(0.0, 1.0, 0.0), engines=eng)
+    assert time.time() - t0 < 5
+
+
+def test_an_epoch_that_cannot_start_gives_its_gpu_workers_back(tmp_path, host_engines, monkeypatch):
+    make_image_folder(tmp_path, per_class=4)
+    ld = loader(tmp_path, lookahead=False)
+    real = gpupipe.loader.Engine
+    monkeypatch.setattr(gpupipe.loader, "Engine", lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("no threads")))
+    with pytest.raises(RuntimeError, match="no threads"):
+        iter(ld)
+    assert ld._workers._users == 0 and ld._workers.closed
+    monkeypatch.setattr(gpupipe.loader, "Engine", real)
+    assert sum(x.shape[0] for x, _ in ld) == 12  # new workers for the next epoch

@@ -732,3 +732,19 @@ def test_a_started_decode_reports_its_own_busy_seconds():
     before = _C.decode_busy_seconds()
     status = cpu.wait(cpu.start(datas, boxes, out, DecodeOptions(size=(32, 32), resize=False, num_threads=2)), 6)
     assert status.ok.all() and 0 < status.cpu_busy_seconds <= _C.decode_busy_seconds() - before + 1e-6
+
+
+def test_a_process_ends_at_once_with_an_epoch_waiting_ahead(folder):
+    """The epoch started ahead of a CPU Loader with augment waits, before applying it, for an
+    iteration that never comes: the process's exit does not wait for it (gpupipe._exit)."""
+    root, _ = folder
+    script = (f"import gpupipe\n"
+              f"ld = gpupipe.Loader(gpupipe.sources.ImageFolder({str(root)!r}), batch_size=8, num_threads=2,\n"
+              f"                    crop=gpupipe.crops.CenterCrop(24), augment=lambda x: x + 0)\n"
+              f"n = sum(x.shape[0] for x, _ in ld)\n"
+              f"assert ld._ahead is not None, 'no epoch ahead'\n"
+              f"print('delivered', n)\n")
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "delivered" in r.stdout and not r.stderr, r.stderr
+    assert time.time() - t0 < 20  # (the exit hook waits up to 30 s for a call in hand)

@@ -274,7 +274,8 @@ void register_decode(py::module_& m) {
       py::arg("out_height"), py::arg("out_width"), py::arg("resize"), py::arg("mode"), py::arg("strict"),
       py::arg("dct_scaling"), py::arg("num_threads"), py::arg("window") = false,
       "decode_batch_into, started on the pool: returns a PendingDecode at once (its wait() gives the same "
-      "result). The decode holds datas and out_owner (the output tensor) until it ends.");
+      "errors and warnings, its busy_seconds() the thread-seconds). The decode holds datas and out_owner (the "
+      "output tensor) until it ends.");
 
   m.def("choose_scale_num", &choose_scale_num, py::arg("box_height"), py::arg("box_width"), py::arg("out_height"),
         py::arg("out_width"));

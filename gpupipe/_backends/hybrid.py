@@ -21,6 +21,7 @@ import concurrent.futures
 import dataclasses
 import threading
 import time
+import weakref
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -88,7 +89,9 @@ def gpu_engines(device: torch.device) -> dict:
     """``{kind: engine}`` of the GPU decoders on ``device``: ``"hardware"`` where the GPU has JPEG
     engines (A100, H100, B200), and ``"cuda"``. An engine decodes whole images and crops + resizes
     them into their slots (``engine.decode(buffers, boxes, out, slots, options, sizes=) -> {k:
-    reason}`` of the samples it declined; ``sizes`` the headers' (height, width))."""
+    reason}`` of the samples it declined; ``sizes`` the headers' (height, width)); optionally
+    ``engine.decode_jobs([(buffers, boxes, out, slots, options, sizes), ...]) -> [{k: reason}, ...]``
+    for several batches' shares in one call (:class:`_EngineQueue`)."""
     nv = _nvimgcodec()
     kinds = (["hardware"] if nv.hardware_decoder_available(device) else []) + ["cuda"]
     return {kind: nv.engine(kind, device) for kind in kinds}
@@ -232,22 +235,26 @@ class Workers:
         self._users = 0
         self._lock = threading.Lock()
 
-    def acquire(self) -> "Workers":
+    def acquire(self) -> bool:
+        """One user more; False when they are closed already (make new ones)."""
         with self._lock:
+            if self.closed:
+                return False
             self._users += 1
-        return self
+            return True
 
     def release(self) -> None:
         """One user less; the last one closes the threads."""
         with self._lock:
             self._users -= 1
-            last = self._users <= 0
-        if last:
-            self.close()
+            if self._users > 0:
+                return
+        self.close()
 
     def close(self) -> None:
         """Stops the threads once their running batch is queued; batches not started are dropped."""
-        self.closed = True
+        with self._lock:
+            self.closed = True
         for q in self.queues.values():
             q.close()
 
@@ -278,6 +285,7 @@ class _EngineQueue:
         self._cond = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=f"gpupipe-{kind}-decoder", daemon=True)
+        _open_queues.add(self)
         self._thread.start()
 
     def submit(self, engine: Any, job: _Job) -> concurrent.futures.Future:
@@ -319,16 +327,35 @@ class _EngineQueue:
             if engine is None:
                 return
             group = [job for job in group if job.future.set_running_or_notify_cancel()]
-            if group:
-                with call_scope():  # an exiting interpreter waits for the call in hand (gpupipe._exit)
-                    _run_engine(engine, group, self.stream)
+            try:
+                if group:
+                    with call_scope():  # an exiting interpreter waits for the call in hand (gpupipe._exit)
+                        _run_engine(engine, group, self.stream)
+            except BaseException as e:  # never a future left without an outcome: its batch would wait forever
+                for job in group:
+                    if not job.future.done():
+                        job.future.set_exception(e)
+
+
+_open_queues: "weakref.WeakSet[_EngineQueue]" = weakref.WeakSet()
+
+
+def _close_queues_at_exit() -> None:
+    """Before gpupipe's exit hook waits for the calls in hand (gpupipe._exit): the shares not taken
+    are cancelled, so no stage waits for a share whose engine thread is parked (as
+    concurrent.futures drains its executors at that point)."""
+    for q in list(_open_queues):
+        q.close()
+
+
+threading._register_atexit(_close_queues_at_exit)
 
 
 @dataclasses.dataclass
 class _EngineRun:
     declined: dict  #: {k: reason} of the share's samples (positions in the share) the engine declined
     seconds: Any  #: host seconds of the call, or the CUDA events around its work on its stream
-    done: Any = None  #: a CUDA event after the share's last work on its stream
+    done: Any = None  #: a CUDA event after the share's last work on its stream (after its whole call's)
     fraction: float = 1.0  #: the share's part of a call made for several shares (by images)
 
 
@@ -347,6 +374,9 @@ def _run_engine(eng: Any, group: list, stream: Optional["torch.cuda.Stream"]) ->
             else:
                 declines = eng.decode_jobs([(j.buffers, j.boxes, j.out, j.slots, j.options, j.sizes) for j in group])
             done = _record(stream)
+        if len(declines) != len(group):
+            raise RuntimeError(f"{eng!r} answered {len(declines)} of the {len(group)} shares of one call")
+        runs = [{int(k): str(why) for k, why in declined.items()} for declined in declines]
     except BaseException as e:  # what was queued before the error may still write out: wait() orders after it
         try:
             e.gpupipe_engine_done = _record(stream)
@@ -357,9 +387,8 @@ def _run_engine(eng: Any, group: list, stream: Optional["torch.cuda.Stream"]) ->
         return
     seconds = (started, done) if started is not None else time.perf_counter() - t0
     images = max(sum(len(j.buffers) for j in group), 1)
-    for j, declined in zip(group, declines):
-        j.future.set_result(_EngineRun({int(k): str(why) for k, why in declined.items()}, seconds, done,
-                                       len(j.buffers) / images))
+    for j, declined in zip(group, runs):
+        j.future.set_result(_EngineRun(declined, seconds, done, len(j.buffers) / images))
 
 
 def _record(stream: Optional["torch.cuda.Stream"]):
@@ -436,13 +465,18 @@ def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Deco
     p.ineligible = {int(i): INELIGIBLE for i in np.flatnonzero(~eligible)}
     p.ineligible.update({int(i): HARDWARE_DECLINES for i in np.flatnonzero(known_declines)})
     p.cpu_rows = np.flatnonzero(route == 0)
-    if len(p.cpu_rows):
-        p.cpu_host = torch.empty((len(p.cpu_rows), *out.shape[1:]), dtype=torch.uint8, pin_memory=out.is_cuda)
-        p.cpu_pending = cpu.start([buffers[i] for i in p.cpu_rows], boxes[p.cpu_rows], p.cpu_host, p.cpu_options)
-    for k, kind in enumerate(ENGINES[1:], 1):
-        rows = np.flatnonzero(route == k)
-        if len(rows):
-            p.submit(kind, rows)
+    try:
+        if len(p.cpu_rows):
+            p.cpu_host = torch.empty((len(p.cpu_rows), *out.shape[1:]), dtype=torch.uint8, pin_memory=out.is_cuda)
+            p.cpu_pending = cpu.start([buffers[i] for i in p.cpu_rows], boxes[p.cpu_rows], p.cpu_host, p.cpu_options)
+        for k, kind in enumerate(ENGINES[1:], 1):
+            rows = np.flatnonzero(route == k)
+            if len(rows):
+                p.submit(kind, rows)
+    except BaseException:
+        if own:  # the call's own threads end with it (what was queued is cancelled)
+            workers.close()
+        raise
     return p
 
 
@@ -469,7 +503,8 @@ def _collect(p: Pending) -> BatchStatus:
             run = future.result()
         except BaseException as e:  # a device error: the batch fails once every engine has stopped
             if isinstance(e, concurrent.futures.CancelledError):
-                e = RuntimeError("cancelled: the Loader epoch that started the batch was closed")
+                e = RuntimeError("cancelled: the GPU engine's queue was closed (the epochs of the Loader that "
+                                 "started the batch ended, or the process is exiting)")
             failure = failure or RuntimeError(f"the hybrid backend's {kind} decoder failed the batch ({brief(e, 300)})")
             queued = getattr(e, "gpupipe_engine_done", None)
             if queued is not None:  # what it queued before failing still writes out: later work waits
