@@ -118,9 +118,10 @@ class Engine:
     Args:
         source: an iterable of items (consumed on the first stage's thread).
         stages: ``(name, fn)`` pairs, or ``(name, fn, False)`` for a stage that times its own
-            parts, or ``(name, fn, timed, gate)``: ``gate()`` runs before each item, outside the
-            item's call scope (it may wait: an exiting interpreter does not wait for it; it may
-            raise :class:`Closed`); ``fn`` runs once per item.
+            parts, or ``(name, fn, timed, gate)``: ``gate(item) -> item`` runs before ``fn``,
+            outside the item's call scope, for what may wait for others (a free buffer, an
+            iteration): an exiting interpreter does not wait for it; it may raise :class:`Closed`.
+            ``fn`` runs once per item.
         capacity: items queued between stages (bounds memory and read-ahead).
         times: where the stages' busy time and the consumer's wait go.
         closables: objects whose ``close()`` must also wake waiters on shutdown (e.g. a buffer ring).
@@ -157,7 +158,7 @@ class Engine:
                     outbox.put(item)
                     return
                 if gate is not None:
-                    gate()
+                    item = gate(item)
                 clock = HostClock()
                 with call_scope():  # an exiting interpreter waits for the item in hand (gpupipe._exit)
                     result = fn(item)

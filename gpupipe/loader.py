@@ -538,7 +538,7 @@ class Loader:
             warnings.warn(f"gpupipe.Loader: the next epoch could not be started ahead ({brief(e, 300)}); "
                           "lookahead is off for this Loader", RuntimeWarning, stacklevel=4)
             return
-        self._ahead = _Ahead(epoch, stats, parent, new_shares, weakref.finalize(self, epoch.close))
+        self._ahead = _Ahead(epoch, parent, new_shares, weakref.finalize(self, epoch.close))
 
     def _take_ahead(self, first_batch: int) -> Optional["_Ahead"]:
         """The epoch started ahead when it is the one now asked for from its start, else None (and
@@ -769,7 +769,9 @@ class _Epoch:
             self.augment_keyed = _keyed(loader.augment)
             self.transform_keyed = _keyed(loader.batch_transform)
             self.stream = torch.cuda.Stream(loader.device) if loader.device.type == "cuda" else None
-            stages = [("read", self.read), ("plan", self.plan), ("decode", self.decode), ("collect", self.collect)]
+            # (a ring slot is waited for before the decode's call scope: a process exiting meanwhile does not wait)
+            stages = [("read", self.read), ("plan", self.plan), ("decode", self.decode, True, self._take_slot),
+                      ("collect", self.collect)]
             if loader.device.type == "cpu":  # real work on the CPU: overlapped; on CUDA, queued GPU work
                 # times its transfer and augment parts; an epoch started ahead runs them once it is taken
                 stages.append(("finish", self.finish, False, self._wait_until_adopted))
@@ -866,8 +868,7 @@ class _Epoch:
     def _decode(self, batch: Batch) -> Batch:
         l = self.l
         n = len(batch)
-        if self.ring is not None:
-            batch.slot = self.ring.acquire()
+        if self.ring is not None:  # (its slot taken by _take_slot)
             batch.images = self.ring.buffers[batch.slot][:n]
         elif self.recycled is not None:
             batch.images = self.recycled.take(n)
@@ -918,13 +919,20 @@ class _Epoch:
             raise
         return batch
 
-    def _wait_until_adopted(self) -> None:
+    def _wait_until_adopted(self, batch: Batch) -> Batch:
         """The finish stage's gate (CPU outputs): an epoch started ahead applies ``augment`` and
         ``batch_transform`` only once an iteration took it, never for an epoch then dropped."""
         if not self.adopted.is_set() and (self.l.augment is not None or self.l.batch_transform is not None):
             self.adopted.wait()
             if self.closing:
                 raise Closed
+        return batch
+
+    def _take_slot(self, batch: Batch) -> Batch:
+        """The decode stage's gate: a free slot of the host ring, waited for (a later stage frees it)."""
+        if self.ring is not None:
+            batch.slot = self.ring.acquire()
+        return batch
 
     def finish(self, batch: Batch):
         """(images, labels) of a decoded batch, on the consumer's side of the queue."""
@@ -1026,13 +1034,13 @@ class _Finished:
 
 
 class _Ahead:
-    """An epoch started ahead (:meth:`Loader._look_ahead`): its stage threads and stats, the epoch
-    whose iteration started it, whether its shares were made for it, and what closes it."""
+    """An epoch started ahead (:meth:`Loader._look_ahead`), the epoch whose iteration started it,
+    whether its shares were made for it, and what closes it."""
 
-    __slots__ = ("epoch", "stats", "parent", "new_shares", "finalizer")
+    __slots__ = ("epoch", "parent", "new_shares", "finalizer")
 
-    def __init__(self, epoch: "_Epoch", stats: _Stats, parent: "_Epoch", new_shares: bool, finalizer):
-        self.epoch, self.stats, self.new_shares, self.finalizer = epoch, stats, new_shares, finalizer
+    def __init__(self, epoch: "_Epoch", parent: "_Epoch", new_shares: bool, finalizer):
+        self.epoch, self.new_shares, self.finalizer = epoch, new_shares, finalizer
         self.parent = weakref.ref(parent)  # (a strong one would hold the Loader: the parent's stages do)
 
 
@@ -1051,7 +1059,7 @@ class _LoaderIterator:
         loader._iterated = (loader._iterated[1], loader.epoch)
         ahead = loader._take_ahead(first_batch)
         if ahead is not None:  # started while the previous epoch drained
-            loader._stats, self.epoch = ahead.stats, ahead.epoch
+            loader._stats, self.epoch = ahead.epoch.stats, ahead.epoch
         else:
             loader._stats = _Stats()
             self.epoch = _Epoch(loader, first_batch, loader.epoch, loader._stats)
