@@ -137,7 +137,8 @@ class Engine:
         self._threads = []
         inputs: list[Optional[BoundedQueue]] = [None] + self._queues[:-1]
         for stage, inbox, outbox in zip(stages, inputs, self._queues):
-            stage_name, fn, timed, gate = (*stage, True, None)[:4] if len(stage) == 2 else (*stage, None)[:4]
+            stage_name, fn, *rest = stage
+            timed, gate = (rest[0] if rest else True), (rest[1] if len(rest) > 1 else None)
             items = source if inbox is None else None
             t = threading.Thread(target=self._run, args=(stage_name, fn, timed, gate, items, inbox, outbox),
                                  name=f"{name}-{stage_name}", daemon=True)

@@ -306,7 +306,6 @@ class Engine:
         """:meth:`decode` for several shares in ONE call of the decoder (a call's fixed cost paid
         once): ``jobs`` are ``(buffers, boxes, out, slots, options, sizes)`` with the same
         ``options.mode``; returns each job's ``{k: reason}`` of declined samples."""
-        lib = self._lib
         clock = _PartClock(self.host_seconds)
         parts = [self._prepare(*job) for job in jobs]
         clock.lap("parse")
