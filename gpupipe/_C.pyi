@@ -5,6 +5,7 @@
 import enum
 from collections.abc import Callable, Sequence
 
+import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from typing_extensions import Buffer
 
@@ -46,9 +47,21 @@ def read_header(data: Buffer) -> tuple[int, int, int, str, str, bool, int, bool,
     """(height, width, channels, colorspace, subsampling, progressive, orientation, arithmetic,
     restart_interval, precision) of a JPEG, from its headers only."""
 
-def read_header_infos(datas: Sequence[Buffer], out_address: int, out_nbytes: int) -> list[tuple[int, ErrorKind, str]]:
+def read_header_infos(datas: Sequence[Buffer], out_address: int, out_nbytes: int,
+                      scans: bool = True) -> list[tuple[int, ErrorKind, str]]:
     """Writes an int64 [N, len(INFO_COLUMNS)] table at out_address (-1 and the error kind where a
-    header cannot be read); returns [(index, ErrorKind, message)] for those."""
+    header cannot be read); returns [(index, ErrorKind, message)] for those. Without ``scans`` the
+    scans column is -1 (counting reads the whole file; only the GPU decoders need it)."""
+
+def gpu_eligible(table: NDArray[np.int64], boxes: Buffer, window: bool, strict: bool, colorspaces: int, max_pixels: int,
+                 max_scans: int) -> NDArray[np.bool_]:
+    """bool [N]: the samples a GPU decoder may take; ``colorspaces`` a bit mask of COLORSPACES indices."""
+
+def hybrid_routes(table: NDArray[np.int64], boxes: Buffer, indices: ArrayLike, seed: int, epoch: int, stream: int,
+                  cpu: float, hardware: float, has_hardware: bool, has_cuda: bool, window: bool, strict: bool,
+                  colorspaces: int, max_pixels: int, max_scans: int) -> tuple[NDArray[np.int64], NDArray[np.int8]]:
+    """(route int64 [N]: 0 CPU core, 1 hardware, 2 CUDA decoder; reason int8 [N]: 0 share, 1 no GPU
+    decoder may take it, 2 progressive, drawn for the hardware decoder) of a hybrid batch."""
 
 def decode_into(
     data: Buffer,

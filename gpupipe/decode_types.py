@@ -103,6 +103,10 @@ class DecodeOptions:
         return CHANNELS[self.mode]
 
 
+_NONE = int(ErrorKind.NONE)  # (an IntEnum member's lookup costs more than the comparison)
+_COLUMNS = {c: k for k, c in enumerate(_C.INFO_COLUMNS)}
+
+
 @dataclasses.dataclass
 class BatchStatus:
     """Per-sample outcome of a batch decode.
@@ -134,7 +138,11 @@ class BatchStatus:
 
     @property
     def ok(self) -> np.ndarray:
-        return self.kind == ErrorKind.NONE
+        return self.kind == _NONE
+
+    def all_ok(self) -> bool:
+        """Whether every sample decoded (one reduction: the common batch's whole check)."""
+        return not self.kind.any()
 
     def fail(self, i: int, kind: int, message: str) -> None:
         self.kind[i] = int(kind)
@@ -173,11 +181,11 @@ class HeaderInfos:
     pillow: dict = dataclasses.field(default_factory=dict)
 
     def column(self, name: str) -> np.ndarray:
-        return self.table[:, _C.INFO_COLUMNS.index(name)]
+        return self.table[:, _COLUMNS[name]]
 
     @property
     def kind(self) -> np.ndarray:
-        return self.column("error")
+        return self.table[:, _COLUMNS["error"]]
 
     def sizes(self, displayed: bool) -> tuple[np.ndarray, np.ndarray]:
         """(heights, widths) of the stored images, or as displayed (EXIF orientation applied);
@@ -194,7 +202,7 @@ class HeaderInfos:
 
     def fail(self, i: int, kind: int, message: str) -> None:
         """Marks sample i as failed before decoding (a read error, a box that cannot be drawn)."""
-        self.table[i, _C.INFO_COLUMNS.index("error")] = int(kind)
+        self.table[i, _COLUMNS["error"]] = int(kind)
         self.messages[int(i)] = message
         self.pillow.pop(int(i), None)
 
@@ -205,10 +213,12 @@ class HeaderInfos:
                            {where[i]: v for i, v in self.pillow.items() if i in where})
 
 
-def read_infos(buffers: Sequence) -> HeaderInfos:
-    """Reads every JPEG header of a batch once, in C++ with the GIL released."""
+def read_infos(buffers: Sequence, scans: bool = True) -> HeaderInfos:
+    """Reads every JPEG header of a batch once, in C++ with the GIL released. ``scans=False``
+    leaves the scans column -1 (counting them reads each whole file; the GPU decoders' eligibility
+    needs them, the CPU core enforces ``max_scans`` itself)."""
     table = np.empty((len(buffers), len(_C.INFO_COLUMNS)), dtype=np.int64)
-    failures = _C.read_header_infos(buffers, table.ctypes.data, table.nbytes) if len(buffers) else []
+    failures = _C.read_header_infos(buffers, table.ctypes.data, table.nbytes, scans) if len(buffers) else []
     return HeaderInfos(table, {int(i): message for i, _, message in failures})
 
 

@@ -50,6 +50,8 @@ def apply_policy(status: BatchStatus, on_error: str, keys: Optional[Sequence] = 
         on_error: ``"raise"``, ``"skip"`` or ``"replace"``.
         keys: the samples' keys for messages (default: their index in the batch).
     """
+    if status.all_ok():
+        return []
     failed = np.flatnonzero(~status.ok)
     failures = [SampleFailure(i if keys is None else keys[i], ErrorKind(int(status.kind[i])), status.errors.get(int(i), ""))
                 for i in failed]

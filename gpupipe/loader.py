@@ -105,13 +105,17 @@ class _Stats:
         self.replaced: list = []
         self.warnings: list = []
         self.fallback: list = []
-        self.routes = {r.label: 0 for r in Route if r != Route.NONE}
+        self.route_counts = np.zeros(len(Route), np.int64)  # samples delivered per Route value
         self.engine_seconds: dict = {}  # the hybrid backend's GPU engines: {engine: [decoded, given, seconds]}
         self.cpu_busy = 0.0  # thread-seconds the CPU core spent on the delivered batches' samples
         self.shares: Optional[hybrid.Shares] = None  # hybrid: the shares of the epoch iterated
         self.started: Optional[float] = None
         self.last: Optional[float] = None
         self.created = time.perf_counter()  # the pool starts decoding before the consumer's first batch
+
+    def routes(self) -> dict:
+        """{route label: samples delivered} (call with the lock held)."""
+        return {r.label: int(self.route_counts[r]) for r in Route if r != Route.NONE}
 
     def record(self, batch: Batch, delivered: int, on_error: str) -> None:
         """A batch handed to the consumer: its images, failures, warnings and routes."""
@@ -124,9 +128,8 @@ class _Stats:
             (self.skipped if on_error == "skip" else self.replaced).extend(batch.failures)
             self.warnings += [(keys[i], m) for i, m in sorted(status.warnings.items())]
             self.fallback += [(keys[i], m) for i, m in sorted(status.fallback.items())]
-            for r, count in enumerate(np.bincount(status.route[status.ok], minlength=len(Route))):
-                if count:
-                    self.routes[Route(r).label] += int(count)
+            self.route_counts += np.bincount(status.route if status.all_ok() else status.route[status.ok],
+                                             minlength=len(Route))
             self.cpu_busy += status.cpu_busy_seconds
             for engine, measured in status.engine_seconds.items():
                 was = self.engine_seconds.setdefault(engine, [0, 0, 0.0])
@@ -509,7 +512,7 @@ class Loader:
         """Shares from the engine rates of the batches ``st`` counted."""
         with st.lock:
             measured = {e: tuple(v) for e, v in st.engine_seconds.items()}
-            cpu_images = st.routes[Route.CPU.label] + st.routes[Route.CPU_FALLBACK.label]
+            cpu_images = int(st.route_counts[Route.CPU] + st.route_counts[Route.CPU_FALLBACK])
             # the epoch's own batches (the next epoch's first batches may be decoding already: lookahead)
             measured["cpu"] = (cpu_images, cpu_images, st.cpu_busy)
         return st.shares.retuned(measured, ["cpu", *self._gpu_engines()], self._decode_threads())
@@ -700,7 +703,7 @@ class Loader:
             return {
                 "images": s.images, "batches": s.batches, "images_per_s": s.images / wall if wall > 0 else 0.0,
                 "busy_s": busy, "wait_s": wait, "wall_s": wall, "skipped": list(s.skipped),
-                "replaced": list(s.replaced), "failures": failures, "routes": dict(s.routes),
+                "replaced": list(s.replaced), "failures": failures, "routes": s.routes(),
                 "fallback": list(s.fallback), "warnings": list(s.warnings),
                 "host_s": host, "host_us_per_image": 1e6 * sum(host.values()) / s.images if s.images else 0.0,
                 "decode_pool": {"threads": decode_threads, "busy_s": pool_busy,
@@ -975,7 +978,7 @@ class _Epoch:
         labels = torch.from_numpy(batch.labels)
         indices = torch.from_numpy(batch.indices)
         params = batch.augment_params
-        if self.l.on_error == "skip" and not batch.status.ok.all():
+        if self.l.on_error == "skip" and not batch.status.all_ok():
             keep = torch.from_numpy(batch.status.ok)
             if batch.ready is not None:
                 torch.cuda.current_stream(self.l.device).wait_event(batch.ready)

@@ -41,7 +41,7 @@ def as_buffers(datas: Sequence[Any]) -> list:
 def probe(buffers: Sequence, options: Optional[DecodeOptions] = None) -> HeaderInfos:
     """The headers of a batch: every JPEG header in one C++ call, then, for the files that are not
     JPEGs, Pillow's (unless ``options.non_jpeg == "error"``). Decodes no pixels."""
-    infos = read_infos(buffers)
+    infos = read_infos(buffers, scans=options is None or options.backend != "cpu")
     if options is None or options.non_jpeg == "pillow":
         others = np.flatnonzero(infos.kind == ErrorKind.NOT_JPEG)
         if len(others):
@@ -62,8 +62,7 @@ def plan_batch(datas: Sequence[Any], crop, options: DecodeOptions, *, seed: int,
     Returns:
         (buffers, infos, boxes): to hand to :func:`decode_into`.
     """
-    read_errors = read_errors or {}
-    buffers = as_buffers([b"" if i in read_errors else d for i, d in enumerate(datas)])
+    buffers = as_buffers([b"" if i in read_errors else d for i, d in enumerate(datas)] if read_errors else datas)
     infos = probe(buffers, options)
     for i, message in read_errors.items():
         infos.fail(i, ErrorKind.READ, message)
@@ -132,7 +131,7 @@ class _Keyed:
 def straight(infos: HeaderInfos, options: DecodeOptions) -> bool:
     """Whether a batch goes straight to its backend, every sample into its own slot: every header a
     readable JPEG's, no EXIF orientation to apply (else _decode_mixed sorts it out)."""
-    return not options.apply_exif_orientation and bool((infos.kind == ErrorKind.NONE).all())
+    return not options.apply_exif_orientation and not infos.kind.any()
 
 
 def _decode_mixed(buffers: list, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions, infos: HeaderInfos,

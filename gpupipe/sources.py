@@ -106,16 +106,19 @@ class MapSource:
         and no Python per file (the keys' encoded paths are kept after the first batch). With
         ``arenas``, the files of the batch are read into one reused buffer and given as memoryview
         slices of it."""
-        paths = self._encoded_paths()
-        return _read_paths([paths[i] for i in indices], num_threads, arenas)
+        paths, all_bytes = self._encoded_paths()
+        return _read_paths(paths[np.asarray(indices, dtype=np.int64)].tolist(), num_threads, arenas, all_bytes)
 
-    def _encoded_paths(self) -> list:
-        """The keys as file paths (bytes), or the ValueError open() would raise; made once per list of keys."""
+    def _encoded_paths(self) -> tuple[np.ndarray, bool]:
+        """The keys as file paths (bytes), or the ValueError open() would raise, in an object array
+        (a batch's are taken in one indexing), and whether all are paths; made once per list of keys."""
         cached = getattr(self, "_paths_cache", None)
         if cached is None or cached[0] is not self.keys or len(cached[1]) != len(self.keys):
-            cached = (self.keys, [call_or_error(_file_path, k) for k in self.keys])
+            paths = np.empty(len(self.keys), dtype=object)
+            paths[:] = [call_or_error(_file_path, k) for k in self.keys]
+            cached = (self.keys, paths, all(type(p) is bytes for p in paths))
             self._paths_cache = cached
-        return cached[1]
+        return cached[1], cached[2]
 
     def epoch_samples(self, *, epoch, seed, shuffle, rank, world_size, drop_last, start=0) -> Iterator[Sample]:
         order = distributed_indices(len(self), epoch=epoch, seed=seed, shuffle=shuffle, rank=rank,
@@ -166,10 +169,11 @@ class Arenas:
             return fresh
 
 
-def _read_paths(paths: list, num_threads: int, arenas: Optional[Arenas] = None) -> tuple[list, dict]:
+def _read_paths(paths: list, num_threads: int, arenas: Optional[Arenas] = None,
+                all_bytes: bool = False) -> tuple[list, dict]:
     """(bytes per path, b"" where it failed; {position: exception}) for paths as bytes, or the
-    exception a path already is (a key open() refuses fails alone)."""
-    failed = {k: p for k, p in enumerate(paths) if type(p) is not bytes}
+    exception a path already is (a key open() refuses fails alone; ``all_bytes``: none is)."""
+    failed = {} if all_bytes else {k: p for k, p in enumerate(paths) if type(p) is not bytes}
     datas, errors = _C.read_files([b"" if k in failed else p for k, p in enumerate(paths)] if failed else paths,
                                   num_threads, None if arenas is None else arenas.take)
     for k, errno, message in errors:

@@ -163,7 +163,11 @@ def test_gpu_decoders_get_only_files_that_end_with_their_eoi(photos):
     datas = list(photos[:4])
     datas[1] = datas[1][: len(datas[1]) // 2]
     datas[2] = datas[2] + b"\0" * 8  # data after EOI: libjpeg ignores it; the CPU core takes it all the same
-    infos = probe(datas, DecodeOptions(size=None))
+    infos = probe(datas)  # (as a GPU backend probes: the scans counted)
     assert infos.column("eoi").tolist() == [1, 0, 0, 1]
     eligible = gpu_fallback.gpu_eligible(infos, edge_boxes(datas, 16, 16), DecodeOptions(size=None))
     assert eligible.tolist() == [True, False, False, True]
+    # the CPU backend's probe does not count scans (it reads each whole file): no GPU decoder may take such a row
+    cpu_infos = probe(datas, DecodeOptions(size=None, backend="cpu"))
+    assert (cpu_infos.column("scans") == -1).all() and (infos.column("scans") >= 1).all()
+    assert not gpu_fallback.gpu_eligible(cpu_infos, edge_boxes(datas, 16, 16), DecodeOptions(size=None)).any()

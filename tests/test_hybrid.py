@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import gpupipe
-from gpupipe import backends, routing
+from gpupipe import _C, backends, routing
 from gpupipe._backends import cpu, hybrid
 from gpupipe.decode_types import DecodeOptions, Route, read_infos
 from helpers import PHOTOS, encode, photo, photo_jpegs
@@ -155,6 +155,77 @@ def test_routes_are_a_function_of_seed_epoch_index_and_shares():
     assert (hybrid.assign(7, 3, idx, shares, eligible)[~eligible] == 0).all()  # the CPU core takes the rest
     only_cpu = hybrid.assign(7, 3, idx, hybrid.Shares(1.0, 0.0, 0.0), np.ones(len(idx), bool))
     assert (only_cpu == 0).all()
+
+
+
+def eligible_reference(table: np.ndarray, boxes: np.ndarray, window: bool, strict: bool, colorspaces: tuple,
+                       max_pixels: int, max_scans: int) -> np.ndarray:
+    """gpu_fallback.gpu_eligible's definition in numpy (the native pass is tested against it)."""
+    col = {c: table[:, k] for k, c in enumerate(_C.INFO_COLUMNS)}
+    if window or strict:
+        return np.zeros(len(boxes), bool)
+    h, w = col["height"], col["width"]
+    t, l, bh, bw = np.asarray(boxes, dtype=np.float64).T
+    inside = (t >= 0) & (l >= 0) & (bh >= 1) & (bw >= 1) & (t + bh <= h) & (l + bw <= w)
+    whole = (np.floor(boxes) == boxes).all(axis=1)
+    return ((h > 0) & (w > 0) & np.isin(col["colorspace"], colorspaces) & (h * w <= max_pixels)
+            & (col["scans"] >= 0) & (col["scans"] <= max_scans) & (col["eoi"] == 1) & inside & whole)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.float64])
+def test_the_native_routes_equal_their_numpy_definition(dtype):
+    """_C.hybrid_routes (eligibility, keyed draw, missing engines, the hardware decoder's known
+    declines) against gpu_eligible's numpy definition and hybrid.assign, on random header tables
+    with every field at and around its edges."""
+    rng = np.random.default_rng(5)
+    n = 4000
+    col = {c: k for k, c in enumerate(_C.INFO_COLUMNS)}
+
+    def mostly(valid, edges):  # a valid value, or one of the edges in 1 row of 16 (so many rows are eligible)
+        return np.where(rng.random(n) < 1 / 16, rng.choice(edges, n), valid)
+
+    table = np.zeros((n, len(_C.INFO_COLUMNS)), np.int64)
+    table[:, col["height"]] = mostly(rng.integers(64, 1200, n), [-1, 0, 1, 7])
+    table[:, col["width"]] = mostly(rng.integers(64, 1200, n), [-1, 0, 1, 9])
+    table[:, col["colorspace"]] = mostly(rng.integers(0, 2, n), [-1, 2, 3, 4, 5, 40])
+    table[:, col["channels"]] = 3
+    table[:, col["orientation"]] = 1
+    table[:, col["progressive"]] = rng.integers(0, 2, n)
+    table[:, col["scans"]] = mostly(rng.integers(1, 10, n), [-1, 0, 99, 100, 101])
+    table[:, col["eoi"]] = mostly(1, [-1, 0])
+    h, w = table[:, col["height"]], table[:, col["width"]]
+    bh, bw = rng.integers(1, 65, n), rng.integers(1, 65, n)
+    boxes = np.stack([mostly(rng.integers(0, np.maximum(h - bh, 0) + 1), [-1, 3.5, 10**4]),
+                      mostly(rng.integers(0, np.maximum(w - bw, 0) + 1), [-2, 0.25, 10**4]),
+                      mostly(bh, [0, 0.5, 7.5, 10**5]), mostly(bw, [0, 2.25, 10**5])], axis=1)
+    indices = rng.integers(-(2**40), 2**40, n)
+    for shares in (hybrid.Shares(0.3, 0.5, 0.2), hybrid.Shares(1.0, 0.0, 0.0), hybrid.Shares(0.0, 1.0, 0.0),
+                   hybrid.Shares(0.1, 0.0, 0.9)):
+        for engines in (("hardware", "cuda"), ("hardware",), ("cuda",), ()):
+            for window, strict, cs, max_pixels, max_scans in ((False, False, (0, 1), 10**6, 100),
+                                                              (False, False, (0, 1, 2), 89_478_485, 100),
+                                                              (True, False, (0, 1), 10**6, 100),
+                                                              (False, True, (0, 1), 10**6, 100)):
+                mask = sum(1 << c for c in cs)
+                route, reason = _C.hybrid_routes(table, boxes, indices, 11, 2**64 - 3, hybrid.ROUTE_STREAM,
+                                                 shares.cpu, shares.hardware, "hardware" in engines, "cuda" in engines,
+                                                 window, strict, mask, max_pixels, max_scans)
+                eligible = eligible_reference(table, boxes, window, strict, cs, max_pixels, max_scans)
+                assert window or strict or 0.2 < eligible.mean() < 0.7  # both kinds of rows, plenty of each
+                assert np.array_equal(_C.gpu_eligible(table, boxes, window, strict, mask, max_pixels, max_scans),
+                                      eligible)
+                expected = hybrid.assign(11, -3, indices, shares, eligible)
+                for k, kind in enumerate(hybrid.ENGINES[1:], 1):
+                    if kind not in engines:
+                        expected[expected == k] = 0
+                declines = (expected == 1) & (table[:, col["progressive"]] == 1)
+                expected[declines] = 0
+                assert np.array_equal(route, expected)
+                assert np.array_equal(reason, np.where(~eligible, 1, np.where(declines, 2, 0)))
+    with pytest.raises(ValueError, match="table"):
+        _C.gpu_eligible(table[:, :4], boxes, False, False, 3, 10, 10)
+    with pytest.raises(ValueError, match="indices"):
+        _C.hybrid_routes(table, boxes, indices[:3], 0, 0, 0, 0.5, 0.5, True, True, False, False, 3, 10, 10)
 
 
 # --- one batch --------------------------------------------------------------------------------------

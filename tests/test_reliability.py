@@ -393,7 +393,7 @@ def test_baseline_files_with_many_scans_count_against_max_scans_in_every_route()
     from gpupipe.routing import probe
 
     datas = [_sequential_scans(3), _sequential_scans(150)]
-    infos = probe(datas, DecodeOptions(size=None))
+    infos = probe(datas)  # (as a GPU backend probes: the scans counted)
     assert infos.column("progressive").tolist() == [0, 0] and infos.column("scans").tolist() == [3, 150]
     assert gpu_fallback.gpu_eligible(infos, np.array([[0, 0, 8, 8]] * 2), DecodeOptions(size=None)).tolist() == [True, False]
     with pytest.raises(gpupipe.ScanLimitError, match="sample 1: JPEG has more than max_scans=100"):

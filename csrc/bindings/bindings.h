@@ -15,6 +15,7 @@ void register_errors(pybind11::module_& m);   // error_bindings.cpp: ErrorKind, 
 void register_header(pybind11::module_& m);   // decode_bindings.cpp: header probes
 void register_decode(pybind11::module_& m);   // decode_bindings.cpp: crop and batch decodes
 void register_crop_resize(pybind11::module_& m);  // decode_bindings.cpp: the ragged crop-resize
+void register_routes(pybind11::module_& m);   // decode_bindings.cpp: GPU eligibility, the hybrid batch's routes
 void register_restarts(pybind11::module_& m); // decode_bindings.cpp: the restart-marker transcoder
 void register_encode(pybind11::module_& m);   // decode_bindings.cpp: the test-data encoder
 void register_files(pybind11::module_& m);    // runtime_bindings.cpp: batch file reads

@@ -2,6 +2,7 @@
 // transcoder and the test-data encoder. Inputs arrive through the buffer protocol without a copy;
 // outputs are written to caller-allocated memory given as a raw address (a torch tensor's data_ptr)
 // so this module needs no torch ABI. The GIL is released once per call.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -16,6 +17,7 @@
 #include "decode/batch_decode.h"
 #include "decode/crop_resize.h"
 #include "decode/decode_args.h"
+#include "decode/gpu_routes.h"
 #include "decode/header_table.h"
 #include "decode/huffman_reader.h"
 #include "decode/jpeg_decoder.h"
@@ -104,7 +106,66 @@ RaggedArgs ragged_args(py::handle images, py::handle boxes, py::handle slots) {
   return a;
 }
 
+// A batch's header table (C-contiguous int64 [n, len(INFO_COLUMNS)]) and its boxes, checked.
+struct RoutedBatch {
+  py::array_t<int64_t, py::array::c_style> table;
+  std::vector<Box> boxes;
+};
+
+RoutedBatch routed_batch(py::handle table, py::handle boxes) {
+  RoutedBatch b;
+  b.table = py::array_t<int64_t, py::array::c_style>::ensure(table);
+  if (!b.table || b.table.ndim() != 2 || b.table.shape(1) != static_cast<py::ssize_t>(kInfoWidth))
+    throw std::invalid_argument("table must be an int64 [N, len(INFO_COLUMNS)] header table");
+  b.boxes = boxes_arg(boxes, static_cast<size_t>(b.table.shape(0)));
+  return b;
+}
+
+GpuEligibility eligibility(bool window, bool strict, uint32_t colorspaces, int64_t max_pixels, int64_t max_scans) {
+  return GpuEligibility{window, strict, colorspaces, max_pixels, max_scans};
+}
+
 }  // namespace
+
+void register_routes(py::module_& m) {
+  m.def(
+      "gpu_eligible",
+      [](py::object table, py::object boxes, bool window, bool strict, uint32_t colorspaces, int64_t max_pixels,
+         int64_t max_scans) {
+        const RoutedBatch b = routed_batch(table, boxes);
+        const GpuEligibility e = eligibility(window, strict, colorspaces, max_pixels, max_scans);
+        py::array_t<bool> out(static_cast<py::ssize_t>(b.boxes.size()));
+        bool* o = out.mutable_data();
+        for (size_t i = 0; i < b.boxes.size(); ++i) o[i] = gpu_eligible(b.table.data() + kInfoWidth * i, b.boxes[i], e);
+        return out;
+      },
+      py::arg("table"), py::arg("boxes"), py::arg("window"), py::arg("strict"), py::arg("colorspaces"),
+      py::arg("max_pixels"), py::arg("max_scans"),
+      "bool [N]: the samples a GPU decoder may take (gpupipe._backends.gpu_fallback.gpu_eligible); colorspaces "
+      "is a bit mask of COLORSPACES indices.");
+  m.def(
+      "hybrid_routes",
+      [](py::object table, py::object boxes, py::array_t<int64_t, py::array::c_style | py::array::forcecast> indices,
+         uint64_t seed, uint64_t epoch, uint64_t stream, double cpu, double hardware, bool has_hardware, bool has_cuda,
+         bool window, bool strict, uint32_t colorspaces, int64_t max_pixels, int64_t max_scans) {
+        const RoutedBatch b = routed_batch(table, boxes);
+        const auto n = static_cast<py::ssize_t>(b.boxes.size());
+        if (indices.size() != n) throw std::invalid_argument("indices must have one entry per sample");
+        py::array_t<int64_t> route(n);
+        py::array_t<int8_t> reason(n);
+        hybrid_routes(b.table.data(), b.boxes, indices.data(), seed, epoch, stream,
+                      RouteShares{cpu, hardware, has_hardware, has_cuda},
+                      eligibility(window, strict, colorspaces, max_pixels, max_scans), route.mutable_data(),
+                      reason.mutable_data());
+        return py::make_tuple(route, reason);
+      },
+      py::arg("table"), py::arg("boxes"), py::arg("indices"), py::arg("seed"), py::arg("epoch"), py::arg("stream"),
+      py::arg("cpu"), py::arg("hardware"), py::arg("has_hardware"), py::arg("has_cuda"), py::arg("window"),
+      py::arg("strict"), py::arg("colorspaces"), py::arg("max_pixels"), py::arg("max_scans"),
+      "(route int64 [N]: 0 CPU core, 1 hardware decoder, 2 CUDA decoder; reason int8 [N]: 0 its share, 1 no GPU "
+      "decoder may take it, 2 progressive, drawn for the hardware decoder) of a hybrid batch: gpu_eligible, then "
+      "each sample's keyed draw against the shares (seed, epoch, stream mod 2**64).");
+}
 
 void register_crop_resize(py::module_& m) {
   m.def(
@@ -165,20 +226,21 @@ void register_header(py::module_& m) {
 
   m.def(
       "read_header_infos",
-      [](py::sequence datas, uintptr_t out_address, size_t out_nbytes) {
+      [](py::sequence datas, uintptr_t out_address, size_t out_nbytes, bool scans) {
         const std::vector<BufferView> views = buffer_views(datas);
         const std::vector<ByteSpan> inputs = spans_of(views);
         int64_t* out = header_table_output(inputs, out_address, out_nbytes);
         std::vector<IndexedError> failures;
         {
           ReleasedGil released;
-          failures = read_header_table(inputs, out);
+          failures = read_header_table(inputs, out, scans);
         }
         return py::list(py::cast(failures));
       },
-      py::arg("datas"), py::arg("out_address"), py::arg("out_nbytes"),
+      py::arg("datas"), py::arg("out_address"), py::arg("out_nbytes"), py::arg("scans") = true,
       "Reads every header of a batch into an int64 [N, len(INFO_COLUMNS)] table at out_address "
-      "(GIL released once); returns [(index, ErrorKind, message)] for unreadable headers.");
+      "(GIL released once); returns [(index, ErrorKind, message)] for unreadable headers. Without scans, "
+      "the scans column is -1 (counting reads the whole file; only GPU decoders need it).");
 }
 
 void register_decode(py::module_& m) {

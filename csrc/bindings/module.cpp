@@ -43,6 +43,7 @@ PYBIND11_MODULE(_C, m) {
   register_files(m);
   register_decode(m);
   register_crop_resize(m);
+  register_routes(m);
   register_runtime(m);
   register_encode(m);
   register_augment(m);

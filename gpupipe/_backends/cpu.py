@@ -16,6 +16,7 @@ from gpupipe._errors import JpegWarning
 from gpupipe.limits import check_output_size
 
 name = "cpu"
+_CPU = int(Route.CPU)
 
 
 def unavailable_reason(device: Optional[torch.device] = None) -> Optional[str]:
@@ -59,8 +60,7 @@ def wait(pending: "_C.PendingDecode", n: int) -> BatchStatus:
 
 
 def _status(n: int, errors: list, warns: list) -> BatchStatus:
-    status = BatchStatus.empty(n)
-    status.route[:] = Route.CPU
+    status = BatchStatus(np.zeros(n, np.int64), np.full(n, _CPU, np.int64))
     for i, kind, message in errors:
         status.fail(i, kind, message)
     status.warnings.update({int(i): m for i, m in warns})

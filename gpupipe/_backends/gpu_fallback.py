@@ -3,7 +3,7 @@ the CPU core inside the same batch, and so does the whole batch when the GPU dec
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -19,6 +19,8 @@ from gpupipe.limits import get_limits
 # levels off). DALI's CPU operators (libjpeg-turbo) decode them right, in RGB mode.
 GPU_COLORSPACES = tuple(_C.COLORSPACES.index(c) for c in ("gray", "ycbcr"))
 HOST_COLORSPACES = GPU_COLORSPACES + (_C.COLORSPACES.index("rgb"),)
+GPU_COLORSPACE_MASK = sum(1 << c for c in GPU_COLORSPACES)
+HOST_COLORSPACE_MASK = sum(1 << c for c in HOST_COLORSPACES)
 
 
 class GpuOutcome(NamedTuple):
@@ -32,23 +34,29 @@ class GpuOutcome(NamedTuple):
 
 def gpu_eligible(infos: HeaderInfos, boxes: np.ndarray, options: DecodeOptions) -> np.ndarray:
     """bool [N]: samples a GPU decoder can take with our semantics. The rest (unreadable headers,
-    CMYK/YCCK, images over max_pixels or with more scans than max_scans, boxes outside the image or
-    fractional, files that do not end with their EOI marker: nvJPEG decodes a truncated file
-    without a word) go to the CPU core, which gives each its exact result or its exact error: gpupipe's
-    limits hold whatever the backend. So does every sample of a ``window`` resize (the GPU resizers
-    crop first) and of a ``strict`` decode (nvJPEG does not report recoverable corruption). Files
-    coded as RGB (not YCbCr) stay on the CPU core too for GPU outputs (the GPU decoders convert them
-    as YCbCr) and in gray mode (libjpeg computes their luma from R, G and B)."""
-    if options.window or options.strict:
-        return np.zeros(len(boxes), dtype=bool)
-    h, w = infos.column("height"), infos.column("width")
-    colorspaces = HOST_COLORSPACES if options.mode == "rgb" and options.device.type == "cpu" else GPU_COLORSPACES
-    t, l, bh, bw = np.asarray(boxes, dtype=np.float64).T
-    inside = (t >= 0) & (l >= 0) & (bh >= 1) & (bw >= 1) & (t + bh <= h) & (l + bw <= w)
-    whole = (np.floor(boxes) == boxes).all(axis=1)
+    CMYK/YCCK, images over max_pixels or with more scans than max_scans (or scans not counted),
+    boxes outside the image or fractional, files that do not end with their EOI marker: nvJPEG
+    decodes a truncated file without a word) go to the CPU core, which gives each its exact result
+    or its exact error: gpupipe's limits hold whatever the backend. So does every sample of a
+    ``window`` resize (the GPU resizers crop first) and of a ``strict`` decode (nvJPEG does not
+    report recoverable corruption). Files coded as RGB (not YCbCr) stay on the CPU core too for GPU
+    outputs (the GPU decoders convert them as YCbCr) and in gray mode (libjpeg computes their luma
+    from R, G and B). One native pass over the header table (``_C.gpu_eligible``)."""
+    return _C.gpu_eligible(infos.table, native_boxes(boxes), *eligibility_args(options))
+
+
+def eligibility_args(options: DecodeOptions) -> tuple:
+    """(window, strict, colour-space mask, max_pixels, max_scans): what ``_C.gpu_eligible`` and
+    ``_C.hybrid_routes`` take of the options and the limits."""
     limits = get_limits()
-    return ((h > 0) & np.isin(infos.column("colorspace"), colorspaces) & (h * w <= limits.max_pixels)
-            & (infos.column("scans") <= limits.max_scans) & (infos.column("eoi") == 1) & inside & whole)
+    mask = HOST_COLORSPACE_MASK if options.mode == "rgb" and options.device.type == "cpu" else GPU_COLORSPACE_MASK
+    return options.window, options.strict, mask, limits.max_pixels, limits.max_scans
+
+
+def native_boxes(boxes: Any) -> np.ndarray:
+    """Boxes as the native calls read them: C-contiguous int64 or float64 [N, 4]."""
+    boxes = np.ascontiguousarray(boxes)
+    return boxes if boxes.dtype in (np.int64, np.float64) else np.ascontiguousarray(boxes, dtype=np.float64)
 
 
 def ineligible_reason(name: str) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import threading
 import time
 import weakref
@@ -429,8 +430,16 @@ class Pending:
 
 
 INELIGIBLE = gpu_fallback.ineligible_reason("the GPU decoders")
+REASON_INELIGIBLE, REASON_HARDWARE_DECLINES = 1, 2  # _C.hybrid_routes' reasons for a sample on the CPU core
+_MASK = 2**64 - 1
 HARDWARE_DECLINES = ("a progressive JPEG, which the GPU's hardware decoder declines: decoded by the CPU core at once "
                      "(the CUDA decoder after the hardware's share would set the batch's pace)")
+
+
+@functools.lru_cache(maxsize=64)
+def _cpu_options(options: DecodeOptions, shares: Shares, engines: tuple) -> DecodeOptions:
+    """The options of the CPU core's work in a hybrid batch: its pool's threads (made once per epoch)."""
+    return dataclasses.replace(options, num_threads=cpu_pool_threads(options.num_threads, sharing_engines(shares, engines)))
 
 
 def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions, infos: HeaderInfos, *,
@@ -445,25 +454,23 @@ def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Deco
     engines = gpu_engines(out.device) if engines is None else engines
     shares = shares or Shares.prior(["cpu", *engines])
     keys = keys or RouteKeys(0, 0, np.arange(n, dtype=np.int64))
-    boxes = np.ascontiguousarray(boxes)
-    eligible = gpu_fallback.gpu_eligible(infos, boxes, options)
-    route = assign(keys.seed, keys.epoch, keys.indices, shares, eligible)
-    for k, kind in enumerate(ENGINES[1:], 1):  # an engine that is not there: its share to the CPU core
-        if kind not in engines:
-            route[route == k] = 0
-    known_declines = (route == 1) & (infos.column("progressive") == 1)
-    route[known_declines] = 0
+    boxes = gpu_fallback.native_boxes(boxes)
+    # eligibility, the keyed draws and the hardware decoder's known declines in one native pass
+    # (the numpy definitions, gpu_fallback.gpu_eligible and assign, are the tests' reference)
+    route, reason = _C.hybrid_routes(infos.table, boxes, keys.indices, keys.seed & _MASK, keys.epoch & _MASK,
+                                     ROUTE_STREAM, shares.cpu, shares.hardware, "hardware" in engines,
+                                     "cuda" in engines, *gpu_fallback.eligibility_args(options))
     own = workers is None
     workers = workers or Workers(list(engines), out.device)
     p = Pending(n, out, options, engines, workers, own)
     p.buffers, p.boxes, p.infos = buffers, boxes, infos
     # the CPU core's share and every sample it decodes in the GPU decoders' stead: one pool, the
     # budget less what the sharing GPU decoders' host side needs (cpu_pool_threads)
-    threads = cpu_pool_threads(options.num_threads, sharing_engines(shares, list(engines)))
-    p.cpu_options = dataclasses.replace(options, num_threads=threads)
-    p.sizes = np.stack([infos.column("height"), infos.column("width")], axis=1)  # the headers, read once
-    p.ineligible = {int(i): INELIGIBLE for i in np.flatnonzero(~eligible)}
-    p.ineligible.update({int(i): HARDWARE_DECLINES for i in np.flatnonzero(known_declines)})
+    p.cpu_options = _cpu_options(options, shares, tuple(engines))
+    p.sizes = infos.table[:, :2]  # (height, width): the headers, read once
+    if reason.any():
+        p.ineligible = {int(i): INELIGIBLE for i in np.flatnonzero(reason == REASON_INELIGIBLE)}
+        p.ineligible.update({int(i): HARDWARE_DECLINES for i in np.flatnonzero(reason == REASON_HARDWARE_DECLINES)})
     p.cpu_rows = np.flatnonzero(route == 0)
     try:
         if len(p.cpu_rows):

@@ -1,0 +1,47 @@
+// Which engine decodes each sample of a hybrid batch, from the batch's header table and boxes, in
+// one pass: whether a GPU decoder may take the sample with gpupipe's semantics, then its keyed
+// share. The Python definitions these replace on the hot path (numpy, ~30 array ops a batch) are
+// the tests' reference (tests/test_hybrid.py).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "decode/jpeg_decoder.h"
+
+namespace gpupipe {
+
+// What makes a sample decodable on a GPU decoder beside its header and box.
+struct GpuEligibility {
+  bool window = false;          // a window resize: never (the GPU resizers crop first)
+  bool strict = false;          // strict: never (nvJPEG does not report recoverable corruption)
+  uint32_t colorspaces = 0;     // bit c set: ColorSpace c allowed
+  int64_t max_pixels = 0;       // gpupipe's limits: the CPU core reports what exceeds them
+  int64_t max_scans = 0;
+};
+
+// Whether the sample of header-table row `row` (kInfoColumns) and `box` may go to a GPU decoder: a
+// readable header of an allowed colour space within the limits, its scans counted, ending with its
+// EOI marker, the box whole and inside the image.
+bool gpu_eligible(const int64_t* row, const Box& box, const GpuEligibility& e);
+
+// The engines of a hybrid batch, in the order of gpupipe._backends.hybrid.ENGINES.
+enum class Engine : int64_t { kCpu = 0, kHardware = 1, kCuda = 2 };
+
+// Why a sample is on the CPU core other than by its share.
+enum class RouteReason : int8_t { kShare = 0, kIneligible = 1, kHardwareDeclines = 2 };
+
+struct RouteShares {
+  double cpu = 1, hardware = 0;  // the CUDA decoder has the rest
+  bool has_hardware = false, has_cuda = false;  // an engine that is not there: its share to the CPU core
+};
+
+// route[i], reason[i] of each sample: its keyed draw u (stream `stream` of (seed, epoch, index), draw
+// 0) picks the CPU core when u < cpu, the hardware decoder when u < cpu + hardware, else the CUDA
+// decoder; an ineligible sample, a missing engine's share and a progressive file drawn for the
+// hardware decoder (which declines them) go to the CPU core.
+void hybrid_routes(const int64_t* table, const std::vector<Box>& boxes, const int64_t* indices, uint64_t seed,
+                   uint64_t epoch, uint64_t stream, const RouteShares& shares, const GpuEligibility& e, int64_t* route,
+                   int8_t* reason);
+
+}  // namespace gpupipe
