@@ -231,6 +231,24 @@ ELEM_TYPES: dict
 # matrix, factors, order, grayscale; the linear one matrix, linear_a, linear_t, linear_u, linear_mean.
 PARAM_LAYOUT: dict[str, tuple[int, int]]
 PARAM_COUNT: int
+AUGMENT_DRAW_COLUMNS: dict[str, int]  # BatchAugment's draw columns
+AUGMENT_DRAWS: int
+
+def augment_params_from_uniforms(
+    u: ArrayLike,
+    hflip: float,
+    vflip: float,
+    grayscale: float,
+    rotation: tuple[float, float],
+    translate: tuple[float, float],
+    scale: tuple[float, float],
+    shear: tuple[float, float, float, float],
+    brightness: tuple[float, float],
+    contrast: tuple[float, float],
+    saturation: tuple[float, float],
+    hue: tuple[float, float],
+) -> tuple[NDArray, ...]:
+    """BatchAugment's parameters (PARAM_KEYS order) from its draws u (float64 [N, AUGMENT_DRAWS])."""
 # the codes the augmentation kernels take: interpolation and color model names -> int
 INTERPOLATIONS: dict[str, int]
 COLOR_MODELS: dict[str, int]

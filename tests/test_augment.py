@@ -9,11 +9,12 @@ rounding-boundary pixels, tests/test_augment_warp.py.)"""
 import math
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
 from augment_helpers import levels, torchvision_chain
-from gpupipe import keyed
+from gpupipe import _C, keyed
 from gpupipe.augment import IMAGENET_MEAN, IMAGENET_STD, BatchAugment
 from gpupipe.augment import fused as fused_mod
 from helpers import DEVICES, photo_batch
@@ -167,6 +168,34 @@ def test_last_params_keys_shapes_dtypes():
         assert v.shape == shape and v.device.type == "cpu", k
     assert p["order"].dtype == torch.int64 and p["hflip"].dtype == torch.bool
     assert (p["order"].sort(1).values == torch.arange(4)).all()
+
+
+@pytest.mark.parametrize("kw", [FULL, {}, {"hflip": 1.0, "vflip": 0.0, "grayscale": 1.0, "translate": (0.5, 0.0),
+                                        "shear": (-10, 20, 5, 5), "scale": (0.5, 2.0), "hue": 0.5}])
+def test_the_native_parameter_mapping_equals_its_numpy_definition(kw):
+    """Eager sample_params maps its draws natively (csrc/augment/augment_params.h): equal, bit for
+    bit, to BatchAugment._params_from with numpy, and to the torch mapping torch.compile traces, on
+    draws at their edges (0, just below 1, ties in ColorJitter's order)."""
+    aug = BatchAugment(**kw)
+    rng = np.random.default_rng(3)
+    u = rng.random((3000, 17))
+    u[::7] = 0.0
+    u[1::7] = np.nextafter(1.0, 0.0)
+    u[2::7, 12:16] = 0.25  # four equal ranks: the stable order keeps 0, 1, 2, 3
+    u[3::7, 13:15] = u[3::7, 12:13]
+    u[4::7, 0] = aug.hflip  # the flip's threshold itself: no flip (u < p)
+    native = aug._params_from_uniforms(torch.from_numpy(u))
+    reference = aug._params_from(u, np)
+    traced = aug._params_from(torch.from_numpy(u), torch)
+    assert list(native) == list(reference)
+    for k in native:
+        assert native[k].dtype == traced[k].dtype and native[k].numpy().dtype == reference[k].dtype, k
+        assert np.array_equal(native[k].numpy(), reference[k]), k
+        assert torch.equal(native[k], traced[k]), k
+    assert (native["order"][2::7] == torch.arange(4)).all()
+    with pytest.raises(ValueError, match="draws"):
+        _C.augment_params_from_uniforms(u[:, :16], 0.5, 0, 0, (0, 0), (0, 0), (1, 1), (0, 0, 0, 0), (1, 1), (1, 1),
+                                        (1, 1), (0, 0))
 
 
 def test_keyed_params_are_a_function_of_seed_epoch_index():

@@ -9,6 +9,33 @@
 
 namespace gpupipe {
 
+void augment_params_from_uniforms(int64_t n, const double* u, const AugmentRanges& r, const AugmentParamsOut& out) {
+  const auto between = [](const double* lo_hi, double v) { return lo_hi[0] + (lo_hi[1] - lo_hi[0]) * v; };
+  for (int64_t i = 0; i < n; ++i) {
+    const double* d = u + i * draw::kCount;
+    out.hflip[i] = d[draw::kHflip] < r.hflip;
+    out.vflip[i] = d[draw::kVflip] < r.vflip;
+    out.angle[i] = between(r.rotation, d[draw::kAngle]);
+    for (int k = 0; k < 2; ++k) out.translate[2 * i + k] = (2 * d[draw::kTranslate + k] - 1) * r.translate[k];
+    out.scale[i] = between(r.scale, d[draw::kScale]);
+    out.shear[2 * i] = between(r.shear, d[draw::kShear]);
+    out.shear[2 * i + 1] = between(r.shear + 2, d[draw::kShear + 1]);
+    out.brightness[i] = between(r.brightness, d[draw::kBrightness]);
+    out.contrast[i] = between(r.contrast, d[draw::kContrast]);
+    out.saturation[i] = between(r.saturation, d[draw::kSaturation]);
+    out.hue[i] = between(r.hue, d[draw::kHue]);
+    // a stable argsort of the 4 draws (insertion sort: equal draws keep their order)
+    int64_t* order = out.order + 4 * i;
+    const double* rank = d + draw::kOrder;
+    for (int64_t k = 0; k < 4; ++k) {
+      int64_t j = k;
+      for (; j > 0 && rank[order[j - 1]] > rank[k]; --j) order[j] = order[j - 1];
+      order[j] = k;
+    }
+    out.grayscale[i] = d[draw::kGrayscale] < r.grayscale;
+  }
+}
+
 void inverse_affine(int64_t n, const AffineParams& p, int64_t height, int64_t width, double* out) {
   constexpr double kRadians = M_PI / 180;
   for (int64_t i = 0; i < n; ++i) {

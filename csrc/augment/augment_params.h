@@ -45,6 +45,35 @@ struct AugmentParams {
 // permutation): BatchAugment.check_params's messages.
 void check_augment_params(int64_t n, const AugmentParams& p);
 
+// Columns of BatchAugment's per-sample uniform draws (exported as _C.AUGMENT_DRAW_COLUMNS; new draws
+// go at the end, so that existing ones keep their values).
+namespace draw {
+inline constexpr int64_t kHflip = 0, kVflip = 1, kAngle = 2, kTranslate = 3 /* 2 */, kScale = 5, kShear = 6 /* 2 */,
+                         kBrightness = 8, kContrast = 9, kSaturation = 10, kHue = 11, kOrder = 12 /* 4 */,
+                         kGrayscale = 16, kCount = 17;
+}  // namespace draw
+
+// BatchAugment's ranges: flips and grayscale are probabilities, the rest (lo, hi) pairs; translate
+// is (a, b) (fractions, uniform in [-a, a], [-b, b]), shear (x lo, x hi, y lo, y hi).
+struct AugmentRanges {
+  double hflip = 0, vflip = 0, grayscale = 0;
+  double rotation[2] = {0, 0}, translate[2] = {0, 0}, scale[2] = {1, 1}, shear[4] = {0, 0, 0, 0};
+  double brightness[2] = {1, 1}, contrast[2] = {1, 1}, saturation[2] = {1, 1}, hue[2] = {0, 0};
+};
+
+// Writable parameter arrays (AugmentParams' layout).
+struct AugmentParamsOut {
+  bool *hflip, *vflip;
+  double *angle, *translate, *scale, *shear, *brightness, *contrast, *saturation, *hue;
+  int64_t* order;
+  bool* grayscale;
+};
+
+// The parameters from uniforms u[n * draw::kCount], as BatchAugment._params_from defines them with
+// numpy (lo + (hi - lo) * u; a flip when u < p; ColorJitter's order a stable argsort of 4 draws):
+// the same float64 operations, so the two are equal bit for bit (tests/test_augment.py).
+void augment_params_from_uniforms(int64_t n, const double* u, const AugmentRanges& r, const AugmentParamsOut& out);
+
 // Checks the values (check_augment_params), then writes float32 out[n * param::kCount].
 void pack_augment_params(int64_t n, const AugmentParams& p, int64_t height, int64_t width, float* out);
 

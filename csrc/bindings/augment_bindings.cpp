@@ -6,7 +6,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <array>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -38,6 +41,49 @@ auto rows_of(const Array& a, int64_t count, const char* name) {
 }
 
 void register_augment_params(py::module_& m) {
+  py::dict columns;  // BatchAugment's draw columns (augment_params.h, namespace draw)
+  for (const auto& [name, column] : {std::pair{"hflip", draw::kHflip}, {"vflip", draw::kVflip}, {"angle", draw::kAngle},
+                                     {"translate", draw::kTranslate}, {"scale", draw::kScale}, {"shear", draw::kShear},
+                                     {"brightness", draw::kBrightness}, {"contrast", draw::kContrast},
+                                     {"saturation", draw::kSaturation}, {"hue", draw::kHue}, {"order", draw::kOrder},
+                                     {"grayscale", draw::kGrayscale}})
+    columns[name] = column;
+  m.attr("AUGMENT_DRAW_COLUMNS") = columns;
+  m.attr("AUGMENT_DRAWS") = draw::kCount;
+  m.def(
+      "augment_params_from_uniforms",
+      [](Rows<double> u, double hflip, double vflip, double grayscale, std::array<double, 2> rotation,
+         std::array<double, 2> translate, std::array<double, 2> scale, std::array<double, 4> shear,
+         std::array<double, 2> brightness, std::array<double, 2> contrast, std::array<double, 2> saturation,
+         std::array<double, 2> hue) {
+        if (u.ndim() != 2 || u.shape(1) != draw::kCount)
+          throw InvalidArgument("u must be float64 [N, " + std::to_string(draw::kCount) + "] draws");
+        const int64_t n = u.shape(0);
+        AugmentRanges r;
+        r.hflip = hflip, r.vflip = vflip, r.grayscale = grayscale;
+        std::copy(rotation.begin(), rotation.end(), r.rotation);
+        std::copy(translate.begin(), translate.end(), r.translate);
+        std::copy(scale.begin(), scale.end(), r.scale);
+        std::copy(shear.begin(), shear.end(), r.shear);
+        std::copy(brightness.begin(), brightness.end(), r.brightness);
+        std::copy(contrast.begin(), contrast.end(), r.contrast);
+        std::copy(saturation.begin(), saturation.end(), r.saturation);
+        std::copy(hue.begin(), hue.end(), r.hue);
+        py::array_t<bool> hf(n), vf(n), gray(n);
+        py::array_t<double> angle(n), trans({n, int64_t{2}}), sc(n), sh({n, int64_t{2}}), br(n), co(n), sa(n), hu(n);
+        py::array_t<int64_t> order({n, int64_t{4}});
+        augment_params_from_uniforms(n, u.data(), r,
+                                     AugmentParamsOut{hf.mutable_data(), vf.mutable_data(), angle.mutable_data(),
+                                                      trans.mutable_data(), sc.mutable_data(), sh.mutable_data(),
+                                                      br.mutable_data(), co.mutable_data(), sa.mutable_data(),
+                                                      hu.mutable_data(), order.mutable_data(), gray.mutable_data()});
+        return py::make_tuple(hf, vf, angle, trans, sc, sh, br, co, sa, hu, order, gray);
+      },
+      py::arg("u"), py::arg("hflip"), py::arg("vflip"), py::arg("grayscale"), py::arg("rotation"), py::arg("translate"),
+      py::arg("scale"), py::arg("shear"), py::arg("brightness"), py::arg("contrast"), py::arg("saturation"),
+      py::arg("hue"),
+      "BatchAugment's parameters (PARAM_KEYS order) from its uniform draws u (float64 [N, AUGMENT_DRAWS]) and "
+      "its ranges: BatchAugment._params_from's numpy definition, equal bit for bit.");
   m.def(
       "inverse_affine",
       [](Rows<double> angle, Rows<double> translate, Rows<double> scale, Rows<double> shear, Rows<double> center,

@@ -22,11 +22,10 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 Range = Union[float, Sequence[float]]
 PARAM_KEYS = ("hflip", "vflip", "angle", "translate", "scale", "shear", "brightness", "contrast", "saturation", "hue",
               "order", "grayscale")
-# Columns of the per-sample uniform draws (keyed or from the generator); new draws go at the end so
-# that existing ones keep their values.
-_DRAW = {"hflip": 0, "vflip": 1, "angle": 2, "translate": 3, "scale": 5, "shear": 6, "brightness": 8,
-         "contrast": 9, "saturation": 10, "hue": 11, "order": 12, "grayscale": 16}
-DRAWS = 17
+# Columns of the per-sample uniform draws (keyed or from the generator), defined with the native
+# mapping (csrc/augment/augment_params.h); new draws go at the end so that existing ones keep their values.
+_DRAW = dict(_C.AUGMENT_DRAW_COLUMNS)
+DRAWS = _C.AUGMENT_DRAWS
 # linear_color_params' columns, in order: where _pack_linear puts them (fused.PARAM_LAYOUT)
 _LINEAR_COLUMNS = ("linear_a", "linear_t", "linear_u", "linear_mean")
 STREAM = keyed.stream_of("BatchAugment")  # BatchAugment.stream
@@ -266,12 +265,17 @@ class BatchAugment(KeyedModule):
     def _params_from_uniforms(self, u: torch.Tensor) -> dict:
         if torch.compiler.is_compiling() or type(u) is not torch.Tensor:
             return self._params_from(u, torch)
-        # numpy in eager mode: a dozen small torch ops cost ~0.1 ms, more than the CUDA kernel's batch
-        return {k: torch.from_numpy(v) for k, v in self._params_from(u.numpy(), np).items()}
+        # native in eager mode (a dozen small torch ops cost ~0.1 ms, more than the CUDA kernel's batch;
+        # the numpy definition below ~35 us): the same float64 operations, equal bit for bit
+        arrays = _C.augment_params_from_uniforms(u.numpy(), self.hflip, self.vflip, self.grayscale, self.rotation,
+                                                 self.translate, self.scale, self.shear, self.brightness, self.contrast,
+                                                 self.saturation, self.hue)
+        return dict(zip(PARAM_KEYS, map(torch.from_numpy, arrays)))
 
     def _params_from(self, u, xp) -> dict:
         """The parameters from uniforms ``u`` with the array module ``xp`` (numpy or torch): the same
-        float64 operations either way, so eager (numpy) and compiled (torch) draws are equal."""
+        float64 operations either way, and as the native mapping of eager mode, so eager and compiled
+        draws are equal (numpy: the definition the native mapping is tested against)."""
         def between(lo_hi, col):
             lo, hi = lo_hi
             return lo + (hi - lo) * u[:, col]
