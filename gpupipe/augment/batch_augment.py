@@ -110,7 +110,12 @@ def _pack(params: list, height: int, width: int) -> torch.Tensor:
 
 def _as_numpy(params) -> list:
     """numpy views of parameter tensors, floating ones as float64 (numpy has no bfloat16); the
-    usual case (CPU tensors as sample_params makes them) without a torch call per tensor."""
+    usual case (CPU tensors as sample_params makes them) with one torch call per tensor (the
+    native packing converts float32 and float16 rows to float64 exactly, as ``.to`` would)."""
+    try:
+        return [v.numpy() for v in params]
+    except (RuntimeError, TypeError):  # a tensor that needs grad, on a device, or bfloat16
+        pass
     out = []
     for v in params:
         if v.requires_grad:
