@@ -1,12 +1,15 @@
 """The Loader against its own decode: ``gpupipe.Loader`` (read, plan, decode, collect stages; CPU
 outputs, RandomResizedCrop 224, no augmentation) beside ``decode_crop_jpegs`` on the same files
 already in memory, with the same boxes and threads, into one reused buffer: the Loader's ceiling.
-Both are the installed bench's runners (``gpupipe.bench.run``), timed the same way, round robin.
+Both are the installed bench's runners (``gpupipe.bench.run``), timed the same way.
 
 Sets of 1024 files (a set's images reused under new names): 160x120, 400x300, 800x533 ("seed") and
-1920x1280 ("hd"); batch 64 and 256; threads = the cores. Each timing is one epoch's batches after its
-first (the pipeline's fill is not timed, nor an epoch's end). The row's note carries the Loader's
-host CPU time per image outside the decode pool and the pool's utilisation, over that epoch.
+1920x1280 ("hd"); batch 64 and 256; threads = the cores. Each timing is three epochs' batches
+after the first, back to back; the Loader's rounds run back to back too, each epoch taking the one
+its predecessor started ahead (``lookahead``, as in a training run), then the raw decode's. The
+row's note carries the Loader's host CPU time per image outside the decode pool and the pool's
+utilisation, over the last epoch (its wall time counted from when it started, ahead, during the
+previous epoch).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from gpupipe.bench.recipes import RecipeParts
 from gpupipe.bench.run import LoaderRun, RawDecodeRun, measure
 
 FILES = 1024
+EPOCHS = 3  # timed in a round
 SMALL = {"160x120": (160, 120), "400x300": (400, 300)}
 
 
@@ -69,21 +73,24 @@ def run(repeats: int = 3, names=("160x120", "400x300", "seed", "hd"), batches=(6
             f"loader vs its decode, {name} {datasets.SETS[name].width}x{datasets.SETS[name].height}"
         for bs in batches:
             args = runner_args(threads, bs, backend="cpu")
-            # one epoch: its first batch untimed (the pipeline's fill), the rest timed; never across an
-            # epoch's end, where a Loader starts the next epoch's pipeline (a training epoch has
-            # thousands of batches: that cost is not the steady state measured here)
-            steps = FILES // bs - 1
+            # EPOCHS epochs a round, back to back (a timed epoch alone would count the work its predecessor
+            # did for it ahead, or the work it does for its successor): the first batch untimed
+            steps = EPOCHS * FILES // bs - 1
             loader_row = Row(f"{label}, batch {bs}, {threads} threads", "gpupipe", steps * bs,
                              note="gpupipe.Loader: files read, RandomResizedCrop 224, decoded; no augment")
             raw_row = Row(loader_row.workload, "raw decode_crop_jpegs", steps * bs,
                           note="the same bytes in memory, same boxes and threads, one reused buffer")
             host, util = [], []
             # One runner of each for all the rounds, as a training run keeps one Loader: its buffers are
-            # made in the first round (untimed) and reused after, as over a real run's thousands of batches.
-            runners = ((loader_row, LoaderRun(data, parts, args, CPU)), (raw_row, RawDecodeRun(data, parts, args, CPU)))
-            for rep in range(repeats + 1):
-                for row, runner in runners:
-                    runner.epoch = rep
+            # made in the first round (untimed) and reused after, as over a real run's thousands of
+            # batches. The Loader's rounds run back to back, each epoch taking the one its predecessor
+            # started ahead (lookahead: its steady state), then the raw decode's: none runs while the
+            # other is timed.
+            runners = ((loader_row, LoaderRun(data, parts, args, CPU, keep_ahead=True)),
+                       (raw_row, RawDecodeRun(data, parts, args, CPU)))
+            for row, runner in runners:
+                for rep in range(repeats + 1):
+                    runner.epoch = rep * EPOCHS
                     seconds, images, _, stats = measure(runner, warmup=1, steps=steps, step_s=0.0, device=CPU,
                                                         keep_open=True)
                     if rep:
@@ -91,6 +98,7 @@ def run(repeats: int = 3, names=("160x120", "400x300", "seed", "hd"), batches=(6
                         if runner is runners[0][1]:
                             host.append(stats["host_us_per_image"])
                             util.append(stats["decode_pool"]["utilisation"])
+            runners[0][1].keep_ahead = False  # its epoch ahead is dropped: nothing runs on after the rows
             for _, runner in runners:
                 runner.close()
             loader_row.note += (f"; host CPU outside the pool {np.median(host):.1f} us/image, decode pool busy "

@@ -111,7 +111,9 @@ class _Stats:
         self.shares: Optional[hybrid.Shares] = None  # hybrid: the shares of the epoch iterated
         self.started: Optional[float] = None
         self.last: Optional[float] = None
-        self.created = time.perf_counter()  # the pool starts decoding before the consumer's first batch
+        # the process's CPU decode thread-seconds when the iteration started and at its last batch: the
+        # pool's utilisation while this epoch was iterated, whichever epoch's samples it decoded
+        self.pool_busy_started = self.pool_busy_last = 0.0
 
     def routes(self) -> dict:
         """{route label: samples delivered} (call with the lock held)."""
@@ -125,6 +127,7 @@ class _Stats:
             self.batches += 1
             self.images += delivered
             self.last = time.perf_counter()
+            self.pool_busy_last = _C.decode_busy_seconds()
             (self.skipped if on_error == "skip" else self.replaced).extend(batch.failures)
             self.warnings += [(keys[i], m) for i, m in sorted(status.warnings.items())]
             self.fallback += [(keys[i], m) for i, m in sorted(status.fallback.items())]
@@ -323,7 +326,9 @@ class Loader:
             DALI's reader runs on. The next epoch is the one after (``set_epoch(epoch + 1)``), or
             the same one again when the last two iterations were of the same epoch. An iteration
             of another epoch or from a resumed position, ``load_state_dict``, an error, an
-            iteration closed or dropped before its end, and the Loader's own end drop that work.
+            iteration closed or dropped before its end, and the Loader's own end drop that work
+            (a map-style epoch's end is its last batch delivered: a loop of ``len(loader)`` steps
+            that never asks for one more keeps it).
             The batches are those the epoch started afresh gives: the same samples, order, crop
             boxes and keyed augmentation, drawn with the crop sampler and ``augment`` as they are
             when it starts (``lookahead=False`` where a schedule changes them between epochs); on
@@ -684,8 +689,9 @@ class Loader:
         gpupipe's native calls: Python, torch ops, bookkeeping; the pools' work is not in it) and
         ``host_us_per_image`` (their sum per delivered image); ``decode_pool`` (``threads``,
         ``busy_s``: thread-seconds the CPU core spent decoding the delivered batches' samples,
-        ``utilisation``: busy over threads x the wall time since the epoch's pipeline started,
-        which with ``lookahead`` is before the previous epoch ended); ``threads`` (this rank's
+        ``utilisation``: the thread-seconds the process's CPU decodes took from the iteration's first
+        request to its last batch, over threads x that wall time, whichever epoch's samples they
+        were (with ``lookahead`` the next epoch's too); at most 1); ``threads`` (this rank's
         ``share`` of the cores, see :func:`gpupipe.cpu_share`, and
         the ``decode``, ``io`` and ``augment`` threads taken from it).
         """
@@ -696,7 +702,7 @@ class Loader:
         with s.lock:
             pool_busy = s.cpu_busy
             wall = (s.last - s.started) if s.started and s.last else 0.0
-            pool_wall = (s.last - s.created) if s.last else 0.0
+            pool_busy_all = s.pool_busy_last - s.pool_busy_started
             failures: dict = {}
             for f in s.skipped + s.replaced:
                 failures[f.kind.name.lower()] = failures.get(f.kind.name.lower(), 0) + 1
@@ -707,7 +713,7 @@ class Loader:
                 "fallback": list(s.fallback), "warnings": list(s.warnings),
                 "host_s": host, "host_us_per_image": 1e6 * sum(host.values()) / s.images if s.images else 0.0,
                 "decode_pool": {"threads": decode_threads, "busy_s": pool_busy,
-                                "utilisation": pool_busy / (decode_threads * pool_wall) if pool_wall > 0 else 0.0},
+                                "utilisation": min(pool_busy_all / (decode_threads * wall), 1.0) if wall > 0 else 0.0},
                 "threads": {"share": self.cpu_share, "decode": decode_threads, "io": self.io_threads,
                             "augment": self.augment_threads},
                 **self._hybrid_stats(s),
@@ -1070,6 +1076,9 @@ class _LoaderIterator:
         self._outcome = {"complete": False}
         self._finalizer = weakref.finalize(self, _end_iteration, loader, self.epoch, self._outcome)
         self._looked_ahead = False
+        # a map-style epoch is complete once its last batch is delivered, whether or not the caller asks
+        # for one more (zip(range(len(loader)), loader) and islice never do): its epoch ahead is kept
+        self._epoch_batches = len(loader) if isinstance(loader.source, MapSource) else None
         self._bar = None
         if loader.progress:
             tqdm = import_extra("tqdm", "progress", "Loader(progress=True)").tqdm
@@ -1092,6 +1101,7 @@ class _LoaderIterator:
         with st.lock:
             if st.started is None:
                 st.started = time.perf_counter()
+                st.pool_busy_started = _C.decode_busy_seconds()
         try:
             item = next(self.epoch.engine)
             done = item if isinstance(item, _Finished) else self.epoch.finish(item)
@@ -1109,6 +1119,8 @@ class _LoaderIterator:
             raise
         self.done += 1
         self.l._done = (self.epoch.epoch_number, self.done)
+        if self._epoch_batches is not None and self.done >= self._epoch_batches:
+            self._outcome["complete"] = True
         st.record(done.batch, done.images.shape[0], self.l.on_error)  # counted when delivered
         if self._bar is not None:
             self._bar.update(1)

@@ -311,6 +311,7 @@ def test_augment_stage_and_stats(folder):
     assert st["images"] == N and st["batches"] == 4 and st["images_per_s"] > 0
     assert set(st["busy_s"]) == {"read", "plan", "decode", "collect", "transfer", "augment"}
     assert st["busy_s"]["augment"] > 0
+    assert st["decode_pool"]["busy_s"] > 0 and 0 < st["decode_pool"]["utilisation"] <= 1
 
 
 def test_argument_validation(folder):
@@ -641,6 +642,32 @@ def test_lookahead_work_is_dropped_on_resume_and_stops_with_the_loader(folder):
     del ld, it
     gc.collect()
     assert _exits_quickly(lambda: not gpupipe_threads()), gpupipe_threads()
+
+
+def test_an_epoch_whose_last_batch_was_delivered_keeps_its_epoch_ahead(folder):
+    """A loop of len(loader) steps never asks for one more batch (zip, islice): the epoch is complete
+    once its last batch is delivered, so the next epoch started ahead is kept and taken; a loop that
+    stops one batch early drops it."""
+    root, _ = folder
+    ld = gpupipe.Loader(sources.ImageFolder(root), batch_size=8, crop=crops.RandomResizedCrop(24), seed=2,
+                        num_threads=2)
+    plain = gpupipe.Loader(sources.ImageFolder(root), batch_size=8, crop=crops.RandomResizedCrop(24), seed=2,
+                           num_threads=2, lookahead=False)
+    got = [x.clone() for _, (x, _) in zip(range(len(ld)), ld)]
+    assert len(got) == len(ld)
+    ahead = ld._ahead
+    assert ahead is not None and ahead.epoch.epoch_number == 1
+    ld.set_epoch(1)
+    it = iter(ld)
+    assert it.epoch is ahead.epoch  # taken over, not started again
+    first = [x.clone() for _, (x, _) in zip(range(len(ld) - 2), it)]
+    assert _exits_quickly(lambda: it.epoch.read_all)  # its last batch read: the next __next__ starts epoch 2
+    first.append(next(it)[0].clone())
+    assert ld._ahead is not None and ld._ahead.epoch.epoch_number == 2
+    plain.set_epoch(1)
+    assert all(torch.equal(a, b) for a, b in zip(first, [x for x, _ in plain]))
+    it.close()  # one batch short of the end: the epoch ahead it started is dropped
+    assert ld._ahead is None
 
 
 def test_lookahead_runs_the_users_modules_only_for_an_epoch_iterated(folder):

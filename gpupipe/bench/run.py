@@ -76,13 +76,18 @@ def build_parser() -> argparse.ArgumentParser:
 class LoaderRun:
     """The gpupipe Loader with the recipe's pieces."""
 
-    def __init__(self, data: BenchData, parts: recipes.RecipeParts, args, device: torch.device, epoch: int = 0):
+    def __init__(self, data: BenchData, parts: recipes.RecipeParts, args, device: torch.device, epoch: int = 0,
+                 keep_ahead: bool = False):
         extra = {"batch_transform": parts.batch_transform} if parts.batch_transform is not None else {}
         augment = parts.augment.to(device) if parts.augment is not None else None
         self.loader = gpupipe.Loader(data.source, batch_size=args.batch_size, crop=parts.crop, augment=augment,
                                      device=device, backend=args.backend, num_threads=args.threads, seed=args.seed,
                                      drop_last=True, lookahead=getattr(args, "lookahead", True), **extra)
         self.epoch = epoch
+        # Closed after a timed run, the Loader drops the epoch it started ahead (lookahead), so that
+        # none of its work runs while the next pipeline is timed; keep_ahead: its next run takes it,
+        # as the next epoch of a training run does (runs of this Loader back to back).
+        self.keep_ahead = keep_ahead
         self._it = None
 
     def batches(self):
@@ -106,6 +111,8 @@ class LoaderRun:
     def close(self):
         if self._it is not None and hasattr(self._it, "close"):
             self._it.close()
+        if not self.keep_ahead:
+            self.loader._drop_ahead()
 
 
 class RawDecodeRun:
