@@ -200,6 +200,13 @@ class HeaderInfos:
             h, w = np.where(h >= 0, dh, h), np.where(w >= 0, dw, w)
         return h, w
 
+    def count_scans(self, buffers: Sequence) -> None:
+        """Fills in the scans of the readable JPEG headers a CPU-backend probe left uncounted (-1):
+        GPU decoders need them (``gpu_eligible``), the CPU core does not."""
+        rows = np.flatnonzero((self.table[:, _COLUMNS["scans"]] < 0) & (self.table[:, _COLUMNS["error"]] == _NONE))
+        if len(rows):
+            self.table[rows, _COLUMNS["scans"]] = read_infos([buffers[i] for i in rows]).column("scans")
+
     def fail(self, i: int, kind: int, message: str) -> None:
         """Marks sample i as failed before decoding (a read error, a box that cannot be drawn)."""
         self.table[i, _COLUMNS["error"]] = int(kind)

@@ -1057,7 +1057,7 @@ def _end_iteration(loader: Loader, epoch: _Epoch, outcome: dict) -> None:
     """Stops an iteration's threads; unless it delivered its whole epoch, the next epoch it
     started ahead too (an error, a break: the next iteration may well be another epoch's)."""
     epoch.close()
-    if not outcome["complete"]:
+    if not (outcome["complete"] or outcome["delivered"]):
         loader._drop_ahead(parent=epoch)
 
 
@@ -1073,7 +1073,7 @@ class _LoaderIterator:
             loader._stats = _Stats()
             self.epoch = _Epoch(loader, first_batch, loader.epoch, loader._stats)
         loader._done = (loader.epoch, first_batch)
-        self._outcome = {"complete": False}
+        self._outcome = {"complete": False, "delivered": False}
         self._finalizer = weakref.finalize(self, _end_iteration, loader, self.epoch, self._outcome)
         self._looked_ahead = False
         # a map-style epoch is complete once its last batch is delivered, whether or not the caller asks
@@ -1120,7 +1120,7 @@ class _LoaderIterator:
         self.done += 1
         self.l._done = (self.epoch.epoch_number, self.done)
         if self._epoch_batches is not None and self.done >= self._epoch_batches:
-            self._outcome["complete"] = True
+            self._outcome["delivered"] = True  # (not "complete": the epoch ahead is still re-tuned on it)
         st.record(done.batch, done.images.shape[0], self.l.on_error)  # counted when delivered
         if self._bar is not None:
             self._bar.update(1)

@@ -62,6 +62,7 @@ def plan_batch(datas: Sequence[Any], crop, options: DecodeOptions, *, seed: int,
     Returns:
         (buffers, infos, boxes): to hand to :func:`decode_into`.
     """
+    read_errors = read_errors or {}
     buffers = as_buffers([b"" if i in read_errors else d for i, d in enumerate(datas)] if read_errors else datas)
     infos = probe(buffers, options)
     for i, message in read_errors.items():

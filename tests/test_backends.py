@@ -171,3 +171,20 @@ def test_gpu_decoders_get_only_files_that_end_with_their_eoi(photos):
     cpu_infos = probe(datas, DecodeOptions(size=None, backend="cpu"))
     assert (cpu_infos.column("scans") == -1).all() and (infos.column("scans") >= 1).all()
     assert not gpu_fallback.gpu_eligible(cpu_infos, edge_boxes(datas, 16, 16), DecodeOptions(size=None)).any()
+    cpu_infos.count_scans(datas)  # what a GPU backend handed them does first
+    assert np.array_equal(cpu_infos.table, infos.table)
+
+
+def test_plan_batch_needs_no_read_errors(photos):
+    """routing.plan_batch (public): headers and boxes of a batch, read errors optional."""
+    from gpupipe import crops
+    from gpupipe.decode_types import DecodeOptions
+    from gpupipe.routing import plan_batch
+
+    datas = list(photos[:3])
+    opts = DecodeOptions(size=(16, 16), resize=True)
+    buffers, infos, boxes = plan_batch(datas, crops.CenterCrop(16), opts, seed=0, epoch=0, indices=[0, 1, 2])
+    assert len(buffers) == 3 and infos.kind.tolist() == [0, 0, 0] and boxes.shape == (3, 4)
+    _, failed, _ = plan_batch(datas, crops.CenterCrop(16), opts, seed=0, epoch=0, indices=[0, 1, 2],
+                              read_errors={1: "read error: OSError: gone"})
+    assert failed.kind.tolist()[1] != 0 and failed.messages[1] == "read error: OSError: gone"

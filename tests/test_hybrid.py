@@ -168,7 +168,7 @@ def eligible_reference(table: np.ndarray, boxes: np.ndarray, window: bool, stric
     t, l, bh, bw = np.asarray(boxes, dtype=np.float64).T
     inside = (t >= 0) & (l >= 0) & (bh >= 1) & (bw >= 1) & (t + bh <= h) & (l + bw <= w)
     whole = (np.floor(boxes) == boxes).all(axis=1)
-    return ((h > 0) & (w > 0) & np.isin(col["colorspace"], colorspaces) & (h * w <= max_pixels)
+    return ((h > 0) & (w > 0) & np.isin(col["colorspace"], colorspaces) & (h.astype(np.float64) * w <= max_pixels)
             & (col["scans"] >= 0) & (col["scans"] <= max_scans) & (col["eoi"] == 1) & inside & whole)
 
 
@@ -195,9 +195,13 @@ def test_the_native_routes_equal_their_numpy_definition(dtype):
     table[:, col["eoi"]] = mostly(1, [-1, 0])
     h, w = table[:, col["height"]], table[:, col["width"]]
     bh, bw = rng.integers(1, 65, n), rng.integers(1, 65, n)
-    boxes = np.stack([mostly(rng.integers(0, np.maximum(h - bh, 0) + 1), [-1, 3.5, 10**4]),
-                      mostly(rng.integers(0, np.maximum(w - bw, 0) + 1), [-2, 0.25, 10**4]),
-                      mostly(bh, [0, 0.5, 7.5, 10**5]), mostly(bw, [0, 2.25, 10**5])], axis=1)
+    fractions = dtype == np.float64  # (int64 boxes: whole edges only)
+    boxes = np.stack([mostly(rng.integers(0, np.maximum(h - bh, 0) + 1), [-1, 3.5 if fractions else 3, 10**4]),
+                      mostly(rng.integers(0, np.maximum(w - bw, 0) + 1), [-2, 0.25 if fractions else 0, 10**4]),
+                      mostly(bh, [0, 0.5 if fractions else 1, 7.5 if fractions else 7, 10**5]),
+                      mostly(bw, [0, 2.25 if fractions else 2, 10**5])], axis=1).astype(dtype)
+    table[::97, col["height"]] = 2**40  # a crafted table: h * w past int64 is refused, not undefined
+    table[::97, col["width"]] = 2**40
     indices = rng.integers(-(2**40), 2**40, n)
     for shares in (hybrid.Shares(0.3, 0.5, 0.2), hybrid.Shares(1.0, 0.0, 0.0), hybrid.Shares(0.0, 1.0, 0.0),
                    hybrid.Shares(0.1, 0.0, 0.9)):
@@ -392,6 +396,30 @@ def test_shares_waiting_for_a_busy_engine_go_in_one_call_with_their_own_pixels_a
     assert all(s.engine_seconds["hardware"][:2] == (n, n) for s in statuses)
     # the two shares of a call count half its time each: batches (0, 1) and (2, 3), or (1, 2) and (3, 4)
     assert any(seconds[a] == seconds[a + 1] and seconds[a + 2] == seconds[a + 3] for a in (0, 1))
+
+
+def test_headers_a_cpu_probe_read_get_their_scans_counted(host_engines):
+    """The CPU backend's probe does not count scans (-1: it reads each whole file); a hybrid batch
+    handed such headers counts them, so its samples still go to the GPU engines by their shares."""
+    datas, _, boxes = batch(12)
+    cpu_infos = routing.probe(datas, DecodeOptions(size=SIZE, backend="cpu"))
+    assert (cpu_infos.column("scans") == -1).all()
+    out = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
+    status = hybrid.decode(datas, boxes, out, options(), cpu_infos, shares=hybrid.Shares(0.0, 1.0, 0.0),
+                           engines=host_engines)
+    assert (cpu_infos.column("scans") >= 1).all()
+    assert status.ok.all() and (status.route == Route.GPU_HARDWARE).sum() > 0
+
+
+def test_the_cpu_shares_threads_follow_the_default_when_it_changes(monkeypatch):
+    """The CPU pool's threads beside the GPU engines come from the default thread count when it is
+    asked for (GPUPIPE_NUM_THREADS, the affinity, the local ranks), not from its first value."""
+    shares = hybrid.Shares(0.5, 0.5, 0.0)
+    for env, pool in (("8", 6), ("32", 28), ("8", 6)):
+        monkeypatch.setenv("GPUPIPE_NUM_THREADS", env)
+        assert hybrid._cpu_options(options(num_threads=0), shares, ("hardware",)).num_threads == pool
+    opts = dataclasses.replace(options(num_threads=12), size=[*SIZE])  # a list: not hashable, not cached
+    assert hybrid._cpu_options(opts, shares, ("hardware",)).num_threads == 9
 
 
 def test_the_empty_batch():

@@ -29,7 +29,9 @@ bool gpu_eligible(const int64_t* row, const Box& box, const GpuEligibility& e) {
   if (e.window || e.strict) return false;
   const int64_t h = row[kHeight], w = row[kWidth], cs = row[kColorSpace], scans = row[kScans];
   if (h <= 0 || w <= 0 || cs < 0 || cs >= 32 || !((e.colorspaces >> cs) & 1u)) return false;
-  if (h * w > e.max_pixels || scans < 0 || scans > e.max_scans || row[kEoi] != 1) return false;
+  int64_t pixels = 0;  // (a JPEG's sides are at most 65535; a crafted table's are not)
+  if (__builtin_mul_overflow(h, w, &pixels) || pixels > e.max_pixels) return false;
+  if (scans < 0 || scans > e.max_scans || row[kEoi] != 1) return false;
   const double t = box.top, l = box.left, bh = box.height, bw = box.width;
   const bool inside = t >= 0 && l >= 0 && bh >= 1 && bw >= 1 && t + bh <= static_cast<double>(h) &&
                       l + bw <= static_cast<double>(w);

@@ -41,7 +41,8 @@ def gpu_eligible(infos: HeaderInfos, boxes: np.ndarray, options: DecodeOptions) 
     ``window`` resize (the GPU resizers crop first) and of a ``strict`` decode (nvJPEG does not
     report recoverable corruption). Files coded as RGB (not YCbCr) stay on the CPU core too for GPU
     outputs (the GPU decoders convert them as YCbCr) and in gray mode (libjpeg computes their luma
-    from R, G and B). One native pass over the header table (``_C.gpu_eligible``)."""
+    from R, G and B). One native pass over the header table (``_C.gpu_eligible``); rows whose
+    scans were not counted (a CPU-backend probe: :meth:`HeaderInfos.count_scans`) are refused."""
     return _C.gpu_eligible(infos.table, native_boxes(boxes), *eligibility_args(options))
 
 
@@ -101,6 +102,7 @@ def decode_with_fallback(name: str, gpu_decode: Callable[[np.ndarray], Optional[
     error) lets the error fail the batch."""
     n = len(buffers)
     status = BatchStatus.empty(n)
+    infos.count_scans(buffers)
     eligible = gpu_eligible(infos, boxes, options)
     reasons = {int(i): ineligible_reason(name) for i in np.flatnonzero(~eligible)}
     gpu_idx = np.flatnonzero(eligible)

@@ -432,14 +432,23 @@ class Pending:
 INELIGIBLE = gpu_fallback.ineligible_reason("the GPU decoders")
 REASON_INELIGIBLE, REASON_HARDWARE_DECLINES = 1, 2  # _C.hybrid_routes' reasons for a sample on the CPU core
 _MASK = 2**64 - 1
+_HEIGHT_WIDTH = [_C.INFO_COLUMNS.index("height"), _C.INFO_COLUMNS.index("width")]
 HARDWARE_DECLINES = ("a progressive JPEG, which the GPU's hardware decoder declines: decoded by the CPU core at once "
                      "(the CUDA decoder after the hardware's share would set the batch's pace)")
 
 
+def _cpu_options(options: DecodeOptions, shares: Shares, engines: Sequence[str]) -> DecodeOptions:
+    """The options of the CPU core's work in a hybrid batch: its pool's threads."""
+    threads = cpu_pool_threads(options.num_threads, sharing_engines(shares, engines))  # (the default: read now)
+    try:
+        return _with_threads(options, threads)
+    except TypeError:  # options holding a list (a user's sampler's size): not hashable
+        return dataclasses.replace(options, num_threads=threads)
+
+
 @functools.lru_cache(maxsize=64)
-def _cpu_options(options: DecodeOptions, shares: Shares, engines: tuple) -> DecodeOptions:
-    """The options of the CPU core's work in a hybrid batch: its pool's threads (made once per epoch)."""
-    return dataclasses.replace(options, num_threads=cpu_pool_threads(options.num_threads, sharing_engines(shares, engines)))
+def _with_threads(options: DecodeOptions, threads: int) -> DecodeOptions:
+    return dataclasses.replace(options, num_threads=threads)
 
 
 def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions, infos: HeaderInfos, *,
@@ -455,9 +464,10 @@ def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Deco
     shares = shares or Shares.prior(["cpu", *engines])
     keys = keys or RouteKeys(0, 0, np.arange(n, dtype=np.int64))
     boxes = gpu_fallback.native_boxes(boxes)
+    infos.count_scans(buffers)  # (headers a CPU-backend probe read: their scans, which eligibility needs)
     # eligibility, the keyed draws and the hardware decoder's known declines in one native pass
-    # (the numpy definitions, gpu_fallback.gpu_eligible and assign, are the tests' reference)
-    route, reason = _C.hybrid_routes(infos.table, boxes, keys.indices, keys.seed & _MASK, keys.epoch & _MASK,
+    # (their numpy definitions, assign and tests/test_hybrid.py's eligible_reference, are the tests')
+    route, reason = _C.hybrid_routes(infos.table, boxes, keys.indices, int(keys.seed) & _MASK, int(keys.epoch) & _MASK,
                                      ROUTE_STREAM, shares.cpu, shares.hardware, "hardware" in engines,
                                      "cuda" in engines, *gpu_fallback.eligibility_args(options))
     own = workers is None
@@ -467,7 +477,7 @@ def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Deco
     # the CPU core's share and every sample it decodes in the GPU decoders' stead: one pool, the
     # budget less what the sharing GPU decoders' host side needs (cpu_pool_threads)
     p.cpu_options = _cpu_options(options, shares, tuple(engines))
-    p.sizes = infos.table[:, :2]  # (height, width): the headers, read once
+    p.sizes = infos.table[:, _HEIGHT_WIDTH]  # the headers, read once
     if reason.any():
         p.ineligible = {int(i): INELIGIBLE for i in np.flatnonzero(reason == REASON_INELIGIBLE)}
         p.ineligible.update({int(i): HARDWARE_DECLINES for i in np.flatnonzero(reason == REASON_HARDWARE_DECLINES)})
