@@ -1006,7 +1006,7 @@ class _Epoch:
         if images.device.type != "cuda":  # host ring -> device, on a side stream
             with torch.cuda.stream(self.stream):
                 images = images.to(l.device, non_blocking=True)
-                event = torch.cuda.Event()
+                event = torch.cuda.Event(blocking=True)  # (the ring's synchronize() sleeps on it, never spins)
                 event.record(self.stream)
             consumer.wait_event(event)
             self.release(batch, event)

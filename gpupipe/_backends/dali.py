@@ -144,8 +144,11 @@ def _copy_out(images, out_nhwc: torch.Tensor, idx: np.ndarray) -> None:
         stream = torch.cuda.current_stream(out_nhwc.device)
         feed_ndarray(dense, tmp, cuda_stream=stream)
         # the copy is queued on this stream, not DALI's: done before the pipeline's next run, which
-        # may reuse the output's memory (the caller holds the pipeline's lock until this returns)
-        stream.synchronize()
+        # may reuse the output's memory (the caller holds the pipeline's lock until this returns);
+        # waited for on a blocking event (a stream's synchronize() spins a core by CUDA's default)
+        done = torch.cuda.Event(blocking=True)
+        done.record(stream)
+        done.synchronize()
     else:
         tmp = torch.from_numpy(np.asarray(dense))
     if len(idx) == out_nhwc.shape[0]:

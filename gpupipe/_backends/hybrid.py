@@ -395,7 +395,9 @@ def _run_engine(eng: Any, group: list, stream: Optional["torch.cuda.Stream"]) ->
 def _record(stream: Optional["torch.cuda.Stream"]):
     if stream is None:
         return None
-    event = torch.cuda.Event(enable_timing=True)
+    # blocking: the collect stage's synchronize() sleeps until the engine's work is done; CUDA's default
+    # for a process with one context on a many-core machine is to spin, a core per wait
+    event = torch.cuda.Event(enable_timing=True, blocking=True)
     event.record(stream)
     return event
 
