@@ -104,9 +104,13 @@ class RandomResizedCrop(CropSampler):
         H, W = _dims(heights, widths)
         # In native code (csrc/common/crop_sampling.h), operation for operation as the numpy
         # definition tests/test_crops.py keeps: up to 10 tries of 4 keyed draws each (stream 0).
-        lo, hi = math.log(self.ratio[0]), math.log(self.ratio[1])
         return _C.random_resized_crop_boxes(int(seed) & _MASK, int(epoch) & _MASK, H, W, self._indices(indices, len(H)),
-                                            self.scale[0], self.scale[1], lo, hi, self.ratio[0], self.ratio[1])
+                                            *self.native_range())
+
+    def native_range(self) -> tuple:
+        """(scale0, scale1, log ratio0, log ratio1, ratio0, ratio1): the native sampler's arguments."""
+        return (self.scale[0], self.scale[1], math.log(self.ratio[0]), math.log(self.ratio[1]), self.ratio[0],
+                self.ratio[1])
 
 
 class RandomCrop(CropSampler):

@@ -22,12 +22,13 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from gpupipe import orientation
+from gpupipe import _C, crops, orientation
 from gpupipe._backends import hybrid, pillow
 from gpupipe.backends import BACKENDS
 from gpupipe.decode_types import BatchStatus, DecodeOptions, HeaderInfos, Route, read_infos
 from gpupipe._buffers import as_buffer
 from gpupipe._errors import ErrorKind
+from gpupipe.keyed import _MASK
 
 
 
@@ -64,6 +65,10 @@ def plan_batch(datas: Sequence[Any], crop, options: DecodeOptions, *, seed: int,
     """
     read_errors = read_errors or {}
     buffers = as_buffers([b"" if i in read_errors else d for i, d in enumerate(datas)] if read_errors else datas)
+    if not read_errors and not options.apply_exif_orientation and type(crop) is crops.RandomResizedCrop:
+        planned = _plan_random_resized_crops(buffers, crop, options, seed, epoch, indices)
+        if planned is not None:
+            return buffers, *planned
     infos = probe(buffers, options)
     for i, message in read_errors.items():
         infos.fail(i, ErrorKind.READ, message)
@@ -72,6 +77,21 @@ def plan_batch(datas: Sequence[Any], crop, options: DecodeOptions, *, seed: int,
     for i, message in small.items():
         infos.fail(i, ErrorKind.INVALID_ARGUMENT, message)
     return buffers, infos, boxes
+
+
+def _plan_random_resized_crops(buffers: list, crop: "crops.RandomResizedCrop", options: DecodeOptions, seed: int,
+                               epoch: int, indices) -> Optional[tuple[HeaderInfos, np.ndarray]]:
+    """The training sampler's batch, every header a JPEG's: headers and boxes in one native call
+    (the same table and boxes as probe, sizes and crop.plan: no Python per step). None when a
+    header is not a readable JPEG's: the general path then sorts the batch out."""
+    n = len(buffers)
+    table = np.empty((n, len(_C.INFO_COLUMNS)), dtype=np.int64)
+    failures, boxes = _C.plan_random_resized_crops(
+        buffers, table.ctypes.data, table.nbytes, options.backend != "cpu", int(seed) & _MASK, int(epoch) & _MASK,
+        crop._indices(indices, n), *crop.native_range())
+    if boxes is None:
+        return None
+    return HeaderInfos(table, {}), boxes
 
 
 def decode_into(datas: Sequence[Any], boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions, *,

@@ -7,7 +7,7 @@ import torch
 
 import gpupipe
 from gpupipe._backends import dali as dali_backend
-from helpers import BACKEND_DEVICES, assert_close_to_core, encode, patch_sof, photo, photo_jpegs
+from helpers import PHOTOS, BACKEND_DEVICES, assert_close_to_core, encode, patch_sof, photo, photo_jpegs
 
 AVAILABLE = gpupipe.backends_available()
 CASES = [c for c in BACKEND_DEVICES if c.id != "cpu-cpu"]  # each against the CPU core on the CPU
@@ -188,3 +188,36 @@ def test_plan_batch_needs_no_read_errors(photos):
     _, failed, _ = plan_batch(datas, crops.CenterCrop(16), opts, seed=0, epoch=0, indices=[0, 1, 2],
                               read_errors={1: "read error: OSError: gone"})
     assert failed.kind.tolist()[1] != 0 and failed.messages[1] == "read error: OSError: gone"
+
+
+@pytest.mark.parametrize("backend", ["cpu", "hybrid"])
+def test_the_training_samplers_native_plan_equals_the_general_path(photos, backend):
+    """plan_batch with RandomResizedCrop reads the headers and draws the boxes in one native call:
+    the same buffers, header table and boxes as the general path (probe, sizes, crop.plan), for
+    any keys; a batch with a header that is not a readable JPEG's takes the general path."""
+    import io
+
+    from PIL import Image
+
+    from gpupipe import crops
+    from gpupipe.decode_types import DecodeOptions
+    from gpupipe.routing import plan_batch
+
+    class General(crops.RandomResizedCrop):  # (not the class itself: the general path)
+        pass
+
+    datas = list(photos) + list(photo_jpegs([PHOTOS[0]] * 3, [{"quality": 80, "progressive": True},
+                                                            {"quality": 90, "h_samp": 1, "v_samp": 1}, {"quality": 70}]))
+    png = io.BytesIO()
+    Image.fromarray(np.zeros((20, 30, 3), np.uint8)).save(png, "PNG")
+    opts = DecodeOptions(size=(24, 24), resize=True, backend=backend)
+    for batch in (datas, datas[:3] + [png.getvalue()] + datas[3:], datas[:2] + [b"\xff\xd8 truncated"]):
+        for seed, epoch, indices in ((0, 0, None), (7, 3, np.arange(100, 100 + len(batch))),
+                                     (-5, 2**63, -np.arange(len(batch)) - 2**40)):
+            args = dict(seed=seed, epoch=epoch, indices=indices)
+            fast = plan_batch(batch, crops.RandomResizedCrop(24, scale=(0.2, 0.9)), opts, **args)
+            general = plan_batch(batch, General(24, scale=(0.2, 0.9)), opts, **args)
+            assert fast[0] is batch or [bytes(a) for a in fast[0]] == [bytes(b) for b in general[0]]
+            assert np.array_equal(fast[1].table, general[1].table) and fast[1].messages == general[1].messages
+            assert fast[1].pillow == general[1].pillow and np.array_equal(fast[2], general[2])
+    assert (fast[1].column("scans")[:2] == (-1 if backend == "cpu" else 1)).all()

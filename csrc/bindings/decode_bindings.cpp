@@ -14,6 +14,7 @@
 #include "bindings/bindings.h"
 #include "bindings/buffer_view.h"
 #include "bindings/released_gil.h"
+#include "common/crop_sampling.h"
 #include "decode/batch_decode.h"
 #include "decode/crop_resize.h"
 #include "decode/decode_args.h"
@@ -224,6 +225,40 @@ void register_header(py::module_& m) {
       "(height, width, channels, colorspace, subsampling, progressive, orientation, arithmetic, "
       "restart_interval, precision) of a JPEG, from its headers only.");
 
+  m.def(
+      "plan_random_resized_crops",
+      [](py::sequence datas, uintptr_t out_address, size_t out_nbytes, bool scans, uint64_t seed, uint64_t epoch,
+         py::array_t<int64_t, py::array::c_style | py::array::forcecast> indices, double scale0, double scale1,
+         double log_ratio0, double log_ratio1, double ratio0, double ratio1) -> py::tuple {
+        const std::vector<BufferView> views = buffer_views(datas);
+        const std::vector<ByteSpan> inputs = spans_of(views);
+        int64_t* table = header_table_output(inputs, out_address, out_nbytes);
+        const auto n = static_cast<int64_t>(inputs.size());
+        if (indices.size() != n) throw InvalidArgument("indices must have one entry per sample");
+        py::array_t<int64_t> boxes({n, int64_t{4}});
+        std::vector<IndexedError> failures;
+        bool sized = true;
+        {
+          ReleasedGil released;
+          failures = read_header_table(inputs, table, scans);
+          constexpr size_t kHeight = info_column("height"), kWidth = info_column("width");
+          std::vector<int64_t> h(static_cast<size_t>(n)), w(static_cast<size_t>(n));
+          for (int64_t i = 0; i < n && sized; ++i) {
+            h[i] = table[kInfoWidth * i + kHeight], w[i] = table[kInfoWidth * i + kWidth];
+            sized = failures.empty() && h[i] >= 1 && w[i] >= 1 && h[i] <= (int64_t{1} << 31) && w[i] <= (int64_t{1} << 31);
+          }
+          if (sized)  // every size known: the boxes, as RandomResizedCrop.boxes draws them
+            random_resized_crop_boxes(seed, epoch, h.data(), w.data(), indices.data(), n,
+                                      ResizedCropRange{scale0, scale1, log_ratio0, log_ratio1, ratio0, ratio1},
+                                      boxes.mutable_data());
+        }
+        return py::make_tuple(py::list(py::cast(failures)), sized ? py::object(boxes) : py::object(py::none()));
+      },
+      py::arg("datas"), py::arg("out_address"), py::arg("out_nbytes"), py::arg("scans"), py::arg("seed"),
+      py::arg("epoch"), py::arg("indices"), py::arg("scale0"), py::arg("scale1"), py::arg("log_ratio0"),
+      py::arg("log_ratio1"), py::arg("ratio0"), py::arg("ratio1"),
+      "read_header_infos, then, when every header was read, RandomResizedCrop's int64 [N, 4] boxes from the stored "
+      "sizes (random_resized_crop_boxes), in one GIL-free call: ([(index, ErrorKind, message)], boxes or None).");
   m.def(
       "read_header_infos",
       [](py::sequence datas, uintptr_t out_address, size_t out_nbytes, bool scans) {

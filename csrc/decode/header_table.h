@@ -28,6 +28,17 @@ inline constexpr const char* kInfoColumns[] = {"height", "width", "colorspace", 
                                                "progressive", "scans", "eoi", "error"};
 inline constexpr size_t kInfoWidth = std::size(kInfoColumns);
 
+// A column's index by name, at compile time (a name that is not a column fails to compile).
+constexpr size_t info_column(const char* name) {
+  for (size_t c = 0; c < kInfoWidth; ++c) {
+    const char* a = kInfoColumns[c];
+    const char* b = name;
+    while (*a && *a == *b) ++a, ++b;
+    if (*a == *b) return c;
+  }
+  throw "no such header-table column";
+}
+
 // The table's memory at `address` (`given` bytes): checked to hold inputs.size() rows, 8-byte
 // aligned, apart from every input.
 int64_t* header_table_output(const std::vector<ByteSpan>& inputs, uintptr_t address, size_t given);
