@@ -988,7 +988,7 @@ class _Epoch:
             keep = torch.from_numpy(batch.status.ok)
             if batch.ready is not None:
                 torch.cuda.current_stream(self.l.device).wait_event(batch.ready)
-            images, labels, indices = images[keep.to(images.device)], labels[keep], indices[keep]
+            images, labels, indices = images[keep.to(images.device, non_blocking=True)], labels[keep], indices[keep]
             params = _rows(params, keep, len(batch))
             self.release(batch)
         return images, labels, indices, params

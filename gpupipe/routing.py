@@ -42,7 +42,11 @@ def as_buffers(datas: Sequence[Any]) -> list:
 def probe(buffers: Sequence, options: Optional[DecodeOptions] = None) -> HeaderInfos:
     """The headers of a batch: every JPEG header in one C++ call, then, for the files that are not
     JPEGs, Pillow's (unless ``options.non_jpeg == "error"``). Decodes no pixels."""
-    infos = read_infos(buffers, scans=options is None or options.backend != "cpu")
+    return _with_pillow(buffers, read_infos(buffers, scans=options is None or options.backend != "cpu"), options)
+
+
+def _with_pillow(buffers: Sequence, infos: HeaderInfos, options: Optional[DecodeOptions]) -> HeaderInfos:
+    """:func:`probe`'s second half: Pillow's headers for the files that are not JPEGs."""
     if options is None or options.non_jpeg == "pillow":
         others = np.flatnonzero(infos.kind == ErrorKind.NOT_JPEG)
         if len(others):
@@ -66,10 +70,12 @@ def plan_batch(datas: Sequence[Any], crop, options: DecodeOptions, *, seed: int,
     read_errors = read_errors or {}
     buffers = as_buffers([b"" if i in read_errors else d for i, d in enumerate(datas)] if read_errors else datas)
     if not read_errors and not options.apply_exif_orientation and type(crop) is crops.RandomResizedCrop:
-        planned = _plan_random_resized_crops(buffers, crop, options, seed, epoch, indices)
-        if planned is not None:
-            return buffers, *planned
-    infos = probe(buffers, options)
+        infos, boxes = _plan_random_resized_crops(buffers, crop, options, seed, epoch, indices)
+        if boxes is not None:
+            return buffers, infos, boxes
+        infos = _with_pillow(buffers, infos, options)  # (a header that is not a JPEG's: the general path, read once)
+    else:
+        infos = probe(buffers, options)
     for i, message in read_errors.items():
         infos.fail(i, ErrorKind.READ, message)
     h, w = infos.sizes(displayed=options.apply_exif_orientation)
@@ -80,18 +86,16 @@ def plan_batch(datas: Sequence[Any], crop, options: DecodeOptions, *, seed: int,
 
 
 def _plan_random_resized_crops(buffers: list, crop: "crops.RandomResizedCrop", options: DecodeOptions, seed: int,
-                               epoch: int, indices) -> Optional[tuple[HeaderInfos, np.ndarray]]:
-    """The training sampler's batch, every header a JPEG's: headers and boxes in one native call
-    (the same table and boxes as probe, sizes and crop.plan: no Python per step). None when a
-    header is not a readable JPEG's: the general path then sorts the batch out."""
+                               epoch: int, indices) -> tuple[HeaderInfos, Optional[np.ndarray]]:
+    """The training sampler's batch: its JPEG headers, and when every one was read, its boxes, in
+    one native call (the same table and boxes as read_infos, sizes and crop.plan: no Python per
+    step). Boxes None: the general path sorts the batch out from these headers."""
     n = len(buffers)
     table = np.empty((n, len(_C.INFO_COLUMNS)), dtype=np.int64)
     failures, boxes = _C.plan_random_resized_crops(
         buffers, table.ctypes.data, table.nbytes, options.backend != "cpu", int(seed) & _MASK, int(epoch) & _MASK,
         crop._indices(indices, n), *crop.native_range())
-    if boxes is None:
-        return None
-    return HeaderInfos(table, {}), boxes
+    return HeaderInfos(table, {int(i): message for i, _, message in failures}), boxes
 
 
 def decode_into(datas: Sequence[Any], boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions, *,
@@ -132,7 +136,7 @@ def decode_into(datas: Sequence[Any], boxes: np.ndarray, out: torch.Tensor, opti
         status = _decode_mixed(buffers, boxes, out, options, infos, backend)
     failed = np.flatnonzero(status.kind != ErrorKind.NONE)
     if len(failed):
-        out[torch.from_numpy(failed).to(out.device)] = 0
+        out[torch.from_numpy(failed).to(out.device, non_blocking=True)] = 0  # (no stream sync: a pageable copy is staged)
     return status
 
 
@@ -175,15 +179,16 @@ def _decode_mixed(buffers: list, boxes: np.ndarray, out: torch.Tensor, options: 
             sub_backend = backend.select(rows) if isinstance(backend, _Keyed) else backend
             status.merge(sub_backend.decode([buffers[i] for i in rows], stored, sub_out, sub_options,
                                             infos.select(rows)), rows)
+            slots = torch.from_numpy(rows).to(out.device, non_blocking=True)  # (staged at once: no stream sync)
             for turn in np.unique(turns):  # into the displayed frame, one orientation at a time
-                sel = torch.from_numpy(np.flatnonzero(turns == turn)).to(out.device)
-                out[torch.from_numpy(rows).to(out.device)[sel]] = orientation.to_display(sub_out[sel], int(turn))
+                sel = torch.from_numpy(np.flatnonzero(turns == turn)).to(out.device, non_blocking=True)
+                out[slots[sel]] = orientation.to_display(sub_out[sel], int(turn))
     if len(images):
         sub_out = torch.empty((len(images), *out.shape[1:]), dtype=torch.uint8, device=out.device)
         h, w = infos.sizes(displayed=options.apply_exif_orientation)
         status.merge(pillow.decode([buffers[i] for i in images], boxes[images], sub_out, options,
                                    [(h[i], w[i]) for i in images]), images)
-        out[torch.from_numpy(images).to(out.device)] = sub_out
+        out[torch.from_numpy(images).to(out.device, non_blocking=True)] = sub_out
     return status
 
 

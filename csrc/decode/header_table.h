@@ -28,7 +28,8 @@ inline constexpr const char* kInfoColumns[] = {"height", "width", "colorspace", 
                                                "progressive", "scans", "eoi", "error"};
 inline constexpr size_t kInfoWidth = std::size(kInfoColumns);
 
-// A column's index by name, at compile time (a name that is not a column fails to compile).
+// A column's index by name; consteval in effect: every call names a constant (a name that is not a
+// column then fails to compile).
 constexpr size_t info_column(const char* name) {
   for (size_t c = 0; c < kInfoWidth; ++c) {
     const char* a = kInfoColumns[c];

@@ -154,4 +154,4 @@ def _copy_out(images, out_nhwc: torch.Tensor, idx: np.ndarray) -> None:
     if len(idx) == out_nhwc.shape[0]:
         out_nhwc.copy_(tmp.reshape(out_nhwc.shape))
     else:
-        out_nhwc[torch.from_numpy(idx).to(out_nhwc.device)] = tmp.reshape((len(idx), *out_nhwc.shape[1:]))
+        out_nhwc[torch.from_numpy(idx).to(out_nhwc.device, non_blocking=True)] = tmp.reshape((len(idx), *out_nhwc.shape[1:]))

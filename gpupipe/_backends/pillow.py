@@ -160,7 +160,7 @@ def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Dec
                 status.fail(i, ErrorKind.CORRUPT, f"libtiff: {' '.join(messages)} (strict)")
                 continue
             status.warnings[i] = f"libtiff: {' '.join(messages)}"
-        out[i] = torch.from_numpy(pixels).to(out.device)
+        out[i] = torch.from_numpy(pixels).to(out.device, non_blocking=True)  # (staged at once: no stream sync)
         status.route[i] = Route.PILLOW
         status.fallback[i] = "not a JPEG: decoded by Pillow"
     return status
