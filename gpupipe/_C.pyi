@@ -53,9 +53,21 @@ def read_header_infos(datas: Sequence[Buffer], out_address: int, out_nbytes: int
     header cannot be read); returns [(index, ErrorKind, message)] for those. Without ``scans`` the
     scans column is -1 (counting reads the whole file; only the GPU decoders need it)."""
 
-def plan_random_resized_crops(datas: Sequence[Buffer], out_address: int, out_nbytes: int, scans: bool, seed: int,
-                              epoch: int, indices: ArrayLike, scale0: float, scale1: float, log_ratio0: float,
-                              log_ratio1: float, ratio0: float, ratio1: float) -> tuple[list[tuple[int, ErrorKind, str]], NDArray[np.int64] | None]:
+def plan_random_resized_crops(
+    datas: Sequence[Buffer],
+    out_address: int,
+    out_nbytes: int,
+    scans: bool,
+    seed: int,
+    epoch: int,
+    indices: ArrayLike,
+    scale0: float,
+    scale1: float,
+    log_ratio0: float,
+    log_ratio1: float,
+    ratio0: float,
+    ratio1: float,
+) -> tuple[list[tuple[int, ErrorKind, str]], NDArray[np.int64] | None]:
     """read_header_infos, then, when every header was read, RandomResizedCrop's int64 [N, 4]
     boxes from the stored sizes, in one GIL-free call."""
 

@@ -136,7 +136,7 @@ def decode_into(datas: Sequence[Any], boxes: np.ndarray, out: torch.Tensor, opti
         status = _decode_mixed(buffers, boxes, out, options, infos, backend)
     failed = np.flatnonzero(status.kind != ErrorKind.NONE)
     if len(failed):
-        out[torch.from_numpy(failed).to(out.device, non_blocking=True)] = 0  # (no stream sync: a pageable copy is staged)
+        out[torch.from_numpy(failed).to(out.device, non_blocking=True)] = 0  # (staged at once: no stream sync)
     return status
 
 

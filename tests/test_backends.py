@@ -206,8 +206,8 @@ def test_the_training_samplers_native_plan_equals_the_general_path(photos, backe
     class General(crops.RandomResizedCrop):  # (not the class itself: the general path)
         pass
 
-    datas = list(photos) + list(photo_jpegs([PHOTOS[0]] * 3, [{"quality": 80, "progressive": True},
-                                                            {"quality": 90, "h_samp": 1, "v_samp": 1}, {"quality": 70}]))
+    variants = [{"quality": 80, "progressive": True}, {"quality": 90, "h_samp": 1, "v_samp": 1}, {"quality": 70}]
+    datas = list(photos) + list(photo_jpegs([PHOTOS[0]] * 3, variants))
     png = io.BytesIO()
     Image.fromarray(np.zeros((20, 30, 3), np.uint8)).save(png, "PNG")
     opts = DecodeOptions(size=(24, 24), resize=True, backend=backend)
@@ -224,7 +224,8 @@ def test_the_training_samplers_native_plan_equals_the_general_path(photos, backe
             assert np.array_equal(fast[1].table, general[1].table) and fast[1].messages == general[1].messages
             assert fast[1].pillow == general[1].pillow and np.array_equal(fast[2], general[2])
             if batch is datas:
-                assert (fast[1].column("scans") == -1).all() if backend == "cpu" else (fast[1].column("scans") >= 1).all()
+                scans = fast[1].column("scans")
+                assert (scans == -1).all() if backend == "cpu" else (scans >= 1).all()
     # the native call drew the boxes of the JPEG batch, and only of it (one call per plan_batch, the
     # general path's own sampler is a subclass: never native)
     assert boxed == [True] * 3 + [False] * 6

@@ -245,7 +245,8 @@ void register_header(py::module_& m) {
           std::vector<int64_t> h(static_cast<size_t>(n)), w(static_cast<size_t>(n));
           for (int64_t i = 0; i < n && sized; ++i) {
             h[i] = table[kInfoWidth * i + kHeight], w[i] = table[kInfoWidth * i + kWidth];
-            sized = failures.empty() && h[i] >= 1 && w[i] >= 1 && h[i] <= (int64_t{1} << 31) && w[i] <= (int64_t{1} << 31);
+            constexpr int64_t kMax = int64_t{1} << 31;  // (random_resized_crop_boxes' bound)
+            sized = failures.empty() && h[i] >= 1 && w[i] >= 1 && h[i] <= kMax && w[i] <= kMax;
           }
           if (sized)  // every size known: the boxes, as RandomResizedCrop.boxes draws them
             random_resized_crop_boxes(seed, epoch, h.data(), w.data(), indices.data(), n,

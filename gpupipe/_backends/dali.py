@@ -154,4 +154,5 @@ def _copy_out(images, out_nhwc: torch.Tensor, idx: np.ndarray) -> None:
     if len(idx) == out_nhwc.shape[0]:
         out_nhwc.copy_(tmp.reshape(out_nhwc.shape))
     else:
-        out_nhwc[torch.from_numpy(idx).to(out_nhwc.device, non_blocking=True)] = tmp.reshape((len(idx), *out_nhwc.shape[1:]))
+        rows = torch.from_numpy(idx).to(out_nhwc.device, non_blocking=True)  # (staged at once: no stream sync)
+        out_nhwc[rows] = tmp.reshape((len(idx), *out_nhwc.shape[1:]))

@@ -170,7 +170,8 @@ class RandomErasing(KeyedModule):
             sample, ch, yy, xx = mask.expand(n, c, height, width).nonzero(as_tuple=True)
             # torchvision fills the box from a [C, h, w] normal tensor: count positions in that order
             counter = (ch * box[sample, 2] + (yy - box[sample, 0])) * box[sample, 3] + (xx - box[sample, 1])
-            noise = _normal_noise(params["noise_key"], sample, counter).to(device=x.device, dtype=x.dtype, non_blocking=True)
+            noise = _normal_noise(params["noise_key"], sample, counter)
+            noise = noise.to(device=x.device, dtype=x.dtype, non_blocking=True)  # (staged at once: no stream sync)
             out[tuple(t.to(x.device, non_blocking=True) for t in (sample, ch, yy, xx))] = noise
             return out
         # other devices, and under torch.compile: a select over the batch from the mask
