@@ -180,6 +180,11 @@ class HeaderInfos:
     messages: dict
     pillow: dict = dataclasses.field(default_factory=dict)
 
+    @classmethod
+    def from_native(cls, table: np.ndarray, failures: list) -> "HeaderInfos":
+        """From a header table a native call filled and its [(index, ErrorKind, message)] failures."""
+        return cls(table, {int(i): message for i, _, message in failures})
+
     def column(self, name: str) -> np.ndarray:
         return self.table[:, _COLUMNS[name]]
 
@@ -226,7 +231,7 @@ def read_infos(buffers: Sequence, scans: bool = True) -> HeaderInfos:
     needs them, the CPU core enforces ``max_scans`` itself)."""
     table = np.empty((len(buffers), len(_C.INFO_COLUMNS)), dtype=np.int64)
     failures = _C.read_header_infos(buffers, table.ctypes.data, table.nbytes, scans) if len(buffers) else []
-    return HeaderInfos(table, {int(i): message for i, _, message in failures})
+    return HeaderInfos.from_native(table, failures)
 
 
 class Backend(Protocol):

@@ -42,7 +42,13 @@ def as_buffers(datas: Sequence[Any]) -> list:
 def probe(buffers: Sequence, options: Optional[DecodeOptions] = None) -> HeaderInfos:
     """The headers of a batch: every JPEG header in one C++ call, then, for the files that are not
     JPEGs, Pillow's (unless ``options.non_jpeg == "error"``). Decodes no pixels."""
-    return _with_pillow(buffers, read_infos(buffers, scans=options is None or options.backend != "cpu"), options)
+    return _with_pillow(buffers, read_infos(buffers, scans=_counts_scans(options)), options)
+
+
+def _counts_scans(options: Optional[DecodeOptions]) -> bool:
+    """Whether a probe counts each header's scans (reading the whole file): for the GPU decoders'
+    eligibility only; the CPU core enforces ``max_scans`` as it decodes."""
+    return options is None or options.backend != "cpu"
 
 
 def _with_pillow(buffers: Sequence, infos: HeaderInfos, options: Optional[DecodeOptions]) -> HeaderInfos:
@@ -93,9 +99,9 @@ def _plan_random_resized_crops(buffers: list, crop: "crops.RandomResizedCrop", o
     n = len(buffers)
     table = np.empty((n, len(_C.INFO_COLUMNS)), dtype=np.int64)
     failures, boxes = _C.plan_random_resized_crops(
-        buffers, table.ctypes.data, table.nbytes, options.backend != "cpu", int(seed) & _MASK, int(epoch) & _MASK,
+        buffers, table.ctypes.data, table.nbytes, _counts_scans(options), int(seed) & _MASK, int(epoch) & _MASK,
         crop._indices(indices, n), *crop.native_range())
-    return HeaderInfos(table, {int(i): message for i, _, message in failures}), boxes
+    return HeaderInfos.from_native(table, failures), boxes
 
 
 def decode_into(datas: Sequence[Any], boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions, *,

@@ -418,7 +418,7 @@ def test_the_cpu_shares_threads_follow_the_default_when_it_changes(monkeypatch):
     for env, pool in (("8", 6), ("32", 28), ("8", 6)):
         monkeypatch.setenv("GPUPIPE_NUM_THREADS", env)
         assert hybrid._cpu_options(options(num_threads=0), shares, ("hardware",)).num_threads == pool
-    opts = dataclasses.replace(options(num_threads=12), size=[*SIZE])  # a list: not hashable, not cached
+    opts = dataclasses.replace(options(num_threads=12), size=[*SIZE])  # a list size (a user's sampler's) is fine
     assert hybrid._cpu_options(opts, shares, ("hardware",)).num_threads == 9
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import functools
 import threading
 import time
 import weakref
@@ -433,24 +432,16 @@ class Pending:
 
 INELIGIBLE = gpu_fallback.ineligible_reason("the GPU decoders")
 REASON_INELIGIBLE, REASON_HARDWARE_DECLINES = 1, 2  # _C.hybrid_routes' reasons for a sample on the CPU core
-_MASK = 2**64 - 1
 _HEIGHT_WIDTH = [_C.INFO_COLUMNS.index("height"), _C.INFO_COLUMNS.index("width")]
 HARDWARE_DECLINES = ("a progressive JPEG, which the GPU's hardware decoder declines: decoded by the CPU core at once "
                      "(the CUDA decoder after the hardware's share would set the batch's pace)")
 
 
 def _cpu_options(options: DecodeOptions, shares: Shares, engines: Sequence[str]) -> DecodeOptions:
-    """The options of the CPU core's work in a hybrid batch: its pool's threads."""
-    threads = cpu_pool_threads(options.num_threads, sharing_engines(shares, engines))  # (the default: read now)
-    try:
-        return _with_threads(options, threads)
-    except TypeError:  # options holding a list (a user's sampler's size): not hashable
-        return dataclasses.replace(options, num_threads=threads)
-
-
-@functools.lru_cache(maxsize=64)
-def _with_threads(options: DecodeOptions, threads: int) -> DecodeOptions:
-    return dataclasses.replace(options, num_threads=threads)
+    """The options of the CPU core's work in a hybrid batch: its pool's threads (the default thread
+    count read now: it follows GPUPIPE_NUM_THREADS, the affinity and the local ranks)."""
+    return dataclasses.replace(options, num_threads=cpu_pool_threads(options.num_threads,
+                                                                     sharing_engines(shares, engines)))
 
 
 def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions, infos: HeaderInfos, *,
@@ -469,16 +460,16 @@ def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Deco
     infos.count_scans(buffers)  # (headers a CPU-backend probe read: their scans, which eligibility needs)
     # eligibility, the keyed draws and the hardware decoder's known declines in one native pass
     # (their numpy definitions, assign and tests/test_hybrid.py's eligible_reference, are the tests')
-    route, reason = _C.hybrid_routes(infos.table, boxes, keys.indices, int(keys.seed) & _MASK, int(keys.epoch) & _MASK,
-                                     ROUTE_STREAM, shares.cpu, shares.hardware, "hardware" in engines,
-                                     "cuda" in engines, *gpu_fallback.eligibility_args(options))
+    route, reason = _C.hybrid_routes(infos.table, boxes, keys.indices, int(keys.seed) & keyed._MASK,
+                                     int(keys.epoch) & keyed._MASK, ROUTE_STREAM, shares.cpu, shares.hardware,
+                                     "hardware" in engines, "cuda" in engines, *gpu_fallback.eligibility_args(options))
     own = workers is None
     workers = workers or Workers(list(engines), out.device)
     p = Pending(n, out, options, engines, workers, own)
     p.buffers, p.boxes, p.infos = buffers, boxes, infos
     # the CPU core's share and every sample it decodes in the GPU decoders' stead: one pool, the
     # budget less what the sharing GPU decoders' host side needs (cpu_pool_threads)
-    p.cpu_options = _cpu_options(options, shares, tuple(engines))
+    p.cpu_options = _cpu_options(options, shares, list(engines))
     p.sizes = infos.table[:, _HEIGHT_WIDTH]  # the headers, read once
     if reason.any():
         p.ineligible = {int(i): INELIGIBLE for i in np.flatnonzero(reason == REASON_INELIGIBLE)}
