@@ -100,7 +100,6 @@ def run(repeats: int = 3, names=("160x120", "400x300", "seed", "hd"), batches=(6
                         if runner is runners[0][1]:
                             host.append(stats["host_us_per_image"])
                             util.append(stats["decode_pool"]["utilisation"])
-            runners[0][1].keep_ahead = False  # its epoch ahead is dropped: nothing runs on after the rows
             for _, runner in runners:
                 runner.close()
             loader_row.note += (f"; host CPU outside the pool {np.median(host):.1f} us/image, decode pool busy "

@@ -1076,7 +1076,7 @@ class _LoaderIterator:
         self._outcome = {"complete": False, "delivered": False}
         self._finalizer = weakref.finalize(self, _end_iteration, loader, self.epoch, self._outcome)
         self._looked_ahead = False
-        # a map-style epoch is complete once its last batch is delivered, whether or not the caller asks
+        # a map-style epoch has ended once its last batch is delivered, whether or not the caller asks
         # for one more (zip(range(len(loader)), loader) and islice never do): its epoch ahead is kept
         self._epoch_batches = len(loader) if isinstance(loader.source, MapSource) else None
         self._bar = None
