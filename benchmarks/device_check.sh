@@ -3,11 +3,12 @@
 # back-to-back device calls from the project root (the machine stays warm between them).
 # ../shared/device/prepare.sh made .device/; DALI's wheel travels in four pieces, one per call:
 #   call 1 (carry .device/base): bash benchmarks/device_check.sh 1   build, data, the GPU tests, the hybrid Loader
-#                                with and without merged engine calls (hybrid.MERGE_IMAGES 0), 800x533, train recipe,
-#                                batch 64 and 256; PROBE=1: hybrid_probe too (it writes the best
+#                                beside the raw decode, 800x533, train recipe, batch 64 and 256 (MERGE_AB=1: also
+#                                without merged engine calls, hybrid.MERGE_IMAGES 0); PROBE=1: hybrid_probe too (it writes the best
 #                                hybrid.ENGINE_HOST_THREADS; later calls use it)
-#   call 2 (carry .device/d2):   bash benchmarks/device_check.sh 2   lookahead on and off, 1920x1280 (GPU_CHECK=1: gpu_check --quick first)
-#   call 3 (carry .device/d3):   bash benchmarks/device_check.sh 3   the Loader (backend cpu) vs raw, train recipe, lookahead on and off
+#   call 2 (carry .device/d2):   bash benchmarks/device_check.sh 2   the Loader (backend cpu) vs raw, 800x533, batch 256 and 64
+#                                (GPU_CHECK=1: gpu_check --quick first)
+#   call 3 (carry .device/d3):   bash benchmarks/device_check.sh 3   the same on 1920x1280 photos
 #   call 4 (carry .device/d4):   bash benchmarks/device_check.sh 4   DALI installed; hybrid vs raw vs DALI GPU ($BATCHES)
 # or, in one call without DALI (carry .device/base/whl, .device/base/debs, .device/base/setup.sh,
 # .device/base/install_dali.sh): bash benchmarks/device_check.sh probe   build, GPU tests, hybrid_probe
@@ -35,7 +36,9 @@ bench() {  # bench NAME SET BATCH ARGS...: python -m gpupipe bench, $RECIPE (tra
 from gpupipe.bench import main; sys.exit(main(sys.argv[1:]))")
   step "$name" 75 "${run[@]}" --device cuda --threads 16 --recipe "${RECIPE:-train}" --batch-size "$bs" \
     "${data[@]}" --repeats 2 --out "$L/$name-out" "$@"
-  grep -E "^\|" "$L/$name.txt" | head -8
+  # the rows that matter straight into summary.txt: they come back even if the device time ends mid-call
+  grep -E "^\| (gpupipe|raw|DALI)|Loader / |host CPU|shares|^\| (read|plan|decode|collect|transfer|augment|consumer)" \
+    "$L/$name.txt" | cut -c1-160 | tee -a "$OUT/summary.txt"
 }
 case $PART in
 1)
@@ -55,18 +58,16 @@ print(default_set())" > "$L/data.txt" 2>&1) &
   if [ "${PROBE:-0}" = 1 ]; then step probe 200 python3 -m benchmarks.hybrid_probe --tuned $G/tuned
     grep -E "^\||shares|best|BatchAugment" "$L/probe.txt" | cut -c1-400; fi
   for bs in 64 256; do bench hybrid-seed-$bs seed $bs --methods gpupipe raw
-    NOMERGE=1 bench hybrid-seed-$bs-nomerge seed $bs --methods gpupipe; done
+    [ "${MERGE_AB:-0}" = 1 ] && NOMERGE=1 bench hybrid-seed-$bs-nomerge seed $bs --methods gpupipe; done
   # the later calls run with the best measured threads left to the GPU engines' host side
   [ -s $G/tuned ] && sed -i "s/^ENGINE_HOST_THREADS = .*/ENGINE_HOST_THREADS = $(cat $G/tuned)/" gpupipe/_backends/hybrid.py
   grep -n "^ENGINE_HOST_THREADS" gpupipe/_backends/hybrid.py | tee -a "$OUT/summary.txt" ;;
-2)  # the hybrid Loader with and without lookahead on 1920x1280 photos
+2)  # issue 28: the Loader (backend cpu, CUDA output) beside its raw decode, 16 threads, train recipe, 800x533
   [ "${GPU_CHECK:-0}" = 1 ] && { step gpu_check 150 python3 -m benchmarks.gpu_check --quick
     grep -E "PASS|FAIL|^\||kernels" "$L/gpu_check.txt" | cut -c1-330 | head -40; }
-  bench hybrid-hd-256 hd 256 --methods gpupipe raw
-  bench hybrid-hd-256-nolookahead hd 256 --methods gpupipe --no-lookahead ;;
-3)  # issue 28: the Loader (backend cpu, CUDA output) beside its raw decode, 16 threads, train recipe
-  bench cpu-seed-256 seed 256 --backend cpu --methods gpupipe raw
-  bench cpu-seed-256-nolookahead seed 256 --backend cpu --methods gpupipe --no-lookahead ;;
+  for bs in 256 64; do bench cpu-seed-$bs seed $bs --backend cpu --methods gpupipe raw; done ;;
+3)  # issue 28, 1920x1280 photos
+  for bs in 256 64; do bench cpu-hd-$bs hd $bs --backend cpu --methods gpupipe raw; done ;;
 4)  # issue 29: backend hybrid (auto) beside the raw decode and DALI's GPU pipeline, one run each
   bash $G/install_dali.sh > "$L/dali.txt" 2>&1; echo "dali install rc $?" | tee -a "$OUT/summary.txt"; tail -1 "$L/dali.txt"
   for sb in ${BATCHES:-seed:256 default:64 hd:256}; do  # most wanted first
