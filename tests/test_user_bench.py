@@ -154,6 +154,39 @@ def test_simulated_step_reports_the_wait_without_a_baseline(folder, tmp_path, ca
     assert data["gpu_fed_down_to_ms_per_step"] is None
 
 
+def test_what_dali_prints_while_building_goes_into_the_report(folder, tmp_path, capfd, monkeypatch):
+    """DALI's GPU pipeline printed its bundled nvImageCodec's start-up lines ("[ERROR] [nvjpeg2k_ext]
+    Failed to load nvJPEG2000 library ...") to stderr in the middle of the bench's output, once per
+    repeat; they become one note of the report."""
+    from gpupipe.bench import main, run
+
+    if run.dali_missing():
+        pytest.skip(run.dali_missing())
+    from nvidia.dali import pipeline
+
+    build = pipeline.Pipeline.build
+    line = b"\x1b[0;31m[ERROR] \x1b[0m[nvjpeg2k_ext] Failed to load nvJPEG2000 library or retrieve version.\n"
+
+    def noisy_build(self, *args, **kwargs):  # build() is called again by run(): it prints the first time
+        if not self._built:
+            os.write(2, line)
+        return build(self, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline.Pipeline, "build", noisy_build)
+    monkeypatch.setattr(run, "DALI_PRINTED", set())
+    threads = torch.get_num_threads()
+    try:
+        assert main([*QUICK, "--data", str(folder), "--methods", "gpupipe", "dali", "--repeats", "2",
+                     "--out", str(tmp_path / "out")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out, err = capfd.readouterr()
+    assert "nvjpeg2k_ext" not in err
+    notes = [s for s in out.splitlines() if s.startswith("note: DALI printed")]
+    assert notes == ["note: DALI printed while building its pipeline: "
+                     "[ERROR] [nvjpeg2k_ext] Failed to load nvJPEG2000 library or retrieve version."]
+
+
 def test_plot_and_progress_bar_are_optional(tmp_path, monkeypatch):
     from gpupipe.bench import report, run
 

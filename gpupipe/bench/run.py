@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -223,6 +224,9 @@ def dali_missing() -> Optional[str]:
     return None
 
 
+DALI_PRINTED: set = set()  # what DALI's pipelines printed while being built (its bundled nvImageCodec's lines)
+
+
 class DaliRun:
     """A DALI pipeline of the same recipe: its file or webdataset reader, its decoders (nvJPEG on
     CUDA, CPU operators otherwise) and operators."""
@@ -246,8 +250,12 @@ class DaliRun:
                                                 random_shuffle=True, name="reader")
             return parts.dali(fn, types, jpegs, "mixed" if cuda else "cpu"), labels
 
+        from gpupipe._backends import dali as dali_backend
+
         self.pipe = pipe()
-        self.pipe.build()
+        with dali_backend._stderr_captured() as printed:  # its start-up lines go into the report, not to stderr
+            self.pipe.build()
+        DALI_PRINTED.update(re.sub(r"\x1b\[[0-9;]*m", "", line) for line in printed)  # without colour codes
         self.device = device
 
     def batches(self):
@@ -444,6 +452,8 @@ def _print_summary(results, baseline, loader_stats, parts, args, batches: int) -
                   + "; a slower training step never waits for data")
     for note in parts.notes:
         print(f"note: {note}")
+    if DALI_PRINTED:
+        print(f"note: DALI printed while building its pipeline: {' | '.join(sorted(DALI_PRINTED))[:400]}")
     return fed_ms
 
 
