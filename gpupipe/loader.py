@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import os
 import sys
 import threading
 import time
@@ -38,6 +37,7 @@ from gpupipe._errors import SkippedSamplesWarning, brief, import_extra
 from gpupipe._backends import cpu, hybrid
 from gpupipe.decode_types import BatchStatus, HeaderInfos, Route, as_int, check_thread_count
 from gpupipe.crops import CropSampler
+from gpupipe._exit import call_scope
 from gpupipe.engine import Closed, Engine, HostClock, StageTimes
 from gpupipe.error_policy import apply_policy, check_on_error
 from gpupipe.routing import decode_into, plan_batch, straight
@@ -225,7 +225,11 @@ class _Ring:
             if self._free:
                 return self._free.pop(0)
             event, slot = self._pending.pop(0)
-        event.synchronize()  # the oldest copy: it must finish before the slot is written again
+        # The oldest copy must finish before the slot is written again. A call scope: the wait
+        # releases the GIL inside torch, and a daemon thread taking it back after the interpreter
+        # finalized would abort the process (gpupipe._exit); exit waits for the copy instead.
+        with call_scope():
+            event.synchronize()
         return slot
 
     def release(self, slot: int, event: Optional[torch.cuda.Event] = None) -> None:

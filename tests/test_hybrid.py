@@ -7,6 +7,7 @@ engines' pixels are tested on a GPU (tests/test_nvimgcodec.py)."""
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 import threading
 import time
 
@@ -18,7 +19,7 @@ import gpupipe
 from gpupipe import _C, backends, routing
 from gpupipe._backends import cpu, hybrid
 from gpupipe.decode_types import DecodeOptions, Route, read_infos
-from helpers import PHOTOS, encode, photo, photo_jpegs
+from helpers import PHOTOS, encode, photo, photo_jpegs, run_child
 from loader_data import index_of, make_image_folder
 
 SIZE = (24, 32)
@@ -723,3 +724,40 @@ def test_an_epoch_that_cannot_start_gives_its_gpu_workers_back(tmp_path, host_en
     assert ld._workers._users == 0 and ld._workers.closed
     monkeypatch.setattr(gpupipe.loader, "Engine", real)
     assert sum(x.shape[0] for x, _ in ld) == 12  # new workers for the next epoch
+
+
+# --- the interpreter exits with an epoch in flight ------------------------------------------------------
+
+@pytest.mark.parametrize("engines_of", ["host", pytest.param("gpu", marks=on_gpu)])
+@pytest.mark.parametrize("leave", ["after-the-epoch", "mid-epoch"])
+def test_exit_with_an_epoch_in_flight_never_aborts(tmp_path, engines_of, leave):
+    """A training script ends after its last epoch with the Loader's next epoch started ahead (or
+    leaves mid-epoch): engine threads and pool decodes are in flight as the interpreter exits. Seen
+    once on the H100 (benchmarks/hybrid_probe.py, 11 Loaders left open): "terminate called without
+    an active exception". The child must exit 0 with nothing on stderr, each of three times."""
+    make_image_folder(tmp_path, per_class=24)
+    stand_in = textwrap.dedent("""
+        import test_hybrid
+        from gpupipe import backends
+        from gpupipe._backends import hybrid
+        made = test_hybrid.engines()
+        made["hardware"].delay = made["cuda"].delay = 0.002  # calls still running at exit
+        hybrid.gpu_engines = lambda device: made
+        hybrid.unavailable_reason = lambda device=None: None
+        resolve = backends.resolve
+        backends.resolve = lambda b, d: "hybrid" if b == "hybrid" else resolve(b, d)
+        """) if engines_of == "host" else ""
+    for _ in range(3):
+        out = run_child(stand_in + textwrap.dedent(f"""
+            import gpupipe
+            ld = gpupipe.Loader(gpupipe.sources.ImageFolder({str(tmp_path)!r}), batch_size=8, backend="hybrid",
+                                device={"cpu" if engines_of == "host" else "cuda"!r}, num_threads=2,
+                                crop=gpupipe.crops.RandomResizedCrop({SIZE}), seed=3)
+            n = 0
+            for images, labels in ld:
+                n += len(images)
+                if {leave == "mid-epoch"} and n >= 16:
+                    break
+            print("exiting", n)
+            """), timeout=120)
+        assert out.stdout.split() == ["exiting", "16" if leave == "mid-epoch" else "72"]

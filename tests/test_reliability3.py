@@ -51,13 +51,16 @@ def test_exif_orientation_in_segments_libjpeg_also_reads(jpeg):
 
 # --- 5. the interpreter exits while another thread is inside a gpupipe call -----------------------
 
-@pytest.mark.parametrize("call", ["decode_crop_jpegs", "decode_crop_jpeg", "read_files", "loader"])
+@pytest.mark.parametrize("call", ["decode_crop_jpegs", "decode_crop_jpeg", "read_files", "loader",
+                                  pytest.param("loader-cuda", marks=pytest.mark.skipif(
+                                      not torch.cuda.is_available(), reason="no CUDA device"))])
 def test_exit_while_a_daemon_thread_decodes_never_aborts(call, tmp_path):
     """A daemon thread inside a gpupipe call when the interpreter exits aborted the process ("terminate
     called without an active exception"): its GIL request after finalization began ends the thread
     with a forced unwind through a noexcept destructor. Now exit waits for the call in hand and parks
     the thread at its end, before it returns to code that drops its tensors (torch ops, which abort
-    the same way). Two exits each, at different points of the calls."""
+    the same way). Two exits each, at different points of the calls. On CUDA the Loader's decode
+    stage also waits for a pinned slot's copy (a torch call that releases the GIL)."""
     (tmp_path / "a").mkdir()
     data = encode(photo(600, 800))
     for i in range(32):
@@ -75,9 +78,10 @@ def test_exit_while_a_daemon_thread_decodes_never_aborts(call, tmp_path):
                         gpupipe.decode_crop_jpeg(data, 0, 0, 600, 800, size=224)
                     else:
                         gpupipe._C.read_files([(root + "/a/0.jpg").encode()] * 64, 2)
-            if {call!r} == "loader":  # the training loop leaves without closing the Loader
+            if {call!r}.startswith("loader"):  # the training loop leaves without closing the Loader
                 loader = gpupipe.Loader(gpupipe.sources.ImageFolder(root), batch_size=8, num_threads=2,
-                                        crop=gpupipe.crops.RandomResizedCrop(224))
+                                        crop=gpupipe.crops.RandomResizedCrop(224),
+                                        device="cuda" if {call!r} == "loader-cuda" else "cpu")
                 for images, labels in loader:
                     break
             else:
