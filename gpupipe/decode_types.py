@@ -144,6 +144,16 @@ class BatchStatus:
         """Whether every sample decoded (one reduction: the common batch's whole check)."""
         return not self.kind.any()
 
+    def rows(self, start: int, stop: int, measured: bool = True) -> "BatchStatus":
+        """The outcome of samples ``start:stop`` as a batch of their own (positions from 0); the
+        engine and pool seconds with it when ``measured`` (they are the whole batch's)."""
+        def part(d: dict) -> dict:
+            return {k - start: v for k, v in d.items() if start <= k < stop} if d else {}
+
+        return BatchStatus(self.kind[start:stop], self.route[start:stop], part(self.errors), part(self.warnings),
+                           part(self.fallback), dict(self.engine_seconds) if measured else {},
+                           self.cpu_busy_seconds if measured else 0.0)
+
     def fail(self, i: int, kind: int, message: str) -> None:
         self.kind[i] = int(kind)
         self.route[i] = Route.NONE

@@ -39,3 +39,25 @@ def make_image_folder(root, classes=("cat", "dog", "eel"), per_class=20) -> list
             out.append((path, label, i))
             i += 1
     return out
+
+
+MESSY = ("b_corrupt.jpg", "c_truncated.jpg", "d_image.png", "e_notes.jpg")
+
+
+def make_messy_folder(root, good: int = 10, bad_names=MESSY) -> str:
+    """root/things/: ``good`` JPEGs a00.jpg... (image i encodes i) and, named ``bad_names`` (where
+    they sort decides their place), a corrupt JPEG, a truncated one, a PNG (encoding 12) and a
+    file that is no image."""
+    d = os.path.join(root, "things")
+    os.makedirs(d, exist_ok=True)
+    for i in range(good):
+        with open(os.path.join(d, f"a{i:02d}.jpg"), "wb") as f:
+            f.write(jpeg_bytes(i, 0, 40, 50))
+    png = io.BytesIO()
+    Image.new("RGB", (45, 44), color_of(12, 0)).save(png, "PNG")
+    contents = (b"\xff\xd8\xff\xdb" + os.urandom(300), jpeg_bytes(11, 0, 300, 300)[:200], png.getvalue(),
+                b"these are not pixels")
+    for name, data in zip(bad_names, contents):
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(data)
+    return str(root)

@@ -20,7 +20,7 @@ from PIL import Image
 import gpupipe
 from gpupipe import _C, crops, sources
 from helpers import BACKEND_DEVICES
-from loader_data import color_of, index_of, jpeg_bytes, make_image_folder
+from loader_data import index_of, jpeg_bytes, make_image_folder, make_messy_folder
 
 N = 60
 
@@ -140,18 +140,7 @@ def test_torchrun_two_ranks_cover_each_epoch_once(folder, tmp_path):
 @pytest.fixture(scope="module")
 def messy(tmp_path_factory):
     """Good JPEGs, a corrupt one, a truncated one, a PNG and a non-image, in one class folder."""
-    root = tmp_path_factory.mktemp("messy")
-    d = root / "things"
-    d.mkdir()
-    for i in range(10):
-        (d / f"a{i:02d}.jpg").write_bytes(jpeg_bytes(i, 0, 40, 50))
-    (d / "b_corrupt.jpg").write_bytes(b"\xff\xd8\xff\xdb" + os.urandom(300))
-    (d / "c_truncated.jpg").write_bytes(jpeg_bytes(11, 0, 300, 300)[:200])
-    buf = io.BytesIO()
-    Image.new("RGB", (45, 44), color_of(12, 0)).save(buf, "PNG")
-    (d / "d_image.png").write_bytes(buf.getvalue())
-    (d / "e_notes.jpg").write_bytes(b"these are not pixels")
-    return str(root)
+    return make_messy_folder(tmp_path_factory.mktemp("messy"))
 
 
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICES)

@@ -1,0 +1,184 @@
+"""The Loader's chunks (loader.CHUNK_IMAGES): batches smaller than a chunk go through the read, plan,
+decode and collect stages together, and the consumer gets exactly the batches, pixels, labels,
+augmentations, failures and statistics it gets with every batch alone."""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import pytest
+import torch
+
+import gpupipe
+from gpupipe import crops, loader as loader_module, sources
+from gpupipe.augment import BatchAugment
+from helpers import BACKEND_DEVICES
+from loader_data import index_of, jpeg_bytes, make_image_folder, make_messy_folder
+
+
+@pytest.fixture(scope="module")
+def messy(tmp_path_factory):
+    """37 good JPEGs and, among them, a corrupt one, a truncated one, a PNG and a non-image."""
+    return make_messy_folder(tmp_path_factory.mktemp("messy-chunks"), good=37,
+                             bad_names=("a13_corrupt.jpg", "a21_truncated.jpg", "a27_image.png", "a30_notes.jpg"))
+
+
+def run(root, chunk_images, monkeypatch, epochs=(0, 1), **kw):
+    """Every batch of the epochs (images on the CPU, labels) and the last epoch's stats."""
+    monkeypatch.setattr(loader_module, "CHUNK_IMAGES", chunk_images)
+    kw = {"batch_size": 4, "crop": crops.RandomResizedCrop(24), "num_threads": 2, "seed": 5, **kw}
+    ld = gpupipe.Loader(sources.ImageFolder(root), **kw)
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gpupipe.SkippedSamplesWarning)
+        for epoch in epochs:
+            ld.set_epoch(epoch)
+            out += [(x.cpu(), y.cpu()) for x, y in ld]
+    return out, ld.stats()
+
+
+def same_batches(a, b) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(a, b))
+
+
+def test_chunk_size_in_batches():
+    assert loader_module.chunk_batches(64) == 4 and loader_module.chunk_batches(100) == 2
+    assert loader_module.chunk_batches(256) == loader_module.chunk_batches(1000) == 1
+
+
+def augment_of(kind):
+    from gpupipe.augment import AutoAugment, RandomChoice, TrivialAugmentWide
+
+    if kind == "batch":
+        return BatchAugment(hflip=0.5, brightness=0.4, generator=0)
+    if kind == "choice":  # a choice per batch, keyed on its first index: drawn per batch, not per chunk
+        return RandomChoice([TrivialAugmentWide(), AutoAugment()])
+    return None
+
+
+@pytest.mark.parametrize("batch_size, drop_last", [(4, False), (5, True), (7, False)])
+@pytest.mark.parametrize("on_error", ["skip", "replace"])
+@pytest.mark.parametrize("augment", [None, "batch", "choice"])
+def test_chunks_give_the_batches_of_batches_alone(messy, monkeypatch, batch_size, drop_last, on_error, augment):
+    """Chunks of 16 images (4, 3 and 2 batches, the epoch's last chunk shorter, a last batch short
+    or dropped), failures inside chunks, keyed augmentation (its parameters drawn per batch, the
+    host ring on the CPU backend): the same batches, and the same statistics."""
+    kw = {"batch_size": batch_size, "drop_last": drop_last, "on_error": on_error,
+          "augment": augment_of(augment)}
+    alone, st_alone = run(messy, 0, monkeypatch, **kw)
+    chunked, st = run(messy, 16, monkeypatch, **kw)
+    assert same_batches(chunked, alone)
+    assert len(chunked) == 2 * (41 // batch_size if drop_last else -(-41 // batch_size))
+    for key in ("batches", "images", "routes", "failures"):
+        assert st[key] == st_alone[key], key
+    lost = "skipped" if on_error == "skip" else "replaced"
+    assert [(f.key, f.kind) for f in st[lost]] == [(f.key, f.kind) for f in st_alone[lost]]
+    assert [k for k, _ in st["fallback"]] == [k for k, _ in st_alone["fallback"]]
+
+
+@pytest.mark.parametrize("backend, device", [c for c in BACKEND_DEVICES if c.values[0] == "cpu"])
+def test_on_error_raise_comes_at_the_failing_batch_of_a_chunk(messy, monkeypatch, backend, device):
+    """The corrupt file is sample 13 in order: batches 0-2 of 4 are delivered, then batch 3 raises
+    naming it, though its chunk (64 images) was collected whole before."""
+    monkeypatch.setattr(loader_module, "CHUNK_IMAGES", 64)
+    ld = gpupipe.Loader(sources.ImageFolder(messy), batch_size=4, crop=crops.CenterCrop(24), shuffle=False,
+                        on_error="raise", backend=backend, device=device)
+    it = iter(ld)
+    got = [index_of(img) for _ in range(3) for img in next(it)[0]]
+    assert got == list(range(12))
+    with pytest.raises(gpupipe.CorruptJpegError, match="a13_corrupt.jpg"):
+        next(it)
+
+
+def test_resume_inside_a_chunk_gives_the_same_rest(tmp_path, monkeypatch):
+    make_image_folder(tmp_path, per_class=20)
+    monkeypatch.setattr(loader_module, "CHUNK_IMAGES", 40)  # 5 batches of 8 a chunk
+    make = lambda: gpupipe.Loader(sources.ImageFolder(tmp_path), batch_size=8, crop=crops.RandomResizedCrop(24),
+                                  seed=2, num_threads=2, augment=BatchAugment(hflip=0.5, generator=0))
+    whole = [x for x, _ in make()]
+    part = make()
+    it = iter(part)
+    for _ in range(3):  # in the middle of the first chunk
+        next(it)
+    state = part.state_dict()
+    del it
+    again = make()
+    again.load_state_dict(state)
+    assert same_batches([(x, x) for x, _ in again], [(x, x) for x in whole[3:]])
+
+
+def test_the_stages_run_once_a_chunk(tmp_path, monkeypatch):
+    """The point of chunks: one read (and plan, decode, collect) per chunk, not per batch."""
+    make_image_folder(tmp_path, per_class=20)  # 60 files: batches of 4, chunks of 16 images
+    reads = []
+    real = sources.ImageFolder.read_batch
+    monkeypatch.setattr(sources.ImageFolder, "read_batch", lambda self, idx, *a, **k: reads.append(len(idx))
+                        or real(self, idx, *a, **k))
+    batches, st = run(tmp_path, 16, monkeypatch, epochs=(0,))
+    assert [x.shape[0] for x, _ in batches] == [4] * 15 and st["batches"] == 15
+    assert reads[:4] == [16, 16, 16, 12]  # (then the next epoch, started ahead)
+
+
+class SlowCopy(torch.nn.Module):
+    """An augment that takes its time and hands back a copy of what it got."""
+
+    def forward(self, x):
+        time.sleep(0.01)
+        return x.clone()
+
+
+def test_a_chunks_batches_share_its_ring_slot_until_the_last_lets_go(tmp_path, monkeypatch):
+    """The CPU backend's host ring (an augment on CPU outputs): a chunk's slot is reused only once
+    its last batch was augmented. Were it freed by its first batch, the decode of a later chunk
+    (waiting for a slot: a ring of prefetch + 3 = 4) would write into batches a slow augment has
+    not read yet."""
+    make_image_folder(tmp_path, per_class=20)
+    kw = {"augment": SlowCopy(), "prefetch": 1, "epochs": (0, 1)}
+    alone, _ = run(tmp_path, 0, monkeypatch, **kw)
+    chunked, _ = run(tmp_path, 12, monkeypatch, **kw)
+    assert same_batches(chunked, alone)
+
+
+def test_hybrid_chunks_route_and_decode_as_batches_alone(tmp_path, monkeypatch):
+    """The hybrid backend (host stand-ins for the GPU engines) on chunks: the same routes, pixels and
+    engine counts as its batches alone (routes key on (seed, epoch, index), never on the chunk)."""
+    import test_hybrid
+    from gpupipe import backends
+    from gpupipe._backends import hybrid
+
+    made = test_hybrid.engines()
+    monkeypatch.setattr(hybrid, "gpu_engines", lambda device: made)
+    monkeypatch.setattr(hybrid, "unavailable_reason", lambda device=None: None)
+    resolve = backends.resolve
+    monkeypatch.setattr(backends, "resolve", lambda b, d: "hybrid" if b == "hybrid" else resolve(b, d))
+    make_image_folder(tmp_path, per_class=12)
+    kw = {"backend": "hybrid", "decode_shares": {"cpu": 0.4, "hardware": 0.4, "cuda": 0.2}, "batch_size": 6}
+    alone, st_alone = run(tmp_path, 0, monkeypatch, **kw)
+    calls = len(made["hardware"].calls)
+    chunked, st = run(tmp_path, 18, monkeypatch, **kw)
+    assert same_batches(chunked, alone)
+    assert st["routes"] == st_alone["routes"] and st["routes"]["gpu-hardware"] > 0
+    assert {e: v["given"] for e, v in st["engines"].items()} == {e: v["given"] for e, v in st_alone["engines"].items()}
+    assert len(made["hardware"].calls) - calls < calls  # a call a chunk: fewer than a call a batch
+
+
+class BrokenStream:
+    """A streamed source whose iteration raises after ``good`` samples."""
+
+    def __init__(self, data: bytes, good: int):
+        self.data, self.good = data, good
+
+    def epoch_samples(self, *, epoch, seed, shuffle, rank, world_size, drop_last, start=0):
+        for i in range(start, self.good):
+            yield sources.Sample(i, f"s{i}", 0, self.data)
+        raise OSError("the shard server went away")
+
+
+def test_a_stream_that_fails_mid_chunk_delivers_the_batches_it_gave_first(monkeypatch):
+    monkeypatch.setattr(loader_module, "CHUNK_IMAGES", 64)
+    ld = gpupipe.Loader(BrokenStream(jpeg_bytes(3, 0, 40, 50), 10), batch_size=4, crop=crops.CenterCrop(24))
+    it = iter(ld)
+    assert [next(it)[0].shape[0] for _ in range(2)] == [4, 4]  # the stream's first 8 samples, of a chunk of 16
+    with pytest.raises(OSError, match="went away"):
+        next(it)
