@@ -144,15 +144,31 @@ class BatchStatus:
         """Whether every sample decoded (one reduction: the common batch's whole check)."""
         return not self.kind.any()
 
-    def rows(self, start: int, stop: int, measured: bool = True) -> "BatchStatus":
-        """The outcome of samples ``start:stop`` as a batch of their own (positions from 0); the
-        engine and pool seconds with it when ``measured`` (they are the whole batch's)."""
+    def rows(self, start: int, stop: int) -> "BatchStatus":
+        """The outcome of samples ``start:stop`` as a batch of their own (positions from 0), without
+        the engine and pool seconds (the whole batch's: :func:`split_seconds` shares them out)."""
         def part(d: dict) -> dict:
             return {k - start: v for k, v in d.items() if start <= k < stop} if d else {}
 
         return BatchStatus(self.kind[start:stop], self.route[start:stop], part(self.errors), part(self.warnings),
-                           part(self.fallback), dict(self.engine_seconds) if measured else {},
-                           self.cpu_busy_seconds if measured else 0.0)
+                           part(self.fallback))
+
+    def split_seconds(self, sizes: Sequence[int], routes: dict) -> list:
+        """``(engine_seconds, cpu_busy_seconds)`` for consecutive parts of ``sizes`` samples: each
+        engine's (decoded, given, seconds) and the pool's seconds shared out in proportion to the
+        part's samples that engine decoded (``routes``: {engine: its Route values}); by size where
+        it decoded none. The parts' sums are the whole batch's."""
+        bounds = np.cumsum([0, *sizes])
+        counts = np.add.reduceat(np.stack([np.isin(self.route, r) for r in routes.values()], axis=1).astype(np.int64),
+                                 bounds[:-1], axis=0) if len(self.route) else np.zeros((len(sizes), len(routes)))
+        whole = counts.sum(axis=0)
+        share = np.where(whole > 0, counts / np.maximum(whole, 1), (np.asarray(sizes) / max(bounds[-1], 1))[:, None])
+        col = {e: k for k, e in enumerate(routes)}
+        out = []
+        for j in range(len(sizes)):
+            engines = {e: tuple(v * share[j, col[e]] for v in m) for e, m in self.engine_seconds.items() if e in col}
+            out.append((engines, self.cpu_busy_seconds * share[j, col["cpu"]] if "cpu" in col else 0.0))
+        return out
 
     def fail(self, i: int, kind: int, message: str) -> None:
         self.kind[i] = int(kind)

@@ -23,6 +23,16 @@ class Closed(Exception):
     """The queue (or the engine) was closed: the waiting thread should stop."""
 
 
+class Many:
+    """What a stage returns for several items (the Loader's chunk as its batches): each is put on
+    the next queue on its own, in order, each waiting for room."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: Sequence):
+        self.items = items
+
+
 class BoundedQueue:
     """A FIFO of at most ``capacity`` items. ``put`` blocks while full, ``get`` while empty;
     ``close()`` wakes every waiter, which then raises :class:`Closed`."""
@@ -148,6 +158,12 @@ class Engine:
 
     def _run(self, stage_name: str, fn: Callable, timed: bool, gate: Optional[Callable], items: Optional[Iterable],
              inbox: Optional[BoundedQueue], outbox: BoundedQueue) -> None:
+        # A batch's last references may drop in this thread while it runs on (its consumer done with
+        # it), and torch releases the GIL while it frees a tensor: a daemon thread doing so as the
+        # interpreter finalizes aborts the process ("terminate called without an active exception").
+        # So they drop in call scopes, which an exiting interpreter waits for (or in which it parks
+        # the thread for good: gpupipe._exit). A thread that stops (Closed) is joined by its closer.
+        item = result = None
         try:
             iterator = iter(items) if items is not None else None
             while not self._stop.is_set():
@@ -163,9 +179,16 @@ class Engine:
                 clock = HostClock()
                 with call_scope():  # an exiting interpreter waits for the item in hand (gpupipe._exit)
                     result = fn(item)
+                    item = None
                 if timed:
                     self.times.add(stage_name, *clock.read())
-                outbox.put(result)
+                if type(result) is Many:
+                    for one in result.items:
+                        outbox.put(one)
+                else:
+                    outbox.put(result)
+                with call_scope():
+                    result = None
         except Closed:
             return
         except BaseException as e:  # delivered to the consumer in order, never lost in this thread

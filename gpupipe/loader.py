@@ -16,7 +16,6 @@ mid-way in another process (:meth:`Loader.state_dict`).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import itertools
 import math
@@ -39,7 +38,7 @@ from gpupipe._backends import cpu, hybrid
 from gpupipe.decode_types import BatchStatus, HeaderInfos, Route, as_int, check_thread_count
 from gpupipe.crops import CropSampler
 from gpupipe._exit import call_scope
-from gpupipe.engine import Closed, Engine, HostClock, StageTimes
+from gpupipe.engine import Closed, Engine, HostClock, Many, StageTimes
 from gpupipe.error_policy import apply_policy, check_on_error
 from gpupipe.routing import decode_into, plan_batch, straight
 from gpupipe.sources import Arenas, MapSource, Source, call_or_error, distributed_indices, indented
@@ -50,9 +49,15 @@ STAGES = ("read", "plan", "decode", "collect", "transfer", "augment")
 # together, as one chunk (the consumer still gets them one by one, each with its own pixels,
 # augmentation parameters and failures): each stage's per-call cost (a native call, the hybrid
 # backend's routes, events and copies, Python bookkeeping) is then paid per chunk, not per batch.
-# Measured on an H100 node, train recipe, backend hybrid, 800x533 photos: batch 64 delivered 9,405
-# img/s with 52.6 us of host time per image, batch 256 16,290 with 14.3. 0: every batch alone.
+# Before chunks, on an H100 node (train recipe, backend hybrid, 800x533 photos), batch 64 delivered
+# 9,405 img/s with 52.6 us of host time per image, batch 256 16,290 with 14.3. With them, on 2 cores
+# at batch 64 (160x120 and 400x300 files) the host time fell from 5.2-12.5 to 3.4-4.6 us per image
+# and the Loader ran 11-28% faster. 0: every batch alone.
 CHUNK_IMAGES = 256
+
+
+_ENGINE_ROUTES = {"cpu": (Route.CPU, Route.CPU_FALLBACK), "hardware": (Route.GPU_HARDWARE,),
+                  "cuda": (Route.GPU_CUDA,)}  # which routes each of the hybrid backend's engines decoded
 
 
 def chunk_batches(batch_size: int) -> int:
@@ -131,6 +136,27 @@ class _Stats:
         # the process's CPU decode thread-seconds when the iteration started and at its last batch: the
         # pool's utilisation while this epoch was iterated, whichever epoch's samples it decoded
         self.pool_busy_started = self.pool_busy_last = 0.0
+        # the hybrid backend's re-tuning, on what the collect stage has waited for (whole chunks,
+        # delivered or not yet): batches, {engine: [decoded, given, seconds]}, CPU images and seconds
+        self.collected_batches = 0
+        self.collected_engines: dict = {}
+        self.collected_cpu = [0, 0.0]
+
+    def collected(self, status: BatchStatus, batches: int) -> None:
+        """A batch (or a chunk of ``batches``) the collect stage waited for: its engines' work."""
+        if not status.engine_seconds and not status.cpu_busy_seconds:
+            with self.lock:
+                self.collected_batches += batches
+            return
+        cpu = int(np.isin(status.route, _ENGINE_ROUTES["cpu"]).sum())
+        with self.lock:
+            self.collected_batches += batches
+            self.collected_cpu[0] += cpu
+            self.collected_cpu[1] += status.cpu_busy_seconds
+            for engine, measured in status.engine_seconds.items():
+                was = self.collected_engines.setdefault(engine, [0, 0, 0.0])
+                for k, v in enumerate(measured):
+                    was[k] += v
 
     def routes(self) -> dict:
         """{route label: samples delivered} (call with the lock held)."""
@@ -228,6 +254,7 @@ class _Ring:
     def __init__(self, buffers: list, pending: Sequence = ()):
         self.buffers = buffers
         self._pending: list = list(pending)  # (event, slot): copies still reading a slot
+        self._partial: dict = {}  # {slot: _SlotUse} of chunks some of whose batches still hold the slot
         busy = {slot for _, slot in self._pending}
         self._free = [s for s in range(len(buffers)) if s not in busy]
         self._cond = threading.Condition()
@@ -239,8 +266,10 @@ class _Ring:
         return len(self.buffers) == slots and tuple(b.shape) == tuple(shape) and b.is_pinned() == pin
 
     def pending(self) -> list:
+        """(event, slot) of the copies that may still read a slot, a chunk's not yet released whole
+        included (its iteration ended mid-chunk): the next epoch's ring waits for them."""
         with self._cond:
-            return list(self._pending)
+            return self._pending + [(use.event, slot) for slot, use in self._partial.items() if use.event is not None]
 
     def acquire(self) -> int:
         with self._cond:
@@ -266,7 +295,9 @@ class _Ring:
                 use.users -= 1
                 use.event = event if event is not None else use.event
                 if use.users > 0:
+                    self._partial[slot] = use
                     return
+                self._partial.pop(slot, None)
                 event = use.event
             (self._pending.append((event, slot)) if event is not None else self._free.append(slot))
             self._cond.notify_all()
@@ -346,8 +377,8 @@ class Loader:
             :data:`CHUNK_IMAGES` (256) images together: the read, plan, decode and collect stages
             take a chunk at a time and the consumer still gets each batch alone, its pixels,
             augmentation and failures those of the batch alone (its images are then views of the
-            chunk's buffer). An error of a whole chunk (a GPU device error) is raised at its first
-            batch.
+            chunk's buffer, on every device). An error of a whole chunk (a GPU device error, a crop
+            sampler that raises) is raised at its first batch; a batch's own failures at that batch.
         on_error: ``"skip"`` drops failed samples (the batch is smaller), ``"replace"`` keeps zero
             images, ``"raise"`` raises naming the sample's key. Every failure is in ``stats()`` with
             its kind (:mod:`gpupipe.error_policy`).
@@ -419,7 +450,7 @@ class Loader:
             raise TypeError("crop must be a gpupipe.crops sampler (RandomResizedCrop, RandomCrop, ...)")
         check_on_error(on_error)
         if not is_python_int(prefetch) or not 1 <= prefetch <= MAX_PREFETCH:
-            raise ValueError(f"prefetch must be an int within 1..{MAX_PREFETCH} (each costs a batch buffer), got {prefetch!r}")
+            raise ValueError(f"prefetch must be an int within 1..{MAX_PREFETCH} (each costs a chunk's buffer), got {prefetch!r}")
         if not isinstance(source, Source):
             raise TypeError("source must be a gpupipe.sources source (with epoch_samples)")
         if augment is not None and not callable(augment):
@@ -557,12 +588,11 @@ class Loader:
             self._next_shares = self._retuned(st)
 
     def _retuned(self, st: "_Stats") -> "hybrid.Shares":
-        """Shares from the engine rates of the batches ``st`` counted."""
+        """Shares from the engine rates of the batches ``st`` collected (the epoch's own: the next
+        epoch's first batches may be decoding already, lookahead)."""
         with st.lock:
-            measured = {e: tuple(v) for e, v in st.engine_seconds.items()}
-            cpu_images = int(st.route_counts[Route.CPU] + st.route_counts[Route.CPU_FALLBACK])
-            # the epoch's own batches (the next epoch's first batches may be decoding already: lookahead)
-            measured["cpu"] = (cpu_images, cpu_images, st.cpu_busy)
+            measured = {e: tuple(v) for e, v in st.collected_engines.items()}
+            measured["cpu"] = (st.collected_cpu[0], st.collected_cpu[0], st.collected_cpu[1])
         return st.shares.retuned(measured, ["cpu", *self._gpu_engines()], self._decode_threads())
 
     # --- lookahead: the next epoch started while this one drains ------------------------------------
@@ -765,8 +795,8 @@ class Loader:
     def _hybrid_stats(self, s: "_Stats") -> dict:
         if self.backend != "hybrid":
             return {}
-        return {"shares": s.shares.as_dict() if s.shares else None,
-                "engines": {e: {"images": n, "given": g, "seconds": t, "images_per_s": n / t if t > 0 else 0.0}
+        return {"shares": s.shares.as_dict() if s.shares else None,  # (a chunk's counts are shared out: rounded)
+                "engines": {e: {"images": round(n), "given": round(g), "seconds": t, "images_per_s": n / t if t > 0 else 0.0}
                             for e, (n, g, t) in s.engine_seconds.items()}}
 
 
@@ -799,7 +829,9 @@ class _Epoch:
         # the batches' bytes in reused buffers, one per batch in flight (queues of `prefetch`, the stages)
         self.arenas = loader._read_arenas() if self.native_reads else None
         h, w = loader.crop.size
-        self.chunk_batches = chunk_batches(loader.batch_size)
+        # chunks where a decode call's outcome is each sample's own (the CPU core, the hybrid backend);
+        # DALI's and torchvision's decoders fail a whole call for one bad file: their batches stay alone
+        self.chunk_batches = chunk_batches(loader.batch_size) if loader.backend in ("cpu", "hybrid") else 1
         rows = self.chunk_batches * loader.batch_size  # a chunk's images at most
         self.ring = None
         # Reused host buffers where the decoded batch is read once more: copied to the GPU, or augmented
@@ -828,7 +860,7 @@ class _Epoch:
                       ("collect", self.collect)]
             if loader.device.type == "cpu":  # real work on the CPU: overlapped; on CUDA, queued GPU work
                 # times its transfer and augment parts; an epoch started ahead runs them once it is taken
-                stages.append(("finish", self.finish_items, False, self._wait_until_adopted))
+                stages.append(("finish", self.finish, False, self._wait_until_adopted))
             self.engine = Engine(self.batches(), stages, capacity=loader.prefetch, times=stats.times,
                                  closables=[self.ring] if self.ring else [], name="gpupipe")
         except BaseException:  # nothing started: what was taken is given back
@@ -921,10 +953,16 @@ class _Epoch:
         batch.datas, batch.infos, batch.boxes = plan_batch(batch.datas, l.crop, l.options, seed=l.seed,
                                                            epoch=self.epoch_number, indices=batch.indices,
                                                            read_errors=batch.read_errors)
-        if self.augment_keyed:  # a chunk's batches each draw their own (a module may draw per batch)
-            for part in batch.parts or (batch,):
-                part.augment_params = l.augment.sample_params(len(part), seed=l.seed, epoch=self.epoch_number,
-                                                              indices=torch.from_numpy(part.indices))
+        if self.augment_keyed and batch.parts is None:
+            batch.augment_params = l.augment.sample_params(len(batch), seed=l.seed, epoch=self.epoch_number,
+                                                           indices=torch.from_numpy(batch.indices))
+        elif self.augment_keyed:  # a chunk's batches each draw their own (a module may draw per batch)
+            for part in batch.parts:
+                try:
+                    part.augment_params = l.augment.sample_params(len(part), seed=l.seed, epoch=self.epoch_number,
+                                                                  indices=torch.from_numpy(part.indices))
+                except Exception as e:  # raised when this batch is reached, after those before it
+                    part.error = e
         return batch
 
     def decode(self, batch: Batch) -> Batch:
@@ -981,8 +1019,9 @@ class _Epoch:
                 batch.status = batch.pending()
                 batch.pending = None
                 _mark_ready(batch)  # a started hybrid decode's last work was queued by this thread
-            if batch.parts is not None:
-                return self._split(batch)
+            self.stats.collected(batch.status, len(batch.parts) if batch.parts is not None else 1)
+            if batch.parts is not None:  # the chunk's batches go on one by one
+                return Many(self._split(batch))
             batch.failures = apply_policy(batch.status, l.on_error, batch.keys)
         except BaseException:
             self.release(batch)
@@ -992,19 +1031,22 @@ class _Epoch:
     def _split(self, chunk: Batch) -> list:
         """A collected chunk as its batches: views of its images and slot, their own statuses and
         failures (the policy's error, with on_error="raise", kept for when the batch is reached:
-        the batches before it are delivered first). The chunk's engine and pool seconds go with its
-        first batch (the epoch's sums are what the shares are re-tuned on)."""
+        the batches before it are delivered first). The chunk's engine and pool seconds are shared
+        out by the samples each engine decoded in each batch (``stats()`` counts delivered batches)."""
         parts = chunk.parts
         use = _SlotUse(len(parts)) if chunk.slot is not None else None
+        measured = chunk.status.split_seconds([len(p) for p in parts], _ENGINE_ROUTES)
         start = 0
-        for j, part in enumerate(parts):
+        for part, (engine_seconds, cpu_busy) in zip(parts, measured):
             n = len(part)
             part.images, part.slot, part.slot_use, part.ready = chunk.images[start:start + n], chunk.slot, use, chunk.ready
-            part.status = chunk.status.rows(start, start + n, measured=j == 0)
-            try:
-                part.failures = apply_policy(part.status, self.l.on_error, part.keys)
-            except Exception as e:
-                part.error = e
+            part.status = chunk.status.rows(start, start + n)
+            part.status.engine_seconds, part.status.cpu_busy_seconds = engine_seconds, cpu_busy
+            if part.error is None:  # (a keyed augment that failed to draw this batch's parameters)
+                try:
+                    part.failures = apply_policy(part.status, self.l.on_error, part.keys)
+                except Exception as e:
+                    part.error = e
             start += n
         return parts
 
@@ -1022,20 +1064,6 @@ class _Epoch:
         if self.ring is not None:
             batch.slot = self.ring.acquire()
         return batch
-
-    def finish_items(self, item):
-        """The finish stage (CPU outputs): a batch, or a chunk's batches in order up to the first
-        that fails (its error then takes its place: those before it are delivered)."""
-        if not isinstance(item, list):
-            return self.finish(item)
-        done: list = []
-        for batch in item:
-            try:
-                done.append(self.finish(batch))
-            except Exception as e:
-                done.append(_FinishFailed(e))
-                break
-        return done
 
     def finish(self, batch: Batch):
         """(images, labels) of a decoded batch, on the consumer's side of the queue."""
@@ -1141,15 +1169,6 @@ def _mark_ready(batch: Batch) -> None:
         batch.ready.record(torch.cuda.current_stream(batch.images.device))
 
 
-class _FinishFailed:
-    """The finish stage's error for a batch of a chunk, in the chunk's place of the batches."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: BaseException):
-        self.error = error
-
-
 class _Finished:
     """A batch ready for the consumer."""
 
@@ -1193,7 +1212,6 @@ class _LoaderIterator:
         self._outcome = {"complete": False, "delivered": False}
         self._finalizer = weakref.finalize(self, _end_iteration, loader, self.epoch, self._outcome)
         self._looked_ahead = False
-        self._ready: collections.deque = collections.deque()  # a chunk's batches not yet handed out
         # a map-style epoch has ended once its last batch is delivered, whether or not the caller asks
         # for one more (zip(range(len(loader)), loader) and islice never do): its epoch ahead is kept
         self._epoch_batches = len(loader) if isinstance(loader.source, MapSource) else None
@@ -1221,9 +1239,7 @@ class _LoaderIterator:
                 st.started = time.perf_counter()
                 st.pool_busy_started = _C.decode_busy_seconds()
         try:
-            item = self._next_item()
-            if isinstance(item, _FinishFailed):
-                raise item.error
+            item = next(self.epoch.engine)
             done = item if isinstance(item, _Finished) else self.epoch.finish(item)
         except StopIteration:
             self.l._done = (self.epoch.epoch_number, 0)  # the epoch is complete: a restored run starts it over
@@ -1248,27 +1264,18 @@ class _LoaderIterator:
             self._look_ahead()
         return done.images, done.labels
 
-    def _next_item(self):
-        """The next batch from the stages: a chunk's batches one by one."""
-        if self._ready:
-            return self._ready.popleft()
-        item = next(self.epoch.engine)
-        if isinstance(item, list):
-            self._ready.extend(item[1:])
-            return item[0]
-        return item
-
     def _look_ahead(self) -> None:
         if self._looked_ahead or not self.l.lookahead:
             return
         self._looked_ahead = True
         shares = None
         l, st = self.l, self.l._stats
-        # hybrid: the next epoch's shares from this one's batches delivered so far, when they are at
-        # least half of it; else it starts with the latest complete epoch's tuning (a short epoch is
-        # read whole before its first batch is delivered). _next_shares stays that of complete epochs.
+        # hybrid: the next epoch's shares from this one's batches decoded so far (collected), when they
+        # are at least half of it; else it starts with the latest complete epoch's tuning (a short
+        # epoch is read whole before its first batch is collected). _next_shares stays that of
+        # complete epochs.
         if (l.backend == "hybrid" and l.decode_shares is None and not self._outcome["complete"]
-                and isinstance(l.source, MapSource) and 2 * st.batches >= len(l)):
+                and isinstance(l.source, MapSource) and 2 * st.collected_batches >= len(l)):
             shares = l._retuned(st)
         l._look_ahead(self.epoch, shares)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -161,6 +162,16 @@ def test_hybrid_chunks_route_and_decode_as_batches_alone(tmp_path, monkeypatch):
     assert st["routes"] == st_alone["routes"] and st["routes"]["gpu-hardware"] > 0
     assert {e: v["given"] for e, v in st["engines"].items()} == {e: v["given"] for e, v in st_alone["engines"].items()}
     assert len(made["hardware"].calls) - calls < calls  # a call a chunk: fewer than a call a batch
+    # stats() counts delivered batches: after 4 batches of a 3-batch chunk, the engines' images are
+    # the samples they decoded in those batches, not the whole chunks'
+    ld = gpupipe.Loader(sources.ImageFolder(tmp_path), crop=crops.RandomResizedCrop(24), num_threads=2, seed=5, **kw)
+    it = iter(ld)
+    for _ in range(4):
+        next(it)
+    st = ld.stats()
+    assert st["images"] == 24 and st["engines"]["hardware"]["images"] == st["routes"]["gpu-hardware"]
+    assert st["engines"]["cuda"]["images"] == st["routes"]["gpu-cuda"]
+    del it
 
 
 class BrokenStream:
@@ -182,3 +193,60 @@ def test_a_stream_that_fails_mid_chunk_delivers_the_batches_it_gave_first(monkey
     assert [next(it)[0].shape[0] for _ in range(2)] == [4, 4]  # the stream's first 8 samples, of a chunk of 16
     with pytest.raises(OSError, match="went away"):
         next(it)
+
+
+def test_a_chunks_seconds_are_shared_out_by_what_each_batch_decoded():
+    from gpupipe.decode_types import BatchStatus, Route
+
+    status = BatchStatus(np.zeros(10, np.int64), np.array([1, 5, 5, 1, 4, 5, 0, 1, 1, 5]))
+    status.engine_seconds = {"hardware": (4, 5, 2.0)}
+    status.cpu_busy_seconds = 1.0
+    routes = {"cpu": (Route.CPU, Route.CPU_FALLBACK), "hardware": (Route.GPU_HARDWARE,), "cuda": (Route.GPU_CUDA,)}
+    parts = status.split_seconds([3, 3, 4], routes)
+    assert [p[0]["hardware"][0] for p in parts] == [2, 1, 1]  # the hardware decoder's samples in each part
+    assert [p[0]["hardware"][2] for p in parts] == [1.0, 0.5, 0.5]
+    assert [p[1] for p in parts] == [pytest.approx(0.2), pytest.approx(0.4), pytest.approx(0.4)]  # cpu 1, 2, 2
+    part = status.rows(3, 6)
+    assert part.route.tolist() == [1, 4, 5] and not part.engine_seconds
+
+
+class FakeEvent:
+    def synchronize(self):
+        pass
+
+
+def test_a_chunks_slot_released_by_some_of_its_batches_is_carried_with_their_copy():
+    """An iteration that ends mid-chunk: the copies its delivered batches started still read the
+    slot, and the next epoch's ring (made from pending()) must wait for them, not write the slot."""
+    ring = loader_module._Ring([torch.zeros(1) for _ in range(2)])
+    slot = ring.acquire()
+    use = loader_module._SlotUse(3)
+    event = FakeEvent()
+    ring.release(slot, event, use)
+    ring.release(slot, None, use)
+    assert ring.pending() == [(event, slot)]
+    again = loader_module._Ring(ring.buffers, ring.pending())
+    assert again.acquire() != slot  # the free one first; the carried slot only after its copy
+    ring.release(slot, None, use)  # the chunk's last batch: the slot waits for the latest copy
+    assert ring.pending() == [(event, slot)]
+
+
+def test_batches_are_finished_one_by_one_not_a_chunk_at_a_time(tmp_path, monkeypatch):
+    """The finish stage (CPU outputs: augment, batch_transform) takes a chunk's batches one at a time,
+    held back by its queue: a consumer that took one batch has not had 16 augmented for it."""
+    make_image_folder(tmp_path, per_class=20)
+    monkeypatch.setattr(loader_module, "CHUNK_IMAGES", 64)  # 16 batches of 4
+    calls = []
+
+    class Counting(torch.nn.Module):
+        def forward(self, x):
+            calls.append(len(x))
+            return x.clone()
+
+    ld = gpupipe.Loader(sources.ImageFolder(tmp_path), batch_size=4, crop=crops.CenterCrop(24), num_threads=2,
+                        augment=Counting(), prefetch=1, lookahead=False)
+    it = iter(ld)
+    next(it)
+    time.sleep(0.3)
+    assert len(calls) <= 4, calls  # the one taken, the queue's, the one in hand
+    del it

@@ -522,19 +522,36 @@ def test_an_iterator_dropped_mid_epoch_leaves_the_next_one_its_gpu_workers(tmp_p
     assert sum(x.shape[0] for x, _ in it) == 36 and ld.stats()["routes"]["gpu-hardware"] > 0
 
 
-def test_a_short_epoch_ahead_starts_with_the_last_complete_epochs_tuning(tmp_path, host_engines):
-    make_image_folder(tmp_path, per_class=12)  # 5 batches: read whole before its first is delivered
+def test_a_short_epoch_ahead_starts_with_the_last_complete_epochs_tuning(tmp_path, host_engines, monkeypatch):
+    """9 batches alone (no chunks), read whole before the first is delivered: the collect stage, held
+    back by its queue (prefetch 2), has collected at most 4 when epoch 1 starts ahead."""
+    from gpupipe import loader as loader_module
+
+    monkeypatch.setattr(loader_module, "CHUNK_IMAGES", 0)
+    make_image_folder(tmp_path, per_class=24)
     host_engines["hardware"].delay = 0.004
     ld = loader(tmp_path)
     prior = ld._epoch_shares(0)
     list(ld)
     state = ld.state_dict()["decode_shares"]
-    assert state["epochs"][1] == prior.as_dict()  # too little delivered when epoch 1 started ahead
+    assert state["epochs"][1] == prior.as_dict()  # too little collected when epoch 1 started ahead
     tuned = state["next"]  # epoch 0's complete tuning: the slow hardware decoder gets less
     assert tuned["hardware"] < prior.hardware
     ld.set_epoch(1)
     list(ld)
     assert ld.state_dict()["decode_shares"]["epochs"][2] == tuned
+
+
+def test_an_epoch_of_one_chunk_starts_the_next_with_its_whole_tuning(tmp_path, host_engines):
+    """5 batches of 8 are one chunk (loader.CHUNK_IMAGES): collected whole before its first batch is
+    delivered, so the epoch started ahead is re-tuned on all of it, as after the epoch."""
+    make_image_folder(tmp_path, per_class=12)
+    host_engines["hardware"].delay = 0.004
+    ld = loader(tmp_path)
+    prior = ld._epoch_shares(0)
+    list(ld)
+    state = ld.state_dict()["decode_shares"]
+    assert state["epochs"][1] == state["next"] and state["next"]["hardware"] < prior.hardware
 
 
 def test_the_cpu_pool_leaves_threads_of_the_budget_to_the_gpu_decoders(tmp_path, host_engines, monkeypatch):

@@ -335,6 +335,10 @@ class _EngineQueue:
                 for job in group:
                     if not job.future.done():
                         job.future.set_exception(e)
+            # the shares' output tensors may have no other reference left (their iteration closed): freed
+            # in a call scope, never under a finalizing interpreter (gpupipe.engine.Engine._run says why)
+            with call_scope():
+                group = None
 
 
 _open_queues: "weakref.WeakSet[_EngineQueue]" = weakref.WeakSet()
