@@ -522,18 +522,23 @@ def test_an_iterator_dropped_mid_epoch_leaves_the_next_one_its_gpu_workers(tmp_p
     assert sum(x.shape[0] for x, _ in it) == 36 and ld.stats()["routes"]["gpu-hardware"] > 0
 
 
+def epoch_with_a_slow_hardware_decoder(root, host_engines, per_class: int):
+    """(loader, epoch 0's shares, the decode_shares state after epoch 0) on 3 x per_class files."""
+    make_image_folder(root, per_class=per_class)
+    host_engines["hardware"].delay = 0.004
+    ld = loader(root)
+    prior = ld._epoch_shares(0)
+    list(ld)
+    return ld, prior, ld.state_dict()["decode_shares"]
+
+
 def test_a_short_epoch_ahead_starts_with_the_last_complete_epochs_tuning(tmp_path, host_engines, monkeypatch):
     """9 batches alone (no chunks), read whole before the first is delivered: the collect stage, held
     back by its queue (prefetch 2), has collected at most 4 when epoch 1 starts ahead."""
     from gpupipe import loader as loader_module
 
     monkeypatch.setattr(loader_module, "CHUNK_IMAGES", 0)
-    make_image_folder(tmp_path, per_class=24)
-    host_engines["hardware"].delay = 0.004
-    ld = loader(tmp_path)
-    prior = ld._epoch_shares(0)
-    list(ld)
-    state = ld.state_dict()["decode_shares"]
+    ld, prior, state = epoch_with_a_slow_hardware_decoder(tmp_path, host_engines, per_class=24)
     assert state["epochs"][1] == prior.as_dict()  # too little collected when epoch 1 started ahead
     tuned = state["next"]  # epoch 0's complete tuning: the slow hardware decoder gets less
     assert tuned["hardware"] < prior.hardware
@@ -545,12 +550,7 @@ def test_a_short_epoch_ahead_starts_with_the_last_complete_epochs_tuning(tmp_pat
 def test_an_epoch_of_one_chunk_starts_the_next_with_its_whole_tuning(tmp_path, host_engines):
     """5 batches of 8 are one chunk (loader.CHUNK_IMAGES): collected whole before its first batch is
     delivered, so the epoch started ahead is re-tuned on all of it, as after the epoch."""
-    make_image_folder(tmp_path, per_class=12)
-    host_engines["hardware"].delay = 0.004
-    ld = loader(tmp_path)
-    prior = ld._epoch_shares(0)
-    list(ld)
-    state = ld.state_dict()["decode_shares"]
+    _, prior, state = epoch_with_a_slow_hardware_decoder(tmp_path, host_engines, per_class=12)
     assert state["epochs"][1] == state["next"] and state["next"]["hardware"] < prior.hardware
 
 
