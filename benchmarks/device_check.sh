@@ -51,8 +51,9 @@ from gpupipe.bench.dataset import default_set
 for n in ('seed', 'hd'): open('$G/set-' + n, 'w').write(str(folder(n)))
 folder('seed', 4096)
 print(default_set())" > "$L/data.txt" 2>&1) &
-  step tests 150 python3 -m pytest -q -s -p no:cacheprovider -rs tests/test_crop_resize.py tests/test_nvimgcodec.py \
-    tests/test_hybrid.py tests/test_backends.py tests/test_reliability3.py::test_exit_while_a_daemon_thread_decodes_never_aborts
+  step tests 200 python3 -m pytest -q -s -p no:cacheprovider -rs tests/test_crop_resize.py tests/test_nvimgcodec.py \
+    tests/test_hybrid.py tests/test_backends.py tests/test_chunks.py tests/test_loader.py \
+    tests/test_reliability3.py::test_exit_while_a_daemon_thread_decodes_never_aborts
   tail -3 "$L/tests.txt"; grep -E "^(FAILED|ERROR)" "$L/tests.txt" | head -20
   wait; tail -2 "$L/data.txt"
   if [ "${PROBE:-0}" = 1 ]; then step probe 200 python3 -m benchmarks.hybrid_probe --tuned $G/tuned
