@@ -158,17 +158,21 @@ class BatchStatus:
         engine's (decoded, given, seconds) and the pool's seconds shared out in proportion to the
         part's samples that engine decoded (``routes``: {engine: its Route values}); by size where
         it decoded none. The parts' sums are the whole batch's."""
-        bounds = np.cumsum([0, *sizes])
-        counts = np.add.reduceat(np.stack([np.isin(self.route, r) for r in routes.values()], axis=1).astype(np.int64),
-                                 bounds[:-1], axis=0) if len(self.route) else np.zeros((len(sizes), len(routes)))
-        whole = counts.sum(axis=0)
-        share = np.where(whole > 0, counts / np.maximum(whole, 1), (np.asarray(sizes) / max(bounds[-1], 1))[:, None])
-        col = {e: k for k, e in enumerate(routes)}
-        out = []
-        for j in range(len(sizes)):
-            engines = {e: tuple(v * share[j, col[e]] for v in m) for e, m in self.engine_seconds.items() if e in col}
-            out.append((engines, self.cpu_busy_seconds * share[j, col["cpu"]] if "cpu" in col else 0.0))
-        return out
+        starts = np.cumsum([0, *sizes[:-1]])
+
+        def shares(codes: Sequence[int]) -> np.ndarray:
+            hit = self.route == codes[0]
+            for code in codes[1:]:
+                hit |= self.route == code
+            counts = np.add.reduceat(hit.view(np.int8).astype(np.int64), starts)
+            whole = int(counts.sum())
+            return counts / whole if whole else np.asarray(sizes) / max(len(self.route), 1)
+
+        engines = {e: (shares(routes[e]), m) for e, m in self.engine_seconds.items() if e in routes}
+        cpu = shares(routes["cpu"]) * self.cpu_busy_seconds if self.cpu_busy_seconds and "cpu" in routes \
+            else np.zeros(len(sizes))
+        return [({e: tuple(v * f[j] for v in m) for e, (f, m) in engines.items()}, float(cpu[j]))
+                for j in range(len(sizes))]
 
     def fail(self, i: int, kind: int, message: str) -> None:
         self.kind[i] = int(kind)

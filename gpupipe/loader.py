@@ -148,7 +148,7 @@ class _Stats:
             with self.lock:
                 self.collected_batches += batches
             return
-        cpu = int(np.isin(status.route, _ENGINE_ROUTES["cpu"]).sum())
+        cpu = int(np.count_nonzero((status.route == Route.CPU) | (status.route == Route.CPU_FALLBACK)))
         with self.lock:
             self.collected_batches += batches
             self.collected_cpu[0] += cpu
