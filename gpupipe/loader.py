@@ -51,8 +51,8 @@ STAGES = ("read", "plan", "decode", "collect", "transfer", "augment")
 # backend's routes, events and copies, Python bookkeeping) is then paid per chunk, not per batch.
 # Before chunks, on an H100 node (train recipe, backend hybrid, 800x533 photos), batch 64 delivered
 # 9,405 img/s with 52.6 us of host time per image, batch 256 16,290 with 14.3. With them, on 2 cores
-# at batch 64 (160x120 and 400x300 files) the host time fell from 5.2-12.5 to 3.4-4.6 us per image
-# and the Loader ran 11-28% faster. 0: every batch alone.
+# at batch 64 (160x120 and 400x300 files, docs/benchmarks.md) the host time fell from 9.1-13.4 to
+# 5.4-5.7 us per image and the Loader ran 19-44% faster. 0: every batch alone.
 CHUNK_IMAGES = 256
 
 
