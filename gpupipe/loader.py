@@ -144,10 +144,6 @@ class _Stats:
 
     def collected(self, status: BatchStatus, batches: int) -> None:
         """A batch (or a chunk of ``batches``) the collect stage waited for: its engines' work."""
-        if not status.engine_seconds and not status.cpu_busy_seconds:
-            with self.lock:
-                self.collected_batches += batches
-            return
         cpu = int(np.count_nonzero((status.route == Route.CPU) | (status.route == Route.CPU_FALLBACK)))
         with self.lock:
             self.collected_batches += batches
