@@ -146,7 +146,7 @@ class BatchStatus:
 
     def rows(self, start: int, stop: int) -> "BatchStatus":
         """The outcome of samples ``start:stop`` as a batch of their own (positions from 0), without
-        the engine and pool seconds (the whole batch's: :func:`split_seconds` shares them out)."""
+        the engine and pool seconds (the whole batch's: :meth:`split_seconds` shares them out)."""
         def part(d: dict) -> dict:
             return {k - start: v for k, v in d.items() if start <= k < stop} if d else {}
 
@@ -164,7 +164,7 @@ class BatchStatus:
             hit = self.route == codes[0]
             for code in codes[1:]:
                 hit |= self.route == code
-            counts = np.add.reduceat(hit.view(np.int8).astype(np.int64), starts)
+            counts = np.add.reduceat(hit.astype(np.int64), starts)
             whole = int(counts.sum())
             return counts / whole if whole else np.asarray(sizes) / max(len(self.route), 1)
 
