@@ -149,10 +149,7 @@ class _Stats:
             self.collected_batches += batches
             self.collected_cpu[0] += cpu
             self.collected_cpu[1] += status.cpu_busy_seconds
-            for engine, measured in status.engine_seconds.items():
-                was = self.collected_engines.setdefault(engine, [0, 0, 0.0])
-                for k, v in enumerate(measured):
-                    was[k] += v
+            _add_engine_seconds(self.collected_engines, status.engine_seconds)
 
     def routes(self) -> dict:
         """{route label: samples delivered} (call with the lock held)."""
@@ -173,10 +170,15 @@ class _Stats:
             self.route_counts += np.bincount(status.route if status.all_ok() else status.route[status.ok],
                                              minlength=len(Route))
             self.cpu_busy += status.cpu_busy_seconds
-            for engine, measured in status.engine_seconds.items():
-                was = self.engine_seconds.setdefault(engine, [0, 0, 0.0])
-                for k, v in enumerate(measured):
-                    was[k] += v
+            _add_engine_seconds(self.engine_seconds, status.engine_seconds)
+
+
+def _add_engine_seconds(totals: dict, measured: dict) -> None:
+    """Adds a batch's ``{engine: (decoded, given, seconds)}`` to running ``[decoded, given, seconds]``."""
+    for engine, values in measured.items():
+        was = totals.setdefault(engine, [0, 0, 0.0])
+        for k, v in enumerate(values):
+            was[k] += v
 
 
 def _report_losses(loader: "Loader", st: _Stats) -> None:
