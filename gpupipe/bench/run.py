@@ -459,6 +459,7 @@ def _print_summary(results, baseline, loader_stats, parts, args, batches: int) -
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    DALI_PRINTED.clear()  # this run's lines only (a process may run the bench more than once)
     try:
         _check_args(args)
         device = _device(args.device)
