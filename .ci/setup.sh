@@ -38,6 +38,10 @@ if ! "$VPY" -c "import nvidia.dali" 2>/dev/null; then
   log "installing nvidia-dali-cuda120 (optional peer/backend; its CPU pipelines run without a GPU)"
   pip_q nvidia-dali-cuda120 || log "DALI could not be installed: its tests and benchmark rows will be skipped"
 fi
+if ! "$VPY" -c "import importlib.util as u; assert u.find_spec('nvidia.nvimgcodec')" 2>/dev/null; then
+  log "installing nvidia-nvimgcodec-cu13 0.9 (optional: the GPU engines; its header builds their C-API path, its CPU decoder tests that path here)"
+  pip_q "nvidia-nvimgcodec-cu13==0.9.*" || log "nvImageCodec could not be installed: its C-API tests will be skipped"
+fi
 
 # SPDL (an optional benchmark peer) decodes through FFmpeg's shared libraries.
 if "$VPY" -c "import spdl" 2>/dev/null || pip_q spdl 2>/dev/null; then

@@ -4,7 +4,8 @@
 # ../shared/device/prepare.sh made .device/; DALI's wheel travels in four pieces, one per call:
 #   call 1 (carry .device/base): bash benchmarks/device_check.sh 1   build, data, the GPU tests, the hybrid Loader
 #                                beside the raw decode, 800x533, train recipe, batch 64 and 256 (MERGE_AB=1: also
-#                                without merged engine calls, hybrid.MERGE_IMAGES 0); PROBE=1: hybrid_probe too (it writes the best
+#                                without merged engine calls, hybrid.MERGE_IMAGES 0; API_AB=1: also with nvImageCodec's Python
+#                                API; ENGINES=1: hybrid_probe --part engines first); PROBE=1: hybrid_probe too (it writes the best
 #                                hybrid.ENGINE_HOST_THREADS; later calls use it)
 #   call 2 (carry .device/d2):   bash benchmarks/device_check.sh 2   the Loader (backend cpu) vs raw, 800x533, batch 256 and 64
 #                                (GPU_CHECK=1: gpu_check --quick first)
@@ -28,11 +29,13 @@ step() {  # step NAME SECONDS command...: one timed step, its log under $OUT, it
   echo "$name rc $rc in $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
 }
 bench() {  # bench NAME SET BATCH ARGS...: python -m gpupipe bench, $RECIPE (train), 16 threads, CUDA (NOMERGE=1:
-  # the GPU engines take one batch's share per call)
+  # the GPU engines take one batch's share per call; PYAPI=1: they call nvImageCodec's Python API, not its C API)
   local name=$1 set=$2 bs=$3; shift 3
   local data=(); [ "$set" = default ] || data=(--data "$(cat $G/set-$set)")
-  local run=(python3 -m gpupipe bench)
-  [ "${NOMERGE:-0}" = 1 ] && run=(python3 -c "import sys; from gpupipe._backends import hybrid; hybrid.MERGE_IMAGES = 0
+  local run=(python3 -m gpupipe bench) pre=""
+  [ "${NOMERGE:-0}" = 1 ] && pre+="from gpupipe._backends import hybrid; hybrid.MERGE_IMAGES = 0; "
+  [ "${PYAPI:-0}" = 1 ] && pre+="from gpupipe._backends import nvimgcodec; nvimgcodec.NATIVE = False; "
+  [ -n "$pre" ] && run=(python3 -c "import sys; $pre
 from gpupipe.bench import main; sys.exit(main(sys.argv[1:]))")
   step "$name" 75 "${run[@]}" --device cuda --threads 16 --recipe "${RECIPE:-train}" --batch-size "$bs" \
     "${data[@]}" --repeats 2 --out "$L/$name-out" "$@"
@@ -51,14 +54,19 @@ from gpupipe.bench.dataset import default_set
 for n in ('seed', 'hd'): open('$G/set-' + n, 'w').write(str(folder(n)))
 folder('seed', 4096)
 print(default_set())" > "$L/data.txt" 2>&1) &
-  step tests 200 python3 -m pytest -q -s -p no:cacheprovider -rs tests/test_crop_resize.py tests/test_nvimgcodec.py \
+  python3 -c "from gpupipe._backends import nvimgcodec as n; print('nvImageCodec C API:', n.native_reason() or 'built')" \
+    2>&1 | tail -1 | tee -a "$OUT/summary.txt"
+  step tests 240 python3 -m pytest -q -s -p no:cacheprovider -rs tests/test_crop_resize.py tests/test_nvimgcodec.py \
     tests/test_hybrid.py tests/test_backends.py tests/test_chunks.py tests/test_loader.py \
     tests/test_reliability3.py::test_exit_while_a_daemon_thread_decodes_never_aborts
   tail -3 "$L/tests.txt"; grep -E "^(FAILED|ERROR)" "$L/tests.txt" | head -20
   wait; tail -2 "$L/data.txt"
   if [ "${PROBE:-0}" = 1 ]; then step probe 200 python3 -m benchmarks.hybrid_probe --tuned $G/tuned
     grep -E "^\||shares|best|BatchAugment" "$L/probe.txt" | cut -c1-400; fi
+  [ "${ENGINES:-0}" = 1 ] && { step engines 120 python3 -m benchmarks.hybrid_probe --part engines
+    grep -E "^\|" "$L/engines.txt" | cut -c1-200 | tee -a "$OUT/summary.txt"; }
   for bs in 64 256; do bench hybrid-seed-$bs seed $bs --methods gpupipe raw
+    [ "${API_AB:-0}" = 1 ] && PYAPI=1 bench hybrid-seed-$bs-pyapi seed $bs --methods gpupipe
     [ "${MERGE_AB:-0}" = 1 ] && NOMERGE=1 bench hybrid-seed-$bs-nomerge seed $bs --methods gpupipe; done
   # the later calls run with the best measured threads left to the GPU engines' host side
   [ -s $G/tuned ] && sed -i "s/^ENGINE_HOST_THREADS = .*/ENGINE_HOST_THREADS = $(cat $G/tuned)/" gpupipe/_backends/hybrid.py

@@ -90,22 +90,16 @@ def engine_rates(datas: list, reps: int = 3) -> None:
               f"| {probe.summary()} |", flush=True)
 
     dev = torch.device("cuda", torch.cuda.current_device())
-    try:
-        hw = nvimgcodec.Engine("hardware", dev)
-        for n in (64, 128, 256):
-            measure(hw, "hardware", f"cpu_threads {nvimgcodec.CPU_THREADS}", min(n, len(datas)))
-        hw8 = nvimgcodec.Engine("hardware", dev, cpu_threads=8)
-        measure(hw8, "hardware", "cpu_threads 8", 256)
-    except RuntimeError as e:
-        print(f"| hardware | - | - | - | - | {e} |")
-    default = nvimgcodec.CUDA_HUFFMAN_ON_GPU_ABOVE
-    try:
-        for threshold, threads in ((1_000_000, 2), (1_000_000, 8)):
-            nvimgcodec.CUDA_HUFFMAN_ON_GPU_ABOVE = threshold
-            eng = nvimgcodec.Engine("cuda", dev, cpu_threads=threads)
-            measure(eng, "cuda", f"Huffman on GPU above {threshold} px, cpu_threads {threads}", 256)
-    finally:  # the Loader rows run what ships
-        nvimgcodec.CUDA_HUFFMAN_ON_GPU_ABOVE = default
+    for kind, calls in (("hardware", (64, 128, 256)), ("cuda", (256,))):
+        for native in (True, False):  # nvImageCodec's C API (one GIL-free call) and its Python API
+            try:
+                eng = nvimgcodec.Engine(kind, dev, native=native)
+                eng.probe()
+            except RuntimeError as e:
+                print(f"| {kind} | {'C' if native else 'Python'} API | - | - | - | {e} |")
+                continue
+            for n in calls:
+                measure(eng, kind, f"{eng.api} API, cpu_threads {nvimgcodec.CPU_THREADS}", min(n, len(datas)))
 
 
 def _renice_pool(nice: int) -> str:

@@ -17,6 +17,8 @@ docs/semantics.md.
 from __future__ import annotations
 
 import contextlib
+import io
+import os
 import sys
 import types
 
@@ -207,6 +209,7 @@ def fake(monkeypatch):
         Region=lambda *a: a,
         Decoder=FakeDecoder)
     state = types.SimpleNamespace(crops=[], synced=[], stream=types.SimpleNamespace(cuda_stream=4242))
+    monkeypatch.setattr(nvimgcodec, "NATIVE", False)  # the Python API's path (the C API's: `native` below)
     monkeypatch.setattr(nvimgcodec, "_library", lambda: lib)
     monkeypatch.setattr(nvimgcodec, "_device_context", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(nvimgcodec, "_current_stream", lambda device: state.stream)
@@ -375,6 +378,204 @@ def test_probe_declined_means_not_available(fake):
     eng.probe()
 
 
+# --- the C API's path on the CPU: nvImageCodec's own libjpeg-turbo decoder into host memory ---------
+
+
+def _c_api_reason():
+    if reason := nvimgcodec.native_reason():
+        return reason
+    try:
+        nvimgcodec._library()
+    except Exception as e:  # noqa: BLE001 - any failure means: not usable here
+        return f"nvImageCodec not importable here ({type(e).__name__}: {e})"
+    return None
+
+
+C_API_REASON = _c_api_reason()
+needs_c_api = pytest.mark.skipif(C_API_REASON is not None, reason=C_API_REASON or "")
+
+
+@pytest.fixture
+def native(monkeypatch):
+    """Engines whose C-API decoder is the real one of kind "cpu" (host memory, no GPU): the whole
+    path (parse, checks, one decode call, statuses, the crop kernel's table) runs as on a GPU, with
+    the host build of the crop kernel."""
+    lib = nvimgcodec._library()
+    made = []
+
+    def cpu_decoder(lib_, kind, device_index, cpu_threads, options):
+        made.append((kind, options))
+        dec = _cpu_decoder(lib_, cpu_threads, options)
+        return CountingDecoder(dec)
+
+    monkeypatch.setattr(nvimgcodec, "_native_decoder", cpu_decoder)
+    monkeypatch.setattr(nvimgcodec, "_device_context", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(nvimgcodec, "_current_stream", lambda device: types.SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(nvimgcodec, "_synchronize", lambda stream: None)
+    monkeypatch.setattr(nvimgcodec, "_check_out", lambda *a: None)
+    monkeypatch.setattr(nvimgcodec, "_scratch", lambda nbytes, device: torch.zeros(max(int(nbytes), 1), dtype=torch.uint8))
+    state = types.SimpleNamespace(lib=lib, made=made)
+    state.make = lambda kind="hardware", **kw: nvimgcodec.Engine(kind, torch.device("cuda", 0), **kw)
+    return state
+
+
+def _cpu_decoder(lib, cpu_threads, options, kind="cpu"):
+    from gpupipe.augment._kernels import _C_cuda
+
+    return _C_cuda.NvimgcodecDecoder(os.path.dirname(lib.__file__), kind, 0, cpu_threads, options)
+
+
+def pillow_png(pixels):
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "PNG")
+    return buf.getvalue()
+
+
+class CountingDecoder:
+    def __init__(self, dec):
+        self.dec, self.calls = dec, []
+
+    def decode(self, buffers, *args):
+        self.calls.append(len(buffers))
+        return self.dec.decode(buffers, *args)
+
+
+def _host_core(datas, boxes, size, mode="rgb", resize=False):
+    return gpupipe.decode_crop_jpegs(datas, boxes, size=size if resize else None, backend="cpu", mode=mode,
+                                     dct_scaling=False).images.permute(0, 2, 3, 1)
+
+
+def _host_decode(eng, datas, boxes, size, mode="rgb", resize=False, slots=None):
+    opts = DecodeOptions(size=tuple(size), resize=resize, mode=mode)
+    out = torch.zeros(len(datas), *size, opts.channels, dtype=torch.uint8)
+    slots = np.arange(len(datas)) if slots is None else slots
+    return out, eng.decode(datas, np.asarray(boxes, dtype=np.float64), out, slots, opts)
+
+
+@needs_c_api
+@pytest.mark.parametrize("mode", ["rgb", "gray"])
+def test_c_api_crops_equal_the_cpu_core(native, mode):
+    """The C API's path end to end: every variant nvImageCodec's libjpeg-turbo takes, cropped by the
+    crop kernel from its packed buffer, equals the CPU core (the same libjpeg algorithms) bit for bit."""
+    eng = native.make()
+    assert eng.api == "C" and native.made == [("hardware", nvimgcodec._decoder_options("hardware", False))]
+    variants = {n: v for n, v in make_variants(photo(77, 103)).items()
+                if not n.startswith(("cmyk", "ycck", "rgb")) and "arithmetic" not in n}
+    datas = list(variants.values())
+    boxes = np.array([[3 + k, 5, 48, 64] for k in range(len(datas))], dtype=np.float64)
+    got, declined = _host_decode(eng, datas, boxes, (48, 64), mode)
+    assert not declined, {list(variants)[k]: why for k, why in declined.items()}
+    ref = _host_core(datas, boxes, (48, 64), mode)
+    for k, name in enumerate(variants):
+        assert torch.equal(got[k], ref[k]), f"{name}: max |diff| {int((got[k].int() - ref[k].int()).abs().max())}"
+    assert eng._native.calls == [len(datas)]  # ONE call for the batch
+
+
+@needs_c_api
+def test_c_api_declines_what_it_cannot_take_and_decodes_the_rest(native):
+    good = photo_jpegs(["astronaut", "coffee"], [{}], size=(60, 80))
+    png = pillow_png(photo(60, 80))
+    datas = [good[0], b"garbage" * 9, b"", png, good[1], good[1]]
+    (h0, w0), (h1, w1) = (gpupipe.read_header(d)[:2] for d in good)
+    sizes = np.array([[h0, w0], [1, 1], [1, 1], [60, 80], [h1, w1], [h1 + 1, w1]])  # the last: another header size
+    boxes = np.array([[4, 5, 32, 40]] * 6, dtype=np.float64)
+    eng = native.make("cuda")
+    out = torch.zeros(6, 32, 40, 3, dtype=torch.uint8)
+    declined = eng.decode(datas, boxes, out, np.arange(6), DecodeOptions(size=(32, 40)), sizes=sizes)
+    assert sorted(declined) == [1, 2, 3, 5], declined
+    assert "cannot parse" in declined[1] and "cannot parse" in declined[2]
+    assert "another format than JPEG" in declined[3] and "another size than its header" in declined[5]
+    ref = _host_core([good[0], good[1]], boxes[:2], (32, 40))
+    assert torch.equal(out[0], ref[0]) and torch.equal(out[4], ref[1])
+    assert not out[[1, 2, 3, 5]].any()  # declined slots untouched
+
+
+@needs_c_api
+def test_c_api_shares_of_several_batches_in_one_call(native):
+    datas = photo_jpegs(["astronaut", "coffee", "chelsea"], [{}], size=(70, 90))
+    eng = native.make()
+    outs = [torch.zeros(4, 16, 16, 3, dtype=torch.uint8) for _ in range(2)]
+    options = DecodeOptions(size=(16, 16), resize=True)
+    boxes = np.array([[0, 0, 70, 90], [10, 10, 40, 50]], dtype=np.float64)
+    first, second = eng.decode_jobs([(datas[:2], boxes, outs[0], np.array([3, 1]), options, None),
+                                     ([b"nope", datas[2]], boxes, outs[1], np.array([0, 2]), options, None)])
+    assert eng._native.calls == [4] and not first and list(second) == [0]
+    ref = _host_core(datas, np.concatenate([boxes, boxes[1:]]), (16, 16), resize=True)
+    assert torch.equal(outs[0][3], ref[0]) and torch.equal(outs[0][1], ref[1]) and torch.equal(outs[1][2], ref[2])
+
+
+@needs_c_api
+def test_c_api_roi_decodes_regions_with_the_same_pixels(native):
+    datas = photo_jpegs(["astronaut", "rocket", "coffee", "chelsea"], [{}, {"h_samp": 2, "v_samp": 1}], size=(120, 160))
+    boxes = np.array([[10, 20, 50, 60], [60, 90, 60, 70], [0, 0, 120, 160], [33, 47, 20, 30]], dtype=np.float64)
+    whole, _ = _host_decode(native.make(), datas, boxes, (24, 24), resize=True)
+    roi, declined = _host_decode(native.make(roi=True), datas, boxes, (24, 24), resize=True)
+    assert not declined
+    ref = _host_core(datas, boxes, (24, 24), resize=True)
+    assert torch.equal(whole, ref)
+    assert (roi.int() - ref.int()).abs().max() <= 1  # libjpeg's region decode: the margin keeps the edge
+
+
+@needs_c_api
+def test_c_api_argument_checks(native):
+    dec = _cpu_decoder(native.lib, 1, "")
+    data = photo_jpegs(["coffee"], [{}], size=(20, 30))[0]
+    out = torch.zeros(20 * 30 * 3, dtype=torch.uint8)
+    one = np.array([[20, 30]], np.int64)
+    assert dec.decode([data], one, None, 3, out.data_ptr(), out.numel(), np.zeros(1, np.int64), 0).tolist() == [1]
+    with pytest.raises(ValueError, match="outside the out buffer"):
+        dec.decode([data], one, None, 3, out.data_ptr(), out.numel() - 1, np.zeros(1, np.int64), 0)
+    with pytest.raises(ValueError, match="outside the out buffer"):
+        dec.decode([data], one, None, 3, out.data_ptr(), out.numel(), np.array([1], np.int64), 0)
+    with pytest.raises(ValueError, match="sizes must be"):
+        dec.decode([data, data], one, None, 3, out.data_ptr(), out.numel(), np.zeros(2, np.int64), 0)
+    zero = np.zeros(1, np.int64)
+    assert dec.decode([data], one, np.array([[0, 0, 21, 30]]), 3, out.data_ptr(), out.numel(), zero, 0).tolist() == [-4]
+    assert dec.decode([data], np.array([[0, 30]]), None, 3, out.data_ptr(), out.numel(), zero, 0).tolist() == [-5]
+    assert dec.decode([data], np.array([[20, 29]]), None, 3, out.data_ptr(), out.numel(), zero, 0).tolist() == [-2]
+    with pytest.raises(ValueError, match="channels must be 1 or 3"):
+        dec.decode([data], one, None, 4, out.data_ptr(), out.numel(), np.zeros(1, np.int64), 0)
+    with pytest.raises(TypeError):
+        dec.decode([12], one, None, 3, out.data_ptr(), out.numel(), np.zeros(1, np.int64), 0)
+    with pytest.raises(ValueError, match="kind must be"):
+        _cpu_decoder(native.lib, 1, "", kind="tpu")
+
+
+@needs_c_api
+def test_c_api_failures_fall_back_to_the_python_api(native, monkeypatch):
+    assert native.make().api == "C"
+
+    def broken(*a):
+        raise RuntimeError("cannot load libnvimgcodec.so.0")
+
+    monkeypatch.setattr(nvimgcodec, "_native_decoder", broken)
+    monkeypatch.setattr(native.lib, "Decoder", FakeDecoder)  # the Python API's decoder, a stand-in here
+    eng = native.make(native=None)
+    assert eng.api == "Python" and "cannot load libnvimgcodec" in eng.native_reason
+    with pytest.raises(RuntimeError, match="could not start: .*cannot load libnvimgcodec"):
+        native.make(native=True)
+    monkeypatch.setattr(nvimgcodec, "NATIVE", False)
+    assert native.make().api == "Python" and native.make().native_reason is None
+
+
+def test_status_reasons():
+    assert nvimgcodec.status_reason(0x13).startswith("nvImageCodec declined it: no allowed backend")
+    assert nvimgcodec.status_reason(0x13).endswith("(status 0x13)")
+    assert nvimgcodec.status_reason(-2) == "nvImageCodec parses another size than its header says"
+    assert "declined (status 0x9999)" in nvimgcodec.status_reason(0x9999)
+
+
+def test_without_the_c_api_the_engines_use_the_python_api(fake, monkeypatch):
+    monkeypatch.setattr(nvimgcodec, "NATIVE", True)
+    monkeypatch.setattr(nvimgcodec, "native_reason", lambda: "gpupipe was built without nvImageCodec's header")
+    eng = fake.make()
+    assert eng.api == "Python" and "without nvImageCodec's header" in eng.native_reason
+    with pytest.raises(RuntimeError, match="could not start: gpupipe was built without"):
+        fake.make(native=True)
+
+
 # --- the frame and backend nvjpeg -----------------------------------------------------------------
 
 
@@ -484,15 +685,33 @@ def _crop_kernel_reason():
     return None
 
 
-def _gpu_engine(kind):
+_PYTHON_API_ENGINES: dict = {}
+
+
+def _gpu_engine(kind, api="C"):
+    """The engine of ``kind`` calling nvImageCodec's C API (the default; a fallback to the Python API
+    fails the test) or its Python API."""
     if NV_REASON:
         pytest.skip(NV_REASON)
     if reason := _crop_kernel_reason():
         pytest.skip(reason)
     try:
-        return nvimgcodec.engine(kind, torch.device("cuda"))
+        if api == "C":
+            if reason := nvimgcodec.native_reason():
+                pytest.skip(reason)
+            eng = nvimgcodec.engine(kind, torch.device("cuda"))
+            assert eng.api == "C", f"the {kind} engine fell back to the Python API: {eng.native_reason}"
+            return eng
+        if kind not in _PYTHON_API_ENGINES:
+            eng = nvimgcodec.Engine(kind, torch.device("cuda"), native=False)
+            eng.probe()
+            _PYTHON_API_ENGINES[kind] = eng
+        return _PYTHON_API_ENGINES[kind]
     except RuntimeError as e:
         pytest.skip(str(e))
+
+
+APIS = ["C", "Python"]
 
 
 KINDS = [pytest.param(k, marks=pytest.mark.skipif(NV_REASON is not None, reason=NV_REASON or "")) for k in nvimgcodec.KINDS]
@@ -517,12 +736,13 @@ def _assert_close(got, ref, where):
         f"{where}: max |diff| {int(diff.max())}, mean {diff.float().mean():.3f}, share > 2: {(diff > 2).float().mean():.4f}"
 
 
+@pytest.mark.parametrize("api", APIS)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("mode", ["rgb", "gray"])
-def test_gpu_engine_crops_match_the_cpu_core(kind, mode):
+def test_gpu_engine_crops_match_the_cpu_core(kind, mode, api):
     """Every variant the GPU decoders are given (gpu_eligible: not CMYK/YCCK, not coded as RGB, ...)
     within the tolerance, each reported; the rest never reach them."""
-    eng = _gpu_engine(kind)
+    eng = _gpu_engine(kind, api)
     variants = make_variants(photo(157, 203))
     boxes = np.array([[5, 7, 96, 120]] * len(variants), dtype=np.float64)
     opts = DecodeOptions(size=(96, 120), mode=mode, device=torch.device("cuda"))
@@ -532,7 +752,7 @@ def test_gpu_engine_crops_match_the_cpu_core(kind, mode):
     datas = list(variants.values())
     got, ref, declined = _engine_vs_core(eng, datas, boxes[:len(datas)], (96, 120), mode)
     names = list(variants)
-    print(f"{kind} {mode}: declined {[names[k] for k in declined]}")
+    print(f"{kind} {mode} ({api} API): declined {[names[k] for k in declined]}")
     failed = []
     for k, name in enumerate(names):
         if k not in declined:
@@ -547,10 +767,11 @@ def test_gpu_engine_crops_match_the_cpu_core(kind, mode):
     assert not set(baseline) & set(declined), f"{kind} declined baseline files: {[names[k] for k in declined]}"
 
 
+@pytest.mark.parametrize("api", APIS)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("batch", [1, 256])
-def test_gpu_engine_resized_crops_on_photos(kind, batch):
-    eng = _gpu_engine(kind)
+def test_gpu_engine_resized_crops_on_photos(kind, batch, api):
+    eng = _gpu_engine(kind, api)
     photos = photo_jpegs(["astronaut", "coffee", "chelsea", "rocket"], [{}, {"h_samp": 2, "v_samp": 1}],
                          size=(300, 400), step=(17, 23))
     datas = [photos[i % len(photos)] for i in range(batch)]
@@ -558,7 +779,24 @@ def test_gpu_engine_resized_crops_on_photos(kind, batch):
     boxes = gpupipe.crops.RandomResizedCrop(64).boxes(sizes[:, 0], sizes[:, 1], seed=0)
     got, ref, declined = _engine_vs_core(eng, datas, boxes, (64, 64), resize=True)
     assert not declined
-    _assert_close(got, ref, f"{kind} RandomResizedCrop 64, batch {batch}")
+    _assert_close(got, ref, f"{kind} ({api} API) RandomResizedCrop 64, batch {batch}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_gpu_c_api_roi_matches_the_cpu_core(kind):
+    _gpu_engine(kind)  # the skips
+    try:
+        eng = nvimgcodec.Engine(kind, torch.device("cuda"), roi=True, native=True)
+        eng.probe()
+    except RuntimeError as e:
+        pytest.skip(f"ROI on the {kind} decoder: {e}")
+    photos = photo_jpegs(["astronaut", "coffee", "chelsea", "rocket"], [{}, {"h_samp": 2, "v_samp": 1}],
+                         size=(300, 400), step=(17, 23))
+    sizes = np.array([gpupipe.read_header(d)[:2] for d in photos])
+    boxes = gpupipe.crops.RandomResizedCrop(64).boxes(sizes[:, 0], sizes[:, 1], seed=1)
+    got, ref, declined = _engine_vs_core(eng, photos, boxes, (64, 64), resize=True)
+    assert not declined, declined
+    _assert_close(got, ref, f"{kind} ROI (C API)")
 
 
 @pytest.mark.skipif(NV_REASON is not None, reason=NV_REASON or "")
@@ -581,9 +819,10 @@ def test_gpu_nvjpeg_backend_routes_and_fallbacks():
     _assert_close(got.images[:3].cpu(), ref.images[:3], "backend nvjpeg")
 
 
+@pytest.mark.parametrize("api", APIS)
 @pytest.mark.parametrize("kind", KINDS)
-def test_gpu_a_corrupt_file_does_not_fail_the_others(kind):
-    eng = _gpu_engine(kind)
+def test_gpu_a_corrupt_file_does_not_fail_the_others(kind, api):
+    eng = _gpu_engine(kind, api)
     good = photo_jpegs(["astronaut", "coffee", "rocket"], [{}], size=(100, 140))
     corrupt = good[1][:len(good[1]) // 2] + b"\x00" * 64 + good[1][-2:]  # entropy data cut, EOI kept
     datas = [good[0], b"not a jpeg at all" * 8, corrupt, good[2]]
@@ -597,9 +836,10 @@ def test_gpu_a_corrupt_file_does_not_fail_the_others(kind):
     _assert_close(out[[0, 3]].permute(0, 3, 1, 2).cpu(), ref, f"{kind}: the good files beside a corrupt one")
 
 
+@pytest.mark.parametrize("api", APIS)
 @pytest.mark.parametrize("kind", KINDS)
-def test_gpu_engine_on_a_side_stream(kind):
-    eng = _gpu_engine(kind)
+def test_gpu_engine_on_a_side_stream(kind, api):
+    eng = _gpu_engine(kind, api)
     datas = photo_jpegs(["astronaut", "chelsea"], [{}], size=(200, 300))
     boxes = np.array([[0, 0, 128, 128]] * 2, dtype=np.float64)
     ref = gpupipe.decode_crop_jpegs(datas, boxes, backend="cpu").images

@@ -65,6 +65,10 @@ CPU_THREADS = 2  #: nvImageCodec's host threads per engine (header parsing, batc
 CUDA_HUFFMAN_ON_GPU_ABOVE = 1_000_000
 HW_PREALLOCATE_BATCH = 256  #: the hardware decoder's preallocated batch (DALI passes its max batch size)
 ROI_MARGIN = 8  #: pixels decoded around a box with ``roi=True`` (the edge pixel of an ROI may differ)
+# Decode through nvImageCodec's C API (gpupipe._C_cuda.NvimgcodecDecoder: parse, decode into one buffer
+# and statuses in ONE GIL-free call) where gpupipe was built with its header; False: its Python API
+# (a CodeStream object and a __cuda_array_interface__ read per image, under the GIL).
+NATIVE = True
 
 
 def _library():
@@ -126,22 +130,73 @@ def unavailable_reason(device: Optional[torch.device] = None) -> Optional[str]:
     return crop_kernel_reason()
 
 
-def _decoder_args(lib: Any, kind: str, cpu_threads: int, roi: bool) -> dict:
-    """The keyword arguments of ``nvimgcodec.Decoder`` for one engine (without ``device_id``)."""
+def _decoder_options(kind: str, roi: bool) -> str:
+    """nvImageCodec's decoder options of one engine (both APIs)."""
     if kind == "hardware":
-        backends = [lib.Backend(lib.BackendKind.HW_GPU_ONLY, load_hint=1.0)]
         options = [f"nvjpeg_hw_decoder:preallocate_batch_size={HW_PREALLOCATE_BATCH}"]
     elif kind == "cuda":
-        # nvjpeg_cuda_decoder registers as HYBRID_CPU_GPU; GPU_ONLY too, in case a release moves it
-        backends = [lib.Backend(lib.BackendKind.GPU_ONLY, load_hint=1.0),
-                    lib.Backend(lib.BackendKind.HYBRID_CPU_GPU, load_hint=1.0)]
         options = [f"nvjpeg_cuda_decoder:hybrid_huffman_threshold={CUDA_HUFFMAN_ON_GPU_ABOVE}"]
     else:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     options.insert(0, ":fancy_upsampling=1")
     if roi:
         options.append(":enable_roi_fancy_upsampling=1")
-    return {"max_num_cpu_threads": int(cpu_threads), "backends": backends, "options": " ".join(options)}
+    return " ".join(options)
+
+
+def _decoder_args(lib: Any, kind: str, cpu_threads: int, roi: bool) -> dict:
+    """The keyword arguments of ``nvimgcodec.Decoder`` for one engine (without ``device_id``)."""
+    options = _decoder_options(kind, roi)
+    if kind == "hardware":
+        backends = [lib.Backend(lib.BackendKind.HW_GPU_ONLY, load_hint=1.0)]
+    else:  # nvjpeg_cuda_decoder registers as HYBRID_CPU_GPU; GPU_ONLY too, in case a release moves it
+        backends = [lib.Backend(lib.BackendKind.GPU_ONLY, load_hint=1.0),
+                    lib.Backend(lib.BackendKind.HYBRID_CPU_GPU, load_hint=1.0)]
+    return {"max_num_cpu_threads": int(cpu_threads), "backends": backends, "options": options}
+
+
+def native_reason() -> Optional[str]:
+    """Why nvImageCodec's C API path is not there (the engines then use its Python API), or None."""
+    try:
+        from gpupipe.augment._kernels import _C_cuda
+    except Exception as e:  # an import error of the CUDA module itself
+        return f"gpupipe's CUDA module is not importable ({type(e).__name__}: {e})"
+    if _C_cuda is None or not hasattr(_C_cuda, "NvimgcodecDecoder"):
+        return ("gpupipe was built without nvImageCodec's header (install nvidia-nvimgcodec-cu13 before "
+                "building gpupipe)")
+    return None
+
+
+def _native_decoder(lib: Any, kind: str, device_index: int, cpu_threads: int, options: str) -> Any:
+    """nvImageCodec's decoder through its C API, loaded from the Python package's directory."""
+    from gpupipe.augment._kernels import _C_cuda
+
+    return _C_cuda.NvimgcodecDecoder(os.path.dirname(lib.__file__), kind, int(device_index), int(cpu_threads), options)
+
+
+def _scratch(nbytes: int, device: torch.device) -> torch.Tensor:
+    """The C-API path's decode buffer: allocated on the current stream, where the decoder and the crop
+    kernel run (dropping it after the kernel is queued is stream-ordered)."""
+    return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=device)
+
+
+# What a C-API status means (nvImageCodec's nvimgcodecProcessingStatus, and gpupipe's own < 0).
+_STATUSES = {
+    -1: "nvImageCodec cannot parse it", -2: "nvImageCodec parses another size than its header says",
+    -3: "nvImageCodec reads it as another format than JPEG", -4: "nvImageCodec cannot make its region",
+    -5: "its header gives no size (an unreadable header)",
+    0x0: "no status", 0x2: "the decoder is saturated", 0x3: "decoding failed", 0x7: "the file is corrupt",
+    0xB: "codec unsupported", 0x13: "no allowed backend takes it (a file or variant this decoder does not take)",
+    0x23: "encoding unsupported", 0x43: "resolution unsupported", 0x83: "a feature of the file is unsupported",
+    0x5: "color spec unsupported", 0x11: "ROI unsupported", 0x21: "chroma subsampling unsupported",
+    0x41: "sample type unsupported", 0x81: "sample format unsupported", 0x401: "number of channels unsupported"}
+
+
+def status_reason(code: int) -> str:
+    """The decline reason of a C-API status other than 1 (decoded)."""
+    code = int(code)
+    said = _STATUSES.get(code, "declined")
+    return said if code < 0 else f"nvImageCodec declined it: {said} (status {code:#x})"
 
 
 def _decode_params(lib: Any, mode: str) -> Any:
@@ -251,7 +306,8 @@ class Engine:
 
     route: Route
 
-    def __init__(self, kind: str, device: torch.device, *, roi: bool = False, cpu_threads: int = CPU_THREADS):
+    def __init__(self, kind: str, device: torch.device, *, roi: bool = False, cpu_threads: int = CPU_THREADS,
+                 native: Optional[bool] = None):
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         device = torch.device(device)
@@ -265,15 +321,29 @@ class Engine:
         self._lock = threading.Lock()  # one batch at a time per decoder
         # Host seconds of each part of decode() summed over calls (diagnostics: benchmarks.hybrid_probe)
         self.host_seconds = dict.fromkeys(("parse", "lock", "decode", "table", "crop"), 0.0)
-        try:
-            with _device_context(self.device):
-                self._decoder = self._lib.Decoder(device_id=self.device.index,
-                                                  **_decoder_args(self._lib, kind, cpu_threads, self.roi))
-        except Exception as e:
-            raise RuntimeError(f"{self.name} could not start ({brief(e, 240)})") from e
+        self._native, self._decoder = None, None
+        #: why the C API is not used (None where it is, or where it was not asked for)
+        self.native_reason = native_reason() if (NATIVE if native is None else native) else None
+        if (NATIVE if native is None else native) and self.native_reason is None:
+            try:
+                with _device_context(self.device):
+                    self._native = _native_decoder(self._lib, kind, self.device.index, cpu_threads,
+                                                   _decoder_options(kind, self.roi))
+            except Exception as e:
+                self.native_reason = f"nvImageCodec's C API could not start ({brief(e, 240)})"
+        if native and self._native is None:
+            raise RuntimeError(f"{self.name} could not start: {self.native_reason}")
+        self.api = "C" if self._native is not None else "Python"  #: nvImageCodec's API this engine calls
+        if self._native is None:
+            try:
+                with _device_context(self.device):
+                    self._decoder = self._lib.Decoder(device_id=self.device.index,
+                                                      **_decoder_args(self._lib, kind, cpu_threads, self.roi))
+            except Exception as e:
+                raise RuntimeError(f"{self.name} could not start ({brief(e, 240)})") from e
 
     def __repr__(self) -> str:
-        return f"Engine({self.kind!r}, {str(self.device)!r}, roi={self.roi})"
+        return f"Engine({self.kind!r}, {str(self.device)!r}, roi={self.roi}, api={self.api!r})"
 
     def _fail(self, what: str, e: BaseException) -> RuntimeError:
         return RuntimeError(f"{self.name}: {what} failed ({brief(e, 400)})")
@@ -316,6 +386,9 @@ class Engine:
         mode = jobs[0][4].mode
         if any(job[4].mode != mode for job in jobs):
             raise ValueError(f"{self.name}: the shares of one call must have the same mode")
+        if self._native is not None:
+            self._decode_native(parts, jobs, results, clock)
+            return results
         stream = _current_stream(self.device)
         with self._lock, _device_context(self.device):
             clock.lap("lock")
@@ -347,6 +420,48 @@ class Engine:
             del images, mine  # freed on `stream` (cudaFreeAsync), after the kernels that read them
         return results
 
+    def _decode_native(self, parts: list, jobs: Sequence[tuple], results: list, clock: "_PartClock") -> None:
+        """decode_jobs through the C API: every share's samples decoded in ONE GIL-free call into one
+        buffer (rows packed, each sample at a 256-byte aligned offset), then a crop kernel per share."""
+        channels = jobs[0][4].channels
+        heights = np.concatenate([p.heights for p in parts]).astype(np.int64)
+        widths = np.concatenate([p.widths for p in parts]).astype(np.int64)
+        steps = (heights * widths * channels + 255) // 256 * 256
+        offsets = np.ascontiguousarray(np.cumsum(steps) - steps, dtype=np.int64)
+        sizes = np.ascontiguousarray(np.concatenate([p.sizes for p in parts]), dtype=np.int64)
+        regions = np.ascontiguousarray(np.concatenate([p.regions for p in parts])) if self.roi else None
+        buffers = [b for p in parts for b in p.streams]
+        clock.lap("parse")
+        stream = _current_stream(self.device)
+        with self._lock, _device_context(self.device):
+            clock.lap("lock")
+            try:
+                scratch = _scratch(int(steps.sum()), self.device)
+                statuses = self._native.decode(buffers, sizes, regions, channels, scratch.data_ptr(), scratch.numel(),
+                                               offsets, stream.cuda_stream)
+            except Exception as e:
+                raise self._fail("decode", e) from e
+            if not (statuses == 1).any():
+                self._check_device(stream)  # nvImageCodec turns its own failures into statuses: is the device sane?
+            clock.lap("decode")
+            table = np.stack([scratch.data_ptr() + offsets, heights, widths, widths * channels], axis=1)
+            start = 0
+            for p, (_, _, out, _, options, _), declines in zip(parts, jobs, results):
+                n = len(p.streams)
+                mine, rows = statuses[start:start + n], table[start:start + n]
+                start += n
+                ok = mine == 1
+                clock.lap("table")
+                if ok.any():
+                    try:
+                        _crop_resize()(rows[ok], np.ascontiguousarray(p.boxes[ok]), out, p.slots[ok],
+                                       resize=options.resize, window=options.window)
+                    except Exception as e:
+                        raise self._fail("crop and resize", e) from e
+                declines.update({int(p.rows[k]): status_reason(mine[k]) for k in np.flatnonzero(~ok)})
+                clock.lap("crop")
+            del scratch  # stream-ordered: the kernels that read it were queued on this stream
+
     def _prepare(self, buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, slots: np.ndarray,
                  options: DecodeOptions, sizes: Optional[np.ndarray]) -> "_Share":
         """One share's code streams (parsed now: those nvImageCodec refuses are declined, the rest
@@ -354,7 +469,7 @@ class Engine:
         n = len(buffers)
         if n == 0:
             return _Share([], np.zeros((0, 4)), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64),
-                          np.zeros(0, np.int64), {})
+                          np.zeros(0, np.int64), {}, np.zeros((0, 2), np.int64), np.zeros((0, 4), np.int64))
         _check_out(self.name, out, self.device, options.channels)
         boxes = np.ascontiguousarray(boxes, dtype=np.float64).reshape(n, 4)
         slots = np.ascontiguousarray(slots, dtype=np.int64).reshape(n)
@@ -364,18 +479,23 @@ class Engine:
             infos = read_infos(buffers)
             sizes = np.stack([infos.column("height"), infos.column("width")], axis=1)
         sizes = np.asarray(sizes, dtype=np.int64).reshape(n, 2)
-        streams, unparsed = _code_streams(self._lib, buffers)
+        if self._native is not None:  # the C API parses inside its call: the buffers go as they are
+            streams, unparsed = list(buffers), {}
+        else:
+            streams, unparsed = _code_streams(self._lib, buffers)
         rows = np.array([k for k in range(n) if k not in unparsed], dtype=np.int64)
         streams = [streams[k] for k in rows]
-        boxes, slots, heights, widths = boxes[rows], slots[rows], sizes[rows, 0], sizes[rows, 1]
+        boxes, slots, sizes = boxes[rows], slots[rows], sizes[rows]
+        heights, widths, regions = sizes[:, 0], sizes[:, 1], np.zeros((len(rows), 4), np.int64)
         if self.roi and len(rows):
-            lib = self._lib
             regions = roi_regions(boxes, heights, widths)
-            streams = [s.get_sub_code_stream(region=lib.Region(int(t), int(l), int(b), int(r)))
-                       for s, (t, l, b, r) in zip(streams, regions)]
+            if self._native is None:
+                lib = self._lib
+                streams = [s.get_sub_code_stream(region=lib.Region(int(t), int(l), int(b), int(r)))
+                           for s, (t, l, b, r) in zip(streams, regions)]
             boxes = boxes - np.concatenate([regions[:, :2], np.zeros((len(rows), 2), np.int64)], axis=1)
             heights, widths = regions[:, 2] - regions[:, 0], regions[:, 3] - regions[:, 1]
-        return _Share(streams, boxes, slots, heights, widths, rows, unparsed)
+        return _Share(streams, boxes, slots, heights, widths, rows, unparsed, sizes, regions)
 
     def _check_device(self, stream: "torch.cuda.Stream") -> None:
         try:
@@ -387,6 +507,16 @@ class Engine:
         """Decodes a small baseline 4:2:0 JPEG; RuntimeError when the decoder gives nothing back
         (no JPEG engines on this GPU, nvJPEG's library missing)."""
         data, h, w = _probe_jpeg()
+        hint = ("this GPU has no JPEG engines (A100, H100, B200 have)" if self.kind == "hardware" else
+                "is nvJPEG's library installed? pip install nvidia-nvjpeg")
+        if self._native is not None:
+            out = _scratch(h * w * 3, self.device).view(1, h, w, 3)
+            declined = self.decode([data], np.array([[0, 0, h, w]], dtype=np.float64), out, np.array([0]),
+                                   DecodeOptions(size=(h, w)), sizes=np.array([[h, w]]))
+            self._check_device(_current_stream(self.device))
+            if declined:
+                raise RuntimeError(f"{self.name} is not available: {declined[0]} ({hint})")
+            return
         stream = _current_stream(self.device)
         with self._lock, _device_context(self.device):
             try:
@@ -397,8 +527,6 @@ class Engine:
                 raise self._fail("its first decode", e) from e
         table, declined = image_table([image], np.array([h]), np.array([w]), 3)
         if declined:
-            hint = ("this GPU has no JPEG engines (A100, H100, B200 have)" if self.kind == "hardware" else
-                    "is nvJPEG's library installed? pip install nvidia-nvjpeg")
             raise RuntimeError(f"{self.name} is not available: {declined[0]} ({hint})")
 
 
@@ -406,13 +534,15 @@ class Engine:
 class _Share:
     """One share of :meth:`Engine.decode_jobs`: what is decoded, and where it goes."""
 
-    streams: list  #: nvImageCodec code streams of the samples it parsed
+    streams: list  #: nvImageCodec code streams of the samples it parsed (the C API: their buffers)
     boxes: np.ndarray  #: their boxes, in the frame of what is decoded
     slots: np.ndarray  #: their slots of out
     heights: np.ndarray  #: of what is decoded (the whole image, or its region with roi)
     widths: np.ndarray
     rows: np.ndarray  #: their positions in the share
     unparsed: dict  #: {position: reason} of those nvImageCodec's parser refused
+    sizes: np.ndarray  #: int64 [n, 2] (height, width) of the whole images, as their headers say
+    regions: np.ndarray  #: int64 [n, 4] (top, left, bottom, right) decoded with roi (else zeros)
 
 
 class _PartClock:
@@ -471,8 +601,7 @@ def engine(kind: str, device: torch.device) -> Engine:
 
             try:
                 with _stderr.captured(_is_library_line) as printed:  # nvImageCodec's start-up lines
-                    eng = Engine(kind, device)
-                    eng.probe()
+                    eng = _started(kind, device)
                 _engines[key] = eng
             except RuntimeError as e:
                 said = f" (it printed: {' | '.join(printed)[:300]})" if printed else ""
@@ -481,6 +610,29 @@ def engine(kind: str, device: torch.device) -> Engine:
     if isinstance(found, Exception):
         raise RuntimeError(str(found))
     return found
+
+
+def _started(kind: str, device: torch.device) -> Engine:
+    """An engine that decoded its probe: through the C API where there is one, else (or where the C
+    API's probe fails) through the Python API, the C API's failure kept in ``native_reason``."""
+    eng = Engine(kind, device)
+    try:
+        eng.probe()
+        return eng
+    except RuntimeError as e:
+        if eng.api != "C":
+            raise
+        failed = f"its C API failed the probe ({brief(e, 240)})"
+    eng = Engine(kind, device, native=False)
+    eng.probe()
+    eng.native_reason = failed
+    return eng
+
+
+def started_engines() -> list:
+    """The engines this process started (for reports: which API each calls, and why not the C API)."""
+    with _engines_lock:
+        return [e for (pid, _, _), e in _engines.items() if pid == os.getpid() and isinstance(e, Engine)]
 
 
 def hardware_decoder_available(device: Optional[torch.device] = None) -> bool:

@@ -208,8 +208,17 @@ def stage_table(stats: dict, batches: int) -> str:
         split = ", ".join(f"{k} {100 * float(v):.0f}%" for k, v in shares.items())
         took = ", ".join(f"{k} {v}" for k, v in routes.items() if v)
         rates = ", ".join(f"{k} {float(e.get('images_per_s', 0)):.0f} img/s" for k, e in (stats.get("engines") or {}).items())
-        out.append(f"\nhybrid shares of the epoch: {split}; samples by route: {took}" + (f"; GPU engines alone: {rates}" if rates else ""))
+        out.append(f"\nhybrid shares of the epoch: {split}; samples by route: {took}" + (f"; GPU engines alone: {rates}" if rates else "")
+                   + _engine_apis())
     return "\n".join(out)
+
+
+def _engine_apis() -> str:
+    """"; nvImageCodec's API: hardware C, cuda C" for the engines this process started ("" if none)."""
+    from gpupipe._backends import nvimgcodec
+
+    said = [f"{e.kind} {e.api}" + (f" ({e.native_reason})" if e.native_reason else "") for e in nvimgcodec.started_engines()]
+    return f"; nvImageCodec's API: {', '.join(said)}" if said else ""
 
 
 def save_json(path: Path, *, args: dict, env: dict, data: dict, recipe: dict, results: list, baseline: Optional[Result],
