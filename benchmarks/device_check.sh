@@ -11,6 +11,7 @@
 #                                (GPU_CHECK=1: gpu_check --quick first)
 #   call 3 (carry .device/d3):   bash benchmarks/device_check.sh 3   the same on 1920x1280 photos
 #   call 4 (carry .device/d4):   bash benchmarks/device_check.sh 4   DALI installed; hybrid vs raw vs DALI GPU ($BATCHES)
+# (TESTS_K="gpu or cuda": call 1 runs only the matching tests, the rest run in CI)
 # or, in one call without DALI (carry .device/base/whl, .device/base/debs, .device/base/setup.sh,
 # .device/base/install_dali.sh): bash benchmarks/device_check.sh probe   build, GPU tests, hybrid_probe
 # (or ... final: the engine tests and hybrid_probe --part final: ROI vs whole images, the default vs the CPU pool)
@@ -58,7 +59,7 @@ print(default_set())" > "$L/data.txt" 2>&1) &
     2>&1 | tail -1 | tee -a "$OUT/summary.txt"
   step tests 240 python3 -m pytest -q -s -p no:cacheprovider -rs tests/test_crop_resize.py tests/test_nvimgcodec.py \
     tests/test_hybrid.py tests/test_backends.py tests/test_chunks.py tests/test_loader.py \
-    tests/test_reliability3.py::test_exit_while_a_daemon_thread_decodes_never_aborts
+    tests/test_reliability3.py::test_exit_while_a_daemon_thread_decodes_never_aborts ${TESTS_K:+-k "$TESTS_K"}
   tail -3 "$L/tests.txt"; grep -E "^(FAILED|ERROR)" "$L/tests.txt" | head -20
   wait; tail -2 "$L/data.txt"
   if [ "${PROBE:-0}" = 1 ]; then step probe 200 python3 -m benchmarks.hybrid_probe --tuned $G/tuned
