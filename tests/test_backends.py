@@ -121,6 +121,15 @@ def test_dali_pipelines_are_built_once_per_shape(photos):
     assert len(dali_backend._pipelines) == 2
 
 
+def test_dalis_log_lines_are_recognised():
+    """DALI's logger ("[ERROR] [component] ...", coloured or not; components such as nvjpeg-ext) and
+    libjpeg's messages are DALI's; a line of the user's is not (it passes on to stderr)."""
+    for line in ("\x1b[0;31m[ERROR] \x1b[0m[nvjpeg-ext] Failed to load nvJPEG library or retrieve version.",
+                 "[WARNING] [nvjpeg2k_ext] Failed to load", "Corrupt JPEG data: 12 extraneous bytes before marker 0xd9"):
+        assert dali_backend._is_decoder_message(line), line
+    assert not dali_backend._is_decoder_message("my training step 12: loss 0.3")
+
+
 def test_backend_selection_and_clear_errors(monkeypatch, photos):
     info = gpupipe.backends_available()
     assert set(info) == {"cpu", "hybrid", "dali", "nvjpeg", "cuda_kernels", "nvimgcodec"}

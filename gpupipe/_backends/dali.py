@@ -70,8 +70,12 @@ def _pipeline(max_batch: int, out_hw, resize: bool, mode: str, device: torch.dev
                                 interp_type=types.INTERP_LINEAR)
             return img
 
-        pipe = build()
-        pipe.build()
+        # what DALI's codec library prints while the pipeline starts (e.g. "[nvjpeg-ext] Failed to load
+        # nvJPEG library" where no GPU's driver is: optional, unused here) is kept, not sent to stderr
+        with _stderr_captured() as printed:
+            pipe = build()
+            pipe.build()
+        BUILD_MESSAGES.extend(printed)
         # feed_input and run are one step: two threads on one pipeline (two Loaders, or an epoch and
         # the one started ahead of it) would otherwise take each other's batches
         _pipelines[key] = found = (pipe, threading.Lock())
@@ -98,7 +102,8 @@ def _is_decoder_message(line: str) -> bool:
 # DALI's logger: "[ERROR] [component] message" (with colour codes); libjpeg's message formats (those
 # of the libjpeg gpupipe links; DALI's bundled one shares them): the text before the first
 # conversion, at the start of a line. Anything else written meanwhile is passed on to stderr.
-_DALI_LOG = re.compile(r"^(\x1b\[[0-9;]*m)?\[(ERROR|WARNING|INFO|DEBUG)\] ?(\x1b\[[0-9;]*m)?\[[A-Za-z0-9_:. ]+\]")
+_DALI_LOG = re.compile(r"^(\x1b\[[0-9;]*m)?\[(ERROR|WARNING|INFO|DEBUG)\] ?(\x1b\[[0-9;]*m)?\[[A-Za-z0-9_:. -]+\]")
+BUILD_MESSAGES: list = []  # what DALI printed while its pipelines started
 _LIBJPEG = re.compile("|".join(sorted({re.escape(f.split("%")[0]) for f in _C.LIBJPEG_MESSAGES
                                         if len(f.split("%")[0]) >= 8}, key=len, reverse=True)))
 
