@@ -16,6 +16,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -36,6 +37,7 @@ constexpr int32_t kSizeMismatch = -2;  // parsed, but not the size the caller's 
 constexpr int32_t kNotJpeg = -3;      // parsed as another codec
 constexpr int32_t kNoRegion = -4;     // the region is outside the image, or its sub code stream failed
 constexpr int32_t kNoSize = -5;       // the caller's header table has no size for it (an unreadable header)
+constexpr int32_t kNot8Bit = -6;      // samples of another precision than 8 bits (12-bit, lossless 16-bit)
 
 struct Api {
   decltype(&nvimgcodecGetProperties) GetProperties = nullptr;
@@ -63,10 +65,11 @@ void bind(void* handle, F& fn, const char* name) {
 }
 
 // The process's library and instance, loaded from `directory` once (a later different directory is an
-// error: two copies of the library would not share decoders).
+// error: two copies of the library would not share decoders). Deliberately never freed, not even by
+// static destructors at exit: a daemon engine thread may still be inside a call then.
 const Api& library(const std::string& directory) {
   static std::mutex mutex;
-  static std::unique_ptr<Api> api;
+  static Api* api = nullptr;
   std::lock_guard<std::mutex> lock(mutex);
   if (api) {
     if (api->directory != directory)
@@ -109,7 +112,7 @@ const Api& library(const std::string& directory) {
   if (a->InstanceCreate(&a->instance, &info) != NVIMGCODEC_STATUS_SUCCESS || !a->instance)
     throw std::runtime_error("nvimgcodecInstanceCreate failed");
   a->directory = directory;
-  api = std::move(a);
+  api = a.release();
   return *api;
 }
 
@@ -172,7 +175,7 @@ class NvimgcodecDecoder {
   // interleaved uint8 channels (3: sRGB, 1: gray) at out_address + offsets[k], rows packed; returns a
   // status per sample: 1 decoded, nvImageCodec's processing status where it declined, or < 0 for a sample
   // not given to it (unparsed, another size than `sizes` [N, 2] (height, width), not a JPEG, no region,
-  // no size).
+  // no size, not 8-bit). The outputs of the samples given must not overlap (std::invalid_argument).
   py::array_t<int32_t> decode(py::sequence buffers, py::array_t<int64_t, py::array::c_style> sizes,
                               py::object regions_arg, int channels, uintptr_t out_address, uint64_t out_nbytes,
                               py::array_t<int64_t, py::array::c_style> offsets, uintptr_t stream) {
@@ -191,8 +194,15 @@ class NvimgcodecDecoder {
         throw std::invalid_argument("regions must be int64 [N, 4] (top, left, bottom, right) or None");
       region = regions.data();
     }
-    const int64_t* size = sizes.data();
-    const int64_t* offset = offsets.data();
+    // Copies of the tables: the GIL-free part reads these, never the caller's arrays (which another
+    // thread could change after the checks). The buffers' bytes must not change during the call.
+    const std::vector<int64_t> size_copy(sizes.data(), sizes.data() + 2 * n);
+    const std::vector<int64_t> offset_copy(offsets.data(), offsets.data() + n);
+    std::vector<int64_t> region_copy;
+    if (region) region_copy.assign(region, region + 4 * n);
+    region = region ? region_copy.data() : nullptr;
+    const int64_t* size = size_copy.data();
+    const int64_t* offset = offset_copy.data();
     // Every sample's output inside [out_address, out_address + out_nbytes): checked before any decode.
     // A sample without a valid size or region is declined before the decoder sees it (status < 0).
     std::vector<int64_t> out_h(n, 0), out_w(n, 0);
@@ -220,6 +230,17 @@ class NvimgcodecDecoder {
         throw std::invalid_argument("sample " + std::to_string(k) + "'s output is outside the out buffer");
       out_h[k] = oh;
       out_w[k] = ow;
+    }
+    // No two samples' outputs overlap (a decoder writes a whole slot; overlapping slots would hand one
+    // sample another's pixels without a decline).
+    std::vector<size_t> order;
+    for (size_t k = 0; k < n; ++k) if (status[k] == 0) order.push_back(k);
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return offset[a] < offset[b]; });
+    for (size_t i = 1; i < order.size(); ++i) {
+      const size_t a = order[i - 1], b = order[i];
+      if (offset[a] + out_h[a] * out_w[a] * channels > offset[b])
+        throw std::invalid_argument("samples " + std::to_string(a) + " and " + std::to_string(b) +
+                                    " have overlapping outputs");
     }
     if (n && out_address == 0) throw std::invalid_argument("the out address is null");
     std::string error;
@@ -261,6 +282,11 @@ class NvimgcodecDecoder {
       }
       if (info.num_planes < 1 || info.plane_info[0].height != size[2 * k] || info.plane_info[0].width != size[2 * k + 1]) {
         status[k] = kSizeMismatch;
+        continue;
+      }
+      const uint8_t precision = info.plane_info[0].precision;
+      if (info.plane_info[0].sample_type != NVIMGCODEC_SAMPLE_DATA_TYPE_UINT8 || (precision != 0 && precision != 8)) {
+        status[k] = kNot8Bit;
         continue;
       }
       nvimgcodecCodeStream_t source = h.streams[k];
@@ -312,14 +338,21 @@ class NvimgcodecDecoder {
     nvimgcodecFuture_t future = nullptr;
     const nvimgcodecStatus_t called = api_->DecoderDecode(decoder_, to_decode.data(), h.images.data(),
                                                           static_cast<int>(to_decode.size()), &params, &future);
-    if (called != NVIMGCODEC_STATUS_SUCCESS || !future)
+    if (called != NVIMGCODEC_STATUS_SUCCESS || !future) {
+      if (future) {
+        api_->FutureWaitForAll(future);
+        api_->FutureDestroy(future);
+      }
       return "nvimgcodecDecoderDecode failed (status " + std::to_string(called) + ")";
-    api_->FutureWaitForAll(future);
+    }
+    const nvimgcodecStatus_t waited = api_->FutureWaitForAll(future);
     // size is in/out: the array's capacity in, the statuses written out (0.9 refuses a null array)
     std::vector<nvimgcodecProcessingStatus_t> results(to_decode.size(), NVIMGCODEC_PROCESSING_STATUS_UNKNOWN);
     size_t count = results.size();
     if (api_->FutureGetProcessingStatus(future, results.data(), &count) != NVIMGCODEC_STATUS_SUCCESS) count = 0;
     api_->FutureDestroy(future);
+    if (waited != NVIMGCODEC_STATUS_SUCCESS)
+      return "nvimgcodecFutureWaitForAll failed (status " + std::to_string(waited) + ")";
     if (count != results.size())
       return "nvImageCodec returned " + std::to_string(count) + " statuses for " + std::to_string(results.size()) +
              " samples";
@@ -344,7 +377,8 @@ void register_nvimgcodec_engine(py::module_& m) {
            py::arg("channels"), py::arg("out_address"), py::arg("out_nbytes"), py::arg("offsets"), py::arg("stream"),
            "Decodes each buffer (its region when regions is given) into out_address + offsets[k], rows packed; "
            "returns int32 statuses: 1 decoded, nvImageCodec's processing status, or -1 unparsed, -2 another size "
-           "than sizes, -3 not a JPEG, -4 no region, -5 no size. The GIL is released while it runs.");
+           "than sizes, -3 not a JPEG, -4 no region, -5 no size, -6 not 8-bit. The GIL is released while it runs; "
+           "the buffers must not change meanwhile.");
   m.attr("NVIMGCODEC_HEADER_VERSION") = py::make_tuple(NVIMGCODEC_VER_MAJOR, NVIMGCODEC_VER_MINOR, NVIMGCODEC_VER_PATCH);
 }
 

@@ -560,11 +560,121 @@ def test_c_api_failures_fall_back_to_the_python_api(native, monkeypatch):
     assert native.make().api == "Python" and native.make().native_reason is None
 
 
+def _sof_precision(data: bytes, bits: int) -> bytes:
+    """The JPEG with its frame header's sample precision byte set to ``bits`` (a fake 12-bit file)."""
+    k = data.index(b"\xff\xc0")
+    return data[:k + 4] + bytes([bits]) + data[k + 5:]
+
+
+@needs_c_api
+def test_c_api_hostile_files_never_write_outside_their_slots(native):
+    """Guard bytes around every slot: truncated, garbage, other formats, a fake 12-bit file, a header
+    table that says another size: declined with their reason, nothing written outside the slots."""
+    good = photo_jpegs(["astronaut", "coffee"], [{}], size=(40, 56))
+    (h, w) = gpupipe.read_header(good[0])[:2]
+    datas = [good[0], good[0][:len(good[0]) // 2], bytes(300), pillow_png(photo(h, w)), _sof_precision(good[0], 12),
+             good[0], good[0]]
+    sizes = np.array([[h, w]] * 7)
+    sizes[5] = [h - 1, w]  # smaller than the file: never decoded into a slot that is too small
+    guard, slot = 256, h * w * 3
+    step = slot + 2 * guard
+    buf = torch.full((7 * step,), 0xAB, dtype=torch.uint8)
+    offsets = np.arange(7, dtype=np.int64) * step + guard
+    dec = _cpu_decoder(native.lib, 2, ":fancy_upsampling=1")
+    statuses = dec.decode(datas, sizes, None, 3, buf.data_ptr(), buf.numel(), offsets, 0).tolist()
+    assert statuses[0] == 1 and statuses[6] == 1 and statuses[5] == -2 and statuses[4] == -6, statuses
+    assert statuses[2] == -1 and statuses[3] == -3 and statuses[1] not in (-2, -6), statuses
+    b = buf.numpy()
+    for k in range(7):
+        before, after = b[k * step:k * step + guard], b[k * step + guard + slot:(k + 1) * step]
+        assert (before == 0xAB).all() and (after == 0xAB).all(), f"sample {k} wrote outside its slot"
+        if statuses[k] < 0:
+            assert (b[offsets[k]:offsets[k] + slot] == 0xAB).all(), f"sample {k} was declined but written"
+    with pytest.raises(ValueError, match="samples 0 and 1 have overlapping outputs"):
+        dec.decode(good[:1] * 2, sizes[:2], None, 3, buf.data_ptr(), buf.numel(), np.array([0, slot - 1]), 0)
+
+
+@needs_c_api
+def test_c_api_a_box_outside_its_image_takes_no_room(native):
+    """roi=True with a box outside its image: its region is refused (declined), and the next sample
+    keeps its own slot (no overlap, the same pixels as the CPU core)."""
+    datas = photo_jpegs(["astronaut", "coffee", "rocket"], [{}], size=(120, 160), step=(0, 0))
+    boxes = np.array([[0, 0, 120, 160], [200, 0, 10, 100], [0, 0, 120, 160]], dtype=np.float64)
+    eng = native.make(roi=True)
+    out, declined = _host_decode(eng, datas, boxes, (24, 24), resize=True)
+    assert list(declined) == [1] and "region" in declined[1]
+    ref = _host_core([datas[0], datas[2]], boxes[[0, 2]], (24, 24), resize=True)
+    assert (out[0].int() - ref[0].int()).abs().max() <= 1 and (out[2].int() - ref[1].int()).abs().max() <= 1
+
+
+@needs_c_api
+def test_c_api_no_memory_for_the_decode_buffer_declines_to_the_cpu_core(native, monkeypatch):
+    def oom(nbytes, device):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+
+    monkeypatch.setattr(nvimgcodec, "_scratch", oom)
+    datas = photo_jpegs(["astronaut", "coffee"], [{}], size=(60, 80))
+    out, declined = _host_decode(native.make(), datas, [[0, 0, 16, 16]] * 2, (16, 16))
+    assert sorted(declined) == [0, 1] and "no GPU memory for the decode buffer" in declined[0] and not out.any()
+
+
+class _DecliningDecoder:
+    """A C-API decoder that declines everything (a library whose first decode fails)."""
+
+    def decode(self, buffers, sizes, regions, channels, address, nbytes, offsets, stream):
+        return np.full(len(buffers), 0x13, np.int32)
+
+
+def test_an_engine_whose_c_api_fails_its_probe_uses_the_python_api(fake, monkeypatch):
+    monkeypatch.setattr(nvimgcodec, "NATIVE", True)
+    monkeypatch.setattr(nvimgcodec, "native_reason", lambda: None)
+    monkeypatch.setattr(nvimgcodec, "_native_decoder", lambda *a: _DecliningDecoder())
+    monkeypatch.setattr(nvimgcodec, "_scratch", lambda n, d: torch.zeros(max(int(n), 1), dtype=torch.uint8))
+    made = []
+
+    class Probed(FakeDecoder):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.result = [FakeImage(0x1000, 96, 128)]
+            made.append(self)
+
+    monkeypatch.setattr(nvimgcodec._library(), "Decoder", Probed)
+    fake.stream.synchronize = lambda: None
+    eng = nvimgcodec._started("hardware", torch.device("cuda", 0))
+    assert eng.api == "Python" and len(made) == 1
+    assert eng.native_reason.startswith("its C API failed the probe") and "no allowed backend" in eng.native_reason
+    from gpupipe.bench import report
+
+    monkeypatch.setattr(nvimgcodec, "started_engines", lambda: [eng])
+    assert report._engine_apis().startswith("; nvImageCodec's API: hardware Python (its C API failed the probe")
+
+
+def test_the_c_api_is_built_where_the_header_is():
+    """Where gpupipe's CUDA module is built and nvImageCodec 0.9's header is installed, the C-API engine
+    is in it (a build that silently left it out would skip every test of it)."""
+    from gpupipe.augment._kernels import _C_cuda
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia.nvimgcodec")
+    header = spec and os.path.join(list(spec.submodule_search_locations)[0], "include", "nvimgcodec_version.h")
+    if _C_cuda is None or not header or not os.path.exists(header):
+        pytest.skip("gpupipe's CUDA module or nvImageCodec's header is not here")
+    with open(header) as f:
+        version = f.read()
+    if "NVIMGCODEC_VER_MINOR 9" not in version:
+        pytest.skip("another nvImageCodec than 0.9: its engines use the Python API")
+    assert hasattr(_C_cuda, "NvimgcodecDecoder") and nvimgcodec.native_reason() is None
+
+
 def test_status_reasons():
     assert nvimgcodec.status_reason(0x13).startswith("nvImageCodec declined it: no allowed backend")
     assert nvimgcodec.status_reason(0x13).endswith("(status 0x13)")
     assert nvimgcodec.status_reason(-2) == "nvImageCodec parses another size than its header says"
-    assert "declined (status 0x9999)" in nvimgcodec.status_reason(0x9999)
+    assert nvimgcodec.status_reason(0x25) == ("nvImageCodec declined it: color spec unsupported, chroma subsampling "
+                                              "unsupported (status 0x25)")  # two reasons of one mask
+    assert nvimgcodec.status_reason(0x17).startswith("nvImageCodec declined it: the file is corrupt, no allowed backend")
+    assert "declined (status 0x40001)" in nvimgcodec.status_reason(0x40001)
+    assert nvimgcodec.status_reason(-6) == "its samples are not 8-bit"
 
 
 def test_without_the_c_api_the_engines_use_the_python_api(fake, monkeypatch):

@@ -184,19 +184,26 @@ def _scratch(nbytes: int, device: torch.device) -> torch.Tensor:
 _STATUSES = {
     -1: "nvImageCodec cannot parse it", -2: "nvImageCodec parses another size than its header says",
     -3: "nvImageCodec reads it as another format than JPEG", -4: "nvImageCodec cannot make its region",
-    -5: "its header gives no size (an unreadable header)",
+    -5: "its header gives no size (an unreadable header)", -6: "its samples are not 8-bit",
     0x0: "no status", 0x2: "the decoder is saturated", 0x3: "decoding failed", 0x7: "the file is corrupt",
     0xB: "codec unsupported", 0x13: "no allowed backend takes it (a file or variant this decoder does not take)",
     0x23: "encoding unsupported", 0x43: "resolution unsupported", 0x83: "a feature of the file is unsupported",
     0x5: "color spec unsupported", 0x11: "ROI unsupported", 0x21: "chroma subsampling unsupported",
-    0x41: "sample type unsupported", 0x81: "sample format unsupported", 0x401: "number of channels unsupported"}
+    0x41: "sample type unsupported", 0x81: "sample format unsupported", 0x9: "orientation unsupported",
+    0x101: "number of images unsupported", 0x201: "number of planes unsupported", 0x401: "number of channels unsupported"}
 
 
 def status_reason(code: int) -> str:
-    """The decline reason of a C-API status other than 1 (decoded)."""
+    """The decline reason of a C-API status other than 1 (decoded). nvImageCodec's statuses are bit
+    masks: bit 0 not decoded; with bit 1, a failure (bits 2-7 say which), without it, a format or
+    parameter it does not take (bits 2-12 say which): each reason set is named."""
     code = int(code)
-    said = _STATUSES.get(code, "declined")
-    return said if code < 0 else f"nvImageCodec declined it: {said} (status {code:#x})"
+    if code <= 0:
+        return _STATUSES.get(code, "no status")
+    base = code & 0x3
+    said = [_STATUSES[code]] if code in _STATUSES else \
+        [_STATUSES[(1 << b) | base] for b in range(2, 31) if code & (1 << b) and ((1 << b) | base) in _STATUSES]
+    return f"nvImageCodec declined it: {', '.join(said) or 'declined'} (status {code:#x})"
 
 
 def _decode_params(lib: Any, mode: str) -> Any:
@@ -426,7 +433,8 @@ class Engine:
         channels = jobs[0][4].channels
         heights = np.concatenate([p.heights for p in parts]).astype(np.int64)
         widths = np.concatenate([p.widths for p in parts]).astype(np.int64)
-        steps = (heights * widths * channels + 255) // 256 * 256
+        # (a negative side, a region outside its image, is declined by the C API: it takes no room)
+        steps = (np.maximum(heights, 0) * np.maximum(widths, 0) * channels + 255) // 256 * 256
         offsets = np.ascontiguousarray(np.cumsum(steps) - steps, dtype=np.int64)
         sizes = np.ascontiguousarray(np.concatenate([p.sizes for p in parts]), dtype=np.int64)
         regions = np.ascontiguousarray(np.concatenate([p.regions for p in parts])) if self.roi else None
@@ -437,6 +445,12 @@ class Engine:
             clock.lap("lock")
             try:
                 scratch = _scratch(int(steps.sum()), self.device)
+            except torch.cuda.OutOfMemoryError:  # as the Python API's allocation failures: the CPU core takes them
+                why = f"no GPU memory for the decode buffer ({int(steps.sum()) >> 20} MiB): decoded by the CPU core"
+                for p, declines in zip(parts, results):
+                    declines.update({int(r): why for r in p.rows})
+                return
+            try:
                 statuses = self._native.decode(buffers, sizes, regions, channels, scratch.data_ptr(), scratch.numel(),
                                                offsets, stream.cuda_stream)
             except Exception as e:
