@@ -3,6 +3,10 @@
 # against the built module.
 from collections.abc import Sequence
 
+import numpy as np
+
+pybind11_object = object  # the base class pybind11 gives the classes it binds
+
 MEAN_BLOCKS: int
 
 def augment(
@@ -55,3 +59,24 @@ def crop_resize_ragged(
     stream: int,
 ) -> None:
     """The planned crop-resize on ``stream``: the table copied to the scratch's head, three launches."""
+
+# nvImageCodec's decoders through its C API (cuda/nvimgcodec_engine.cpp): built where nvImageCodec 0.9's
+# header was found. Private: use gpupipe._backends.nvimgcodec.Engine.
+NVIMGCODEC_HEADER_VERSION: tuple
+
+class NvimgcodecDecoder(pybind11_object):
+    """nvImageCodec's decoder of one kind ("hardware", "cuda" or "cpu") through its C API."""
+
+    def __init__(self, directory: str, kind: str, device_id: int, cpu_threads: int, options: str) -> None: ...
+    def decode(
+        self,
+        buffers: Sequence[bytes],
+        sizes: np.ndarray,  # int64 [N, 2] (height, width), the header table's
+        regions: np.ndarray | None,  # int64 [N, 4] (top, left, bottom, right), or None: whole images
+        channels: int,
+        out_address: int,
+        out_nbytes: int,
+        offsets: np.ndarray,  # int64 [N]: each sample's output, rows packed, never overlapping
+        stream: int,
+    ) -> np.ndarray:
+        """int32 [N] statuses: 1 decoded, nvImageCodec's processing status, or < 0 (not given to it)."""

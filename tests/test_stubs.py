@@ -91,12 +91,18 @@ def _module(name: str):
         pytest.skip(f"gpupipe.{name} is not built here ({e})")
 
 
+# Bindings a build may leave out: nvImageCodec's C-API engine, built only where its 0.9 header is.
+OPTIONAL = {"_C_cuda": {"NvimgcodecDecoder", "NVIMGCODEC_HEADER_VERSION"}}
+
+
 @pytest.mark.parametrize("name", ["_C", "_C_cuda"])
 def test_stub_and_module_agree(name):
     mod = _module(name)
     stub, built = stub_names(PACKAGE / f"{name}.pyi"), module_names(mod)
+    stub.pop("pybind11_object", None)  # the stub's stand-in for pybind11's base class
     assert sorted(set(built) - set(stub)) == [], f"bindings missing from gpupipe/{name}.pyi"
-    assert sorted(set(stub) - set(built)) == [], f"gpupipe/{name}.pyi names what the module lacks"
+    missing = set(stub) - set(built) - OPTIONAL.get(name, set())
+    assert sorted(missing) == [], f"gpupipe/{name}.pyi names what the module lacks"
     for key in built:
         assert stub[key] == built[key], f"{name}.{key}: stub {stub[key]} != binding {built[key]}"
 

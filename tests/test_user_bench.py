@@ -181,10 +181,15 @@ def test_what_dali_prints_while_building_goes_into_the_report(folder, tmp_path, 
     finally:
         torch.set_num_threads(threads)
     out, err = capfd.readouterr()
-    assert "nvjpeg2k_ext" not in err
+    assert "nvjpeg2k_ext" not in err and "[ERROR]" not in err
     notes = [s for s in out.splitlines() if s.startswith("note: DALI printed")]
-    assert notes == ["note: DALI printed while building its pipeline: "
-                     "[ERROR] [nvjpeg2k_ext] Failed to load nvJPEG2000 library or retrieve version."]
+    # one note, once for both repeats (DALI's codec library may add its own lines, e.g. where nvImageCodec's
+    # wheel is installed and no GPU driver is: "[nvjpeg-ext] Failed to load nvJPEG library")
+    prefix = "note: DALI printed while building its pipeline: "
+    assert len(notes) == 1 and notes[0].startswith(prefix)
+    said = notes[0][len(prefix):].split(" | ")
+    assert "[ERROR] [nvjpeg2k_ext] Failed to load nvJPEG2000 library or retrieve version." in said
+    assert len(said) == len(set(said))
 
 
 def test_plot_and_progress_bar_are_optional(tmp_path, monkeypatch):
