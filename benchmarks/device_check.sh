@@ -5,7 +5,8 @@
 #   call 1 (carry .device/base): bash benchmarks/device_check.sh 1   build, data, the GPU tests, the hybrid Loader
 #                                beside the raw decode, 800x533, train recipe, batch 64 and 256 (MERGE_AB=1: also
 #                                without merged engine calls, hybrid.MERGE_IMAGES 0; API_AB=1: also with nvImageCodec's Python
-#                                API; ENGINES=1: hybrid_probe --part engines first); PROBE=1: hybrid_probe too (it writes the best
+#                                API; SWITCH_AB=1: also with a 0.5 ms GIL switch interval (the engine threads wait less for
+#                                the GIL); ENGINES=1: hybrid_probe --part engines first); PROBE=1: hybrid_probe too (it writes the best
 #                                hybrid.ENGINE_HOST_THREADS; later calls use it)
 #   call 2 (carry .device/d2):   bash benchmarks/device_check.sh 2   the Loader (backend cpu) vs raw, 800x533, batch 256 and 64
 #                                (GPU_CHECK=1: gpu_check --quick first)
@@ -30,12 +31,14 @@ step() {  # step NAME SECONDS command...: one timed step, its log under $OUT, it
   echo "$name rc $rc in $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
 }
 bench() {  # bench NAME SET BATCH ARGS...: python -m gpupipe bench, $RECIPE (train), 16 threads, CUDA (NOMERGE=1:
-  # the GPU engines take one batch's share per call; PYAPI=1: they call nvImageCodec's Python API, not its C API)
+  # the GPU engines take one batch's share per call; PYAPI=1: they call nvImageCodec's Python API, not its C API;
+  # SWITCH=S: the interpreter's GIL switch interval S seconds, 0.005 by default)
   local name=$1 set=$2 bs=$3; shift 3
   local data=(); [ "$set" = default ] || data=(--data "$(cat $G/set-$set)")
   local run=(python3 -m gpupipe bench) pre=""
   [ "${NOMERGE:-0}" = 1 ] && pre+="from gpupipe._backends import hybrid; hybrid.MERGE_IMAGES = 0; "
   [ "${PYAPI:-0}" = 1 ] && pre+="from gpupipe._backends import nvimgcodec; nvimgcodec.NATIVE = False; "
+  [ -n "${SWITCH:-}" ] && pre+="sys.setswitchinterval($SWITCH); "
   [ -n "$pre" ] && run=(python3 -c "import sys; $pre
 from gpupipe.bench import main; sys.exit(main(sys.argv[1:]))")
   step "$name" 75 "${run[@]}" --device cuda --threads 16 --recipe "${RECIPE:-train}" --batch-size "$bs" \
@@ -68,6 +71,7 @@ print(default_set())" > "$L/data.txt" 2>&1) &
     grep -E "^\|" "$L/engines.txt" | cut -c1-200 | tee -a "$OUT/summary.txt"; }
   for bs in 64 256; do bench hybrid-seed-$bs seed $bs --methods gpupipe raw
     [ "${API_AB:-0}" = 1 ] && PYAPI=1 bench hybrid-seed-$bs-pyapi seed $bs --methods gpupipe
+    [ "${SWITCH_AB:-0}" = 1 ] && SWITCH=0.0005 bench hybrid-seed-$bs-switch seed $bs --methods gpupipe
     [ "${MERGE_AB:-0}" = 1 ] && NOMERGE=1 bench hybrid-seed-$bs-nomerge seed $bs --methods gpupipe; done
   # the later calls run with the best measured threads left to the GPU engines' host side
   [ -s $G/tuned ] && sed -i "s/^ENGINE_HOST_THREADS = .*/ENGINE_HOST_THREADS = $(cat $G/tuned)/" gpupipe/_backends/hybrid.py
