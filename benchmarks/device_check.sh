@@ -11,7 +11,8 @@
 #   call 2 (carry .device/d2):   bash benchmarks/device_check.sh 2   the Loader (backend cpu) vs raw, 800x533, batch 256 and 64
 #                                (GPU_CHECK=1: gpu_check --quick first)
 #   call 3 (carry .device/d3):   bash benchmarks/device_check.sh 3   the same on 1920x1280 photos
-#   call 4 (carry .device/d4):   bash benchmarks/device_check.sh 4   DALI installed; hybrid vs raw vs DALI GPU ($BATCHES)
+#   call 4 (carry .device/d4):   bash benchmarks/device_check.sh 4   DALI installed; hybrid vs raw vs DALI GPU ($BATCHES;
+#                                ALONE=1: also gpupipe and DALI each alone in its process)
 # (TESTS_K="gpu or cuda": call 1 runs only the matching tests, the rest run in CI)
 # or, in one call without DALI (carry .device/base/whl, .device/base/debs, .device/base/setup.sh,
 # .device/base/install_dali.sh): bash benchmarks/device_check.sh probe   build, GPU tests, hybrid_probe
@@ -85,7 +86,10 @@ print(default_set())" > "$L/data.txt" 2>&1) &
 4)  # issue 29: backend hybrid (auto) beside the raw decode and DALI's GPU pipeline, one run each
   bash $G/install_dali.sh > "$L/dali.txt" 2>&1; echo "dali install rc $?" | tee -a "$OUT/summary.txt"; tail -1 "$L/dali.txt"
   for sb in ${BATCHES:-seed:256 default:64 hd:256}; do  # most wanted first
-    bench "hybrid-${sb/:/-}" ${sb%:*} ${sb#*:} --methods gpupipe raw dali; done ;;
+    bench "hybrid-${sb/:/-}" ${sb%:*} ${sb#*:} --methods gpupipe raw dali
+    if [ "${ALONE:-0}" = 1 ]; then  # each pipeline alone in its process too
+      bench "alone-gpupipe-${sb/:/-}" ${sb%:*} ${sb#*:} --methods gpupipe
+      bench "alone-dali-${sb/:/-}" ${sb%:*} ${sb#*:} --methods dali; fi; done ;;
 probe)  # build, the GPU tests, then where the hybrid backend's time goes (benchmarks/hybrid_probe.py)
   python3 -c "import PIL, torch; print('Pillow', PIL.__version__, 'torch', torch.__version__, torch.cuda.get_device_name(0))"
   step tests 60 python3 -m pytest -q -p no:cacheprovider -rs tests/test_crop_resize.py tests/test_nvimgcodec.py \
