@@ -407,25 +407,32 @@ class Engine:
                 self._check_device(stream)  # nvImageCodec turns its own failures into None: is the device sane?
             clock.lap("decode")
             start = 0
-            for p, (_, _, out, _, options, _), declines in zip(parts, jobs, results):
+            for p, job, declines in zip(parts, jobs, results):
                 mine = images[start:start + len(p.streams)]
                 start += len(p.streams)
                 if not len(mine):
                     continue
-                table, declined = image_table(mine, p.heights, p.widths, options.channels)
+                table, declined = image_table(mine, p.heights, p.widths, job[4].channels)
                 ok = np.ones(len(mine), dtype=bool)
                 ok[list(declined)] = False
-                clock.lap("table")
-                if ok.any():
-                    try:
-                        _crop_resize()(table[ok], np.ascontiguousarray(p.boxes[ok]), out, p.slots[ok],
-                                       resize=options.resize, window=options.window)
-                    except Exception as e:
-                        raise self._fail("crop and resize", e) from e
-                declines.update({int(p.rows[k]): why for k, why in declined.items()})
-                clock.lap("crop")
+                self._crop_share(p, job, table, ok, declined, declines, clock)
             del images, mine  # freed on `stream` (cudaFreeAsync), after the kernels that read them
         return results
+
+    def _crop_share(self, p: "_Share", job: tuple, table: np.ndarray, ok: np.ndarray, declined: dict,
+                    declines: dict, clock: "_PartClock") -> None:
+        """One share's crop kernel over its decoded samples (``ok``; ``table`` the kernel's rows), and
+        its declined samples' reasons added to ``declines`` by their positions in the share."""
+        _, _, out, _, options, _ = job
+        clock.lap("table")
+        if ok.any():
+            try:
+                _crop_resize()(table[ok], np.ascontiguousarray(p.boxes[ok]), out, p.slots[ok],
+                               resize=options.resize, window=options.window)
+            except Exception as e:
+                raise self._fail("crop and resize", e) from e
+        declines.update({int(p.rows[k]): why for k, why in declined.items()})
+        clock.lap("crop")
 
     def _decode_native(self, parts: list, jobs: Sequence[tuple], results: list, clock: "_PartClock") -> None:
         """decode_jobs through the C API: every share's samples decoded in ONE GIL-free call into one
@@ -460,20 +467,13 @@ class Engine:
             clock.lap("decode")
             table = np.stack([scratch.data_ptr() + offsets, heights, widths, widths * channels], axis=1)
             start = 0
-            for p, (_, _, out, _, options, _), declines in zip(parts, jobs, results):
+            for p, job, declines in zip(parts, jobs, results):
                 n = len(p.streams)
-                mine, rows = statuses[start:start + n], table[start:start + n]
-                start += n
+                mine = statuses[start:start + n]
                 ok = mine == 1
-                clock.lap("table")
-                if ok.any():
-                    try:
-                        _crop_resize()(rows[ok], np.ascontiguousarray(p.boxes[ok]), out, p.slots[ok],
-                                       resize=options.resize, window=options.window)
-                    except Exception as e:
-                        raise self._fail("crop and resize", e) from e
-                declines.update({int(p.rows[k]): status_reason(mine[k]) for k in np.flatnonzero(~ok)})
-                clock.lap("crop")
+                declined = {int(k): status_reason(mine[k]) for k in np.flatnonzero(~ok)}
+                self._crop_share(p, job, table[start:start + n], ok, declined, declines, clock)
+                start += n
             del scratch  # stream-ordered: the kernels that read it were queued on this stream
 
     def _prepare(self, buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, slots: np.ndarray,
