@@ -329,9 +329,10 @@ class Engine:
         # Host seconds of each part of decode() summed over calls (diagnostics: benchmarks.hybrid_probe)
         self.host_seconds = dict.fromkeys(("parse", "lock", "decode", "table", "crop"), 0.0)
         self._native, self._decoder = None, None
+        wanted = NATIVE if native is None else bool(native)
         #: why the C API is not used (None where it is, or where it was not asked for)
-        self.native_reason = native_reason() if (NATIVE if native is None else native) else None
-        if (NATIVE if native is None else native) and self.native_reason is None:
+        self.native_reason = native_reason() if wanted else None
+        if wanted and self.native_reason is None:
             try:
                 with _device_context(self.device):
                     self._native = _native_decoder(self._lib, kind, self.device.index, cpu_threads,
