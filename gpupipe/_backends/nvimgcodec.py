@@ -307,6 +307,9 @@ class Engine:
             photos, 4,470 against 4,582 on 1920x1280; in the hybrid Loader 12,257 against 14,504),
             and nvJPEG < 13.2 declines ROI with fancy upsampling.
         cpu_threads: nvImageCodec's host threads for this engine.
+        native: call nvImageCodec's C API (``True``: or raise why not), its Python API (``False``),
+            or the C API where it is built and starts (``None``, with :data:`NATIVE`). ``api`` says
+            which it calls, ``native_reason`` why not the C API.
 
     Use :func:`engine` (cached, checked by a first decode) rather than constructing one.
     """
