@@ -566,32 +566,39 @@ def _sof_precision(data: bytes, bits: int) -> bytes:
     return data[:k + 4] + bytes([bits]) + data[k + 5:]
 
 
-@needs_c_api
-def test_c_api_hostile_files_never_write_outside_their_slots(native):
-    """Guard bytes around every slot: truncated, garbage, other formats, a fake 12-bit file, a header
-    table that says another size: declined with their reason, nothing written outside the slots."""
+def _guarded_hostile_decode(dec, device: str, stream: int = 0) -> None:
+    """Decodes hostile files with ``dec`` (a C-API decoder writing to ``device`` memory) into slots
+    with guard bytes around each: declined with their reason, nothing written outside the slots."""
     good = photo_jpegs(["astronaut", "coffee"], [{}], size=(40, 56))
     (h, w) = gpupipe.read_header(good[0])[:2]
     datas = [good[0], good[0][:len(good[0]) // 2], bytes(300), pillow_png(photo(h, w)), _sof_precision(good[0], 12),
-             good[0], good[0]]
-    sizes = np.array([[h, w]] * 7)
+             good[0], good[0], good[0][:-2] + b"\x00" * 200]
+    sizes = np.array([[h, w]] * len(datas))
     sizes[5] = [h - 1, w]  # smaller than the file: never decoded into a slot that is too small
     guard, slot = 256, h * w * 3
     step = slot + 2 * guard
-    buf = torch.full((7 * step,), 0xAB, dtype=torch.uint8)
-    offsets = np.arange(7, dtype=np.int64) * step + guard
-    dec = _cpu_decoder(native.lib, 2, ":fancy_upsampling=1")
-    statuses = dec.decode(datas, sizes, None, 3, buf.data_ptr(), buf.numel(), offsets, 0).tolist()
+    buf = torch.full((len(datas) * step,), 0xAB, dtype=torch.uint8, device=device)
+    offsets = np.arange(len(datas), dtype=np.int64) * step + guard
+    statuses = dec.decode(datas, sizes, None, 3, buf.data_ptr(), buf.numel(), offsets, stream).tolist()
     assert statuses[0] == 1 and statuses[6] == 1 and statuses[5] == -2 and statuses[4] == -6, statuses
     assert statuses[2] == -1 and statuses[3] == -3 and statuses[1] not in (-2, -6), statuses
-    b = buf.numpy()
-    for k in range(7):
+    if device != "cpu":
+        torch.cuda.synchronize()
+    b = buf.cpu().numpy()
+    for k in range(len(datas)):
         before, after = b[k * step:k * step + guard], b[k * step + guard + slot:(k + 1) * step]
         assert (before == 0xAB).all() and (after == 0xAB).all(), f"sample {k} wrote outside its slot"
         if statuses[k] < 0:
             assert (b[offsets[k]:offsets[k] + slot] == 0xAB).all(), f"sample {k} was declined but written"
     with pytest.raises(ValueError, match="samples 0 and 1 have overlapping outputs"):
-        dec.decode(good[:1] * 2, sizes[:2], None, 3, buf.data_ptr(), buf.numel(), np.array([0, slot - 1]), 0)
+        dec.decode(good[:1] * 2, sizes[:2], None, 3, buf.data_ptr(), buf.numel(), np.array([0, slot - 1]), stream)
+
+
+@needs_c_api
+def test_c_api_hostile_files_never_write_outside_their_slots(native):
+    """Truncated, garbage, other formats, a fake 12-bit file, a header table that says another size,
+    no EOI: with guard bytes around every slot (nvImageCodec's libjpeg-turbo, host memory)."""
+    _guarded_hostile_decode(_cpu_decoder(native.lib, 2, ":fancy_upsampling=1"), "cpu")
 
 
 @needs_c_api
@@ -890,6 +897,13 @@ def test_gpu_engine_resized_crops_on_photos(kind, batch, api):
     got, ref, declined = _engine_vs_core(eng, datas, boxes, (64, 64), resize=True)
     assert not declined
     _assert_close(got, ref, f"{kind} ({api} API) RandomResizedCrop 64, batch {batch}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_gpu_c_api_hostile_files_never_write_outside_their_slots(kind):
+    """The same hostile files as on the CPU, through the GPU decoder's C API into device memory."""
+    eng = _gpu_engine(kind)
+    _guarded_hostile_decode(eng._native, "cuda", torch.cuda.current_stream().cuda_stream)
 
 
 @pytest.mark.parametrize("kind", KINDS)
