@@ -133,7 +133,8 @@ class NvimgcodecDecoder {
  public:
   NvimgcodecDecoder(const std::string& directory, const std::string& kind, int device_id, int cpu_threads,
                     const std::string& options)
-      : api_(&library(directory)), kind_(kind) {
+      : api_(&library(directory)),
+        buffer_kind_(kind == "cpu" ? NVIMGCODEC_IMAGE_BUFFER_KIND_STRIDED_HOST : NVIMGCODEC_IMAGE_BUFFER_KIND_STRIDED_DEVICE) {
     std::vector<nvimgcodecBackend_t> backends;
     auto add = [&](nvimgcodecBackendKind_t k) {
       nvimgcodecBackend_t b{NVIMGCODEC_STRUCTURE_TYPE_BACKEND, sizeof(nvimgcodecBackend_t), nullptr};
@@ -323,7 +324,7 @@ class NvimgcodecDecoder {
       plane.sample_type = NVIMGCODEC_SAMPLE_DATA_TYPE_UINT8;
       plane.precision = 0;
       out.buffer = reinterpret_cast<void*>(out_address + static_cast<uintptr_t>(offset[k]));
-      out.buffer_kind = kind_ == "cpu" ? NVIMGCODEC_IMAGE_BUFFER_KIND_STRIDED_HOST : NVIMGCODEC_IMAGE_BUFFER_KIND_STRIDED_DEVICE;
+      out.buffer_kind = buffer_kind_;
       out.cuda_stream = reinterpret_cast<cudaStream_t>(stream);
       nvimgcodecImage_t image = nullptr;
       if (api_->ImageCreate(api_->instance, &image, &out) != NVIMGCODEC_STATUS_SUCCESS || !image)
@@ -361,7 +362,7 @@ class NvimgcodecDecoder {
   }
 
   const Api* api_;
-  std::string kind_;
+  nvimgcodecImageBufferKind_t buffer_kind_;  // host memory for kind "cpu", device memory otherwise
   nvimgcodecDecoder_t decoder_ = nullptr;
   std::mutex mutex_;
 };
