@@ -113,6 +113,15 @@ def takes_keys(module: Any) -> bool:
     return isinstance(module, Keyed) or (module is not None and _sample_params_takes_seed(module))
 
 
+def samples_independent(module: Any) -> bool:
+    """True when ``module`` declares that it maps each sample on its own (``samples_independent``):
+    its output for a batch, given the batch's per-sample parameters (rows of a leading dim ``n``),
+    or called in ``eval()`` mode without, equals its outputs for any split of the batch given the
+    matching rows, concatenated. The Loader then augments a chunk's batches in one call. Undeclared
+    modules (a batch-level draw, MixUp, a user's module) are False: called once per batch."""
+    return bool(getattr(module, "samples_independent", False))
+
+
 def child_params(child: Any, k: int, n: int, *, seed: Any, epoch: Any, indices: Any) -> Any:
     """Child ``k``'s parameters for a batch of ``n`` inside a container (Compose, RandomChoice):
     keyed with the child seed ``derive_seed(seed, k)`` when there is a seed and the child takes
@@ -124,4 +133,4 @@ def child_params(child: Any, k: int, n: int, *, seed: Any, epoch: Any, indices: 
     return child.sample_params(n)
 
 
-__all__ = ["uniforms", "normals", "stream_of", "derive_seed", "Keyed", "takes_keys", "child_params"]
+__all__ = ["uniforms", "normals", "stream_of", "derive_seed", "Keyed", "takes_keys", "samples_independent", "child_params"]

@@ -94,6 +94,8 @@ class Batch:
     pending: Any = None  #: a started decode (the CPU core's or the hybrid backend's): collect waits for it
     parts: Optional[list] = None  #: a chunk's batches (CHUNK_IMAGES): collect splits it into them
     slot_use: Any = None  #: a chunk's ring slot, shared by its batches: freed when the last lets it go
+    whole: Optional["_Whole"] = None  #: a chunk finished in one call (transfer, augment), shared by its batches
+    offset: int = 0  #: the batch's first row in its chunk
     error: Optional[BaseException] = None  #: on_error="raise": this batch's failure, raised when it is reached
 
     def __len__(self) -> int:
@@ -378,7 +380,8 @@ class Loader:
             :data:`CHUNK_IMAGES` (256) images together: the read, plan, decode and collect stages
             take a chunk at a time and the consumer still gets each batch alone, its pixels,
             augmentation and failures those of the batch alone (its images are then views of the
-            chunk's buffer, on every device). An error of a whole chunk (a GPU device error, a crop
+            chunk's buffer, on every device; an ``augment`` whose samples are independent,
+            :func:`gpupipe.keyed.samples_independent`, is called once a chunk). An error of a whole chunk (a GPU device error, a crop
             sampler that raises) is raised at its first batch; a batch's own failures at that batch.
         on_error: ``"skip"`` drops failed samples (the batch is smaller), ``"replace"`` keeps zero
             images, ``"raise"`` raises naming the sample's key. Every failure is in ``stats()`` with
@@ -855,6 +858,13 @@ class _Epoch:
                 self.decode_stream = torch.cuda.Stream(loader.device)  # the engines wait for it, not the training step
             self.augment_keyed = _keyed(loader.augment)
             self.transform_keyed = _keyed(loader.batch_transform)
+            # A chunk's batches transferred and augmented in one call, when each sample's output is its
+            # own (the augmentation's per-call host cost, a copy and its event, paid per chunk); the
+            # batch transform (MixUp, CutMix: one draw per batch) stays per batch.
+            self.finish_whole = self.chunk_batches > 1 and (
+                (loader.augment is None and loader.device.type == "cuda")
+                or (loader.augment is not None and keyed.samples_independent(loader.augment)
+                    and (self.augment_keyed or not getattr(loader.augment, "training", True))))
             self.stream = torch.cuda.Stream(loader.device) if loader.device.type == "cuda" else None
             # (a ring slot is waited for before the decode's call scope: a process exiting meanwhile does not wait)
             stages = [("read", self.read), ("plan", self.plan), ("decode", self.decode, True, self._take_slot),
@@ -954,10 +964,17 @@ class _Epoch:
         batch.datas, batch.infos, batch.boxes = plan_batch(batch.datas, l.crop, l.options, seed=l.seed,
                                                            epoch=self.epoch_number, indices=batch.indices,
                                                            read_errors=batch.read_errors)
-        if self.augment_keyed and batch.parts is None:
-            batch.augment_params = l.augment.sample_params(len(batch), seed=l.seed, epoch=self.epoch_number,
-                                                           indices=torch.from_numpy(batch.indices))
-        elif self.augment_keyed:  # a chunk's batches each draw their own (a module may draw per batch)
+        if self.augment_keyed and (batch.parts is None or self.finish_whole):
+            # (a chunk finished whole: one draw, each sample's parameters its own whatever its batch)
+            try:
+                batch.augment_params = l.augment.sample_params(len(batch), seed=l.seed, epoch=self.epoch_number,
+                                                               indices=torch.from_numpy(batch.indices))
+            except Exception:
+                if batch.parts is None:
+                    raise
+                batch.augment_params = None  # drawn per batch below: the batches before the failing one go on
+        if self.augment_keyed and batch.parts is not None and batch.augment_params is None:
+            # a chunk's batches each draw their own (a module may draw per batch)
             for part in batch.parts:
                 try:
                     part.augment_params = l.augment.sample_params(len(part), seed=l.seed, epoch=self.epoch_number,
@@ -1041,6 +1058,7 @@ class _Epoch:
         for part, (engine_seconds, cpu_busy) in zip(parts, measured):
             n = len(part)
             part.images, part.slot, part.slot_use, part.ready = chunk.images[start:start + n], chunk.slot, use, chunk.ready
+            part.offset = start
             part.status = chunk.status.rows(start, start + n)
             part.status.engine_seconds, part.status.cpu_busy_seconds = engine_seconds, cpu_busy
             if part.error is None:  # (a keyed augment that failed to draw this batch's parameters)
@@ -1049,6 +1067,17 @@ class _Epoch:
                 except Exception as e:
                     part.error = e
             start += n
+        if self.finish_whole and (not self.augment_keyed or chunk.augment_params is not None) and \
+                all(p.error is None for p in parts) and (self.l.on_error != "skip" or chunk.status.all_ok()):
+            whole = _Whole(chunk)  # the chunk keeps its slot: the first batch reached finishes it whole
+            for part in parts:
+                part.whole, part.slot, part.slot_use = whole, None, None
+        elif chunk.augment_params is not None:  # finished batch by batch after all: each its rows
+            rows = np.arange(len(chunk))
+            for part in parts:
+                if part.error is None:
+                    keep = torch.from_numpy((rows >= part.offset) & (rows < part.offset + len(part)))
+                    part.augment_params = _rows(chunk.augment_params, keep, len(chunk))
         return parts
 
     def _wait_until_adopted(self, batch: Batch) -> Batch:
@@ -1072,6 +1101,8 @@ class _Epoch:
         if batch.error is not None:  # on_error="raise": this batch's failure, now that it is reached
             self.release(batch)
             raise batch.error
+        if batch.whole is not None:
+            return self._finish_part(batch)
         images, labels, indices, params = self._kept(batch)
         clock = HostClock()
         images = self._to_device(batch, images)
@@ -1085,22 +1116,65 @@ class _Epoch:
             self.stats.times.add("augment", *clock.read())
         return _Finished(images, labels, batch)
 
+    def _finish_part(self, batch: Batch) -> "_Finished":
+        """A batch of a chunk finished whole: the chunk's transfer and augmentation done once, when
+        its first batch is reached (on the consumer's stream, as a batch alone), then the batch's
+        rows of them and its own batch transform."""
+        l, whole = self.l, batch.whole
+        if whole.images is None:
+            chunk = whole.chunk
+            clock = HostClock()
+            images = self._to_device(chunk, chunk.images.permute(0, 3, 1, 2))
+            whole.labels = torch.from_numpy(chunk.labels).to(l.device, non_blocking=True)
+            self.stats.times.add("transfer", *clock.read())
+            if l.augment is not None:
+                clock = HostClock()
+                if l.device.type == "cpu" and _PER_THREAD_TORCH_THREADS:
+                    torch.set_num_threads(l.augment_threads)
+                images = self._augment_only(chunk, images, chunk.augment_params)
+                self.stats.times.add("augment", *clock.read())
+            whole.images, whole.chunk = images, None
+            if images.is_cuda:
+                whole.stream = torch.cuda.current_stream(l.device)
+                whole.done = torch.cuda.Event()
+                whole.done.record(whole.stream)
+        elif whole.stream is not None and torch.cuda.current_stream(l.device) != whole.stream:
+            consumer = torch.cuda.current_stream(l.device)  # the consumer changed streams within the chunk
+            consumer.wait_event(whole.done)
+            for t in (whole.images, whole.labels):
+                t.record_stream(consumer)
+        rows = slice(batch.offset, batch.offset + len(batch))
+        images, labels = whole.images[rows], whole.labels[rows]
+        if l.batch_transform is not None:
+            clock = HostClock()
+            images, labels = self._batch_transform(images, labels, torch.from_numpy(batch.indices))
+            self.stats.times.add("augment", *clock.read())
+        return _Finished(images, labels, batch)
+
+    def _augment_only(self, batch: Batch, images, params):
+        """augment (keyed when it follows the protocol); the batch's ring slot released after it."""
+        l = self.l
+        images = l.augment(images, params=params) if self.augment_keyed else l.augment(images)
+        if batch.slot is not None and images.untyped_storage().data_ptr() == batch.images.untyped_storage().data_ptr():
+            images = images.clone()  # the module handed back the ring slot itself
+        self.release(batch)
+        return images
+
     def _augment(self, batch: Batch, images, labels, indices, params):
         """augment, then batch_transform, each keyed when it follows the protocol."""
         l = self.l
         if l.augment is not None:
-            images = l.augment(images, params=params) if self.augment_keyed else l.augment(images)
-            if batch.slot is not None and images.untyped_storage().data_ptr() == batch.images.untyped_storage().data_ptr():
-                images = images.clone()  # the module handed back the ring slot itself
+            images = self._augment_only(batch, images, params)
         self.release(batch)
-        if l.batch_transform is not None:
-            if self.transform_keyed:
-                p = l.batch_transform.sample_params(images.shape[0], seed=l.seed, epoch=self.epoch_number,
-                                                    indices=indices)
-                images, labels = l.batch_transform(images, labels, params=p)
-            else:
-                images, labels = l.batch_transform(images, labels)
-        return images, labels
+        return self._batch_transform(images, labels, indices) if l.batch_transform is not None else (images, labels)
+
+    def _batch_transform(self, images, labels, indices):
+        """batch_transform (MixUp, CutMix: one draw per batch), keyed when it follows the protocol."""
+        l = self.l
+        if self.transform_keyed:
+            p = l.batch_transform.sample_params(images.shape[0], seed=l.seed, epoch=self.epoch_number, indices=indices)
+            return l.batch_transform(images, labels, params=p)
+        return l.batch_transform(images, labels)
 
     def _kept(self, batch: Batch):
         """The batch's images (NCHW view of the NHWC slot), labels, indices and augmentation
@@ -1168,6 +1242,18 @@ def _mark_ready(batch: Batch) -> None:
     if batch.images.is_cuda:
         batch.ready = torch.cuda.Event()
         batch.ready.record(torch.cuda.current_stream(batch.images.device))
+
+
+class _Whole:
+    """A chunk whose batches are finished in one call (:meth:`_Epoch._finish_part`): the chunk until
+    then; its images and labels (on the Loader's device, augmented) after, and on CUDA the stream
+    that finished them with its event."""
+
+    __slots__ = ("chunk", "images", "labels", "stream", "done")
+
+    def __init__(self, chunk: Batch):
+        self.chunk = chunk
+        self.images = self.labels = self.stream = self.done = None
 
 
 class _Finished:

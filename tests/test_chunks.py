@@ -49,10 +49,14 @@ def test_chunk_size_in_batches():
 
 
 def augment_of(kind):
-    from gpupipe.augment import AutoAugment, RandomChoice, TrivialAugmentWide
+    from gpupipe.augment import AutoAugment, Compose, RandomChoice, RandomErasing, TrivialAugmentWide
 
-    if kind == "batch":
+    if kind == "batch":  # samples independent: a chunk's batches augmented in one call
         return BatchAugment(hflip=0.5, brightness=0.4, generator=0)
+    if kind == "chain":  # the same, the chain's every module independent
+        return Compose([TrivialAugmentWide(), BatchAugment(hflip=0.5, contrast=0.3), RandomErasing(0.5, value=0.0)])
+    if kind == "eval":  # called plainly, in eval mode: conversion and normalisation
+        return BatchAugment(hflip=0.5).eval()
     if kind == "choice":  # a choice per batch, keyed on its first index: drawn per batch, not per chunk
         return RandomChoice([TrivialAugmentWide(), AutoAugment()])
     return None
@@ -60,7 +64,7 @@ def augment_of(kind):
 
 @pytest.mark.parametrize("batch_size, drop_last", [(4, False), (5, True), (7, False)])
 @pytest.mark.parametrize("on_error", ["skip", "replace"])
-@pytest.mark.parametrize("augment", [None, "batch", "choice"])
+@pytest.mark.parametrize("augment", [None, "batch", "chain", "eval", "choice"])
 def test_chunks_give_the_batches_of_batches_alone(messy, monkeypatch, batch_size, drop_last, on_error, augment):
     """Chunks of 16 images (4, 3 and 2 batches, the epoch's last chunk shorter, a last batch short
     or dropped), failures inside chunks, keyed augmentation (its parameters drawn per batch, the
@@ -250,3 +254,112 @@ def test_batches_are_finished_one_by_one_not_a_chunk_at_a_time(tmp_path, monkeyp
     time.sleep(0.3)
     assert len(calls) <= 4, calls  # the one taken, the queue's, the one in hand
     del it
+
+
+class CountingAugment(BatchAugment):
+    """BatchAugment counting its calls' batch sizes."""
+
+    def __init__(self, calls: list, **kw):
+        super().__init__(**kw)
+        self.calls = calls
+
+    def forward(self, x, params=None):
+        self.calls.append(len(x))
+        return super().forward(x, params=params)
+
+
+class Independent(torch.nn.Module):
+    """A plain module that declares its samples independent (in eval mode: no draws)."""
+
+    samples_independent = True
+
+    def __init__(self, calls: list):
+        super().__init__()
+        self.calls = calls
+
+    def forward(self, x):
+        self.calls.append(len(x))
+        return x.flip(3)
+
+
+@pytest.mark.parametrize("make", ["keyed", "plain eval", "plain train"])
+def test_a_samples_independent_augment_takes_a_chunk_in_one_call(tmp_path, monkeypatch, make):
+    """The finish stage's per-call cost paid per chunk: a keyed augment whose samples are
+    independent, or such a module in eval mode, is called once a chunk, each batch then its rows,
+    with the pixels of its batches alone; a plain module in train mode (its draws are its own) is
+    still called once a batch."""
+    make_image_folder(tmp_path, per_class=20)  # 60 files: batches of 4, chunks of 16 images
+    calls: list = []
+    if make == "keyed":
+        augment = lambda: CountingAugment(calls, hflip=0.5, saturation=0.5, generator=0)
+    else:
+        augment = lambda: Independent(calls).train(make == "plain train")
+    alone, _ = run(tmp_path, 0, monkeypatch, epochs=(0,), augment=augment())
+    assert calls == [4] * 15
+    calls.clear()
+    chunked, st = run(tmp_path, 16, monkeypatch, epochs=(0,), augment=augment(), lookahead=False)
+    assert same_batches(chunked, alone) and st["batches"] == 15
+    assert calls == ([4] * 15 if make == "plain train" else [16, 16, 16, 12])
+
+
+def test_a_chunk_finished_whole_keeps_its_batches_failures_and_transform(messy, monkeypatch):
+    """A chunk with a failed sample under on_error="skip" is finished batch by batch (the batches
+    shrink), the others whole; the batch transform (MixUp: one draw per batch) runs per batch on
+    the rows of the chunk's augmented images: all as the batches alone."""
+    from gpupipe.augment import MixUp
+
+    calls: list = []
+    kw = {"augment": CountingAugment(calls, hflip=0.5, brightness=0.3, generator=0), "on_error": "skip",
+          "batch_transform": MixUp(0.4, num_classes=2), "shuffle": False, "epochs": (0,), "lookahead": False}
+    alone, st_alone = run(messy, 0, monkeypatch, **kw)
+    calls.clear()
+    chunked, st = run(messy, 8, monkeypatch, **kw)  # chunks of 2 batches
+    assert same_batches(chunked, alone)
+    sizes = [x.shape[0] for x, _ in alone]
+    assert sizes == [4, 4, 4, 3, 4, 3, 4, 4, 3, 4, 1]  # three of the files fail
+    assert calls == [8, 4, 3, 4, 3, 8, 3, 4, 1]  # the chunks without a failure in one call
+    assert st["skipped"] == st_alone["skipped"] and len(st["skipped"]) == 3
+
+
+def test_a_failed_chunk_draw_falls_back_to_the_batches_draws(tmp_path, monkeypatch):
+    """A keyed augment whose draw fails for one batch (here: any draw holding index 9): drawn whole
+    for its chunk first, the draw is then made per batch, and the batches before the failing one
+    are delivered before it raises."""
+    make_image_folder(tmp_path, per_class=20)
+
+    class FailsOnNine(BatchAugment):
+        def sample_params(self, n, **kw):
+            if 9 in kw["indices"].tolist():
+                raise ValueError("no parameters for sample 9")
+            return super().sample_params(n, **kw)
+
+    monkeypatch.setattr(loader_module, "CHUNK_IMAGES", 16)
+    ld = gpupipe.Loader(sources.ImageFolder(tmp_path), batch_size=4, crop=crops.CenterCrop(24), shuffle=False,
+                        augment=FailsOnNine(hflip=0.5, generator=0), num_threads=2)
+    it = iter(ld)
+    assert [next(it)[0].shape[0] for _ in range(2)] == [4, 4]
+    with pytest.raises(ValueError, match="sample 9"):
+        next(it)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA outputs need a CUDA device")
+def test_a_chunk_finished_whole_on_cuda_serves_a_consumer_that_changes_streams(tmp_path, monkeypatch):
+    """CUDA outputs: a chunk's transfer and augmentation are queued on the consumer's stream at its
+    first batch; a batch taken on another stream waits for them there (and its memory is kept for
+    that stream): the same batches as alone, whatever the stream, with work queued behind."""
+    make_image_folder(tmp_path, per_class=20)
+    kw = {"augment": BatchAugment(hflip=0.5, brightness=0.4, generator=0), "device": "cuda", "epochs": (0,),
+          "lookahead": False}
+    alone, _ = run(tmp_path, 0, monkeypatch, **kw)
+    monkeypatch.setattr(loader_module, "CHUNK_IMAGES", 16)
+    ld = gpupipe.Loader(sources.ImageFolder(tmp_path), batch_size=4, crop=crops.RandomResizedCrop(24), num_threads=2,
+                        seed=5, **{k: v for k, v in kw.items() if k != "epochs"})
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    got = []
+    it = iter(ld)
+    for k in range(len(alone)):
+        with torch.cuda.stream(streams[k % 2]):
+            torch.cuda._sleep(2_000_000)  # a busy stream: a batch read before its work would be wrong
+            x, y = next(it)
+            got.append((x.cpu(), y.cpu()))
+    assert same_batches(got, alone)

@@ -133,3 +133,43 @@ def test_a_subclass_forwarding_sample_params_stays_keyed():
             return super().sample_params(n)
 
     assert keyed.takes_keys(Forwarding()) and not keyed.takes_keys(FirstProtocolChild())
+
+
+def independent_modules():
+    """Every module that declares its samples independent, with its input."""
+    u8 = torch.randint(0, 256, (11, 3, 20, 24), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    f32 = u8.float() / 255
+    return [
+        (BatchAugment(hflip=0.5, vflip=0.5, rotation=20, translate=(0.1, 0.1), brightness=0.4, contrast=0.4,
+                      saturation=0.4, hue=0.1, grayscale=0.2), u8),
+        (BatchAugment(hflip=0.5, brightness=0.3, color="linear"), u8),
+        (TrivialAugmentWide(), u8), (RandAugment(), u8), (AutoAugment(), u8),
+        (RandomErasing(p=0.7), f32), (RandomErasing(p=0.7, value=(0.1, 0.2, 0.3)), f32),
+        (RandomErasing(p=0.7, value=9), u8),
+        (Compose([TrivialAugmentWide(), BatchAugment(hflip=0.5, saturation=0.4), RandomErasing(0.5)]), u8),
+    ]
+
+
+@pytest.mark.parametrize("module, x", independent_modules(), ids=lambda v: type(v).__name__)
+@pytest.mark.parametrize("training", [True, False])
+def test_a_samples_independent_module_gives_a_batch_the_outputs_of_its_parts(module, x, training):
+    """The declaration the Loader relies on to augment a chunk's batches in one call
+    (``keyed.samples_independent``): the batch's output, with its keyed parameters (or in eval()
+    mode without), is its parts' outputs with their rows, concatenated, bit for bit."""
+    assert keyed.samples_independent(module)
+    module.train(training)
+    indices = torch.arange(100, 100 + len(x))
+    whole_params = module.sample_params(len(x), seed=4, epoch=2, indices=indices) if training else None
+    call = (lambda x, idx: module(x, params=module.sample_params(len(x), seed=4, epoch=2, indices=idx))) \
+        if training else (lambda x, idx: module(x))
+    whole = module(x.clone(), params=whole_params) if training else module(x.clone())
+    parts = torch.cat([call(x[a:b].clone(), indices[a:b]) for a, b in ((0, 4), (4, 5), (5, 11))])
+    assert torch.equal(whole, parts)
+
+
+def test_modules_that_draw_per_batch_are_not_samples_independent():
+    assert not keyed.samples_independent(RandomChoice([TrivialAugmentWide(), AutoAugment()]))
+    assert not keyed.samples_independent(MixUp(0.2, num_classes=3)) and not keyed.samples_independent(CutMix(1.0))
+    assert not keyed.samples_independent(BatchAugment(hflip=0.5, engine="kornia"))
+    assert not keyed.samples_independent(Compose([TrivialAugmentWide(), RandomChoice([AutoAugment()])]))
+    assert not keyed.samples_independent(torch.nn.Identity()) and not keyed.samples_independent(None)

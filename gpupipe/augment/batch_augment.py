@@ -267,6 +267,12 @@ class BatchAugment(KeyedModule):
 
     # --- parameters (sample_params: KeyedModule's) ---------------------------------------------------
 
+    @property
+    def samples_independent(self) -> bool:
+        """The fused engine maps each sample from its own row (:func:`gpupipe.keyed.samples_independent`);
+        Kornia's float ops are not vouched for bit for bit across batch sizes."""
+        return self.engine == "fused"
+
     def _params_from_uniforms(self, u: torch.Tensor) -> dict:
         if torch.compiler.is_compiling() or type(u) is not torch.Tensor:
             return self._params_from(u, torch)

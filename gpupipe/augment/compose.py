@@ -58,6 +58,11 @@ class Compose(nn.Module):
             params[str(k)] = keyed.child_params(child, k, n, seed=seed, epoch=epoch, indices=indices)
         return params
 
+    @property
+    def samples_independent(self) -> bool:
+        """Each sample mapped on its own when every module of the chain does (:func:`gpupipe.keyed.samples_independent`)."""
+        return all(keyed.samples_independent(t) for t in self._transforms)
+
     def forward(self, x: Any, params: Optional[dict] = None) -> Any:
         """Applies the chain; ``params=None`` lets each child draw (or not, in ``eval()``) itself."""
         if params is not None:

@@ -67,6 +67,7 @@ class RandomErasing(KeyedModule):
     """
 
     _stream_name = "RandomErasing"
+    samples_independent = True  #: a box (and noise) per sample, from its own row (gpupipe.keyed)
     _draws = 2 + 4 * _TRIES
 
     def __init__(self, p: float = 0.5, scale: Sequence[float] = (0.02, 0.33), ratio: Sequence[float] = (0.3, 3.3),
