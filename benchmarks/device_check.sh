@@ -6,10 +6,11 @@
 #                                beside the raw decode, 800x533, train recipe, batch 64 and 256 (MERGE_AB=1: also
 #                                without merged engine calls, hybrid.MERGE_IMAGES 0; API_AB=1: also with nvImageCodec's Python
 #                                API; SWITCH_AB=1: also with a 0.5 ms GIL switch interval (the engine threads wait less for
-#                                the GIL); ENGINES=1: hybrid_probe --part engines first); PROBE=1: hybrid_probe too (it writes the best
+#                                the GIL); WHOLE_AB=1: batch 64 also with a chunk's batches augmented one by one, as before
+#                                commit 302ac83; ENGINES=1: hybrid_probe --part engines first); PROBE=1: hybrid_probe too (it writes the best
 #                                hybrid.ENGINE_HOST_THREADS; later calls use it)
 #   call 2 (carry .device/d2):   bash benchmarks/device_check.sh 2   the Loader (backend cpu) vs raw, 800x533, batch 256 and 64
-#                                (GPU_CHECK=1: gpu_check --quick first)
+#                                (GPU_CHECK=1: gpu_check --quick first; WHOLE_AB=1 as in call 1)
 #   call 3 (carry .device/d3):   bash benchmarks/device_check.sh 3   the same on 1920x1280 photos
 #   call 4 (carry .device/d4):   bash benchmarks/device_check.sh 4   DALI installed; hybrid vs raw vs DALI GPU ($BATCHES;
 #                                ALONE=1: also gpupipe and DALI each alone in its process)
@@ -33,13 +34,15 @@ step() {  # step NAME SECONDS command...: one timed step, its log under $OUT, it
 }
 bench() {  # bench NAME SET BATCH ARGS...: python -m gpupipe bench, $RECIPE (train), 16 threads, CUDA (NOMERGE=1:
   # the GPU engines take one batch's share per call; PYAPI=1: they call nvImageCodec's Python API, not its C API;
-  # SWITCH=S: the interpreter's GIL switch interval S seconds, 0.005 by default)
+  # SWITCH=S: the interpreter's GIL switch interval S seconds, 0.005 by default; PERBATCH=1: no augment is
+  # samples-independent, so a chunk's batches are transferred and augmented one by one)
   local name=$1 set=$2 bs=$3; shift 3
   local data=(); [ "$set" = default ] || data=(--data "$(cat $G/set-$set)")
   local run=(python3 -m gpupipe bench) pre=""
   [ "${NOMERGE:-0}" = 1 ] && pre+="from gpupipe._backends import hybrid; hybrid.MERGE_IMAGES = 0; "
   [ "${PYAPI:-0}" = 1 ] && pre+="from gpupipe._backends import nvimgcodec; nvimgcodec.NATIVE = False; "
   [ -n "${SWITCH:-}" ] && pre+="sys.setswitchinterval($SWITCH); "
+  [ "${PERBATCH:-0}" = 1 ] && pre+="from gpupipe import keyed; keyed.samples_independent = lambda module: False; "
   [ -n "$pre" ] && run=(python3 -c "import sys; $pre
 from gpupipe.bench import main; sys.exit(main(sys.argv[1:]))")
   step "$name" 75 "${run[@]}" --device cuda --threads 16 --recipe "${RECIPE:-train}" --batch-size "$bs" \
@@ -73,16 +76,19 @@ print(default_set())" > "$L/data.txt" 2>&1) &
   for bs in 64 256; do bench hybrid-seed-$bs seed $bs --methods gpupipe raw
     [ "${API_AB:-0}" = 1 ] && PYAPI=1 bench hybrid-seed-$bs-pyapi seed $bs --methods gpupipe
     [ "${SWITCH_AB:-0}" = 1 ] && SWITCH=0.0005 bench hybrid-seed-$bs-switch seed $bs --methods gpupipe
-    [ "${MERGE_AB:-0}" = 1 ] && NOMERGE=1 bench hybrid-seed-$bs-nomerge seed $bs --methods gpupipe; done
+    [ "${MERGE_AB:-0}" = 1 ] && NOMERGE=1 bench hybrid-seed-$bs-nomerge seed $bs --methods gpupipe
+    [ "${WHOLE_AB:-0}" = 1 ] && [ $bs = 64 ] && PERBATCH=1 bench hybrid-seed-$bs-perbatch seed $bs --methods gpupipe; done
   # the later calls run with the best measured threads left to the GPU engines' host side
   [ -s $G/tuned ] && sed -i "s/^ENGINE_HOST_THREADS = .*/ENGINE_HOST_THREADS = $(cat $G/tuned)/" gpupipe/_backends/hybrid.py
   grep -n "^ENGINE_HOST_THREADS" gpupipe/_backends/hybrid.py | tee -a "$OUT/summary.txt" ;;
 2)  # issue 28: the Loader (backend cpu, CUDA output) beside its raw decode, 16 threads, train recipe, 800x533
   [ "${GPU_CHECK:-0}" = 1 ] && { step gpu_check 150 python3 -m benchmarks.gpu_check --quick
     grep -E "PASS|FAIL|^\||kernels" "$L/gpu_check.txt" | cut -c1-330 | head -40; }
-  for bs in 256 64; do bench cpu-seed-$bs seed $bs --backend cpu --methods gpupipe raw; done ;;
+  for bs in 256 64; do bench cpu-seed-$bs seed $bs --backend cpu --methods gpupipe raw; done
+  [ "${WHOLE_AB:-0}" = 1 ] && PERBATCH=1 bench cpu-seed-64-perbatch seed 64 --backend cpu --methods gpupipe ;;
 3)  # issue 28, 1920x1280 photos
-  for bs in 256 64; do bench cpu-hd-$bs hd $bs --backend cpu --methods gpupipe raw; done ;;
+  for bs in 256 64; do bench cpu-hd-$bs hd $bs --backend cpu --methods gpupipe raw; done
+  [ "${WHOLE_AB:-0}" = 1 ] && PERBATCH=1 bench cpu-hd-64-perbatch hd 64 --backend cpu --methods gpupipe ;;
 4)  # issue 29: backend hybrid (auto) beside the raw decode and DALI's GPU pipeline, one run each
   bash $G/install_dali.sh > "$L/dali.txt" 2>&1; echo "dali install rc $?" | tee -a "$OUT/summary.txt"; tail -1 "$L/dali.txt"
   for sb in ${BATCHES:-seed:256 default:64 hd:256}; do  # most wanted first
