@@ -501,9 +501,12 @@ class Engine:
             streams, unparsed = list(buffers), {}
         else:
             streams, unparsed = _code_streams(self._lib, buffers)
-        rows = np.array([k for k in range(n) if k not in unparsed], dtype=np.int64)
-        streams = [streams[k] for k in rows]
-        boxes, slots, sizes = boxes[rows], slots[rows], sizes[rows]
+        if unparsed:
+            rows = np.array([k for k in range(n) if k not in unparsed], dtype=np.int64)
+            streams = [streams[k] for k in rows]
+            boxes, slots, sizes = boxes[rows], slots[rows], sizes[rows]
+        else:  # (always with the C API: no Python per sample)
+            rows = np.arange(n, dtype=np.int64)
         heights, widths, regions = sizes[:, 0], sizes[:, 1], np.zeros((len(rows), 4), np.int64)
         if self.roi and len(rows):
             regions = roi_regions(boxes, heights, widths)
