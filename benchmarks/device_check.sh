@@ -17,14 +17,15 @@
 # (TESTS_K="gpu or cuda": call 1 runs only the matching tests, the rest run in CI)
 # or, in one call without DALI (carry .device/base/whl, .device/base/debs, .device/base/setup.sh,
 # .device/base/install_dali.sh): bash benchmarks/device_check.sh probe   build, GPU tests, hybrid_probe
-# (or ... final: the engine tests and hybrid_probe --part final: ROI vs whole images, the default vs the CPU pool)
+# (or ... final: the engine tests and hybrid_probe --part final: ROI vs whole images, the default vs the CPU pool;
+#  or ... whole, carry .device/base: build, then batch 64 with a chunk's batches augmented whole and one by one)
 # Each step's log goes into $OUT/logs-K.tgz (with the bench outputs), its rc and time into $OUT/summary.txt.
 set -u
 G=${DEVICE_CHECK_ROOT:-/root/g}
 PART=${1:-1}
 OUT=${OUT:-/tmp/device-check}; L=$G/logs/$PART; mkdir -p "$OUT" "$L" /root/dali
 for d in .device/base/dali .device/d2 .device/d3 .device/d4; do [ -d $d ] && cp $d/* /root/dali/; done
-if [ "$PART" = 1 ] || [ "$PART" = probe ] || [ "$PART" = final ]; then bash .device/base/setup.sh > "$L/setup.txt" 2>&1; echo "setup rc $?" | tee -a "$OUT/summary.txt"; tail -3 "$L/setup.txt"; fi
+if [ "$PART" = 1 ] || [ "$PART" = probe ] || [ "$PART" = final ] || [ "$PART" = whole ]; then bash .device/base/setup.sh > "$L/setup.txt" 2>&1; echo "setup rc $?" | tee -a "$OUT/summary.txt"; tail -3 "$L/setup.txt"; fi
 cd $G/proj || { echo "setup failed"; exit 2; }
 export PYTHONPATH=$G/site LD_LIBRARY_PATH=$G/jpeg/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-} PYTHONUNBUFFERED=1
 step() {  # step NAME SECONDS command...: one timed step, its log under $OUT, its rc in summary.txt
@@ -96,6 +97,15 @@ print(default_set())" > "$L/data.txt" 2>&1) &
     if [ "${ALONE:-0}" = 1 ]; then  # each pipeline alone in its process too
       bench "alone-gpupipe-${sb/:/-}" ${sb%:*} ${sb#*:} --methods gpupipe
       bench "alone-dali-${sb/:/-}" ${sb%:*} ${sb#*:} --methods dali; fi; done ;;
+whole)  # one call (carry .device/base): build, then batch 64 with a chunk's batches augmented whole (the default)
+  # and one by one (PERBATCH), CPU backend then hybrid, 800x533, train recipe; then batch 256 ($WHOLE_SETS)
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/summary.txt"
+  lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$OUT/summary.txt"
+  python3 -c "from benchmarks.loader_scale import folder; open('$G/set-seed', 'w').write(str(folder('seed')))" \
+    > "$L/data.txt" 2>&1 || { tail -3 "$L/data.txt"; exit 2; }
+  for b in ${WHOLE_SETS:-cpu:64 hybrid:64 cpu:256 hybrid:256}; do bk=${b%:*} bs=${b#*:}
+    bench "$bk-seed-$bs" seed $bs --backend $bk --methods gpupipe raw
+    [ $bs = 64 ] && PERBATCH=1 bench "$bk-seed-$bs-perbatch" seed $bs --backend $bk --methods gpupipe; done ;;
 probe)  # build, the GPU tests, then where the hybrid backend's time goes (benchmarks/hybrid_probe.py)
   python3 -c "import PIL, torch; print('Pillow', PIL.__version__, 'torch', torch.__version__, torch.cuda.get_device_name(0))"
   step tests 60 python3 -m pytest -q -p no:cacheprovider -rs tests/test_crop_resize.py tests/test_nvimgcodec.py \
@@ -110,6 +120,6 @@ final)  # one call on a fresh machine (carry as for probe): build, the engine te
   # straight into $OUT, row by row: what ran comes back even if the device time runs out mid-way
   timeout 150 python3 -m benchmarks.hybrid_probe --part final > "$OUT/final.txt" 2>&1; echo "final rc $?" | tee -a "$OUT/summary.txt"
   grep -E "^\||shares|BatchAugment" "$OUT/final.txt" | cut -c1-330 ;;
-*) echo "usage: bash benchmarks/device_check.sh 1|2|3|4|probe|final"; exit 2 ;;
+*) echo "usage: bash benchmarks/device_check.sh 1|2|3|4|whole|probe|final"; exit 2 ;;
 esac
 tar -C $G/logs -czf "$OUT/logs-$PART.tgz" $PART; true
