@@ -25,7 +25,7 @@ G=${DEVICE_CHECK_ROOT:-/root/g}
 PART=${1:-1}
 OUT=${OUT:-/tmp/device-check}; L=$G/logs/$PART; mkdir -p "$OUT" "$L" /root/dali
 for d in .device/base/dali .device/d2 .device/d3 .device/d4; do [ -d $d ] && cp $d/* /root/dali/; done
-if [ "$PART" = 1 ] || [ "$PART" = probe ] || [ "$PART" = final ] || [ "$PART" = whole ]; then bash .device/base/setup.sh > "$L/setup.txt" 2>&1; echo "setup rc $?" | tee -a "$OUT/summary.txt"; tail -3 "$L/setup.txt"; fi
+if [ "$PART" = 1 ] || [ "$PART" = probe ] || [ "$PART" = final ] || [ "$PART" = whole ] || [ "$PART" = spin ]; then bash .device/base/setup.sh > "$L/setup.txt" 2>&1; echo "setup rc $?" | tee -a "$OUT/summary.txt"; tail -3 "$L/setup.txt"; fi
 cd $G/proj || { echo "setup failed"; exit 2; }
 export PYTHONPATH=$G/site LD_LIBRARY_PATH=$G/jpeg/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-} PYTHONUNBUFFERED=1
 step() {  # step NAME SECONDS command...: one timed step, its log under $OUT, its rc in summary.txt
@@ -43,14 +43,20 @@ bench() {  # bench NAME SET BATCH ARGS...: python -m gpupipe bench, $RECIPE (tra
   [ "${NOMERGE:-0}" = 1 ] && pre+="from gpupipe._backends import hybrid; hybrid.MERGE_IMAGES = 0; "
   [ "${PYAPI:-0}" = 1 ] && pre+="from gpupipe._backends import nvimgcodec; nvimgcodec.NATIVE = False; "
   [ -n "${SWITCH:-}" ] && pre+="sys.setswitchinterval($SWITCH); "
+  # BLOCKING=1: CUDA waits sleep instead of spinning (cudaDeviceScheduleBlockingSync on the primary context,
+  # set before torch makes it): how much of the stage threads' host time is spent spinning in CUDA waits
+  [ "${BLOCKING:-0}" = 1 ] && pre+="import ctypes, torch; rc = ctypes.CDLL('libcudart.so.13').cudaSetDeviceFlags(4); print('cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync):', rc); "
   [ "${PERBATCH:-0}" = 1 ] && pre+="from gpupipe import keyed; keyed.samples_independent = lambda module: False; "
   [ -n "$pre" ] && run=(python3 -c "import sys; $pre
 from gpupipe.bench import main; sys.exit(main(sys.argv[1:]))")
   step "$name" 75 "${run[@]}" --device cuda --threads 16 --recipe "${RECIPE:-train}" --batch-size "$bs" \
     "${data[@]}" --repeats 2 --out "$L/$name-out" "$@"
   # the rows that matter straight into summary.txt: they come back even if the device time ends mid-call
-  grep -E "^\| (gpupipe|raw|DALI)|Loader / |host CPU|shares|^\| (read|plan|decode|collect|transfer|augment|consumer)" \
+  grep -E "^\| (gpupipe|raw|DALI)|Loader / |host CPU|shares|cudaSetDeviceFlags|^\| (read|plan|decode|collect|transfer|augment|consumer)" \
     "$L/$name.txt" | cut -c1-160 | tee -a "$OUT/summary.txt"
+  python3 -c "import json, sys; s = json.load(open(sys.argv[1])).get('loader_stats') or {}; n = max(s.get('images', 0), 1)
+print('host us/img by stage:', {k: round(1e6 * v / n, 1) for k, v in s.get('host_s', {}).items()})" \
+    "$L/$name-out/results.json" 2>/dev/null | tee -a "$OUT/summary.txt"
 }
 case $PART in
 1)
@@ -97,6 +103,18 @@ print(default_set())" > "$L/data.txt" 2>&1) &
     if [ "${ALONE:-0}" = 1 ]; then  # each pipeline alone in its process too
       bench "alone-gpupipe-${sb/:/-}" ${sb%:*} ${sb#*:} --methods gpupipe
       bench "alone-dali-${sb/:/-}" ${sb%:*} ${sb#*:} --methods dali; fi; done ;;
+spin)  # one call (carry .device/base): build, then the hybrid Loader at batch 64 with CUDA's default waits (spin on a
+  # many-core host) and with blocking ones (BLOCKING), under perf where the machine has it
+  python3 -c "from benchmarks.loader_scale import folder; open('$G/set-seed', 'w').write(str(folder('seed')))" \
+    > "$L/data.txt" 2>&1 || { tail -3 "$L/data.txt"; exit 2; }
+  for r in 1 2; do bench hybrid-seed-64-r$r seed 64 --methods gpupipe
+    BLOCKING=1 bench hybrid-seed-64-blocking-r$r seed 64 --methods gpupipe; done
+  if command -v perf > /dev/null; then
+    timeout 60 perf record -F 499 -g -o $G/perf.data python3 -m gpupipe bench --device cuda --threads 16 --recipe train \
+      --batch-size 64 --data "$(cat $G/set-seed)" --repeats 2 --methods gpupipe > "$L/perf-run.txt" 2>&1
+    perf report -i $G/perf.data --no-children --sort comm,dso --stdio 2>/dev/null | grep -v "^#" | grep -v "^$" | head -25 | tee -a "$OUT/summary.txt"
+    perf report -i $G/perf.data --no-children --comm python3 --sort dso,sym --stdio 2>/dev/null | grep -E "^ +[0-9]" | head -40 | tee -a "$OUT/summary.txt"
+  else echo "no perf here" | tee -a "$OUT/summary.txt"; fi ;;
 whole)  # one call (carry .device/base): build, then batch 64 with a chunk's batches augmented whole (the default)
   # and one by one (PERBATCH), CPU backend then hybrid, 800x533, train recipe; then batch 256 ($WHOLE_SETS)
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/summary.txt"
@@ -120,6 +138,6 @@ final)  # one call on a fresh machine (carry as for probe): build, the engine te
   # straight into $OUT, row by row: what ran comes back even if the device time runs out mid-way
   timeout 150 python3 -m benchmarks.hybrid_probe --part final > "$OUT/final.txt" 2>&1; echo "final rc $?" | tee -a "$OUT/summary.txt"
   grep -E "^\||shares|BatchAugment" "$OUT/final.txt" | cut -c1-330 ;;
-*) echo "usage: bash benchmarks/device_check.sh 1|2|3|4|whole|probe|final"; exit 2 ;;
+*) echo "usage: bash benchmarks/device_check.sh 1|2|3|4|whole|spin|probe|final"; exit 2 ;;
 esac
 tar -C $G/logs -czf "$OUT/logs-$PART.tgz" $PART; true
