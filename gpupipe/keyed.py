@@ -113,13 +113,30 @@ def takes_keys(module: Any) -> bool:
     return isinstance(module, Keyed) or (module is not None and _sample_params_takes_seed(module))
 
 
+# what decides how a module draws and applies its parameters: a subclass that overrides one of them
+# has to declare samples_independent again to be vouched for
+_PER_SAMPLE_METHODS = ("forward", "sample_params", "_params_from_uniforms", "_transform", "_transform_identity")
+
+
 def samples_independent(module: Any) -> bool:
     """True when ``module`` declares that it maps each sample on its own (``samples_independent``):
     its output for a batch, given the batch's per-sample parameters (rows of a leading dim ``n``),
     or called in ``eval()`` mode without, equals its outputs for any split of the batch given the
     matching rows, concatenated. The Loader then augments a chunk's batches in one call. Undeclared
-    modules (a batch-level draw, MixUp, a user's module) are False: called once per batch."""
-    return bool(getattr(module, "samples_independent", False))
+    modules (a batch-level draw, MixUp, a user's module) are False: called once per batch. The
+    declaration is a class's (or an instance's) and is not inherited by a subclass that overrides
+    how parameters are drawn or applied (:data:`_PER_SAMPLE_METHODS`) without declaring it again;
+    ``torch.compile(module)`` is the module it compiles."""
+    module = getattr(module, "_orig_mod", module)
+    if module is None:
+        return False
+    if "samples_independent" in vars(module) if hasattr(module, "__dict__") else False:
+        return bool(module.samples_independent)
+    mro = type(module).__mro__
+    declared = next((k for k, c in enumerate(mro) if "samples_independent" in vars(c)), None)
+    if declared is None or any(m in vars(c) for c in mro[:declared] for m in _PER_SAMPLE_METHODS):
+        return False
+    return bool(module.samples_independent)
 
 
 def child_params(child: Any, k: int, n: int, *, seed: Any, epoch: Any, indices: Any) -> Any:

@@ -1126,14 +1126,14 @@ class _Epoch:
             clock = HostClock()
             images = self._to_device(chunk, chunk.images.permute(0, 3, 1, 2))
             whole.labels = torch.from_numpy(chunk.labels).to(l.device, non_blocking=True)
-            self.stats.times.add("transfer", *clock.read())
+            whole.seconds["transfer"] = clock.read()
             if l.augment is not None:
                 clock = HostClock()
                 if l.device.type == "cpu" and _PER_THREAD_TORCH_THREADS:
                     torch.set_num_threads(l.augment_threads)
                 images = self._augment_only(chunk, images, chunk.augment_params)
-                self.stats.times.add("augment", *clock.read())
-            whole.images, whole.chunk = images, None
+                whole.seconds["augment"] = clock.read()
+            whole.images, whole.rows, whole.chunk = images, len(chunk), None
             if images.is_cuda:
                 whole.stream = torch.cuda.current_stream(l.device)
                 whole.done = torch.cuda.Event()
@@ -1143,6 +1143,8 @@ class _Epoch:
             consumer.wait_event(whole.done)
             for t in (whole.images, whole.labels):
                 t.record_stream(consumer)
+        for stage, (wall, cpu_s) in whole.seconds.items():  # stats() counts delivered batches: each its share
+            self.stats.times.add(stage, wall * len(batch) / whole.rows, cpu_s * len(batch) / whole.rows)
         rows = slice(batch.offset, batch.offset + len(batch))
         images, labels = whole.images[rows], whole.labels[rows]
         if l.batch_transform is not None:
@@ -1246,14 +1248,16 @@ def _mark_ready(batch: Batch) -> None:
 
 class _Whole:
     """A chunk whose batches are finished in one call (:meth:`_Epoch._finish_part`): the chunk until
-    then; its images and labels (on the Loader's device, augmented) after, and on CUDA the stream
-    that finished them with its event."""
+    then; its images and labels (on the Loader's device, augmented) after, on CUDA the stream
+    that finished them with its event, and the call's seconds (each batch adds its rows' share)."""
 
-    __slots__ = ("chunk", "images", "labels", "stream", "done")
+    __slots__ = ("chunk", "images", "labels", "stream", "done", "rows", "seconds")
 
     def __init__(self, chunk: Batch):
         self.chunk = chunk
         self.images = self.labels = self.stream = self.done = None
+        self.rows = 0
+        self.seconds: dict = {}  #: {stage: (wall, host CPU)} of the chunk's transfer and augment
 
 
 class _Finished:

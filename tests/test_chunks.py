@@ -257,7 +257,9 @@ def test_batches_are_finished_one_by_one_not_a_chunk_at_a_time(tmp_path, monkeyp
 
 
 class CountingAugment(BatchAugment):
-    """BatchAugment counting its calls' batch sizes."""
+    """BatchAugment counting its calls' batch sizes (its forward overridden: declared again)."""
+
+    samples_independent = BatchAugment.samples_independent
 
     def __init__(self, calls: list, **kw):
         super().__init__(**kw)
@@ -363,3 +365,19 @@ def test_a_chunk_finished_whole_on_cuda_serves_a_consumer_that_changes_streams(t
             x, y = next(it)
             got.append((x.cpu(), y.cpu()))
     assert same_batches(got, alone)
+
+
+def test_a_chunk_finished_whole_shares_its_seconds_out_by_batch(tmp_path, monkeypatch):
+    """stats() counts delivered batches: the chunk's one transfer and augment call is added a
+    batch's rows' share at a time (a clock reading 1 s per interval: 1 s per chunk in all)."""
+
+    class OneSecond:
+        def read(self):
+            return 1.0, 1.0
+
+    make_image_folder(tmp_path, per_class=20)  # 60 files: chunks of 16, 16, 16, 12
+    monkeypatch.setattr(loader_module, "HostClock", OneSecond)
+    _, st = run(tmp_path, 16, monkeypatch, epochs=(0,), lookahead=False,
+                augment=CountingAugment([], hflip=0.5, generator=0))
+    assert st["busy_s"]["augment"] == pytest.approx(4.0) and st["busy_s"]["transfer"] == pytest.approx(4.0)
+    assert st["host_s"]["augment"] == pytest.approx(4.0)

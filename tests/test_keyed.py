@@ -173,3 +173,30 @@ def test_modules_that_draw_per_batch_are_not_samples_independent():
     assert not keyed.samples_independent(BatchAugment(hflip=0.5, engine="kornia"))
     assert not keyed.samples_independent(Compose([TrivialAugmentWide(), RandomChoice([AutoAugment()])]))
     assert not keyed.samples_independent(torch.nn.Identity()) and not keyed.samples_independent(None)
+
+
+def test_a_subclass_that_changes_the_draws_is_not_vouched_for_unless_it_declares_again():
+    """The declaration is not inherited by a subclass that overrides how parameters are drawn or
+    applied (one angle per batch would make a chunk's batches differ from batches alone)."""
+
+    class OneAnglePerBatch(BatchAugment):
+        def sample_params(self, n, **kw):
+            p = super().sample_params(n, **kw)
+            p["angle"][:] = p["angle"][0]
+            return p
+
+    class Declared(OneAnglePerBatch):
+        samples_independent = True
+
+    class Renamed(BatchAugment):  # no override: still the same draws and kernel
+        pass
+
+    assert keyed.samples_independent(BatchAugment(rotation=10)) and keyed.samples_independent(Renamed(rotation=10))
+    assert not keyed.samples_independent(OneAnglePerBatch(rotation=10))
+    assert keyed.samples_independent(Declared(rotation=10))
+    assert not keyed.samples_independent(Compose([TrivialAugmentWide(), OneAnglePerBatch(rotation=10)]))
+    plain = torch.nn.Identity()
+    plain.samples_independent = True  # an instance's own declaration
+    assert keyed.samples_independent(plain)
+    assert keyed.samples_independent(torch.compile(BatchAugment(hflip=0.5)))  # the module it compiles
+    assert not keyed.samples_independent(torch.compile(OneAnglePerBatch(hflip=0.5)))

@@ -187,7 +187,6 @@ class PolicyBase(KeyedModule):
 
     _space: dict
     _num_bins: int
-    samples_independent = True  #: each sample's op from its own row (gpupipe.keyed.samples_independent)
 
     def __init__(self, interpolation: Any, fill: Any, generator: Any):
         super().__init__()

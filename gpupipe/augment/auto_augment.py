@@ -129,6 +129,7 @@ class AutoAugment(PolicyBase):
 
     _space = AUTO_AUGMENT_SPACE
     _stream_name = "AutoAugment"
+    samples_independent = True  #: each sample's ops from its own row (gpupipe.keyed.samples_independent)
     _draws = 5
     _num_bins = 10
 

@@ -48,6 +48,7 @@ class RandAugment(PolicyBase):
 
     _space = RAND_AUGMENT_SPACE
     _stream_name = "RandAugment"
+    samples_independent = True  #: each sample's ops from its own row (gpupipe.keyed.samples_independent)
 
     def __init__(self, num_ops: int = 2, magnitude: int = 9, num_magnitude_bins: int = 31, interpolation: Any = "nearest",
                  fill: Any = None, generator: GeneratorLike = None):

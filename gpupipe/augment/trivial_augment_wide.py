@@ -55,6 +55,7 @@ class TrivialAugmentWide(PolicyBase):
 
     _space = TRIVIAL_AUGMENT_WIDE_SPACE
     _stream_name = "TrivialAugmentWide"
+    samples_independent = True  #: each sample's ops from its own row (gpupipe.keyed.samples_independent)
     _draws = 3
 
     def __init__(self, num_magnitude_bins: int = 31, interpolation: Any = "nearest", fill: Any = None,
