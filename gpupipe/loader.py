@@ -766,11 +766,11 @@ class Loader:
         gpupipe's native calls: Python, torch ops, bookkeeping; the pools' work is not in it) and
         ``host_us_per_image`` (their sum per delivered image); ``decode_pool`` (``threads``,
         ``busy_s``: thread-seconds the CPU core spent decoding the delivered batches' samples,
-        ``utilisation``: the thread-seconds the process's CPU decodes took from the iteration's first
-        request to its last batch, over threads x that wall time, whichever epoch's samples they
-        were (with ``lookahead`` the next epoch's too); at most 1); ``threads`` (this rank's
-        ``share`` of the cores, see :func:`gpupipe.cpu_share`, and
-        the ``decode``, ``io`` and ``augment`` threads taken from it).
+        ``utilisation``: the thread-seconds the process's CPU decodes took from the iteration's start
+        (its first request, for an epoch started ahead) to its last batch, over threads x that wall
+        time, whichever epoch's samples they were (with ``lookahead`` the next epoch's too); at most
+        1); ``threads`` (this rank's ``share`` of the cores, see :func:`gpupipe.cpu_share`, and the
+        ``decode``, ``io`` and ``augment`` threads taken from it).
         """
         s = self._stats
         busy, wait = s.times.snapshot()
@@ -1298,6 +1298,10 @@ class _LoaderIterator:
             loader._stats, self.epoch = ahead.epoch.stats, ahead.epoch
         else:
             loader._stats = _Stats()
+            # the iteration's start: its pool time counts from before its epoch's threads start (a
+            # small epoch may be decoded whole before the first request)
+            loader._stats.started = time.perf_counter()
+            loader._stats.pool_busy_started = _C.decode_busy_seconds()
             self.epoch = _Epoch(loader, first_batch, loader.epoch, loader._stats)
         loader._done = (loader.epoch, first_batch)
         self._outcome = {"complete": False, "delivered": False}
