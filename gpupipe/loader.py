@@ -1121,36 +1121,90 @@ class _Epoch:
         its first batch is reached (on the consumer's stream, as a batch alone), then the batch's
         rows of them and its own batch transform."""
         l, whole = self.l, batch.whole
-        if whole.images is None:
+        if whole.images is None and whole.source is None:
             chunk = whole.chunk
             clock = HostClock()
             images = self._to_device(chunk, chunk.images.permute(0, 3, 1, 2))
             whole.labels = torch.from_numpy(chunk.labels).to(l.device, non_blocking=True)
             whole.seconds["transfer"] = clock.read()
+            whole.rows = len(chunk)
             if l.augment is not None:
                 clock = HostClock()
                 if l.device.type == "cpu" and _PER_THREAD_TORCH_THREADS:
                     torch.set_num_threads(l.augment_threads)
-                images = self._augment_only(chunk, images, chunk.augment_params)
+                try:
+                    images = self._augment_only(chunk, images, chunk.augment_params)
+                except Exception:
+                    # The chunk's call failed (a sample the module refuses, no memory for four batches'
+                    # output): each batch is then augmented alone, as without chunks, so the batches
+                    # before a failing one are delivered and its error comes at its own batch.
+                    whole.source = images
+                    self._mark_finished(whole, images)
+                    return self._finish_alone(batch)
                 whole.seconds["augment"] = clock.read()
-            whole.images, whole.rows, whole.chunk = images, len(chunk), None
-            if images.is_cuda:
-                whole.stream = torch.cuda.current_stream(l.device)
-                whole.done = torch.cuda.Event()
-                whole.done.record(whole.stream)
-        elif whole.stream is not None and torch.cuda.current_stream(l.device) != whole.stream:
-            consumer = torch.cuda.current_stream(l.device)  # the consumer changed streams within the chunk
-            consumer.wait_event(whole.done)
-            for t in (whole.images, whole.labels):
-                t.record_stream(consumer)
-        for stage, (wall, cpu_s) in whole.seconds.items():  # stats() counts delivered batches: each its share
-            self.stats.times.add(stage, wall * len(batch) / whole.rows, cpu_s * len(batch) / whole.rows)
+            whole.images, whole.chunk = images, None
+            self._mark_finished(whole, images)
+        else:
+            self._follow_consumer(whole)
+            if whole.source is not None:
+                return self._finish_alone(batch)
+        self._add_share(whole, len(batch))
         rows = slice(batch.offset, batch.offset + len(batch))
         images, labels = whole.images[rows], whole.labels[rows]
         if l.batch_transform is not None:
             clock = HostClock()
             images, labels = self._batch_transform(images, labels, torch.from_numpy(batch.indices))
             self.stats.times.add("augment", *clock.read())
+        return _Finished(images, labels, batch)
+
+    def _mark_finished(self, whole: "_Whole", images: torch.Tensor) -> None:
+        """On CUDA: the consumer's stream that holds the chunk's work, and an event after it."""
+        if images.is_cuda:
+            whole.stream = torch.cuda.current_stream(self.l.device)
+            whole.done = torch.cuda.Event()
+            whole.done.record(whole.stream)
+
+    def _follow_consumer(self, whole: "_Whole") -> None:
+        """A later batch of the chunk taken on another stream: that stream waits for the chunk's work,
+        and the allocator keeps its memory for it."""
+        if whole.stream is not None and torch.cuda.current_stream(self.l.device) != whole.stream:
+            consumer = torch.cuda.current_stream(self.l.device)
+            consumer.wait_event(whole.done)
+            for t in (whole.images, whole.source, whole.labels):
+                if t is not None:
+                    t.record_stream(consumer)
+
+    def _add_share(self, whole: "_Whole", rows: int) -> None:
+        """stats() counts delivered batches: the chunk's seconds, a batch's rows' share at a time."""
+        for stage, (wall, cpu_s) in whole.seconds.items():
+            self.stats.times.add(stage, wall * rows / whole.rows, cpu_s * rows / whole.rows)
+
+    def _finish_alone(self, batch: Batch) -> "_Finished":
+        """A batch of a chunk whose one augment call failed: its rows of the chunk's transferred
+        images augmented alone, with its rows of the chunk's parameters (the chunk's slot released
+        after its last batch's call)."""
+        l, whole = self.l, batch.whole
+        self._add_share(whole, len(batch))
+        rows = slice(batch.offset, batch.offset + len(batch))
+        images, labels = whole.source[rows], whole.labels[rows]
+        params = None
+        if self.augment_keyed:
+            keep = torch.zeros(whole.rows, dtype=torch.bool)
+            keep[rows] = True
+            params = _rows(whole.chunk.augment_params, keep, whole.rows)
+        clock = HostClock()
+        try:
+            images = l.augment(images, params=params) if self.augment_keyed else l.augment(images)
+            slot = whole.chunk.images
+            if whole.chunk.slot is not None and images.untyped_storage().data_ptr() == slot.untyped_storage().data_ptr():
+                images = images.clone()  # the module handed back the ring slot itself
+        finally:
+            whole.pending_rows -= len(batch)
+            if whole.pending_rows == 0:  # (its last batch: nothing reads the slot any more)
+                self.release(whole.chunk)
+        if l.batch_transform is not None:
+            images, labels = self._batch_transform(images, labels, torch.from_numpy(batch.indices))
+        self.stats.times.add("augment", *clock.read())
         return _Finished(images, labels, batch)
 
     def _augment_only(self, batch: Batch, images, params):
@@ -1251,13 +1305,15 @@ class _Whole:
     then; its images and labels (on the Loader's device, augmented) after, on CUDA the stream
     that finished them with its event, and the call's seconds (each batch adds its rows' share)."""
 
-    __slots__ = ("chunk", "images", "labels", "stream", "done", "rows", "seconds")
+    __slots__ = ("chunk", "images", "labels", "stream", "done", "rows", "seconds", "source", "pending_rows")
 
     def __init__(self, chunk: Batch):
         self.chunk = chunk
         self.images = self.labels = self.stream = self.done = None
         self.rows = 0
         self.seconds: dict = {}  #: {stage: (wall, host CPU)} of the chunk's transfer and augment
+        self.source = None  #: the chunk's transferred images when its augment call failed: augmented per batch
+        self.pending_rows = len(chunk)  #: rows not yet augmented per batch (then)
 
 
 class _Finished:

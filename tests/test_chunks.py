@@ -4,6 +4,7 @@ augmentations, failures and statistics it gets with every batch alone."""
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 
@@ -381,3 +382,58 @@ def test_a_chunk_finished_whole_shares_its_seconds_out_by_batch(tmp_path, monkey
                 augment=CountingAugment([], hflip=0.5, generator=0))
     assert st["busy_s"]["augment"] == pytest.approx(4.0) and st["busy_s"]["transfer"] == pytest.approx(4.0)
     assert st["host_s"]["augment"] == pytest.approx(4.0)
+
+
+class FailsOnBigCalls(CountingAugment):
+    """Refuses calls of more than 4 images (as a GPU out of memory for a chunk's output would)."""
+
+    samples_independent = BatchAugment.samples_independent
+
+    def forward(self, x, params=None):
+        if len(x) > 4:
+            self.calls.append(-len(x))
+            raise torch.cuda.OutOfMemoryError("no memory for a chunk's output (a test's refusal)")
+        return super().forward(x, params=params)
+
+
+def test_a_chunk_whose_one_call_fails_is_augmented_batch_by_batch(tmp_path, monkeypatch):
+    """The chunk's call fails: each of its batches is then augmented alone from the chunk's images
+    with its rows of the parameters, as without chunks; the ring slot is given back after the last
+    batch (a ring of prefetch + 3 = 4 slots for 8 chunks an epoch: one never given back would
+    leave the decode waiting for a slot)."""
+    make_image_folder(tmp_path, per_class=20)  # 60 files: 7 chunks of 8 (two batches), then one batch
+    calls: list = []
+    kw = {"augment": FailsOnBigCalls(calls, hflip=0.5, brightness=0.3, generator=0), "prefetch": 1,
+          "epochs": (0, 1), "lookahead": False}
+    alone, st_alone = run(tmp_path, 0, monkeypatch, **kw)
+    calls.clear()
+    got = {}
+    worker = threading.Thread(target=lambda: got.update(zip(("batches", "stats"), run(tmp_path, 8, monkeypatch, **kw))),
+                              daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "the Loader stopped: a ring slot was never given back"
+    assert same_batches(got["batches"], alone) and got["stats"]["batches"] == st_alone["batches"] == 15
+    assert calls == 2 * ([-8, 4, 4] * 7 + [4])
+
+
+class FailsOnSample(CountingAugment):
+    """Refuses any call holding the image that encodes index 9."""
+
+    samples_independent = BatchAugment.samples_independent
+
+    def forward(self, x, params=None):
+        if any(index_of(img) == 9 for img in x):
+            raise ValueError("sample 9 is refused")
+        return super().forward(x, params=params)
+
+
+def test_a_chunks_failed_call_raises_at_the_failing_batch_after_those_before(tmp_path, monkeypatch):
+    make_image_folder(tmp_path, per_class=20)
+    monkeypatch.setattr(loader_module, "CHUNK_IMAGES", 16)
+    ld = gpupipe.Loader(sources.ImageFolder(tmp_path), batch_size=4, crop=crops.CenterCrop(24), shuffle=False,
+                        num_threads=2, augment=FailsOnSample([], hflip=0.0, generator=0).eval())
+    it = iter(ld)
+    assert [next(it)[0].shape[0] for _ in range(2)] == [4, 4]  # samples 0-7
+    with pytest.raises(ValueError, match="sample 9"):
+        next(it)
