@@ -240,6 +240,13 @@ def _rows(params: Any, keep: torch.Tensor, n: int) -> Any:
     return params
 
 
+def _part_rows(params: Any, n: int, offset: int, rows: int) -> Any:
+    """A batch's rows ``offset:offset + rows`` of its chunk's per-sample parameters (``n`` rows)."""
+    keep = torch.zeros(n, dtype=torch.bool)
+    keep[offset:offset + rows] = True
+    return _rows(params, keep, n)
+
+
 class _SlotUse:
     """A chunk's ring slot, shared by its batches (guarded by the ring's lock)."""
 
@@ -1073,11 +1080,9 @@ class _Epoch:
             for part in parts:
                 part.whole, part.slot, part.slot_use = whole, None, None
         elif chunk.augment_params is not None:  # finished batch by batch after all: each its rows
-            rows = np.arange(len(chunk))
             for part in parts:
                 if part.error is None:
-                    keep = torch.from_numpy((rows >= part.offset) & (rows < part.offset + len(part)))
-                    part.augment_params = _rows(chunk.augment_params, keep, len(chunk))
+                    part.augment_params = _part_rows(chunk.augment_params, len(chunk), part.offset, len(part))
         return parts
 
     def _wait_until_adopted(self, batch: Batch) -> Batch:
@@ -1187,17 +1192,11 @@ class _Epoch:
         self._add_share(whole, len(batch))
         rows = slice(batch.offset, batch.offset + len(batch))
         images, labels = whole.source[rows], whole.labels[rows]
-        params = None
-        if self.augment_keyed:
-            keep = torch.zeros(whole.rows, dtype=torch.bool)
-            keep[rows] = True
-            params = _rows(whole.chunk.augment_params, keep, whole.rows)
+        params = _part_rows(whole.chunk.augment_params, whole.rows, batch.offset, len(batch)) \
+            if self.augment_keyed else None
         clock = HostClock()
         try:
-            images = l.augment(images, params=params) if self.augment_keyed else l.augment(images)
-            slot = whole.chunk.images
-            if whole.chunk.slot is not None and images.untyped_storage().data_ptr() == slot.untyped_storage().data_ptr():
-                images = images.clone()  # the module handed back the ring slot itself
+            images = self._call_augment(whole.chunk, images, params)
         finally:
             whole.pending_rows -= len(batch)
             if whole.pending_rows == 0:  # (its last batch: nothing reads the slot any more)
@@ -1207,12 +1206,17 @@ class _Epoch:
         self.stats.times.add("augment", *clock.read())
         return _Finished(images, labels, batch)
 
-    def _augment_only(self, batch: Batch, images, params):
-        """augment (keyed when it follows the protocol); the batch's ring slot released after it."""
+    def _call_augment(self, batch: Batch, images, params):
+        """augment (keyed when it follows the protocol) of ``batch``'s images (or rows of them)."""
         l = self.l
-        images = l.augment(images, params=params) if self.augment_keyed else l.augment(images)
-        if batch.slot is not None and images.untyped_storage().data_ptr() == batch.images.untyped_storage().data_ptr():
-            images = images.clone()  # the module handed back the ring slot itself
+        out = l.augment(images, params=params) if self.augment_keyed else l.augment(images)
+        if batch.slot is not None and out.untyped_storage().data_ptr() == batch.images.untyped_storage().data_ptr():
+            out = out.clone()  # the module handed back the ring slot itself
+        return out
+
+    def _augment_only(self, batch: Batch, images, params):
+        """augment; the batch's ring slot released after it."""
+        images = self._call_augment(batch, images, params)
         self.release(batch)
         return images
 
