@@ -103,12 +103,23 @@ print(default_set())" > "$L/data.txt" 2>&1) &
     if [ "${ALONE:-0}" = 1 ]; then  # each pipeline alone in its process too
       bench "alone-gpupipe-${sb/:/-}" ${sb%:*} ${sb#*:} --methods gpupipe
       bench "alone-dali-${sb/:/-}" ${sb%:*} ${sb#*:} --methods dali; fi; done ;;
-spin)  # one call (carry .device/base): build, then the hybrid Loader at batch 64 with CUDA's default waits (spin on a
-  # many-core host) and with blocking ones (BLOCKING), under perf where the machine has it
+spin)  # one call (carry .device/base, .device/tools): build, then the hybrid Loader at batch 64 with CUDA's default
+  # waits (spin on a many-core host) and with blocking ones (BLOCKING), then under py-spy and perf where present
   python3 -c "from benchmarks.loader_scale import folder; open('$G/set-seed', 'w').write(str(folder('seed')))" \
     > "$L/data.txt" 2>&1 || { tail -3 "$L/data.txt"; exit 2; }
   for r in 1 2; do bench hybrid-seed-64-r$r seed 64 --methods gpupipe
     BLOCKING=1 bench hybrid-seed-64-blocking-r$r seed 64 --methods gpupipe; done
+  # py-spy (carry .device/tools with its wheel too: pip download py-spy --no-deps -d .device/tools): which
+  # Python each thread runs, and with --gil who holds the GIL the others wait for
+  if ls .device/tools/py_spy-*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --target $G/tools .device/tools/py_spy-*.whl
+    for mode in "" --gil; do tag=pyspy${mode:+-gil}
+      timeout 60 $G/tools/bin/py-spy record --threads $mode --rate 250 --format raw -o $L/$tag.raw -- \
+        python3 -m gpupipe bench --device cuda --threads 16 --recipe train --batch-size 64 --data "$(cat $G/set-seed)" \
+        --repeats 2 --methods gpupipe > "$L/$tag-run.txt" 2>&1
+      echo "$tag:" | tee -a "$OUT/summary.txt"
+      python3 -m benchmarks.pyspy_summary $L/$tag.raw --top 8 2>&1 | head -70 | cut -c1-170 | tee -a "$OUT/summary.txt"; done
+  fi
   if command -v perf > /dev/null; then
     timeout 60 perf record -F 499 -g -o $G/perf.data python3 -m gpupipe bench --device cuda --threads 16 --recipe train \
       --batch-size 64 --data "$(cat $G/set-seed)" --repeats 2 --methods gpupipe > "$L/perf-run.txt" 2>&1

@@ -323,3 +323,16 @@ def test_each_recipe_builds_matching_output_sizes(name):
     parts = recipes.get(name).build(3)
     x = parts.torchvision(Image.new("RGB", (300, 200), (120, 60, 30)))
     assert tuple(x.shape) == (3, *parts.crop.size)
+
+
+def test_pyspy_summary_counts_self_samples_per_function_and_thread():
+    from benchmarks.pyspy_summary import summarise
+
+    raw = ["thread (0x1): gpupipe-collect;_collect (gpupipe/_backends/hybrid.py:520);wait (threading.py:320) 6",
+           "thread (0x1): gpupipe-collect;_collect (gpupipe/_backends/hybrid.py:521) 2",
+           "thread (0x2): gpupipe-pool-3;run (x.py:1) 2", "garbage line", ""]
+    text = summarise(raw, top=3)
+    assert "py-spy samples: 10" in text
+    assert "60.0%  wait (threading.py)" in text  # line numbers dropped, all threads
+    assert "gpupipe-collect: 8 samples (80%)" in text and "gpupipe-pool: 2 samples (20%)" in text
+    assert " 25.0%  _collect (gpupipe/_backends/hybrid.py)" in text  # 2 of the thread's 8
