@@ -388,8 +388,9 @@ class Loader:
             take a chunk at a time and the consumer still gets each batch alone, its pixels,
             augmentation and failures those of the batch alone (its images are then views of the
             chunk's buffer, on every device; an ``augment`` whose samples are independent,
-            :func:`gpupipe.keyed.samples_independent`, is called once a chunk). An error of a whole chunk (a GPU device error, a crop
-            sampler that raises) is raised at its first batch; a batch's own failures at that batch.
+            :func:`gpupipe.keyed.samples_independent`, is called once a chunk). An error of a whole
+            chunk (a GPU device error, a crop sampler that raises) is raised at its first batch; a
+            batch's own failures at that batch.
         on_error: ``"skip"`` drops failed samples (the batch is smaller), ``"replace"`` keeps zero
             images, ``"raise"`` raises naming the sample's key. Every failure is in ``stats()`` with
             its kind (:mod:`gpupipe.error_policy`).
