@@ -128,9 +128,7 @@ def samples_independent(module: Any) -> bool:
     how parameters are drawn or applied (:data:`_PER_SAMPLE_METHODS`) without declaring it again;
     ``torch.compile(module)`` is the module it compiles."""
     module = getattr(module, "_orig_mod", module)
-    if module is None:
-        return False
-    if "samples_independent" in vars(module) if hasattr(module, "__dict__") else False:
+    if "samples_independent" in getattr(module, "__dict__", {}):  # an instance's own
         return bool(module.samples_independent)
     mro = type(module).__mro__
     declared = next((k for k, c in enumerate(mro) if "samples_independent" in vars(c)), None)

@@ -1133,7 +1133,6 @@ class _Epoch:
             images = self._to_device(chunk, chunk.images.permute(0, 3, 1, 2))
             whole.labels = torch.from_numpy(chunk.labels).to(l.device, non_blocking=True)
             whole.seconds["transfer"] = clock.read()
-            whole.rows = len(chunk)
             if l.augment is not None:
                 clock = HostClock()
                 if l.device.type == "cpu" and _PER_THREAD_TORCH_THREADS:
@@ -1315,10 +1314,9 @@ class _Whole:
     def __init__(self, chunk: Batch):
         self.chunk = chunk
         self.images = self.labels = self.stream = self.done = None
-        self.rows = 0
+        self.rows = self.pending_rows = len(chunk)  #: its images; those not yet augmented per batch (then)
         self.seconds: dict = {}  #: {stage: (wall, host CPU)} of the chunk's transfer and augment
         self.source = None  #: the chunk's transferred images when its augment call failed: augmented per batch
-        self.pending_rows = len(chunk)  #: rows not yet augmented per batch (then)
 
 
 class _Finished:
