@@ -35,6 +35,7 @@ from gpupipe import _C, backends, keyed
 from gpupipe._args import is_python_int
 from gpupipe._errors import SkippedSamplesWarning, brief, import_extra
 from gpupipe._backends import cpu, hybrid
+from gpupipe._transfer import to_device
 from gpupipe.decode_types import BatchStatus, HeaderInfos, Route, as_int, check_thread_count
 from gpupipe.crops import CropSampler
 from gpupipe._exit import call_scope
@@ -226,14 +227,14 @@ def _keyed(module: Any) -> bool:
 
 
 def _rows(params: Any, keep: torch.Tensor, n: int) -> Any:
-    """The rows ``keep`` of every per-sample parameter (leading dimension n), nested dicts included;
-    a batch-level ``n`` entry (a 0-dim tensor: the batch size, as RandomChoice records it) becomes
-    the number kept."""
+    """The rows ``keep`` (int64 indices) of every per-sample parameter (leading dimension n), nested
+    dicts included; a batch-level ``n`` entry (a 0-dim tensor: the batch size, as RandomChoice
+    records it) becomes the number kept."""
     if isinstance(params, dict):
         rows = {k: _rows(v, keep, n) for k, v in params.items()}
         size = rows.get("n")
         if isinstance(size, torch.Tensor) and size.dim() == 0 and int(size) == n:
-            rows["n"] = torch.tensor(int(keep.sum()), dtype=size.dtype)
+            rows["n"] = torch.tensor(len(keep), dtype=size.dtype)
         return rows
     if isinstance(params, torch.Tensor) and params.dim() > 0 and params.shape[0] == n:
         return params[keep]
@@ -242,9 +243,7 @@ def _rows(params: Any, keep: torch.Tensor, n: int) -> Any:
 
 def _part_rows(params: Any, n: int, offset: int, rows: int) -> Any:
     """A batch's rows ``offset:offset + rows`` of its chunk's per-sample parameters (``n`` rows)."""
-    keep = torch.zeros(n, dtype=torch.bool)
-    keep[offset:offset + rows] = True
-    return _rows(params, keep, n)
+    return _rows(params, torch.arange(offset, offset + rows), n)
 
 
 class _SlotUse:
@@ -1112,7 +1111,7 @@ class _Epoch:
         images, labels, indices, params = self._kept(batch)
         clock = HostClock()
         images = self._to_device(batch, images)
-        labels = labels.to(l.device, non_blocking=True)
+        labels = to_device(labels, l.device)
         self.stats.times.add("transfer", *clock.read())
         clock = HostClock()
         if l.device.type == "cpu" and _PER_THREAD_TORCH_THREADS:  # this is the augment stage's own thread
@@ -1131,7 +1130,7 @@ class _Epoch:
             chunk = whole.chunk
             clock = HostClock()
             images = self._to_device(chunk, chunk.images.permute(0, 3, 1, 2))
-            whole.labels = torch.from_numpy(chunk.labels).to(l.device, non_blocking=True)
+            whole.labels = to_device(chunk.labels, l.device)
             whole.seconds["transfer"] = clock.read()
             if l.augment is not None:
                 clock = HostClock()
@@ -1245,10 +1244,10 @@ class _Epoch:
         indices = torch.from_numpy(batch.indices)
         params = batch.augment_params
         if self.l.on_error == "skip" and not batch.status.all_ok():
-            keep = torch.from_numpy(batch.status.ok)
+            keep = torch.from_numpy(np.flatnonzero(batch.status.ok))  # (not a mask: that waits for the GPU)
             if batch.ready is not None:
                 torch.cuda.current_stream(self.l.device).wait_event(batch.ready)
-            images, labels, indices = images[keep.to(images.device, non_blocking=True)], labels[keep], indices[keep]
+            images, labels, indices = images[to_device(keep, images.device)], labels[keep], indices[keep]
             params = _rows(params, keep, len(batch))
             self.release(batch)
         return images, labels, indices, params

@@ -27,6 +27,7 @@ from gpupipe._backends import hybrid, pillow
 from gpupipe.backends import BACKENDS
 from gpupipe.decode_types import BatchStatus, DecodeOptions, HeaderInfos, Route, read_infos
 from gpupipe._buffers import as_buffer
+from gpupipe._transfer import to_device
 from gpupipe._errors import ErrorKind
 from gpupipe.keyed import _MASK
 
@@ -142,7 +143,7 @@ def decode_into(datas: Sequence[Any], boxes: np.ndarray, out: torch.Tensor, opti
         status = _decode_mixed(buffers, boxes, out, options, infos, backend)
     failed = np.flatnonzero(status.kind != ErrorKind.NONE)
     if len(failed):
-        out[torch.from_numpy(failed).to(out.device, non_blocking=True)] = 0  # (staged at once: no stream sync)
+        out[to_device(failed, out.device)] = 0
     return status
 
 
@@ -185,16 +186,16 @@ def _decode_mixed(buffers: list, boxes: np.ndarray, out: torch.Tensor, options: 
             sub_backend = backend.select(rows) if isinstance(backend, _Keyed) else backend
             status.merge(sub_backend.decode([buffers[i] for i in rows], stored, sub_out, sub_options,
                                             infos.select(rows)), rows)
-            slots = torch.from_numpy(rows).to(out.device, non_blocking=True)  # (staged at once: no stream sync)
+            slots = to_device(rows, out.device)
             for turn in np.unique(turns):  # into the displayed frame, one orientation at a time
-                sel = torch.from_numpy(np.flatnonzero(turns == turn)).to(out.device, non_blocking=True)
+                sel = to_device(np.flatnonzero(turns == turn), out.device)
                 out[slots[sel]] = orientation.to_display(sub_out[sel], int(turn))
     if len(images):
         sub_out = torch.empty((len(images), *out.shape[1:]), dtype=torch.uint8, device=out.device)
         h, w = infos.sizes(displayed=options.apply_exif_orientation)
         status.merge(pillow.decode([buffers[i] for i in images], boxes[images], sub_out, options,
                                    [(h[i], w[i]) for i in images]), images)
-        out[torch.from_numpy(images).to(out.device, non_blocking=True)] = sub_out
+        out[to_device(images, out.device)] = sub_out
     return status
 
 

@@ -14,6 +14,7 @@ import torch
 
 from gpupipe import _C, _stderr
 from gpupipe._backends import gpu_fallback
+from gpupipe._transfer import to_device
 from gpupipe.decode_types import BatchStatus, DecodeOptions, HeaderInfos
 
 PACKAGE = "nvidia-dali-cuda120"
@@ -159,5 +160,5 @@ def _copy_out(images, out_nhwc: torch.Tensor, idx: np.ndarray) -> None:
     if len(idx) == out_nhwc.shape[0]:
         out_nhwc.copy_(tmp.reshape(out_nhwc.shape))
     else:
-        rows = torch.from_numpy(idx).to(out_nhwc.device, non_blocking=True)  # (staged at once: no stream sync)
+        rows = to_device(idx, out_nhwc.device)
         out_nhwc[rows] = tmp.reshape((len(idx), *out_nhwc.shape[1:]))

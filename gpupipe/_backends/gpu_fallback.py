@@ -11,6 +11,7 @@ import torch
 from gpupipe import _C
 from gpupipe._backends import cpu
 from gpupipe._errors import brief
+from gpupipe._transfer import to_device
 from gpupipe.decode_types import BatchStatus, DecodeOptions, HeaderInfos, Route
 from gpupipe.limits import get_limits
 
@@ -87,7 +88,7 @@ def scatter(out: torch.Tensor, rows: np.ndarray, host: torch.Tensor) -> None:
         out.index_copy_(0, torch.from_numpy(rows), host)
         return
     sub = host.to(out.device, non_blocking=True)
-    out.index_copy_(0, torch.from_numpy(rows).to(out.device, non_blocking=True), sub)
+    out.index_copy_(0, to_device(rows, out.device), sub)
 
 
 def decode_with_fallback(name: str, gpu_decode: Callable[[np.ndarray], Optional[GpuOutcome]], buffers: Sequence,

@@ -21,6 +21,7 @@ from gpupipe import _stderr
 from gpupipe.decode_types import BatchStatus, DecodeOptions, Route
 from gpupipe._errors import ErrorKind
 from gpupipe._quiet_warnings import quiet as quiet_warnings
+from gpupipe._transfer import to_device
 from gpupipe.limits import get_limits
 
 name = "pillow"
@@ -160,7 +161,7 @@ def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Dec
                 status.fail(i, ErrorKind.CORRUPT, f"libtiff: {' '.join(messages)} (strict)")
                 continue
             status.warnings[i] = f"libtiff: {' '.join(messages)}"
-        out[i] = torch.from_numpy(pixels).to(out.device, non_blocking=True)  # (staged at once: no stream sync)
+        out[i] = to_device(pixels, out.device)
         status.route[i] = Route.PILLOW
         status.fallback[i] = "not a JPEG: decoded by Pillow"
     return status

@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from gpupipe._args import interpolation_mode, is_python_int, policy_fill
+from gpupipe._transfer import to_device
 from gpupipe.augment._keyed_module import KeyedModule
 from gpupipe.augment.affine_matrix import affine_matrices
 from gpupipe.augment._policy_kernels import KINDS, policy_apply
@@ -229,7 +230,7 @@ class PolicyBase(KeyedModule):
         rows = torch.stack(slot_rows, dim=1)  # [N, slots]: every step in one kernel call
         kinds, p, matrices = table.kinds[rows], table.params[rows], table.matrices[rows]
         if x.device.type != "cpu":
-            kinds, p, matrices = (t.to(x.device, non_blocking=True) for t in (kinds, p, matrices))
+            kinds, p, matrices = (to_device(t, x.device) for t in (kinds, p, matrices))
         return policy_apply(x, kinds, p, matrices, self.interpolation, self._fill)
 
     def _slots(self, params: dict, height: int, width: int) -> list:

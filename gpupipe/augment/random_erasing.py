@@ -10,6 +10,7 @@ import torch
 
 from gpupipe import _C, keyed
 from gpupipe._args import bounded_pair, is_python_number, probability
+from gpupipe._transfer import to_device
 from gpupipe.augment import _kernels
 from gpupipe.augment._keyed_module import KeyedModule
 from gpupipe.augment._keyed_params import GeneratorLike
@@ -172,12 +173,11 @@ class RandomErasing(KeyedModule):
             # torchvision fills the box from a [C, h, w] normal tensor: count positions in that order
             counter = (ch * box[sample, 2] + (yy - box[sample, 0])) * box[sample, 3] + (xx - box[sample, 1])
             noise = _normal_noise(params["noise_key"], sample, counter)
-            noise = noise.to(device=x.device, dtype=x.dtype, non_blocking=True)  # (staged at once: no stream sync)
-            out[tuple(t.to(x.device, non_blocking=True) for t in (sample, ch, yy, xx))] = noise
+            out[tuple(to_device(t, x.device) for t in (sample, ch, yy, xx))] = to_device(noise.to(x.dtype), x.device)
             return out
         # other devices, and under torch.compile: a select over the batch from the mask
-        fill = torch.tensor(values, dtype=torch.float64).to(x.dtype).to(x.device, non_blocking=True)
-        out = torch.where(mask.to(x.device, non_blocking=True), fill[None, :, None, None], x)
+        fill = to_device(torch.tensor(values, dtype=torch.float64).to(x.dtype), x.device)
+        out = torch.where(to_device(mask, x.device), fill[None, :, None, None], x)
         return x.copy_(out) if self.inplace else out
 
     def extra_repr(self) -> str:
