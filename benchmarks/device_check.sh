@@ -13,7 +13,10 @@
 #                                (GPU_CHECK=1: gpu_check --quick first; WHOLE_AB=1 as in call 1)
 #   call 3 (carry .device/d3):   bash benchmarks/device_check.sh 3   the same on 1920x1280 photos
 #   call 4 (carry .device/d4):   bash benchmarks/device_check.sh 4   DALI installed; hybrid vs raw vs DALI GPU ($BATCHES;
-#                                ALONE=1: also gpupipe and DALI each alone in its process)
+#                                ALONE=1: also gpupipe and DALI each alone in its process; DALI_HW_SETS: DALI alone
+#                                with hw_decoder_load=1.0 on those sets)
+# (calls 2 and 3 may only carry DALI's pieces: cp .device/d2/* /root/dali/; call 1 takes TEST_FILES, BATCHES1 and
+#  SYNC_PROBE=1: benchmarks/sync_probe, whether host -> device copies wait for the stream)
 # (TESTS_K="gpu or cuda": call 1 runs only the matching tests, the rest run in CI)
 # or, in one call without DALI (carry .device/base/whl, .device/base/debs, .device/base/setup.sh,
 # .device/base/install_dali.sh): bash benchmarks/device_check.sh probe   build, GPU tests, hybrid_probe
@@ -25,7 +28,7 @@ G=${DEVICE_CHECK_ROOT:-/root/g}
 PART=${1:-1}
 OUT=${OUT:-/tmp/device-check}; L=$G/logs/$PART; mkdir -p "$OUT" "$L" /root/dali
 for d in .device/base/dali .device/d2 .device/d3 .device/d4; do [ -d $d ] && cp $d/* /root/dali/; done
-if [ "$PART" = 1 ] || [ "$PART" = probe ] || [ "$PART" = final ] || [ "$PART" = whole ] || [ "$PART" = spin ]; then bash .device/base/setup.sh > "$L/setup.txt" 2>&1; echo "setup rc $?" | tee -a "$OUT/summary.txt"; tail -3 "$L/setup.txt"; fi
+if [ "$PART" = 1 ] || [ "$PART" = probe ] || [ "$PART" = final ] || [ "$PART" = whole ] || [ "$PART" = spin ] || [ "$PART" = variants ]; then bash .device/base/setup.sh > "$L/setup.txt" 2>&1; echo "setup rc $?" | tee -a "$OUT/summary.txt"; tail -3 "$L/setup.txt"; fi
 cd $G/proj || { echo "setup failed"; exit 2; }
 export PYTHONPATH=$G/site LD_LIBRARY_PATH=$G/jpeg/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-} PYTHONUNBUFFERED=1
 step() {  # step NAME SECONDS command...: one timed step, its log under $OUT, its rc in summary.txt
@@ -47,6 +50,10 @@ bench() {  # bench NAME SET BATCH ARGS...: python -m gpupipe bench, $RECIPE (tra
   # set before torch makes it): how much of the stage threads' host time is spent spinning in CUDA waits
   [ "${BLOCKING:-0}" = 1 ] && pre+="import ctypes, torch; rc = ctypes.CDLL('libcudart.so.13').cudaSetDeviceFlags(4); print('cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync):', rc); "
   [ "${PERBATCH:-0}" = 1 ] && pre+="from gpupipe import keyed; keyed.samples_independent = lambda module: False; "
+  # PLAIN=1: the GPU decoders with nvJPEG's plain chroma upsampling (DALI's default), not libjpeg's fancy one
+  [ "${PLAIN:-0}" = 1 ] && pre+="from gpupipe._backends import nvimgcodec as nv; o = nv._decoder_options; nv._decoder_options = lambda k, r, f=True: o(k, r, False); "
+  # DALI_HW=F: DALI's decoder with hw_decoder_load=F (1.0: every image it can to the hardware decoder)
+  [ -n "${DALI_HW:-}" ] && pre+="from gpupipe.bench import recipes; recipes.DALI_DECODER_ARGS['hw_decoder_load'] = $DALI_HW; "
   [ -n "$pre" ] && run=(python3 -c "import sys; $pre
 from gpupipe.bench import main; sys.exit(main(sys.argv[1:]))")
   step "$name" 75 "${run[@]}" --device cuda --threads 16 --recipe "${RECIPE:-train}" --batch-size "$bs" \
@@ -71,16 +78,19 @@ folder('seed', 4096)
 print(default_set())" > "$L/data.txt" 2>&1) &
   python3 -c "from gpupipe._backends import nvimgcodec as n; print('nvImageCodec C API:', n.native_reason() or 'built')" \
     2>&1 | tail -1 | tee -a "$OUT/summary.txt"
-  step tests 240 python3 -m pytest -q -s -p no:cacheprovider -rs tests/test_crop_resize.py tests/test_nvimgcodec.py \
-    tests/test_hybrid.py tests/test_backends.py tests/test_chunks.py tests/test_loader.py \
-    tests/test_reliability3.py::test_exit_while_a_daemon_thread_decodes_never_aborts ${TESTS_K:+-k "$TESTS_K"}
+  step tests 240 python3 -m pytest -q -s -p no:cacheprovider -rs ${TEST_FILES:-tests/test_crop_resize.py \
+    tests/test_nvimgcodec.py tests/test_hybrid.py tests/test_backends.py tests/test_chunks.py tests/test_loader.py \
+    tests/test_reliability3.py::test_exit_while_a_daemon_thread_decodes_never_aborts} ${TESTS_K:+-k "$TESTS_K"}
   tail -3 "$L/tests.txt"; grep -E "^(FAILED|ERROR)" "$L/tests.txt" | head -20
   wait; tail -2 "$L/data.txt"
+  # SYNC_PROBE=1: whether host -> device copies (pageable, pinned) and the Loader's next() wait for the stream
+  [ "${SYNC_PROBE:-0}" = 1 ] && { step sync_probe 120 python3 -m benchmarks.sync_probe
+    grep -E "^\||device" "$L/sync_probe.txt" | cut -c1-200 | tee -a "$OUT/summary.txt"; }
   if [ "${PROBE:-0}" = 1 ]; then step probe 200 python3 -m benchmarks.hybrid_probe --tuned $G/tuned
     grep -E "^\||shares|best|BatchAugment" "$L/probe.txt" | cut -c1-400; fi
   [ "${ENGINES:-0}" = 1 ] && { step engines 120 python3 -m benchmarks.hybrid_probe --part engines
     grep -E "^\|" "$L/engines.txt" | cut -c1-200 | tee -a "$OUT/summary.txt"; }
-  for bs in 64 256; do bench hybrid-seed-$bs seed $bs --methods gpupipe raw
+  for bs in ${BATCHES1:-64 256}; do bench hybrid-seed-$bs seed $bs --methods gpupipe raw
     [ "${API_AB:-0}" = 1 ] && PYAPI=1 bench hybrid-seed-$bs-pyapi seed $bs --methods gpupipe
     [ "${SWITCH_AB:-0}" = 1 ] && SWITCH=0.0005 bench hybrid-seed-$bs-switch seed $bs --methods gpupipe
     [ "${MERGE_AB:-0}" = 1 ] && NOMERGE=1 bench hybrid-seed-$bs-nomerge seed $bs --methods gpupipe
@@ -100,9 +110,11 @@ print(default_set())" > "$L/data.txt" 2>&1) &
   bash $G/install_dali.sh > "$L/dali.txt" 2>&1; echo "dali install rc $?" | tee -a "$OUT/summary.txt"; tail -1 "$L/dali.txt"
   for sb in ${BATCHES:-seed:256 default:64 hd:256}; do  # most wanted first
     bench "hybrid-${sb/:/-}" ${sb%:*} ${sb#*:} --methods gpupipe raw dali
-    if [ "${ALONE:-0}" = 1 ]; then  # each pipeline alone in its process too
+    if [ "${ALONE:-0}" = 1 ] || [[ " ${ALONE_SETS:-} " == *" $sb "* ]]; then  # each pipeline alone in its process too
       bench "alone-gpupipe-${sb/:/-}" ${sb%:*} ${sb#*:} --methods gpupipe
-      bench "alone-dali-${sb/:/-}" ${sb%:*} ${sb#*:} --methods dali; fi; done ;;
+      bench "alone-dali-${sb/:/-}" ${sb%:*} ${sb#*:} --methods dali; fi; done
+  for sb in ${DALI_HW_SETS:-}; do  # DALI alone with every image it can on the hardware decoder
+    DALI_HW=1.0 bench "dali-hw1-${sb/:/-}" ${sb%:*} ${sb#*:} --methods dali; done ;;
 spin)  # one call (carry .device/base, .device/tools): build, then the hybrid Loader at batch 64 with CUDA's default
   # waits (spin on a many-core host) and with blocking ones (BLOCKING), then under py-spy and perf where present
   python3 -c "from benchmarks.loader_scale import folder; open('$G/set-seed', 'w').write(str(folder('seed')))" \
@@ -136,6 +148,14 @@ whole)  # one call (carry .device/base): build, then batch 64 with a chunk's bat
     bench "$bk-seed-$bs" seed $bs --backend $bk --methods gpupipe raw
     [ $bs = 64 ] && [ "${RECIPE:-train}" != crop ] && PERBATCH=1 bench "$bk-seed-$bs-perbatch" seed $bs --backend $bk \
       --methods gpupipe; done ;;
+variants)  # one call (carry .device/base): build, hybrid_probe --part variants (the hardware decoder: ROI, chroma
+  # upsampling, two calls at once), then the hybrid Loader with libjpeg's and nvJPEG's plain chroma upsampling
+  python3 -c "from benchmarks.loader_scale import folder; open('$G/set-seed', 'w').write(str(folder('seed')))
+from gpupipe.bench.dataset import default_set; default_set()" > "$L/data.txt" 2>&1 || { tail -3 "$L/data.txt"; exit 2; }
+  timeout 150 python3 -m benchmarks.hybrid_probe --part variants > "$OUT/variants.txt" 2>&1; echo "variants rc $?" | tee -a "$OUT/summary.txt"
+  grep -E "^\|" "$OUT/variants.txt" | cut -c1-200
+  for sb in ${BATCHES:-seed:64 default:64}; do bench "hybrid-${sb/:/-}" ${sb%:*} ${sb#*:} --methods gpupipe
+    PLAIN=1 bench "hybrid-plain-${sb/:/-}" ${sb%:*} ${sb#*:} --methods gpupipe; done ;;
 probe)  # build, the GPU tests, then where the hybrid backend's time goes (benchmarks/hybrid_probe.py)
   python3 -c "import PIL, torch; print('Pillow', PIL.__version__, 'torch', torch.__version__, torch.cuda.get_device_name(0))"
   step tests 60 python3 -m pytest -q -p no:cacheprovider -rs tests/test_crop_resize.py tests/test_nvimgcodec.py \
@@ -150,6 +170,6 @@ final)  # one call on a fresh machine (carry as for probe): build, the engine te
   # straight into $OUT, row by row: what ran comes back even if the device time runs out mid-way
   timeout 150 python3 -m benchmarks.hybrid_probe --part final > "$OUT/final.txt" 2>&1; echo "final rc $?" | tee -a "$OUT/summary.txt"
   grep -E "^\||shares|BatchAugment" "$OUT/final.txt" | cut -c1-330 ;;
-*) echo "usage: bash benchmarks/device_check.sh 1|2|3|4|whole|spin|probe|final"; exit 2 ;;
+*) echo "usage: bash benchmarks/device_check.sh 1|2|3|4|whole|spin|variants|probe|final"; exit 2 ;;
 esac
 tar -C $G/logs -czf "$OUT/logs-$PART.tgz" $PART; true

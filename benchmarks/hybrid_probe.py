@@ -260,6 +260,64 @@ def roi_rates(name: str, datas: list, reps: int = 3) -> None:
               f"mean {diff.float().mean().item() if diff.numel() else float('nan'):.3f} |", flush=True)
 
 
+def variant_rates(name: str, datas: list, calls: int = 128, reps: int = 3) -> None:
+    """The hardware decoder's variants on calls of ``calls`` images: whole images or ROI, libjpeg's
+    chroma upsampling (fancy) or nvJPEG's plain one (DALI's default), each against the CPU core's
+    pixels (dct_scaling=False); and two engines, each on its own thread and stream, against one
+    (whether the decoder idles between one thread's calls)."""
+    infos = read_infos(datas)
+    sizes = np.stack([infos.column("height"), infos.column("width")], axis=1)
+    boxes = gpupipe.crops.RandomResizedCrop(224).boxes(sizes[:, 0], sizes[:, 1], seed=0)
+    options = DecodeOptions(size=(224, 224), resize=True, device=torch.device("cuda"))
+    ref = gpupipe.decode_crop_jpegs(datas, boxes, size=(224, 224), backend="cpu", dct_scaling=False).images.cuda()
+    n = len(datas)
+    dev = torch.device("cuda", torch.cuda.current_device())
+
+    def wall_rate(engines: list) -> float:
+        """images/s of the engines decoding all n images in calls of ``calls``, each engine on its
+        own thread and stream, taking the calls in turn."""
+        outs = [torch.zeros(n, 224, 224, 3, dtype=torch.uint8, device=dev) for _ in engines]
+        streams = [torch.cuda.Stream(dev) for _ in engines]
+
+        def work(k: int) -> None:
+            with torch.cuda.stream(streams[k]):
+                for start in range(k * calls, n, calls * len(engines)):
+                    rows = np.arange(start, min(start + calls, n))
+                    engines[k].decode([datas[i] for i in rows], boxes[rows], outs[k], rows, options, sizes=sizes[rows])
+                streams[k].synchronize()
+
+        rates = []
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            threads = [threading.Thread(target=work, args=(k,)) for k in range(len(engines))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            rates.append(n / (time.perf_counter() - t0))
+        return statistics.median(rates)
+
+    print(f"| data | hardware decoder | calls of | img/s (host wall, all {n}) | max / mean |diff| from the CPU core |")
+    print("|---|---|---:|---:|---|")
+    for roi, fancy in ((False, True), (False, False), (True, True), (True, False)):
+        eng = nvimgcodec.Engine("hardware", dev, roi=roi, fancy_upsampling=fancy)
+        out = torch.zeros(n, 224, 224, 3, dtype=torch.uint8, device=dev)
+        declined = eng.decode(datas, boxes, out, np.arange(n), options, sizes=sizes)
+        torch.cuda.synchronize()
+        keep = [k for k in range(n) if k not in declined]
+        diff = (out[keep].permute(0, 3, 1, 2).int() - ref[keep].int()).abs()
+        rate = wall_rate([eng])
+        print(f"| {name} | {'ROI' if roi else 'whole'}, {'fancy' if fancy else 'plain'} chroma upsampling | {calls} | "
+              f"{rate:.0f} | {int(diff.max()) if diff.numel() else '-'} / "
+              f"{diff.float().mean().item() if diff.numel() else float('nan'):.3f} (declined {len(declined)}) |",
+              flush=True)
+    for fancy in (True, False):
+        engines = [nvimgcodec.Engine("hardware", dev, fancy_upsampling=fancy) for _ in range(2)]
+        print(f"| {name} | two engines, two threads, whole, {'fancy' if fancy else 'plain'} | {calls} | "
+              f"{wall_rate(engines):.0f} | - |", flush=True)
+
+
 def final_rows(threads: int, batch: int, files: int) -> None:
     """The last GPU call's checks: ROI against whole images on the hardware decoder, then the
     shipped default (re-tuned, ENGINE_HOST_THREADS) beside the CPU pool alone in the same run,
@@ -325,12 +383,24 @@ def main(argv=None):
     ap.add_argument("--files", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--part", choices=["all", "engines", "loader", "augment", "final"], default="all")
+    ap.add_argument("--part", choices=["all", "engines", "loader", "augment", "final", "variants"], default="all")
     ap.add_argument("--tuned", default="", help="file to write the best ENGINE_HOST_THREADS measured into")
     args = ap.parse_args(argv)
     print("device:", torch.cuda.get_device_name(0))
     if args.part == "final":
         final_rows(args.threads, args.batch, args.files)
+        return
+    if args.part == "variants":  # the hardware decoder: ROI, chroma upsampling, two calls at once
+        from gpupipe.bench.dataset import default_set
+
+        for name in ("seed", "hd", "default"):
+            if name == "default":
+                files = sorted(p for p in default_set().rglob("*.jpg"))[:512]
+                datas = [p.read_bytes() for p in files]
+            else:
+                one = datasets.load_set(name, progress=False)
+                datas = [one[i % len(one)] for i in range(512 if name == "seed" else 256)]
+            variant_rates(name, datas)
         return
     if args.part in ("all", "engines"):
         seed = datasets.load_set("seed", progress=False)

@@ -130,7 +130,7 @@ def unavailable_reason(device: Optional[torch.device] = None) -> Optional[str]:
     return crop_kernel_reason()
 
 
-def _decoder_options(kind: str, roi: bool) -> str:
+def _decoder_options(kind: str, roi: bool, fancy_upsampling: bool = True) -> str:
     """nvImageCodec's decoder options of one engine (both APIs)."""
     if kind == "hardware":
         options = [f"nvjpeg_hw_decoder:preallocate_batch_size={HW_PREALLOCATE_BATCH}"]
@@ -138,15 +138,15 @@ def _decoder_options(kind: str, roi: bool) -> str:
         options = [f"nvjpeg_cuda_decoder:hybrid_huffman_threshold={CUDA_HUFFMAN_ON_GPU_ABOVE}"]
     else:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    options.insert(0, ":fancy_upsampling=1")
-    if roi:
+    options.insert(0, f":fancy_upsampling={int(fancy_upsampling)}")
+    if roi and fancy_upsampling:
         options.append(":enable_roi_fancy_upsampling=1")
     return " ".join(options)
 
 
-def _decoder_args(lib: Any, kind: str, cpu_threads: int, roi: bool) -> dict:
+def _decoder_args(lib: Any, kind: str, cpu_threads: int, roi: bool, fancy_upsampling: bool = True) -> dict:
     """The keyword arguments of ``nvimgcodec.Decoder`` for one engine (without ``device_id``)."""
-    options = _decoder_options(kind, roi)
+    options = _decoder_options(kind, roi, fancy_upsampling)
     if kind == "hardware":
         backends = [lib.Backend(lib.BackendKind.HW_GPU_ONLY, load_hint=1.0)]
     else:  # nvjpeg_cuda_decoder registers as HYBRID_CPU_GPU; GPU_ONLY too, in case a release moves it
@@ -310,6 +310,10 @@ class Engine:
         native: call nvImageCodec's C API (``True``: or raise why not), its Python API (``False``),
             or the C API where it is built and starts (``None``, with :data:`NATIVE`). ``api`` says
             which it calls, ``native_reason`` why not the C API.
+        fancy_upsampling: libjpeg's chroma upsampling (the CPU core's pixels, within the tolerance
+            docs/gpu.md states); False: nvJPEG's plain one (DALI's default,
+            ``jpeg_fancy_upsampling=False``), for measurements (``benchmarks.hybrid_probe --part
+            variants``).
 
     Use :func:`engine` (cached, checked by a first decode) rather than constructing one.
     """
@@ -317,13 +321,14 @@ class Engine:
     route: Route
 
     def __init__(self, kind: str, device: torch.device, *, roi: bool = False, cpu_threads: int = CPU_THREADS,
-                 native: Optional[bool] = None):
+                 native: Optional[bool] = None, fancy_upsampling: bool = True):
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         device = torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"an nvImageCodec engine decodes on a CUDA device, got {device}")
         self.kind, self.roi, self.route = kind, bool(roi), ROUTES[kind]
+        self.fancy_upsampling = bool(fancy_upsampling)
         self.device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
         self.name = f"nvImageCodec's {kind} decoder on {self.device}"
         self._lib = _library()
@@ -339,7 +344,7 @@ class Engine:
             try:
                 with _device_context(self.device):
                     self._native = _native_decoder(self._lib, kind, self.device.index, cpu_threads,
-                                                   _decoder_options(kind, self.roi))
+                                                   _decoder_options(kind, self.roi, self.fancy_upsampling))
             except Exception as e:
                 self.native_reason = f"nvImageCodec's C API could not start ({brief(e, 240)})"
         if native and self._native is None:
@@ -349,7 +354,8 @@ class Engine:
             try:
                 with _device_context(self.device):
                     self._decoder = self._lib.Decoder(device_id=self.device.index,
-                                                      **_decoder_args(self._lib, kind, cpu_threads, self.roi))
+                                                      **_decoder_args(self._lib, kind, cpu_threads, self.roi,
+                                                                      self.fancy_upsampling))
             except Exception as e:
                 raise RuntimeError(f"{self.name} could not start ({brief(e, 240)})") from e
 

@@ -103,11 +103,15 @@ def _dali_normalize(fn, types, images, mean, std, **kwargs):
                                     std=[s * 255 for s in std], **kwargs)
 
 
+DALI_DECODER_ARGS: dict = {}  #: more arguments of DALI's decoder (e.g. hw_decoder_load), for experiments
+
+
 def _dali_random_resized_crop(fn, types, jpegs, decoder, size: int):
     """DALI's RandomResizedCrop: torchvision's area and aspect ranges, decoded as the crop, then an
     antialiased linear resize."""
     images = fn.decoders.image_random_crop(jpegs, device=decoder, output_type=types.RGB, random_area=[0.08, 1.0],
-                                           random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=10)
+                                           random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=10,
+                                           **DALI_DECODER_ARGS)
     return fn.resize(images, resize_x=size, resize_y=size, antialias=True, interp_type=types.INTERP_LINEAR)
 
 
