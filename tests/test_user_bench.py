@@ -336,3 +336,11 @@ def test_pyspy_summary_counts_self_samples_per_function_and_thread():
     assert "60.0%  wait (threading.py)" in text  # line numbers dropped, all threads
     assert "gpupipe-collect: 8 samples (80%)" in text and "gpupipe-pool: 2 samples (20%)" in text
     assert " 25.0%  _collect (gpupipe/_backends/hybrid.py)" in text  # 2 of the thread's 8
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without CUDA gets")
+def test_sync_probe_says_it_needs_cuda(capsys):
+    from benchmarks.sync_probe import main
+
+    assert main([]) == 2
+    assert "no CUDA device" in capsys.readouterr().out
