@@ -47,7 +47,9 @@ int crop_resize_cuda(const CropResizeSample* table, int64_t n, uint8_t* out, int
                      int64_t channels, uint8_t* scratch, void* stream) {
   if (n == 0) return 0;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  cudaError_t err = cudaSuccess;
+  cudaError_t err = cudaMemcpyAsync(scratch, table, static_cast<size_t>(n) * sizeof(CropResizeSample),
+                                    cudaMemcpyHostToDevice, s);
+  if (err != cudaSuccess) return err;
   CropResizeArgs a;
   a.samples = reinterpret_cast<const CropResizeSample*>(scratch);
   a.n = n;

@@ -36,8 +36,7 @@ void register_crop_resize_cuda(py::module_& m) {
       py::arg("out_width"), py::arg("channels"), py::arg("scratch_address"), py::arg("scratch_nbytes"),
       py::arg("stream"),
       "Runs crop_resize_plan's table on `stream` into the uint8 [batch, out_height, out_width, channels] "
-      "device buffer at out_address, with scratch_nbytes (the plan's) of device scratch whose head holds "
-      "the table already (the caller queued its copy on `stream`): three launches.");
+      "device buffer at out_address, with scratch_nbytes (the plan's) of device scratch: three launches.");
 }
 
 }  // namespace gpupipe

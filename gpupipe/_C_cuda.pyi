@@ -54,7 +54,7 @@ def crop_resize_ragged(
     out_height: int,
     out_width: int,
     channels: int,
-    scratch_address: int,  # its head holds the table (the caller queued the copy on stream)
+    scratch_address: int,
     scratch_nbytes: int,  # at least crop_resize_plan's
     stream: int,
 ) -> None:

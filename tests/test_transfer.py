@@ -21,13 +21,26 @@ from loader_data import make_image_folder
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the copies' waits are CUDA's")
 
 
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+LARGE = 2 * _transfer.STAGED_BYTES  # through pinned memory on CUDA
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("host", [np.arange(7, dtype=np.int64), np.array([True, False, True]),
-                                  np.arange(24, dtype=np.float32).reshape(2, 3, 4)[:, ::2],  # strided
-                                  torch.arange(5, dtype=torch.int32)], ids=["int64", "bool", "strided", "tensor"])
+@pytest.mark.parametrize("host", [
+    np.arange(7, dtype=np.int64), np.array([True, False, True]),
+    np.arange(24, dtype=np.float32).reshape(2, 3, 4)[:, ::2], torch.arange(5, dtype=torch.int32),
+    np.arange(LARGE) % 3 == 0, np.arange(LARGE, dtype=np.float32).reshape(-1, 64)[:, ::2],
+    _read_only(np.arange(LARGE // 8 + 3, dtype=np.int64)), torch.arange(LARGE // 4).reshape(64, -1).t(),
+    torch.arange(LARGE // 2, dtype=torch.int16).expand(2, -1)],
+    ids=["int64", "bool", "strided", "tensor", "large-bool", "large-strided-float32", "large-read-only-int64",
+         "large-transposed-tensor", "large-expanded-tensor"])
 def test_to_device_keeps_the_values(device, host):
     out = _transfer.to_device(host, torch.device(device))
-    want = torch.as_tensor(np.ascontiguousarray(host)) if isinstance(host, np.ndarray) else host
+    want = torch.from_numpy(np.array(host)) if isinstance(host, np.ndarray) else host
     assert out.device.type == device and out.dtype == want.dtype
     assert torch.equal(out.cpu(), want)
 
@@ -76,6 +89,19 @@ def test_a_copy_does_not_wait_for_the_stream(host):
     waited = time.perf_counter() - t
     assert waited < 0.1, f"the copy waited {waited * 1e3:.0f} ms for the stream's queued work"
     assert torch.equal(out.cpu(), torch.from_numpy(host))  # ordered after the queued work, then done
+
+
+@cuda_only
+def test_a_pinned_block_is_not_reused_before_its_copy_is_done():
+    """Two large copies queued behind busy work, the first source dropped at once: each arrives with
+    its own values (the caching host allocator holds a block until its copy is done)."""
+    first, second = np.full(LARGE, 7, np.uint8), np.full(LARGE, 9, np.uint8)
+    torch.cuda.synchronize()
+    _busy(200.0)
+    a = _transfer.to_device(first, torch.device("cuda"))
+    del first
+    b = _transfer.to_device(second, torch.device("cuda"))
+    assert (a.cpu() == 7).all() and (b.cpu() == 9).all()
 
 
 @cuda_only

@@ -9,7 +9,6 @@ import numpy as np
 import torch
 
 from gpupipe import _C
-from gpupipe._transfer import staged
 from gpupipe.augment._kernels import cuda_module, current_stream, num_threads
 
 
@@ -63,7 +62,5 @@ def crop_resize_ragged(images: np.ndarray, boxes: np.ndarray, out: torch.Tensor,
         # only to work queued after them on that stream, so dropping it on return is safe (the
         # record_stream a side stream would need).
         scratch = torch.empty(scratch_bytes, dtype=torch.uint8, device=out.device)
-        # the table at the scratch's head, queued without waiting for the stream's earlier work
-        scratch[:len(table)].copy_(staged(np.frombuffer(table, np.uint8)), non_blocking=True)
         kernels.crop_resize_ragged(table, out.data_ptr(), out.numel(), batch, out_h, out_w, channels,
                                    scratch.data_ptr(), scratch_bytes, current_stream(out.device))
