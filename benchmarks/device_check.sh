@@ -21,7 +21,8 @@
 # or, in one call without DALI (carry .device/base/whl, .device/base/debs, .device/base/setup.sh,
 # .device/base/install_dali.sh): bash benchmarks/device_check.sh probe   build, GPU tests, hybrid_probe
 # (or ... final: the engine tests and hybrid_probe --part final: ROI vs whole images, the default vs the CPU pool;
-#  or ... whole, carry .device/base: build, then batch 64 with a chunk's batches augmented whole and one by one)
+#  or ... whole, carry .device/base: build, then batch 64 with a chunk's batches augmented whole and one by one;
+#  or ... variants, carry .device/base: build, hybrid_probe --part variants, the hybrid Loader with PLAIN=1 and without)
 # Each step's log goes into $OUT/logs-K.tgz (with the bench outputs), its rc and time into $OUT/summary.txt.
 set -u
 G=${DEVICE_CHECK_ROOT:-/root/g}
