@@ -228,14 +228,29 @@ def loader_rows(path, threads: int, batch: int, tuned: str = "") -> None:
             f.write(f"{best}\n")
 
 
-def roi_rates(name: str, datas: list, reps: int = 3) -> None:
-    """The hardware decoder on whole images against ROI decode (each box plus ROI_MARGIN), both
-    against the CPU core's pixels (dct_scaling=False): the issue's "choose by measurement"."""
+def _crops_and_reference(datas: list) -> tuple:
+    """(sizes, boxes, options, ref): the files' (height, width), RandomResizedCrop 224 boxes, the GPU
+    engines' options and the CPU core's pixels of those boxes (dct_scaling=False, NCHW on CUDA)."""
     infos = read_infos(datas)
     sizes = np.stack([infos.column("height"), infos.column("width")], axis=1)
     boxes = gpupipe.crops.RandomResizedCrop(224).boxes(sizes[:, 0], sizes[:, 1], seed=0)
     options = DecodeOptions(size=(224, 224), resize=True, device=torch.device("cuda"))
     ref = gpupipe.decode_crop_jpegs(datas, boxes, size=(224, 224), backend="cpu", dct_scaling=False).images.cuda()
+    return sizes, boxes, options, ref
+
+
+def _max_mean_diff(out: torch.Tensor, ref: torch.Tensor, declined: dict) -> tuple:
+    """(max, mean) |difference| of the engine's NHWC ``out`` from the CPU core's NCHW ``ref`` over
+    the samples it did not decline ("-" and nan when it declined them all)."""
+    keep = [k for k in range(out.shape[0]) if k not in declined]
+    diff = (out[keep].permute(0, 3, 1, 2).int() - ref[keep].int()).abs()
+    return (int(diff.max()), diff.float().mean().item()) if diff.numel() else ("-", float("nan"))
+
+
+def roi_rates(name: str, datas: list, reps: int = 3) -> None:
+    """The hardware decoder on whole images against ROI decode (each box plus ROI_MARGIN), both
+    against the CPU core's pixels (dct_scaling=False): the issue's "choose by measurement"."""
+    sizes, boxes, options, ref = _crops_and_reference(datas)
     out = torch.zeros(len(datas), 224, 224, 3, dtype=torch.uint8, device="cuda")
     slots = np.arange(len(datas))
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -244,8 +259,7 @@ def roi_rates(name: str, datas: list, reps: int = 3) -> None:
         run = lambda: eng.decode(datas, boxes, out, slots, options, sizes=sizes)  # noqa: E731
         declined = run()
         torch.cuda.synchronize()
-        keep = [k for k in range(len(datas)) if k not in declined]
-        diff = (out[keep].permute(0, 3, 1, 2).int() - ref[keep].int()).abs()
+        worst, mean = _max_mean_diff(out, ref, declined)
         gpu = []
         for _ in range(reps):
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -256,8 +270,7 @@ def roi_rates(name: str, datas: list, reps: int = 3) -> None:
             gpu.append(s.elapsed_time(e) / 1e3)
         why = f" ({next(iter(declined.values()))[:120]})" if declined else ""
         print(f"| {name} | hardware roi={roi} | {len(datas)} | {len(datas) / statistics.median(gpu):.0f} img/s | "
-              f"declined {len(declined)}{why} | max |diff| {int(diff.max()) if diff.numel() else '-'}, "
-              f"mean {diff.float().mean().item() if diff.numel() else float('nan'):.3f} |", flush=True)
+              f"declined {len(declined)}{why} | max |diff| {worst}, mean {mean:.3f} |", flush=True)
 
 
 def variant_rates(name: str, datas: list, calls: int = 128, reps: int = 3) -> None:
@@ -265,11 +278,7 @@ def variant_rates(name: str, datas: list, calls: int = 128, reps: int = 3) -> No
     chroma upsampling (fancy) or nvJPEG's plain one (DALI's default), each against the CPU core's
     pixels (dct_scaling=False); and two engines, each on its own thread and stream, against one
     (whether the decoder idles between one thread's calls)."""
-    infos = read_infos(datas)
-    sizes = np.stack([infos.column("height"), infos.column("width")], axis=1)
-    boxes = gpupipe.crops.RandomResizedCrop(224).boxes(sizes[:, 0], sizes[:, 1], seed=0)
-    options = DecodeOptions(size=(224, 224), resize=True, device=torch.device("cuda"))
-    ref = gpupipe.decode_crop_jpegs(datas, boxes, size=(224, 224), backend="cpu", dct_scaling=False).images.cuda()
+    sizes, boxes, options, ref = _crops_and_reference(datas)
     n = len(datas)
     dev = torch.device("cuda", torch.cuda.current_device())
 
@@ -305,13 +314,10 @@ def variant_rates(name: str, datas: list, calls: int = 128, reps: int = 3) -> No
         out = torch.zeros(n, 224, 224, 3, dtype=torch.uint8, device=dev)
         declined = eng.decode(datas, boxes, out, np.arange(n), options, sizes=sizes)
         torch.cuda.synchronize()
-        keep = [k for k in range(n) if k not in declined]
-        diff = (out[keep].permute(0, 3, 1, 2).int() - ref[keep].int()).abs()
+        worst, mean = _max_mean_diff(out, ref, declined)
         rate = wall_rate([eng])
         print(f"| {name} | {'ROI' if roi else 'whole'}, {'fancy' if fancy else 'plain'} chroma upsampling | {calls} | "
-              f"{rate:.0f} | {int(diff.max()) if diff.numel() else '-'} / "
-              f"{diff.float().mean().item() if diff.numel() else float('nan'):.3f} (declined {len(declined)}) |",
-              flush=True)
+              f"{rate:.0f} | {worst} / {mean:.3f} (declined {len(declined)}) |", flush=True)
     for fancy in (True, False):
         engines = [nvimgcodec.Engine("hardware", dev, fancy_upsampling=fancy) for _ in range(2)]
         print(f"| {name} | two engines, two threads, whole, {'fancy' if fancy else 'plain'} | {calls} | "
