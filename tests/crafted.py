@@ -173,3 +173,139 @@ __all__ = ["gray_restart_jpeg", "restart_walk_heap_overflow", "restart_walk_garb
            "exif_app1", "xmp_app1", "with_app1s", "sos_offset", "without_segments",
            "incomplete_progressive", "big_tiff", "tiff_with_other_magic", "tar_member", "sparse_tar_member",
            "tar_end"]
+
+
+# --- a baseline gray JPEG written from its quantised coefficients, with any Huffman tables ---------
+
+ZIGZAG = np.array([0, 1, 8, 16, 9, 2, 3, 10, 17, 24, 32, 25, 18, 11, 4, 5, 12, 19, 26, 33, 40, 48, 41, 34, 27, 20, 13,
+                   6, 7, 14, 21, 28, 35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44, 51, 58, 59, 52, 45,
+                   38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63])
+
+
+def _size(v: int) -> int:
+    return int(abs(int(v))).bit_length()
+
+
+def block_symbols(block: np.ndarray) -> list:
+    """The AC symbols ((run << 4) | size, value) of one block in zigzag order, as an encoder writes
+    them: ZRL for 16 zeros, EOB after the last nonzero coefficient unless it is the 63rd."""
+    out, run = [], 0
+    last = max([k for k in range(1, 64) if block[k]], default=0)
+    for k in range(1, last + 1):
+        v = int(block[k])
+        if v == 0:
+            run += 1
+            continue
+        while run > 15:
+            out.append((0xF0, 0))
+            run -= 16
+        out.append((run << 4 | _size(v), v))
+        run = 0
+    if last < 63:
+        out.append((0x00, 0))
+    return out
+
+
+def random_huffman_table(symbols, rng: np.random.Generator, first=()) -> tuple:
+    """(bits[1..16], huffval): a valid prefix code over ``symbols`` whose lengths are drawn at random,
+    the shortest most often on the symbols of ``first`` (in that order), then on any (1-bit codes
+    included; never the all-ones code)."""
+    first = [int(s) for s in first if s in set(symbols)]
+    symbols = first + [int(s) for s in rng.permutation(sorted(set(symbols) - set(first)))]
+    budget, lengths = 1 << 16, []  # in units of 2^-16
+    for i, _ in enumerate(symbols):
+        rest = len(symbols) - i - 1
+        fits = [n for n in range(1, 17) if budget - (1 << (16 - n)) >= rest + 1]
+        n = int(rng.choice(fits[:2] if i < len(first) else fits[:max(1, len(fits) // 2)] if rng.random() < 0.6 else fits))
+        lengths.append(n)
+        budget -= 1 << (16 - n)
+    order = sorted(range(len(symbols)), key=lambda i: lengths[i])
+    bits = [0] * 16
+    for i in order:
+        bits[lengths[i] - 1] += 1
+    return bits, [symbols[i] for i in order]
+
+
+def _codes(table: tuple) -> dict:
+    bits, values = table
+    codes, code, k = {}, 0, 0
+    for n in range(1, 17):
+        for _ in range(bits[n - 1]):
+            codes[values[k]] = (code, n)
+            code, k = code + 1, k + 1
+        code <<= 1
+    return codes
+
+
+def gray_jpeg_from_coefficients(blocks: np.ndarray, height: int, width: int, dc_table: tuple, ac_table: tuple) -> bytes:
+    """A baseline gray JPEG (quantisers 1) of ``blocks`` ([rows * cols, 64] quantised coefficients
+    in natural order, DC as values, not differences) coded with the given (bits, huffval) tables."""
+    dc_codes, ac_codes = _codes(dc_table), _codes(ac_table)
+    acc, nacc, out, pred = 0, 0, bytearray(), 0
+
+    def put(value: int, n: int):
+        nonlocal acc, nacc
+        acc, nacc = acc << n | (value & ((1 << n) - 1)), nacc + n
+        while nacc >= 8:
+            byte = acc >> (nacc - 8) & 0xFF
+            out.append(byte)
+            if byte == 0xFF:
+                out.append(0)
+            nacc -= 8
+            acc &= (1 << nacc) - 1
+
+    def put_value(v: int, size: int):
+        if size:
+            put(v if v > 0 else v + (1 << size) - 1, size)
+
+    for block in blocks:
+        zz = np.asarray(block)[ZIGZAG]
+        diff = int(zz[0]) - pred
+        pred = int(zz[0])
+        put(*dc_codes[_size(diff)])
+        put_value(diff, _size(diff))
+        for sym, v in block_symbols(zz):
+            put(*ac_codes[sym])
+            put_value(v, sym & 15)
+    if nacc:
+        put((1 << (8 - nacc)) - 1, 8 - nacc)
+
+    def segment(marker: int, payload: bytes) -> bytes:
+        return struct.pack(">BBH", 0xFF, marker, len(payload) + 2) + payload
+
+    def dht(cls: int, table: tuple) -> bytes:
+        return segment(0xC4, bytes([cls << 4]) + bytes(table[0]) + bytes(table[1]))
+
+    return (b"\xff\xd8" + segment(0xDB, bytes([0]) + bytes([1] * 64))
+            + segment(0xC0, struct.pack(">BHHB", 8, height, width, 1) + bytes([1, 0x11, 0]))
+            + dht(0, dc_table) + dht(1, ac_table) + segment(0xDA, bytes([1, 1, 0x00, 0, 63, 0]))
+            + bytes(out) + b"\xff\xd9")
+
+
+def random_coefficient_blocks(rng: np.random.Generator, count: int, favour=()) -> np.ndarray:
+    """[count, 64] quantised coefficient blocks (natural order) of every shape: empty, a few, long
+    zero runs (ZRL), full to the 63rd; magnitudes of sizes 1-10, each block favouring a few (half
+    of the blocks those of ``favour``)."""
+    blocks = np.zeros((count, 64), np.int64)
+    for b in blocks:
+        b[0] = rng.integers(-1024, 1024)
+        n = [0, int(rng.integers(1, 6)), int(rng.integers(6, 40)), 63][int(rng.integers(0, 4))]
+        sizes = list(favour) if favour and rng.random() < 0.5 else rng.choice(np.arange(1, 11), size=3)
+        for k in rng.choice(np.arange(1, 64), size=n, replace=False):
+            s = int(rng.choice(sizes))
+            b[ZIGZAG[k]] = int(rng.integers(1 << (s - 1), 1 << s)) * (1 if rng.random() < 0.5 else -1)
+    return blocks
+
+
+def gray_jpeg_with_random_tables(seed: int, height: int = 48, width: int = 72, short=()) -> bytes:
+    """A gray JPEG (dimensions multiples of 8) of random coefficient blocks coded with random
+    Huffman tables (:func:`random_huffman_table`); ``short``: magnitude sizes whose AC symbols get
+    the shortest codes, in that order, and that half of the blocks are made of."""
+    rng = np.random.default_rng([seed, 0x4A50])
+    blocks = random_coefficient_blocks(rng, (height // 8) * (width // 8), favour=short)
+    zz = blocks[:, ZIGZAG]
+    dc = {_size(d) for d in np.diff(zz[:, 0], prepend=0)}
+    ac = {s for b in zz for s, _ in block_symbols(b)}
+    first = [int(rng.choice([s for s in ac if s & 15 == size] or [0])) for size in short]
+    return gray_jpeg_from_coefficients(blocks, height, width, random_huffman_table(dc, rng),
+                                       random_huffman_table(ac, rng, first))

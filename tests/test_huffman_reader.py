@@ -13,6 +13,7 @@ import pytest
 
 import gpupipe
 from gpupipe import _C
+import crafted
 from helpers import full_decode, photo
 
 # The variants the reader takes (baseline/extended sequential Huffman, one scan, no restarts) and
@@ -171,6 +172,51 @@ def test_a_photo_at_many_sizes(pixels):
             for t, l, bh, bw in boxes(h, w, 12, seed=h * w):
                 got = gpupipe.decode_crop_jpeg(data, t, l, bh, bw).permute(1, 2, 0).numpy()
                 np.testing.assert_array_equal(got, ref[t:t + bh, l:l + bw], err_msg=f"{(h, w)} {opts} {(t, l, bh, bw)}")
+
+
+def test_coefficient_statistics_of_every_kind():
+    """The stored MCUs are read up to two coefficients and an end of block per lookup while the
+    block's index stays below 64, else one symbol at a time: noise at quality 100 (blocks that end
+    on coefficient 63 without an end of block, values of every size), a photo at 97 and 30, a flat
+    gradient (end of block at once), with the standard and optimised tables, at 4:4:4 and 4:2:0."""
+    from helpers import encode
+
+    rng = np.random.default_rng(7)
+    yy, xx = np.mgrid[0:96, 0:136]
+    images = {"noise": rng.integers(0, 256, (96, 136, 3), dtype=np.uint8),
+              "low-noise": np.clip(photo(96, 136).astype(int) + rng.integers(-6, 7, (96, 136, 3)), 0, 255).astype(np.uint8),
+              "photo": photo(96, 136), "gradient": np.stack([yy * 2, xx, yy + xx], -1).astype(np.uint8)}
+    before = _C._huffman_reader_stats()
+    for name, img in images.items():
+        for quality in (100, 97, 30):
+            for opts in ({"h_samp": 1, "v_samp": 1}, {"optimize": True}):
+                data = encode(img, quality=quality, **opts)
+                ref = full_decode(data)
+                for t, l, bh, bw in boxes(96, 136, 4, seed=quality):
+                    got = gpupipe.decode_crop_jpeg(data, t, l, bh, bw).permute(1, 2, 0).numpy()
+                    np.testing.assert_array_equal(got, ref[t:t + bh, l:l + bw], err_msg=f"{name} q{quality} {opts}")
+    d = delta(before)
+    assert d["decoded"] > 0 and d["rejected"] == 0, d  # (the last MCUs of a scan are libjpeg's: fill needs 32 bits)
+
+
+def test_any_huffman_tables_decode_as_libjpeg_alone():
+    """Tables the encoders never write: random code lengths over the symbols used, so that short
+    codes (down to 1 bit) fall on any symbol, large magnitudes included, and an MCU's lookups meet
+    every entry kind of the reader's tables (several symbols, two coefficients with an end of block,
+    a code or magnitude past the lookahead, ZRL, blocks ending on coefficient 63)."""
+    before = _C._huffman_reader_stats()
+    for seed in range(24):
+        height, width = 48, 72
+        # every third file: the shortest codes on a magnitude of size 7 and one of size 1 (two
+        # coefficients in one lookup, the first of size 7)
+        data = crafted.gray_jpeg_with_random_tables(seed, height, width, short=(7, 1) if seed % 3 == 0 else ())
+        with reader(False):
+            ref = gpupipe.decode_crop_jpeg(data, 0, 0, height, width).permute(1, 2, 0).numpy()
+        for t, l, bh, bw in [(0, 0, height, width)] + boxes(height, width, 6, seed=seed):
+            got = gpupipe.decode_crop_jpeg(data, t, l, bh, bw).permute(1, 2, 0).numpy()
+            np.testing.assert_array_equal(got, ref[t:t + bh, l:l + bw], err_msg=f"seed {seed} {(t, l, bh, bw)}")
+    d = delta(before)
+    assert d["decoded"] > 1000 and d["skipped"] > 0 and d["rejected"] == 0, d
 
 
 def _fast_decoder_cases():

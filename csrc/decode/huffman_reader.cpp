@@ -39,6 +39,18 @@ constexpr uint16_t kConsume = 31, kAdvanceShift = 5, kEob = 1 << 10, kPendingShi
 // value in bits 16-31 when its code and magnitude fit the lookahead, else its magnitude's size.
 constexpr uint32_t kVEob = 1 << 8, kVZrl = 1 << 9, kVPending = 1 << 10, kVSizeShift = 11, kVSlow = 1 << 15;
 
+// A multi-symbol entry (multi): bits 0-5 the bits the whole symbols take (alone in the low 6 bits:
+// a shift takes them as they are), 6-11 the coefficient index's advance (kMNone: not even one
+// symbol fits), 12 an end of block after them.
+constexpr uint16_t kMAdvanceShift = 6, kMNone = 63 << kMAdvanceShift, kMEob = 1 << 12;
+
+// A pair-table entry (pairs): bits 0-5 the bits to drop (alone in the low 6 bits: a shift takes
+// them as they are), 6-11 the coefficient index's advance (kPOther: nothing here for the fast
+// path), 12 an end of block after the coefficients, 13-16 the first coefficient's run, 17-23 its
+// value, 24-31 the last coefficient's value (the first's when there is one). An entry holds only
+// whole symbols, no ZRL, coefficients of magnitude size <= 7, the first of two <= 6.
+constexpr uint32_t kPAdvanceShift = 6, kPOther = 63 << kPAdvanceShift, kPEob = 1 << 12, kPRunShift = 13;
+
 // jpeg_natural_order with libjpeg's 16 extra entries: a corrupt run past coefficient 63 lands on 63.
 constexpr int kNatural[80] = {
     0,  1,  8,  16, 9,  2,  3,  10, 17, 24, 32, 25, 18, 11, 4,  5,  12, 19, 26, 33, 40, 48, 41, 34, 27, 20, 13,
@@ -53,16 +65,24 @@ std::atomic<bool> g_enabled{[] {
 }()};
 std::atomic<uint64_t> g_images{0}, g_rejected{0}, g_skipped{0}, g_decoded{0}, g_handed_back{0};
 
+struct Sym { uint8_t len = 0, sym = 0; };
+
+// The first symbol of every B-bit prefix (len 0: its code is longer than B bits), from the codes
+// of <= B bits by their left-aligned prefixes.
+template <int B>
+void first_symbols(const HuffmanReader::Table& t, const uint8_t* size, const unsigned* code_of, int count,
+                   Sym (&first)[1 << B]) {
+  for (int p = 0; p < count && size[p] <= B; ++p) {
+    const unsigned base = code_of[p] << (B - size[p]);
+    for (unsigned i = 0; i < (1u << (B - size[p])); ++i) first[base + i] = {size[p], t.huffval[p]};
+  }
+}
+
 // The multi-symbol AC table: for each kMultiBits-bit prefix, the whole symbols it holds.
 void build_multi(HuffmanReader::Table* t, const uint8_t* size, const unsigned* code_of, int count) {
   constexpr int M = HuffmanReader::kMultiBits;
-  // One symbol per (code length, code): every code of <= M bits, by its left-aligned prefix.
-  struct Sym { uint8_t len = 0, sym = 0; };
   Sym first[1 << M];
-  for (int p = 0; p < count && size[p] <= M; ++p) {
-    const unsigned base = code_of[p] << (M - size[p]);
-    for (unsigned i = 0; i < (1u << (M - size[p])); ++i) first[base + i] = {size[p], t->huffval[p]};
-  }
+  first_symbols<M>(*t, size, code_of, count, first);
   for (unsigned idx = 0; idx < (1u << M); ++idx) {
     int used = 0, advance = 0;
     bool eob = false;
@@ -82,8 +102,48 @@ void build_multi(HuffmanReader::Table* t, const uint8_t* size, const unsigned* c
         break;
       }
     }
-    t->multi[idx] = static_cast<uint16_t>(used | advance << 4 | (eob ? 1 << 10 : 0));
-    if (used == 0) t->multi[idx] = 0;
+    t->multi[idx] = static_cast<uint16_t>(used ? used | advance << kMAdvanceShift | (eob ? kMEob : 0) : kMNone);
+  }
+}
+
+// The pair table: for each kPairBits-bit prefix, its first coefficient (or end of block) and, when
+// they fit the prefix too, a second coefficient and an end of block after it. The fast path takes
+// an entry only while the block's index stays below 64 (k + advance < 64), so a block that ends on
+// coefficient 63 without an end of block never has the next block's bits read as its own.
+void build_pairs(HuffmanReader::Table* t, const uint8_t* size, const unsigned* code_of, int count) {
+  constexpr int P = HuffmanReader::kPairBits;
+  Sym first[1 << P];
+  first_symbols<P>(*t, size, code_of, count, first);
+  for (unsigned idx = 0; idx < (1u << P); ++idx) {
+    int used = 0, advance = 0, coefs = 0, run1 = 0, first_mag = 0, value[2] = {0, 0};
+    bool eob = false;
+    while (coefs < 2 && !eob) {
+      const Sym s = first[(idx << used) & ((1u << P) - 1)];
+      const int run = s.sym >> 4, mag = s.sym & 15;
+      if (s.len == 0 || used + s.len + mag > P) break;  // no code here, or it runs past the prefix
+      if (mag == 0) {
+        if (run == 15) break;  // ZRL: the single steps
+        used += s.len;
+        eob = true;
+        break;
+      }
+      if (mag > 7 || (coefs == 1 && first_mag > 6)) break;  // a value that does not fit its field
+      if (coefs == 0) first_mag = mag;
+      const int bits = static_cast<int>((idx >> (P - used - s.len - mag)) & ((1u << mag) - 1));
+      value[coefs] = extend(bits, mag);
+      if (coefs == 0) run1 = run;
+      advance += run + 1;
+      used += s.len + mag;
+      ++coefs;
+    }
+    if (coefs == 1) value[1] = value[0];
+    if (used == 0) {
+      t->pairs[idx] = kPOther;
+      continue;
+    }
+    t->pairs[idx] = static_cast<uint32_t>(used) | static_cast<uint32_t>(advance) << kPAdvanceShift | (eob ? kPEob : 0) |
+                    static_cast<uint32_t>(run1) << kPRunShift | static_cast<uint32_t>(value[0] & 0x7F) << 17 |
+                    static_cast<uint32_t>(value[1] & 0xFF) << 24;
   }
 }
 
@@ -150,7 +210,10 @@ bool build_table(const JHUFF_TBL* h, bool dc, HuffmanReader::Table* t) {
       t->vlut[first + i] = static_cast<int32_t>(v);
     }
   }
-  if (!dc) build_multi(t, size, code_of, count);
+  if (!dc) {
+    build_multi(t, size, code_of, count);
+    build_pairs(t, size, code_of, count);
+  }
   return true;
 }
 
@@ -464,6 +527,18 @@ bool HuffmanReader::mcu(Reader* r, JBLOCKROW* data) const {
       JCOEF* coef = data[b][0];
       for (int k = 1; k < 64;) {
         if (s.nbits < 32 && !fill(&s)) return false;
+        const uint32_t p = ac.pairs[peek(s, kPairBits)];
+        const int advance = static_cast<int>((p >> kPAdvanceShift) & 63);
+        if (k + advance < 64) {  // kPOther's advance is 63
+          drop(&s, p & 63);  // the count alone in the low 6 bits: x86's shift takes them as they are
+          if (advance) {
+            coef[kNatural[k + static_cast<int>(p >> kPRunShift & 15)]] = static_cast<JCOEF>(static_cast<int32_t>(p << 8) >> 25);
+            k += advance;
+            coef[kNatural[k - 1]] = static_cast<JCOEF>(static_cast<int8_t>(p >> 24));
+          }
+          if (p & kPEob) break;
+          continue;
+        }
         const uint32_t v = static_cast<uint32_t>(ac.vlut[peek(s, L)]);
         if (!(v & (kVEob | kVZrl | kVPending | kVSlow))) {  // a coefficient, code and value in the lookahead
           drop(&s, v & 15);
@@ -504,10 +579,11 @@ bool HuffmanReader::mcu(Reader* r, JBLOCKROW* data) const {
     for (int k = 1; k < 64;) {
       if (s.nbits < 32 && !fill(&s)) return false;
       const unsigned m = ac.multi[peek(s, kMultiBits)];
-      if (m && k + static_cast<int>((m >> 4) & 63) < 64) {  // the block goes on past these symbols
-        drop(&s, m & 15);
-        k += (m >> 4) & 63;
-        if (m & (1 << 10)) break;
+      const int advance = static_cast<int>((m >> kMAdvanceShift) & 63);
+      if (k + advance < 64) {  // the block goes on past these symbols (kMNone's advance is 63)
+        drop(&s, m & 63);  // the count alone in the low 6 bits: x86's shift takes them as they are
+        k += advance;
+        if (m & kMEob) break;
         continue;
       }
       const unsigned a = ac.lut[peek(s, L)];

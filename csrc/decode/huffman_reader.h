@@ -6,9 +6,9 @@
 // decodes are never used, and Huffman decoding is most of a crop's decode time. HuffmanReader takes
 // over libjpeg's decode_mcu method for one image. MCUs the crop does not need are only passed: the
 // bit position and the DC predictions advance, several AC symbols per table lookup, nothing stored.
-// MCUs it needs are decoded into libjpeg's coefficient blocks exactly as libjpeg stores them, one
-// lookup per coefficient (code and value together); libjpeg's IDCT, upsampling and color conversion
-// do the rest.
+// MCUs it needs are decoded into libjpeg's coefficient blocks exactly as libjpeg stores them, up to
+// two coefficients and an end of block per lookup (codes and values together); libjpeg's IDCT,
+// upsampling and color conversion do the rest.
 //
 // Control passes to libjpeg's own decoder through the leading fields of libjpeg-turbo's private
 // Huffman state (jdhuff.c: the public methods, the bit buffer, the DC predictions). Each image checks
@@ -55,6 +55,7 @@ class HuffmanReader {
 
   static constexpr int kLookahead = 10;  // bits per single-symbol lookup
   static constexpr int kMultiBits = 12;  // bits per multi-symbol lookup (AC)
+  static constexpr int kPairBits = 11;   // bits per lookup of up to two stored AC coefficients
 
   struct Table {
     // The table's identity: DC or AC, its code counts and symbols (a decode's tables are cached).
@@ -64,10 +65,13 @@ class HuffmanReader {
     // kLookahead bits -> one symbol: what to consume (see the k* constants in huffman_reader.cpp).
     uint16_t lut[1 << kLookahead];
     // kMultiBits bits -> every whole AC symbol (code and magnitude) they hold, up to an end of
-    // block: bits 0-3 the bits they take (0: not even one fits), 4-9 the index advance, 10 EOB.
+    // block: the bits they take and the index advance (see kM* in the .cpp).
     uint16_t multi[1 << kMultiBits];
     // kLookahead bits -> one AC symbol with its value, for MCUs stored (see kV* in the .cpp).
     int32_t vlut[1 << kLookahead];
+    // kPairBits bits -> up to two AC coefficients of small magnitude with their values, and an end
+    // of block after them, for MCUs stored (see kP* in the .cpp).
+    uint32_t pairs[1 << kPairBits];
     int32_t maxcode[18];    // as libjpeg's d_derived_tbl: the largest code of each length, -1: none
     int32_t valoffset[18];  // huffval index of a length's first code, minus that code
     uint64_t used = 0;      // for the cache's eviction

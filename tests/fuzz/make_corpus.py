@@ -39,6 +39,8 @@ def files() -> dict:
     out["progressive-large"] = encode(photo(96, 128, "coffee"), progressive=True)
     out["progressive-missing-scans"] = crafted.incomplete_progressive(out["progressive-large"])
     out["no-huffman-tables"] = crafted.without_segments(jpeg, 0xC4)
+    for seed in range(3):  # codes of any length on any symbol (the Huffman reader's tables)
+        out[f"random-huffman-tables-{seed}"] = crafted.gray_jpeg_with_random_tables(seed, short=(7, 1) if seed else ())
     return out
 
 
