@@ -116,3 +116,38 @@ def backends(seed: list[bytes], hd: list[bytes], threads: int = 2, batch: int = 
                 d, b, size=s, backend="dali", num_threads=threads)
         rows += run_side_by_side(f"backends, {label}, batch {batch}, {threads} threads", methods, batch, repeats=repeats, skipped=skipped)
     return rows
+
+
+def huffman_reader(sets: dict, size: int = 224, repeats: int = 7) -> list:
+    """gpupipe's Huffman reader (csrc/decode/huffman_reader.h) against libjpeg-turbo's own Huffman
+    decoder (the reader turned off) in the same process, 1 thread, same files and boxes:
+    RandomResizedCrop(size) with DCT scaling (the training default) and whole images."""
+    from gpupipe import _C
+
+    torch.set_num_threads(1)
+    sampler = gpupipe.crops.RandomResizedCrop(size)
+    rows = []
+
+    def with_reader(on: bool, fn):
+        def call():
+            before = _C._set_huffman_reader(on)
+            try:
+                return fn()
+            finally:
+                _C._set_huffman_reader(before)
+        return call
+
+    for name, datas in sets.items():
+        sizes = np.array([gpupipe.read_header(d)[:2] for d in datas])
+        boxes = sampler.boxes(sizes[:, 0], sizes[:, 1], seed=0)
+        whole = np.stack([np.zeros(len(datas), np.int64), np.zeros(len(datas), np.int64), sizes[:, 0], sizes[:, 1]], 1)
+        out = torch.empty((len(datas), size, size, 3), dtype=torch.uint8)
+        w, h = int(sizes[0, 1]), int(sizes[0, 0])
+        rrc = lambda: gpupipe.decode_crop_jpegs(datas, boxes, size=size, out=out, num_threads=1)  # noqa: E731
+        full = lambda: [gpupipe.decode_crop_jpeg(d, *map(int, b)) for d, b in zip(datas, whole)]  # noqa: E731
+        for label, fn in ((f"RandomResizedCrop {size}", rrc), ("whole image", full)):
+            rows += run_side_by_side(f"Huffman reader, {label}: {name} {w}x{h}, 1 thread",
+                                     {"gpupipe": with_reader(True, fn), "libjpeg's Huffman decoder": with_reader(False, fn)},
+                                     len(datas), repeats=repeats,
+                                     notes={"libjpeg's Huffman decoder": "gpupipe with GPUPIPE_HUFFMAN_READER=0"})
+    return rows

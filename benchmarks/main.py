@@ -13,8 +13,8 @@ from pathlib import Path
 from benchmarks import augment, batch_decode, datasets, decode_crop, loader, loader_scale, policies, seed_experiment
 from benchmarks.harness import environment, save, table
 
-WORKLOADS = ("decode_crop", "restart", "batch_threads", "rrc", "backends", "augment", "policies", "loader", "recipe",
-             "loader_scale", "seed")
+WORKLOADS = ("decode_crop", "restart", "batch_threads", "rrc", "huffman", "backends", "augment", "policies", "loader",
+             "recipe", "loader_scale", "seed")
 
 
 def main(argv=None) -> Path:
@@ -39,6 +39,8 @@ def main(argv=None) -> Path:
     if "rrc" in args.workloads:
         rows += batch_decode.random_resized_crop(sets["hd"], threads=1, repeats=repeats)
         rows += batch_decode.random_resized_crop(sets["hd"], threads=2, repeats=repeats)
+    if "huffman" in args.workloads:
+        rows += batch_decode.huffman_reader({k: sets[k] for k in ("seed", "imagenet", "hd")}, repeats=repeats)
     if "backends" in args.workloads:
         rows += batch_decode.backends(sets["seed"], sets["hd"], repeats=repeats)
     if "augment" in args.workloads:

@@ -65,3 +65,23 @@ def test_ci_bench_runs_the_main_job(tmp_path):
     assert (out / "results.png").read_bytes()[:8] == PNG
     assert "| DataLoader (2 workers)" in r.stdout and "| input pipeline | s / step |" in r.stdout
     assert f"wrote {out}/results.json" in r.stdout
+
+
+def test_the_huffman_workload_times_the_reader_beside_libjpegs_decoder_and_restores_it():
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import batch_decode
+    from helpers import encode, photo
+
+    from gpupipe import _C
+
+    datas = [encode(photo(120 + 8 * i, 160), quality=90) for i in range(4)]
+    before = _C._set_huffman_reader(True)
+    try:
+        rows = batch_decode.huffman_reader({"tiny": datas}, size=32, repeats=1)
+        assert _C._set_huffman_reader(True)  # left on, as it was
+    finally:
+        _C._set_huffman_reader(before)
+    assert [(r.workload.split(":")[0], r.method) for r in rows] == [
+        (f"Huffman reader, {what}", m) for what in ("RandomResizedCrop 32", "whole image")
+        for m in ("gpupipe", "libjpeg's Huffman decoder")]
+    assert all(len(r.times) == 1 and r.times[0] > 0 and r.unit_items == 4 for r in rows)
