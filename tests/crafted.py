@@ -269,7 +269,12 @@ def gray_jpeg_from_coefficients(blocks: np.ndarray, height: int, width: int, dc_
             put_value(v, sym & 15)
     if nacc:
         put((1 << (8 - nacc)) - 1, 8 - nacc)
+    return gray_jpeg_with_entropy(height, width, dc_table, ac_table, bytes(out))
 
+
+def gray_jpeg_with_entropy(height: int, width: int, dc_table: tuple, ac_table: tuple, entropy: bytes) -> bytes:
+    """A baseline gray JPEG (quantisers 1) whose scan is ``entropy`` (stuffed), coded with the given
+    (bits, huffval) tables, then EOI."""
     def segment(marker: int, payload: bytes) -> bytes:
         return struct.pack(">BBH", 0xFF, marker, len(payload) + 2) + payload
 
@@ -279,18 +284,19 @@ def gray_jpeg_from_coefficients(blocks: np.ndarray, height: int, width: int, dc_
     return (b"\xff\xd8" + segment(0xDB, bytes([0]) + bytes([1] * 64))
             + segment(0xC0, struct.pack(">BHHB", 8, height, width, 1) + bytes([1, 0x11, 0]))
             + dht(0, dc_table) + dht(1, ac_table) + segment(0xDA, bytes([1, 1, 0x00, 0, 63, 0]))
-            + bytes(out) + b"\xff\xd9")
+            + entropy + b"\xff\xd9")
 
 
 def random_coefficient_blocks(rng: np.random.Generator, count: int, favour=()) -> np.ndarray:
     """[count, 64] quantised coefficient blocks (natural order) of every shape: empty, a few, long
-    zero runs (ZRL), full to the 63rd; magnitudes of sizes 1-10, each block favouring a few (half
-    of the blocks those of ``favour``)."""
+    zero runs (ZRL), full to the 63rd; magnitudes of sizes 1-15 (beyond 10 only in files no 8-bit
+    encoder writes, as libjpeg decodes them), each block favouring a few (half of the blocks those
+    of ``favour``)."""
     blocks = np.zeros((count, 64), np.int64)
     for b in blocks:
         b[0] = rng.integers(-1024, 1024)
         n = [0, int(rng.integers(1, 6)), int(rng.integers(6, 40)), 63][int(rng.integers(0, 4))]
-        sizes = list(favour) if favour and rng.random() < 0.5 else rng.choice(np.arange(1, 11), size=3)
+        sizes = list(favour) if favour and rng.random() < 0.5 else rng.choice(np.arange(1, 16), size=3)
         for k in rng.choice(np.arange(1, 64), size=n, replace=False):
             s = int(rng.choice(sizes))
             b[ZIGZAG[k]] = int(rng.integers(1 << (s - 1), 1 << s)) * (1 if rng.random() < 0.5 else -1)
