@@ -197,10 +197,13 @@ bool build_table(const JHUFF_TBL* h, bool dc, HuffmanReader::Table* t) {
     else e = static_cast<uint16_t>(len | (run + 1) << kAdvanceShift | s << kPendingShift);
     const unsigned first = code_of[p] << (L - len);
     for (unsigned i = 0; i < (1u << (L - len)); ++i) t->lut[first + i] = e;
-    if (dc) continue;
     for (unsigned i = 0; i < (1u << (L - len)); ++i) {
       uint32_t v;
-      if (s == 0) v = len | (run == 15 ? kVZrl : kVEob);
+      if (dc) {  // the difference with its code when both fit the lookahead
+        const int bits = len + sym <= L ? static_cast<int>((first + i) >> (L - len - sym)) & ((1 << sym) - 1) : 0;
+        v = len + sym <= L ? static_cast<uint32_t>(len + sym) | static_cast<uint32_t>(sym ? extend(bits, sym) : 0) << 16
+                           : kVPending;
+      } else if (s == 0) v = len | (run == 15 ? kVZrl : kVEob);
       else if (len + s <= L) {
         const int bits = static_cast<int>((first + i) >> (L - len - s)) & ((1 << s) - 1);
         v = static_cast<uint32_t>(len + s) | run << 4 | static_cast<uint32_t>(extend(bits, s)) << 16;
@@ -503,19 +506,25 @@ bool HuffmanReader::mcu(Reader* r, JBLOCKROW* data) const {
     const Table& dc = *block_dc_[b];
     const Table& ac = *block_ac_[b];
     if (s.nbits < 32 && !fill(&s)) return false;
-    int len, size;
-    const unsigned e = dc.lut[peek(s, L)];
-    if (e & kSlow) {
-      if (!slow_symbol(s, dc, &len, &size)) return false;
+    int len, size, diff;
+    const uint32_t dv = static_cast<uint32_t>(dc.vlut[peek(s, L)]);
+    if (!(dv & (kVPending | kVSlow))) {  // the code and the difference in the lookahead
+      drop(&s, dv & 15);
+      diff = static_cast<int32_t>(dv) >> 16;
     } else {
-      len = e & kConsume;
-      size = (e & kPending) >> kPendingShift;
-    }
-    drop(&s, len);  // >= 16 bits remain: a difference's size is <= 15
-    int diff = 0;
-    if (size) {
-      diff = extend(static_cast<int>(s.buf >> (64 - size)), size);
-      drop(&s, size);
+      const unsigned e = dc.lut[peek(s, L)];
+      if (e & kSlow) {
+        if (!slow_symbol(s, dc, &len, &size)) return false;
+      } else {
+        len = e & kConsume;
+        size = (e & kPending) >> kPendingShift;
+      }
+      drop(&s, len);  // >= 16 bits remain: a difference's size is <= 15
+      diff = 0;
+      if (size) {
+        diff = extend(static_cast<int>(s.buf >> (64 - size)), size);
+        drop(&s, size);
+      }
     }
     if (block_comp_[b] >= 0) {
       int& pred = s.pred[block_comp_[b]];

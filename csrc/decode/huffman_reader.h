@@ -67,7 +67,8 @@ class HuffmanReader {
     // kMultiBits bits -> every whole AC symbol (code and magnitude) they hold, up to an end of
     // block: the bits they take and the index advance (see kM* in the .cpp).
     uint16_t multi[1 << kMultiBits];
-    // kLookahead bits -> one AC symbol with its value, for MCUs stored (see kV* in the .cpp).
+    // kLookahead bits -> one AC symbol with its value, for MCUs stored; in a DC table the
+    // difference with its code (see kV* in the .cpp).
     int32_t vlut[1 << kLookahead];
     // kPairBits bits -> up to two AC coefficients of small magnitude with their values, and an end
     // of block after them, for MCUs stored (see kP* in the .cpp).
