@@ -29,14 +29,15 @@ struct HuffEntropy {
 
 HuffEntropy* entropy_of(j_decompress_ptr cinfo) { return reinterpret_cast<HuffEntropy*>(cinfo->entropy); }
 
-// A table entry: the bits to drop now (code, and the magnitude when both fit the lookahead), the
-// coefficient index's advance (run + 1, 16 for ZRL), end of block, magnitude bits still to drop
-// (or the DC difference's size), or "code longer than the lookahead".
+// An AC table entry (lut): the bits to drop now (code, and the magnitude when both fit the
+// lookahead), the coefficient index's advance (run + 1, 16 for ZRL), end of block, magnitude bits
+// still to drop, or "code longer than the lookahead".
 constexpr uint16_t kConsume = 31, kAdvanceShift = 5, kEob = 1 << 10, kPendingShift = 11,
                    kPending = 15 << kPendingShift, kSlow = 1 << 15;
 
 // A value-table entry (vlut): bits 0-3 the bits to drop, 4-7 the run, then flags; a coefficient's
-// value in bits 16-31 when its code and magnitude fit the lookahead, else its magnitude's size.
+// value (a DC table's: the difference) in bits 16-31 when its code and magnitude fit the
+// lookahead, else (kVPending) its magnitude's size in bits 11-14.
 constexpr uint32_t kVEob = 1 << 8, kVZrl = 1 << 9, kVPending = 1 << 10, kVSizeShift = 11, kVSlow = 1 << 15;
 
 // A multi-symbol entry (multi): bits 0-5 the bits the whole symbols take (alone in the low 6 bits:
@@ -190,20 +191,18 @@ bool build_table(const JHUFF_TBL* h, bool dc, HuffmanReader::Table* t) {
   for (auto& e : t->vlut) e = static_cast<int32_t>(kVSlow);
   for (int p = 0; p < count && size[p] <= L; ++p) {
     const int len = size[p], sym = h->huffval[p], run = sym >> 4, s = sym & 15;
-    uint16_t e;
-    if (dc) e = static_cast<uint16_t>(len | sym << kPendingShift);
-    else if (s == 0) e = static_cast<uint16_t>(run == 15 ? len | 16 << kAdvanceShift : len | kEob);
-    else if (len + s <= L) e = static_cast<uint16_t>((len + s) | (run + 1) << kAdvanceShift);
-    else e = static_cast<uint16_t>(len | (run + 1) << kAdvanceShift | s << kPendingShift);
     const unsigned first = code_of[p] << (L - len);
-    for (unsigned i = 0; i < (1u << (L - len)); ++i) t->lut[first + i] = e;
+    if (!dc) {  // (a DC table's symbols are read from vlut alone)
+      uint16_t e;
+      if (s == 0) e = static_cast<uint16_t>(run == 15 ? len | 16 << kAdvanceShift : len | kEob);
+      else if (len + s <= L) e = static_cast<uint16_t>((len + s) | (run + 1) << kAdvanceShift);
+      else e = static_cast<uint16_t>(len | (run + 1) << kAdvanceShift | s << kPendingShift);
+      for (unsigned i = 0; i < (1u << (L - len)); ++i) t->lut[first + i] = e;
+    }
     for (unsigned i = 0; i < (1u << (L - len)); ++i) {
       uint32_t v;
-      if (dc) {  // the difference with its code when both fit the lookahead
-        const int bits = len + sym <= L ? static_cast<int>((first + i) >> (L - len - sym)) & ((1 << sym) - 1) : 0;
-        v = len + sym <= L ? static_cast<uint32_t>(len + sym) | static_cast<uint32_t>(sym ? extend(bits, sym) : 0) << 16
-                           : kVPending;
-      } else if (s == 0) v = len | (run == 15 ? kVZrl : kVEob);
+      // a DC symbol is a coefficient of run 0 whose size 0 is a zero difference, not an end of block
+      if (s == 0) v = dc ? len : len | (run == 15 ? kVZrl : kVEob);
       else if (len + s <= L) {
         const int bits = static_cast<int>((first + i) >> (L - len - s)) & ((1 << s) - 1);
         v = static_cast<uint32_t>(len + s) | run << 4 | static_cast<uint32_t>(extend(bits, s)) << 16;
@@ -512,19 +511,15 @@ bool HuffmanReader::mcu(Reader* r, JBLOCKROW* data) const {
       drop(&s, dv & 15);
       diff = static_cast<int32_t>(dv) >> 16;
     } else {
-      const unsigned e = dc.lut[peek(s, L)];
-      if (e & kSlow) {
+      if (dv & kVSlow) {
         if (!slow_symbol(s, dc, &len, &size)) return false;
-      } else {
-        len = e & kConsume;
-        size = (e & kPending) >> kPendingShift;
+      } else {  // the code fits the lookahead, the difference does not
+        len = dv & 15;
+        size = (dv >> kVSizeShift) & 15;
       }
       drop(&s, len);  // >= 16 bits remain: a difference's size is <= 15
-      diff = 0;
-      if (size) {
-        diff = extend(static_cast<int>(s.buf >> (64 - size)), size);
-        drop(&s, size);
-      }
+      diff = size ? extend(static_cast<int>(s.buf >> (64 - size)), size) : 0;
+      drop(&s, size);
     }
     if (block_comp_[b] >= 0) {
       int& pred = s.pred[block_comp_[b]];

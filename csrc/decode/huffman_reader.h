@@ -62,7 +62,7 @@ class HuffmanReader {
     bool dc = false;
     uint8_t bits[17] = {};
     uint8_t huffval[256] = {};
-    // kLookahead bits -> one symbol: what to consume (see the k* constants in huffman_reader.cpp).
+    // kLookahead bits -> one AC symbol: what to consume (see the k* constants in huffman_reader.cpp).
     uint16_t lut[1 << kLookahead];
     // kMultiBits bits -> every whole AC symbol (code and magnitude) they hold, up to an end of
     // block: the bits they take and the index advance (see kM* in the .cpp).
