@@ -23,14 +23,15 @@
 # (or ... final: the engine tests and hybrid_probe --part final: ROI vs whole images, the default vs the CPU pool;
 #  or ... whole, carry .device/base: build, then batch 64 with a chunk's batches augmented whole and one by one;
 #  or ... variants, carry .device/base: build, hybrid_probe --part variants, the hybrid Loader with PLAIN=1 and without;
-#  or ... scale, carry .device/base: build, issue 28's Loader-vs-raw table on 800x533 and 1920x1280, the Huffman reader)
+#  or ... scale, carry .device/base: build, issue 28's Loader-vs-raw table on 800x533 and 1920x1280, the Huffman reader;
+#  or ... split, carry .device/base: build, the hybrid Loader with hybrid.SPLIT keyed and ranked in turn)
 # Each step's log goes into $OUT/logs-K.tgz (with the bench outputs), its rc and time into $OUT/summary.txt.
 set -u
 G=${DEVICE_CHECK_ROOT:-/root/g}
 PART=${1:-1}
 OUT=${OUT:-/tmp/device-check}; L=$G/logs/$PART; mkdir -p "$OUT" "$L" /root/dali
 for d in .device/base/dali .device/d2 .device/d3 .device/d4; do [ -d $d ] && cp $d/* /root/dali/; done
-if [ "$PART" = 1 ] || [ "$PART" = probe ] || [ "$PART" = final ] || [ "$PART" = whole ] || [ "$PART" = spin ] || [ "$PART" = variants ] || [ "$PART" = scale ]; then bash .device/base/setup.sh > "$L/setup.txt" 2>&1; echo "setup rc $?" | tee -a "$OUT/summary.txt"; tail -3 "$L/setup.txt"; fi
+if [ "$PART" = 1 ] || [ "$PART" = probe ] || [ "$PART" = final ] || [ "$PART" = whole ] || [ "$PART" = spin ] || [ "$PART" = variants ] || [ "$PART" = scale ] || [ "$PART" = split ]; then bash .device/base/setup.sh > "$L/setup.txt" 2>&1; echo "setup rc $?" | tee -a "$OUT/summary.txt"; tail -3 "$L/setup.txt"; fi
 cd $G/proj || { echo "setup failed"; exit 2; }
 export PYTHONPATH=$G/site LD_LIBRARY_PATH=$G/jpeg/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-} PYTHONUNBUFFERED=1
 step() {  # step NAME SECONDS command...: one timed step, its log under $OUT, its rc in summary.txt
@@ -56,6 +57,8 @@ bench() {  # bench NAME SET BATCH ARGS...: python -m gpupipe bench, $RECIPE (tra
   [ "${PLAIN:-0}" = 1 ] && pre+="from gpupipe._backends import nvimgcodec as nv; o = nv._decoder_options; nv._decoder_options = lambda k, r, f=True: o(k, r, False); "
   # DALI_HW=F: DALI's decoder with hw_decoder_load=F (1.0: every image it can to the hardware decoder)
   [ -n "${DALI_HW:-}" ] && pre+="from gpupipe.bench import recipes; recipes.DALI_DECODER_ARGS['hw_decoder_load'] = $DALI_HW; "
+  # SPLIT=ranked: the hybrid backend's ranked split (each batch's cheapest samples for the CPU pool), not the keyed one
+  [ -n "${SPLIT:-}" ] && pre+="from gpupipe._backends import hybrid; hybrid.SPLIT = '$SPLIT'; "
   [ -n "$pre" ] && run=(python3 -c "import sys; $pre
 from gpupipe.bench import main; sys.exit(main(sys.argv[1:]))")
   step "$name" 75 "${run[@]}" --device cuda --threads 16 --recipe "${RECIPE:-train}" --batch-size "$bs" \
@@ -169,6 +172,15 @@ for n in ('seed', 'hd'): open('$G/set-' + n, 'w').write(str(folder(n)))" > "$L/d
     RECIPE=$r bench "cpu-$r-${sb/:/-}" ${sb%:*} ${sb#*:} --backend cpu --methods gpupipe raw; done; done
   step huffman 120 python3 -m benchmarks.main --quick --workloads huffman --out "$L/huffman-out"
   grep -E "^###|^\| (gpupipe|libjpeg)" "$L/huffman.txt" | cut -c1-160 | tee -a "$OUT/summary.txt" ;;
+split)  # one call (carry .device/base): build, then the hybrid Loader with its keyed split and its ranked one
+  # (hybrid.SPLIT), in turn, $SPLIT_SETS (default set, 800x533, 1920x1280), train recipe, $SPLIT_ROUNDS rounds
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/summary.txt"
+  lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$OUT/summary.txt"
+  python3 -c "from benchmarks.loader_scale import folder
+for n in ('seed', 'hd'): open('$G/set-' + n, 'w').write(str(folder(n)))
+from gpupipe.bench.dataset import default_set; default_set()" > "$L/data.txt" 2>&1 || { tail -3 "$L/data.txt"; exit 2; }
+  for r in $(seq ${SPLIT_ROUNDS:-1}); do for sb in ${SPLIT_SETS:-default:64 seed:64 hd:64 default:256}; do
+    for sp in keyed ranked; do SPLIT=$sp bench "hybrid-$sp-${sb/:/-}-r$r" ${sb%:*} ${sb#*:} --methods gpupipe; done; done; done ;;
 probe)  # build, the GPU tests, then where the hybrid backend's time goes (benchmarks/hybrid_probe.py)
   python3 -c "import PIL, torch; print('Pillow', PIL.__version__, 'torch', torch.__version__, torch.cuda.get_device_name(0))"
   step tests 60 python3 -m pytest -q -p no:cacheprovider -rs tests/test_crop_resize.py tests/test_nvimgcodec.py \
@@ -183,6 +195,6 @@ final)  # one call on a fresh machine (carry as for probe): build, the engine te
   # straight into $OUT, row by row: what ran comes back even if the device time runs out mid-way
   timeout 150 python3 -m benchmarks.hybrid_probe --part final > "$OUT/final.txt" 2>&1; echo "final rc $?" | tee -a "$OUT/summary.txt"
   grep -E "^\||shares|BatchAugment" "$OUT/final.txt" | cut -c1-330 ;;
-*) echo "usage: bash benchmarks/device_check.sh 1|2|3|4|whole|spin|variants|scale|probe|final"; exit 2 ;;
+*) echo "usage: bash benchmarks/device_check.sh 1|2|3|4|whole|spin|variants|scale|split|probe|final"; exit 2 ;;
 esac
 tar -C $G/logs -czf "$OUT/logs-$PART.tgz" $PART; true

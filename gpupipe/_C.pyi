@@ -81,6 +81,17 @@ def hybrid_routes(table: NDArray[np.int64], boxes: Buffer, indices: ArrayLike, s
     """(route int64 [N]: 0 CPU core, 1 hardware, 2 CUDA decoder; reason int8 [N]: 0 share, 1 no GPU
     decoder may take it, 2 progressive, drawn for the hardware decoder) of a hybrid batch."""
 
+def hybrid_ranked_routes(table: NDArray[np.int64], boxes: Buffer, indices: ArrayLike, nbytes: ArrayLike,
+                         groups: ArrayLike, seed: int, epoch: int, stream: int, cpu: float, hardware: float,
+                         has_hardware: bool, has_cuda: bool, out_height: int, out_width: int, dct_scaling: bool,
+                         window: bool, strict: bool, colorspaces: int, max_pixels: int,
+                         max_scans: int) -> tuple[NDArray[np.int64], NDArray[np.int8]]:
+    """(route, reason) as hybrid_routes, by the ranked split (hybrid.assign_ranked's definition)."""
+
+def hybrid_cost_estimates(table: NDArray[np.int64], boxes: Buffer, nbytes: ArrayLike, out_height: int,
+                          out_width: int, dct_scaling: bool) -> NDArray[np.float64]:
+    """float64 [N, 2]: each sample's estimated decode ms on a CPU-core thread and on a GPU decoder."""
+
 def decode_into(
     data: Buffer,
     out_address: int,

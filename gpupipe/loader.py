@@ -1028,7 +1028,10 @@ class _Epoch:
         return batch
 
     def route_keys(self, batch: Batch) -> "hybrid.RouteKeys":
-        return hybrid.RouteKeys(self.l.seed, self.epoch_number, batch.indices)
+        groups = None  # a chunk's batches: the ranked split ranks each batch's samples alone
+        if batch.parts is not None:
+            groups = np.repeat(np.arange(len(batch.parts), dtype=np.int64), [len(p) for p in batch.parts])
+        return hybrid.RouteKeys(self.l.seed, self.epoch_number, batch.indices, groups)
 
     def collect(self, batch: Batch) -> Batch:
         """The batch's decode, waited for (when it was started), and the error policy applied."""

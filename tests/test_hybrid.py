@@ -181,6 +181,40 @@ def test_the_native_routes_equal_their_numpy_definition(dtype):
     rng = np.random.default_rng(5)
     n = 4000
     col = {c: k for k, c in enumerate(_C.INFO_COLUMNS)}
+    table, boxes, indices = random_route_inputs(rng, n, dtype)
+    for shares in (hybrid.Shares(0.3, 0.5, 0.2), hybrid.Shares(1.0, 0.0, 0.0), hybrid.Shares(0.0, 1.0, 0.0),
+                   hybrid.Shares(0.1, 0.0, 0.9)):
+        for engines in (("hardware", "cuda"), ("hardware",), ("cuda",), ()):
+            for window, strict, cs, max_pixels, max_scans in ELIGIBILITY_CASES:
+                mask = sum(1 << c for c in cs)
+                route, reason = _C.hybrid_routes(table, boxes, indices, 11, 2**64 - 3, hybrid.ROUTE_STREAM,
+                                                 shares.cpu, shares.hardware, "hardware" in engines, "cuda" in engines,
+                                                 window, strict, mask, max_pixels, max_scans)
+                eligible = eligible_reference(table, boxes, window, strict, cs, max_pixels, max_scans)
+                assert window or strict or 0.2 < eligible.mean() < 0.7  # both kinds of rows, plenty of each
+                assert np.array_equal(_C.gpu_eligible(table, boxes, window, strict, mask, max_pixels, max_scans),
+                                      eligible)
+                expected = hybrid.assign(11, -3, indices, shares, eligible)
+                for k, kind in enumerate(hybrid.ENGINES[1:], 1):
+                    if kind not in engines:
+                        expected[expected == k] = 0
+                declines = (expected == 1) & (table[:, col["progressive"]] == 1)
+                expected[declines] = 0
+                assert np.array_equal(route, expected)
+                assert np.array_equal(reason, np.where(~eligible, 1, np.where(declines, 2, 0)))
+    with pytest.raises(ValueError, match="table"):
+        _C.gpu_eligible(table[:, :4], boxes, False, False, 3, 10, 10)
+    with pytest.raises(ValueError, match="indices"):
+        _C.hybrid_routes(table, boxes, indices[:3], 0, 0, 0, 0.5, 0.5, True, True, False, False, 3, 10, 10)
+
+
+ELIGIBILITY_CASES = ((False, False, (0, 1), 10**6, 100), (False, False, (0, 1, 2), 89_478_485, 100),
+                     (True, False, (0, 1), 10**6, 100), (False, True, (0, 1), 10**6, 100))
+
+
+def random_route_inputs(rng, n: int, dtype):
+    """(header table, boxes, indices) of n random samples with every field at and around its edges."""
+    col = {c: k for k, c in enumerate(_C.INFO_COLUMNS)}
 
     def mostly(valid, edges):  # a valid value, or one of the edges in 1 row of 16 (so many rows are eligible)
         return np.where(rng.random(n) < 1 / 16, rng.choice(edges, n), valid)
@@ -204,33 +238,137 @@ def test_the_native_routes_equal_their_numpy_definition(dtype):
     table[::97, col["height"]] = 2**40  # a crafted table: h * w past int64 is refused, not undefined
     table[::97, col["width"]] = 2**40
     indices = rng.integers(-(2**40), 2**40, n)
-    for shares in (hybrid.Shares(0.3, 0.5, 0.2), hybrid.Shares(1.0, 0.0, 0.0), hybrid.Shares(0.0, 1.0, 0.0),
-                   hybrid.Shares(0.1, 0.0, 0.9)):
+    return table, boxes, indices
+
+
+# --- the ranked split -------------------------------------------------------------------------------
+
+def scale_num_reference(bh: np.ndarray, bw: np.ndarray, out_h: int, out_w: int) -> np.ndarray:
+    """The CPU core's DCT scale M (of M/8) per box, in numpy: the smallest M in 1..4 with box * M / 8
+    >= out on both sides for boxes at least twice the output, else 8."""
+    m = np.full(len(bh), 8, np.int64)
+    if out_h < 1 or out_w < 1:
+        return m
+    big = (bh >= 2 * out_h) & (bw >= 2 * out_w)
+    for k in (4, 3, 2, 1):  # the smallest that fits wins
+        m = np.where(big & (bh >= (8 * out_h + k - 1) // k) & (bw >= (8 * out_w + k - 1) // k), k, m)
+    return m
+
+
+def cost_reference(table, boxes, nbytes, out_h: int, out_w: int, dct_scaling: bool) -> np.ndarray:
+    """The ranked split's cost estimates (ms on a CPU-core thread, on a GPU decoder) in numpy, the
+    native arithmetic's order kept."""
+    col = {c: k for k, c in enumerate(_C.INFO_COLUMNS)}
+    h, w = table[:, col["height"]].astype(np.float64), table[:, col["width"]].astype(np.float64)
+    top, _, bh, bw = np.asarray(boxes, dtype=np.float64).T
+    mb, mpx = nbytes.astype(np.float64) * 1e-6, h * w * 1e-6
+    above = (top + bh) / h
+    m = scale_num_reference(bh.astype(np.int64), bw.astype(np.int64), out_h, out_w) if dct_scaling else 8
+    scale = m / 8.0
+    cpu_ms = 0.17 + above * (4.5 * mb + 0.35 * mpx) + 2.2 * (bh * bw * scale * scale * 1e-6)
+    gpu_ms = 0.018 + 0.594 * (nbytes.astype(np.float64) * 1e-6)
+    return np.stack([cpu_ms, gpu_ms], axis=1)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.float64])
+def test_the_native_ranked_routes_equal_their_numpy_definition(dtype):
+    """_C.hybrid_ranked_routes against gpu_eligible's and the cost estimates' numpy definitions and
+    hybrid.assign_ranked, on random header tables (edges included), file sizes, batches of 1 to
+    ~120 samples and rows repeated whole (equal ratios: the keyed tie-break)."""
+    rng = np.random.default_rng(6)
+    n = 3000
+    col = {c: k for k, c in enumerate(_C.INFO_COLUMNS)}
+    table, boxes, indices = random_route_inputs(rng, n, dtype)
+    h, w = table[:, col["height"]], table[:, col["width"]]
+    big = (rng.random(n) < 0.5) & (h > 0) & (w > 0) & (h < 2**20) & (w < 2**20)  # boxes for the DCT scales 1-4
+    top, left = rng.integers(0, h[big] // 4 + 1), rng.integers(0, w[big] // 4 + 1)
+    boxes[big] = np.stack([top, left, h[big] - top, w[big] - left], axis=1)
+    nbytes = rng.integers(0, 3_000_000, n)
+    table[200:400], boxes[200:400], nbytes[200:400] = table[:200], boxes[:200], nbytes[:200]  # ties
+    groups = np.cumsum(rng.random(n) < 1 / 40)
+    groups[-1] = groups[-2] + 1  # a batch of one
+    for shares in (hybrid.Shares(0.3, 0.7, 0.0), hybrid.Shares(0.3, 0.5, 0.2), hybrid.Shares(1.0, 0.0, 0.0),
+                   hybrid.Shares(0.0, 1.0, 0.0), hybrid.Shares(0.45, 0.0, 0.55)):
         for engines in (("hardware", "cuda"), ("hardware",), ("cuda",), ()):
-            for window, strict, cs, max_pixels, max_scans in ((False, False, (0, 1), 10**6, 100),
-                                                              (False, False, (0, 1, 2), 89_478_485, 100),
-                                                              (True, False, (0, 1), 10**6, 100),
-                                                              (False, True, (0, 1), 10**6, 100)):
+            for (window, strict, cs, max_pixels, max_scans), (out_h, out_w, dct) in zip(
+                    ELIGIBILITY_CASES, ((224, 224, True), (24, 32, True), (224, 224, True), (0, 0, False))):
                 mask = sum(1 << c for c in cs)
-                route, reason = _C.hybrid_routes(table, boxes, indices, 11, 2**64 - 3, hybrid.ROUTE_STREAM,
-                                                 shares.cpu, shares.hardware, "hardware" in engines, "cuda" in engines,
-                                                 window, strict, mask, max_pixels, max_scans)
+                route, reason = _C.hybrid_ranked_routes(
+                    table, boxes, indices, nbytes, groups, 11, 2**64 - 3, hybrid.ROUTE_STREAM, shares.cpu,
+                    shares.hardware, "hardware" in engines, "cuda" in engines, out_h, out_w, dct, window, strict,
+                    mask, max_pixels, max_scans)
                 eligible = eligible_reference(table, boxes, window, strict, cs, max_pixels, max_scans)
-                assert window or strict or 0.2 < eligible.mean() < 0.7  # both kinds of rows, plenty of each
-                assert np.array_equal(_C.gpu_eligible(table, boxes, window, strict, mask, max_pixels, max_scans),
-                                      eligible)
-                expected = hybrid.assign(11, -3, indices, shares, eligible)
-                for k, kind in enumerate(hybrid.ENGINES[1:], 1):
-                    if kind not in engines:
-                        expected[expected == k] = 0
-                declines = (expected == 1) & (table[:, col["progressive"]] == 1)
-                expected[declines] = 0
+                assert window or strict or 0.15 < eligible.mean() < 0.85  # both kinds of rows
+                declines = eligible & (table[:, col["progressive"]] == 1) & ("hardware" in engines) & (shares.hardware > 0)
+                rankable = eligible & ~declines
+                with np.errstate(all="ignore"):  # (the rows no GPU decoder may take have no costs)
+                    costs = cost_reference(table, boxes, nbytes, out_h, out_w, dct)
+                    ratio = costs[:, 0] / costs[:, 1]
+                native_costs = _C.hybrid_cost_estimates(table, boxes, nbytes, out_h, out_w, dct)
+                assert np.array_equal(native_costs[eligible], costs[eligible])
+                expected = hybrid.assign_ranked(11, -3, indices, shares, rankable, ratio, groups, engines)
                 assert np.array_equal(route, expected)
                 assert np.array_equal(reason, np.where(~eligible, 1, np.where(declines, 2, 0)))
-    with pytest.raises(ValueError, match="table"):
-        _C.gpu_eligible(table[:, :4], boxes, False, False, 3, 10, 10)
-    with pytest.raises(ValueError, match="indices"):
-        _C.hybrid_routes(table, boxes, indices[:3], 0, 0, 0, 0.5, 0.5, True, True, False, False, 3, 10, 10)
+                if shares.cpu == 0.3 and "hardware" in engines and not (window or strict):
+                    assert 0 < (route == 0).sum() and 0 < (route > 0).sum()  # both sides of the split
+    with pytest.raises(ValueError, match="one entry per sample"):
+        _C.hybrid_ranked_routes(table, boxes, indices, nbytes[:3], groups, 0, 0, 0, 0.5, 0.5, True, True, 224, 224,
+                                True, False, False, 3, 10, 10)
+
+
+def test_the_ranked_split_gives_the_cpu_core_its_share_of_each_batch_from_the_cheapest():
+    rng = np.random.default_rng(8)
+    sizes = rng.integers(1, 300, 400)
+    groups = np.repeat(np.arange(len(sizes)), sizes)
+    n = len(groups)
+    indices = rng.permutation(10 * n)[:n]
+    rankable = rng.random(n) < 0.9
+    ratio = rng.choice(rng.random(50) * 10, n)  # many ties
+    shares = hybrid.Shares(0.3, 0.6, 0.1)
+    engine = hybrid.assign_ranked(4, 2, indices, shares, rankable, ratio, groups, ("hardware", "cuda"))
+    assert (engine[~rankable] == 0).all()
+    cpu_taken = total = 0
+    bounds = np.r_[0, np.cumsum(sizes)]
+    for g, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+        rows = a + np.flatnonzero(rankable[a:b])
+        k = int((engine[rows] == 0).sum())
+        assert np.floor(0.3 * len(rows)) <= k <= np.ceil(0.3 * len(rows))  # its share, rounded either way
+        if 0 < k < len(rows):
+            assert ratio[rows][engine[rows] == 0].max() <= ratio[rows][engine[rows] > 0].min()  # the cheapest
+        alone = hybrid.assign_ranked(4, 2, indices[a:b], shares, rankable[a:b], ratio[a:b], groups[a:b],
+                                     ("hardware", "cuda"))
+        assert np.array_equal(alone, engine[a:b])  # a batch's routes are its own, whatever its chunk
+        cpu_taken, total = cpu_taken + k, total + len(rows)
+    assert cpu_taken / total == pytest.approx(0.3, abs=0.01)
+    gpu = engine[rankable & (engine > 0)]
+    assert (gpu == 1).mean() == pytest.approx(0.6 / 0.7, abs=0.03)
+    # another epoch: the shares rounded another way, the same ranks
+    assert not np.array_equal(hybrid.assign_ranked(4, 3, indices, shares, rankable, ratio, groups,
+                                                   ("hardware", "cuda")), engine)
+    only_cpu = hybrid.assign_ranked(4, 2, indices, shares, rankable, ratio, groups, ())
+    assert (only_cpu == 0).all()
+
+
+def test_the_ranked_split_sends_small_crops_near_the_top_to_the_cpu_core(monkeypatch):
+    """Through hybrid.decode: the same file with a small crop at its top and a large one at its
+    bottom: the CPU core takes the first, a GPU decoder the second, and the pixels are each
+    route's."""
+    monkeypatch.setattr(hybrid, "SPLIT", "ranked")
+    data = photo_jpegs([PHOTOS[0]], [{"quality": 90}])[0]
+    infos = read_infos([data])
+    h, w = int(infos.column("height")[0]), int(infos.column("width")[0])
+    datas = [data, data] * 4
+    boxes = np.array([[0, 0, 30, 40], [h // 3, 0, h - h // 3, w]] * 4, np.int64)
+    eng = engines()
+    out = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
+    keys = hybrid.RouteKeys(0, 0, np.arange(len(datas)))
+    status = hybrid.decode(datas, boxes, out, options(), read_infos(datas), keys=keys,
+                           shares=hybrid.Shares(0.5, 0.5, 0.0), engines=eng)
+    assert status.ok.all()
+    assert status.route.tolist() == [Route.CPU, Route.GPU_HARDWARE] * 4
+    ref = torch.empty_like(out)
+    cpu.decode(datas[:1], boxes[:1], ref[:1], options(), read_infos(datas[:1]))
+    assert torch.equal(out[0], ref[0])
 
 
 # --- one batch --------------------------------------------------------------------------------------
@@ -585,8 +723,21 @@ def test_the_cpu_pool_leaves_threads_of_the_budget_to_the_gpu_decoders(tmp_path,
         assert bool(declined) == (shares["hardware"] > 0), "the declined samples' CPU decode was not seen"
 
 
-def test_the_loader_resumes_mid_epoch_with_the_same_routes_and_pixels(tmp_path, host_engines):
+@pytest.mark.parametrize("split", ["keyed", "ranked"])
+def test_the_loader_resumes_mid_epoch_with_the_same_routes_and_pixels(tmp_path, host_engines, monkeypatch, split):
+    """Also with the ranked split, whose routes are each batch's own: the resumed epoch's chunks
+    start at another batch."""
+    monkeypatch.setattr(hybrid, "SPLIT", split)
     make_image_folder(tmp_path, per_class=12)
+    hardware = host_engines["hardware"]
+    plain = hardware.decode
+
+    def marked(buffers, boxes, out, slots, options, *, sizes):  # the route shows in the pixels
+        declined = plain(buffers, boxes, out, slots, options, sizes=sizes)
+        out[torch.from_numpy(np.asarray(slots))] ^= 0x5A
+        return declined
+
+    monkeypatch.setattr(hardware, "decode", marked)
     ld = loader(tmp_path)
     list(ld)  # epoch 0 tunes the shares of epoch 1
     ld.set_epoch(1)
@@ -602,6 +753,7 @@ def test_the_loader_resumes_mid_epoch_with_the_same_routes_and_pixels(tmp_path, 
     assert len(resumed) == len(rest) and all(torch.equal(a, b) for a, b in zip(rest, resumed))
     assert again.stats()["shares"] == state["decode_shares"]["epochs"][1]
     assert sum(again.stats()["routes"].values()) == sum(routes.values()) - 16
+    assert 0 < again.stats()["routes"]["gpu-hardware"] < sum(again.stats()["routes"].values())
 
 
 def test_fixed_decode_shares_and_a_set_epoch_during_the_iteration(tmp_path, host_engines):
@@ -778,3 +930,22 @@ def test_exit_with_an_epoch_in_flight_never_aborts(tmp_path, engines_of, leave):
             print("exiting", n)
             """), timeout=120)
         assert out.stdout.split() == ["exiting", "16" if leave == "mid-epoch" else "72"]
+
+
+@pytest.mark.parametrize("split", ["keyed", "ranked"])
+def test_the_split_benchmarks_simulated_decoder_runs_the_loader(tmp_path, monkeypatch, split):
+    """benchmarks.hybrid_split's stand-in (it sleeps, writes nothing) through the Loader: every
+    image delivered, the shares re-tuned."""
+    from benchmarks import hybrid_split
+
+    make_image_folder(tmp_path, per_class=12)
+    sim = hybrid_split.SimulatedHardwareDecoder(scale=50.0)
+    monkeypatch.setattr(hybrid, "gpu_engines", lambda device: {"hardware": sim})
+    monkeypatch.setattr(hybrid, "unavailable_reason", lambda device=None: None)
+    resolve = backends.resolve
+    monkeypatch.setattr(backends, "resolve", lambda b, d: "hybrid" if b == "hybrid" else resolve(b, d))
+    monkeypatch.setattr(hybrid, "SPLIT", split)
+    monkeypatch.setattr(hybrid_split, "WARM_EPOCHS", 2)
+    rate, shares = hybrid_split.loader_rate(tmp_path, 8, 2, 1)
+    assert rate > 0 and shares != hybrid.Shares.prior(["cpu", "hardware"]).as_dict()
+    assert sim._seconds([b"x" * 1_000_000]) == pytest.approx(50.0 * 1e-3 * (0.018 + 0.594))

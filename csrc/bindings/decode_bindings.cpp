@@ -166,6 +166,54 @@ void register_routes(py::module_& m) {
       "(route int64 [N]: 0 CPU core, 1 hardware decoder, 2 CUDA decoder; reason int8 [N]: 0 its share, 1 no GPU "
       "decoder may take it, 2 progressive, drawn for the hardware decoder) of a hybrid batch: gpu_eligible, then "
       "each sample's keyed draw against the shares (seed, epoch, stream mod 2**64).");
+  m.def(
+      "hybrid_ranked_routes",
+      [](py::object table, py::object boxes, py::array_t<int64_t, py::array::c_style | py::array::forcecast> indices,
+         py::array_t<int64_t, py::array::c_style | py::array::forcecast> nbytes,
+         py::array_t<int64_t, py::array::c_style | py::array::forcecast> groups, uint64_t seed, uint64_t epoch,
+         uint64_t stream, double cpu, double hardware, bool has_hardware, bool has_cuda, int out_h, int out_w,
+         bool dct_scaling, bool window, bool strict, uint32_t colorspaces, int64_t max_pixels, int64_t max_scans) {
+        const RoutedBatch b = routed_batch(table, boxes);
+        const auto n = static_cast<py::ssize_t>(b.boxes.size());
+        if (indices.size() != n || nbytes.size() != n || groups.size() != n)
+          throw std::invalid_argument("indices, nbytes and groups must have one entry per sample");
+        py::array_t<int64_t> route(n);
+        py::array_t<int8_t> reason(n);
+        hybrid_ranked_routes(b.table.data(), b.boxes, indices.data(), seed, epoch, stream,
+                             RouteShares{cpu, hardware, has_hardware, has_cuda},
+                             eligibility(window, strict, colorspaces, max_pixels, max_scans),
+                             RankInputs{nbytes.data(), groups.data(), out_h, out_w, dct_scaling}, route.mutable_data(),
+                             reason.mutable_data());
+        return py::make_tuple(route, reason);
+      },
+      py::arg("table"), py::arg("boxes"), py::arg("indices"), py::arg("nbytes"), py::arg("groups"), py::arg("seed"),
+      py::arg("epoch"), py::arg("stream"), py::arg("cpu"), py::arg("hardware"), py::arg("has_hardware"),
+      py::arg("has_cuda"), py::arg("out_height"), py::arg("out_width"), py::arg("dct_scaling"), py::arg("window"),
+      py::arg("strict"), py::arg("colorspaces"), py::arg("max_pixels"), py::arg("max_scans"),
+      "(route, reason) as hybrid_routes gives them, by the ranked split: in each run of equal groups, the "
+      "samples a GPU decoder may take are ranked by their estimated CPU-to-GPU cost ratio (file size nbytes, "
+      "header, box, output size, DCT scaling) and the CPU core takes its share of them from the cheapest "
+      "(gpupipe._backends.hybrid.assign_ranked is the definition).");
+  m.def(
+      "hybrid_cost_estimates",
+      [](py::object table, py::object boxes, py::array_t<int64_t, py::array::c_style | py::array::forcecast> nbytes,
+         int out_h, int out_w, bool dct_scaling) {
+        const RoutedBatch b = routed_batch(table, boxes);
+        const auto n = static_cast<py::ssize_t>(b.boxes.size());
+        if (nbytes.size() != n) throw std::invalid_argument("nbytes must have one entry per sample");
+        py::array_t<double> cost({n, static_cast<py::ssize_t>(2)});
+        auto c = cost.mutable_unchecked<2>();
+        for (py::ssize_t i = 0; i < n; ++i) {
+          c(i, 0) = cpu_cost_estimate(b.table.data() + kInfoWidth * i, b.boxes[i], nbytes.data()[i], out_h, out_w,
+                                      dct_scaling);
+          c(i, 1) = gpu_cost_estimate(nbytes.data()[i]);
+        }
+        return cost;
+      },
+      py::arg("table"), py::arg("boxes"), py::arg("nbytes"), py::arg("out_height"), py::arg("out_width"),
+      py::arg("dct_scaling"),
+      "float64 [N, 2]: each sample's estimated decode ms on a CPU-core thread and on a GPU decoder (the ranked "
+      "split's; valid for the samples a GPU decoder may take).");
 }
 
 void register_crop_resize(py::module_& m) {

@@ -3,9 +3,12 @@
 A batch is split between the CPU pool (ROI + DCT scaling, the C++ core) and the GPU's hardware JPEG
 decoder (nvImageCodec's CUDA decoder where there is none: beside one it only takes the hardware's
 declines, :func:`sharing`), in proportion to their measured rates (:class:`Shares`).
-A sample's route is a pure function of (seed, epoch, index) and the epoch's shares (:func:`assign`),
-so an epoch replays exactly: same routes, same pixels. The samples a GPU decoder cannot take with
-gpupipe's semantics (``gpu_fallback.gpu_eligible``), and those it declines, go to the CPU core.
+Which samples go where (:data:`SPLIT`): by default a sample's route is a pure function of (seed,
+epoch, index) and the epoch's shares (:func:`assign`); with the ranked split, a function of its batch
+(its samples' headers, file sizes and boxes, each a function of (seed, epoch, index)) and the
+shares (:func:`assign_ranked`). Either way an epoch replays exactly: same routes, same pixels. The
+samples a GPU decoder cannot take with gpupipe's semantics (``gpu_fallback.gpu_eligible``), and
+those it declines, go to the CPU core.
 
 The engines work concurrently: the CPU share is started on the pool first (it returns at once), the
 GPU engines then decode theirs, each on its own thread and CUDA stream, and :func:`wait` collects the
@@ -60,6 +63,16 @@ ENGINE_HOST_THREADS = 4
 # the Loader at batch 64 its calls of ~27 images ran at 4,256 images/s, against 8,170 for calls of
 # ~160 at batch 256. 0: one batch's share per call.
 MERGE_IMAGES = 256
+# How a batch is split between the engines. "keyed": each sample's keyed draw against the shares
+# (:func:`assign`): the CPU core gets a random share of the samples. "ranked" (:func:`assign_ranked`):
+# each batch's samples ranked by their estimated cost on the CPU core over that on a GPU decoder
+# (``_C.hybrid_cost_estimates``: the CPU core decodes a crop's rows down to its last one, DCT-scaled;
+# a GPU decoder the whole file), and the CPU core gets its share of them from the cheapest: small
+# crops near the top of large files. Simulated on this machine's measured per-sample CPU costs and an
+# H100's hardware decoder rates (docs/gpu.md), 1.06-1.15x the keyed split's images/s; not yet
+# measured on a GPU, hence not the default. Chosen per call; an epoch replays exactly under the same
+# split (a resumed run must keep it).
+SPLIT = "keyed"
 _MIN_SHARE = 0.02  # an engine that shares (sharing()) keeps a little work, so its rate stays measured
 
 
@@ -208,6 +221,42 @@ def assign(seed: int, epoch: int, indices: np.ndarray, shares: Shares, eligible:
     return np.where(eligible, engine, 0).astype(np.int64)
 
 
+def assign_ranked(seed: int, epoch: int, indices: np.ndarray, shares: Shares, rankable: np.ndarray, ratio: np.ndarray,
+                  groups: np.ndarray, engines: Sequence[str]) -> np.ndarray:
+    """int64 [N]: each sample's engine under the ranked split (the definition of
+    ``_C.hybrid_ranked_routes``; the hot path calls that). ``rankable``: the samples a GPU engine may
+    take (eligible, and no progressive file beside a hardware decoder); ``ratio``: their estimated
+    CPU-to-GPU cost ratios; ``groups``: each sample's batch (runs of equal values); ``engines``: the
+    GPU engines there are (a missing one's share goes to the CPU core).
+
+    In each group, of its m rankable samples the k = floor(f * m + v) with the lowest ratio go to the
+    CPU core (f its share; v the group's first sample's keyed draw 1: k is f * m on average, whatever
+    the batch size), ties broken by draw 0 then position; the others to the hardware decoder when
+    their draw 2 is below its part of the GPU share, else to the CUDA decoder."""
+    indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+    n = len(indices)
+    hardware = shares.hardware if "hardware" in engines else 0.0
+    cuda = max(0.0, 1.0 - shares.cpu - shares.hardware) if "cuda" in engines else 0.0
+    gpu = hardware + cuda
+    to_cpu = min(max(1.0 - gpu, 0.0), 1.0)
+    to_hardware = hardware / gpu if gpu > 0 else 0.0
+    engine = np.zeros(n, np.int64)
+    if gpu <= 0 or n == 0:
+        return engine
+    u = keyed.uniforms(seed, epoch, indices, 3, stream=ROUTE_STREAM)
+    groups = np.asarray(groups).reshape(-1)
+    starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+    for a, b in zip(starts, np.r_[starts[1:], n]):
+        rows = a + np.flatnonzero(rankable[a:b])
+        if not len(rows):
+            continue
+        order = rows[np.lexsort((rows, u[rows, 0], ratio[rows]))]
+        k = int(min(np.floor(to_cpu * len(rows) + u[a, 1]), len(rows)))
+        gpu_rows = order[k:]
+        engine[gpu_rows] = np.where(u[gpu_rows, 2] < to_hardware, 1, 2)
+    return engine
+
+
 @dataclasses.dataclass
 class RouteKeys:
     """What a batch's routes are a function of: the Loader's seed and epoch and the samples' indices
@@ -216,9 +265,13 @@ class RouteKeys:
     seed: int
     epoch: int
     indices: np.ndarray
+    #: int64 [N] each sample's batch in a chunk of batches (runs of equal values), which the ranked
+    #: split ranks within (None: one batch)
+    groups: Optional[np.ndarray] = None
 
     def select(self, rows: np.ndarray) -> "RouteKeys":
-        return RouteKeys(self.seed, self.epoch, np.asarray(self.indices)[rows])
+        groups = None if self.groups is None else np.asarray(self.groups)[rows]
+        return RouteKeys(self.seed, self.epoch, np.asarray(self.indices)[rows], groups)
 
 
 class Workers:
@@ -464,9 +517,7 @@ def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Deco
     infos.count_scans(buffers)  # (headers a CPU-backend probe read: their scans, which eligibility needs)
     # eligibility, the keyed draws and the hardware decoder's known declines in one native pass
     # (their numpy definitions, assign and tests/test_hybrid.py's eligible_reference, are the tests')
-    route, reason = _C.hybrid_routes(infos.table, boxes, keys.indices, int(keys.seed) & keyed._MASK,
-                                     int(keys.epoch) & keyed._MASK, ROUTE_STREAM, shares.cpu, shares.hardware,
-                                     "hardware" in engines, "cuda" in engines, *gpu_fallback.eligibility_args(options))
+    route, reason = routes(buffers, boxes, options, infos, keys, shares, engines)
     own = workers is None
     workers = workers or Workers(list(engines), out.device)
     p = Pending(n, out, options, engines, workers, own)
@@ -492,6 +543,25 @@ def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Deco
             workers.close()
         raise
     return p
+
+
+def routes(buffers: Sequence, boxes: np.ndarray, options: DecodeOptions, infos: HeaderInfos, keys: RouteKeys,
+           shares: Shares, engines: Sequence[str]) -> tuple:
+    """(route, reason) of each sample of a batch (``_C.hybrid_routes``) under :data:`SPLIT`: eligibility, the
+    shares' draws or ranks and the hardware decoder's known declines, in one native pass."""
+    seed, epoch = int(keys.seed) & keyed._MASK, int(keys.epoch) & keyed._MASK
+    common = (shares.cpu, shares.hardware, "hardware" in engines, "cuda" in engines)
+    if SPLIT == "keyed":
+        return _C.hybrid_routes(infos.table, boxes, keys.indices, seed, epoch, ROUTE_STREAM, *common,
+                                *gpu_fallback.eligibility_args(options))
+    if SPLIT != "ranked":
+        raise ValueError(f"hybrid.SPLIT must be 'keyed' or 'ranked', got {SPLIT!r}")
+    n = len(buffers)
+    nbytes = np.fromiter(map(len, buffers), np.int64, n)
+    groups = np.zeros(n, np.int64) if keys.groups is None else keys.groups
+    out_h, out_w = (int(options.size[0]), int(options.size[1])) if options.resize else (0, 0)
+    return _C.hybrid_ranked_routes(infos.table, boxes, keys.indices, nbytes, groups, seed, epoch, ROUTE_STREAM, *common,
+                                   out_h, out_w, options.dct_scaling, *gpu_fallback.eligibility_args(options))
 
 
 def wait(p: Pending) -> BatchStatus:
