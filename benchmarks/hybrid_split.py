@@ -13,6 +13,13 @@ the Loader's real scheduling; what a real hardware decoder does with it needs a 
 (``benchmarks/device_check.sh split``).
 
     python -m benchmarks.hybrid_split [--sets default seed hd] [--batches 64 256] [--rounds 3] [--out FILE]
+
+The stand-in sleeps for the same GPU model the ranked split ranks by, so this measures how the Loader
+realises the split on the CPU side; if a real decoder's time follows something else, its gain differs.
+``--fit`` instead times each sample's CPU decode alone (1 thread), fits the CPU model of
+``_C.hybrid_cost_estimates`` to it (and reports the shipped model's error), then simulates both
+splits with those measured costs: each batch alone (the slower engine sets each batch's pace) and
+pooled over the set (the engines' work adds up over an epoch).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import numpy as np
 import torch
 
 import gpupipe
-from gpupipe import backends, crops
+from gpupipe import _C, backends, crops
 from gpupipe._backends import hybrid
 from gpupipe.bench.dataset import default_set
 from gpupipe.decode_types import read_infos
@@ -103,6 +110,83 @@ def loader_rate(root: Path, batch: int, threads: int, epochs: int) -> tuple:
     return n / (time.perf_counter() - t), ld.stats()["shares"]
 
 
+def sample_costs(root: Path, files: int = 512) -> dict:
+    """Each of the set's first ``files`` files decoded alone at its RandomResizedCrop 224 box, 1
+    thread, the best of 3: {"seconds", "table", "boxes", "nbytes"}."""
+    datas = [f.read_bytes() for f in sorted(root.rglob("*.jpg"))[:files]]
+    infos = read_infos(datas)
+    boxes, _ = crops.RandomResizedCrop(224).plan(infos.column("height"), infos.column("width"), seed=0)
+    boxes = np.ascontiguousarray(boxes, dtype=np.int64)
+    out = torch.empty((1, 224, 224, 3), dtype=torch.uint8)
+    seconds = np.full(len(datas), np.inf)
+    for _ in range(3):
+        for i, d in enumerate(datas):
+            t = time.perf_counter()
+            gpupipe.decode_crop_jpegs([d], boxes[i:i + 1], size=224, out=out, num_threads=1)
+            seconds[i] = min(seconds[i], time.perf_counter() - t)
+    return {"seconds": seconds, "table": infos.table, "boxes": boxes,
+            "nbytes": np.array([len(d) for d in datas], np.int64)}
+
+
+def cpu_features(c: dict) -> np.ndarray:
+    """[N, 4]: 1, above * MB, above * Mpx, the DCT-scaled crop's Mpx (the CPU model's terms)."""
+    h = c["table"][:, _C.INFO_COLUMNS.index("height")].astype(np.float64)
+    w = c["table"][:, _C.INFO_COLUMNS.index("width")].astype(np.float64)
+    top, _, bh, bw = c["boxes"].T.astype(np.float64)
+    above = (top + bh) / h
+    m = np.array([_C.choose_scale_num(int(a), int(b), 224, 224) for a, b in zip(bh, bw)]) / 8.0
+    return np.stack([np.ones_like(h), above * c["nbytes"] * 1e-6, above * h * w * 1e-6, bh * bw * m * m * 1e-6], 1)
+
+
+def simulate(cpu_s: np.ndarray, gpu_s: np.ndarray, ratio: np.ndarray, batch: int, rng) -> tuple:
+    """(keyed, ranked) images/s of a CPU pool and a GPU decoder sharing batches, each split at its
+    best share: per batch (each batch's slower engine sets its pace; 300 random batches) or, with
+    batch 0, pooled over the whole set."""
+    n = len(cpu_s)
+    picks = [np.arange(n)] if batch == 0 else [rng.choice(n, batch, replace=False) for _ in range(300)]
+    coins = [rng.random(len(p)) for p in picks]
+    best = {"keyed": 0.0, "ranked": 0.0}
+    for f in np.linspace(0.02, 0.8, 79):
+        keyed = ranked = 0.0
+        for p, coin in zip(picks, coins):
+            c, g = cpu_s[p], gpu_s[p]
+            if batch == 0:  # pooled: the expected split, no per-batch chance
+                keyed += len(p) / max(f * c.sum(), (1 - f) * g.sum())
+            else:
+                mine = coin < f
+                keyed += len(p) / max(c[mine].sum(), g[~mine].sum())
+            order = np.argsort(ratio[p], kind="stable")
+            k = int(round(f * len(p)))
+            ranked += len(p) / max(c[order[:k]].sum(), g[order[k:]].sum())
+        best = {"keyed": max(best["keyed"], keyed / len(picks)), "ranked": max(best["ranked"], ranked / len(picks))}
+    return best["keyed"], best["ranked"]
+
+
+def fit(names, hardware_speed: float, pool_threads: int = 12, slowdown: float = 3.0) -> None:
+    """The CPU model fitted to measured costs, and both splits simulated with them (see the module)."""
+    costs = {n: sample_costs(r) for n, r in sets(names).items()}
+    X = np.concatenate([cpu_features(c) for c in costs.values()])
+    y = np.concatenate([c["seconds"] for c in costs.values()]) * 1e3
+    for name, pred in (("fitted here", X @ np.linalg.lstsq(X, y, rcond=None)[0]),
+                       ("shipped", np.concatenate([_C.hybrid_cost_estimates(c["table"], c["boxes"], c["nbytes"], 224, 224,
+                                                                            True)[:, 0] for c in costs.values()]))):
+        rel = np.abs(pred - y) / y
+        r2 = 1 - ((pred - y) ** 2).sum() / ((y - y.mean()) ** 2).sum()
+        print(f"CPU model, {name}: median error {np.median(rel):.3f}, 90th percentile {np.quantile(rel, 0.9):.3f}, R^2 {r2:.3f}")
+    print("coefficients fitted here (ms): 1, above * MB, above * Mpx, scaled Mpx:",
+          np.round(np.linalg.lstsq(X, y, rcond=None)[0], 3))
+    print(f"\n| set | batch | keyed img/s | ranked img/s | ranked / keyed |  (simulated: {pool_threads} pool threads "
+          f"{slowdown}x slower than this core, the GPU decoder {hardware_speed}x the pool)")
+    rng = np.random.default_rng(0)
+    for name, c in costs.items():
+        est = _C.hybrid_cost_estimates(c["table"], c["boxes"], c["nbytes"], 224, 224, True)
+        cpu_s = c["seconds"] * slowdown / pool_threads
+        gpu_s = est[:, 1] / est[:, 1].mean() / (hardware_speed * len(cpu_s) / cpu_s.sum())
+        for batch in (64, 256, 0):
+            keyed, ranked = simulate(cpu_s, gpu_s, est[:, 0] / est[:, 1], batch, rng)
+            print(f"| {name} | {batch or 'pooled'} | {keyed:,.0f} | {ranked:,.0f} | {ranked / keyed:.3f}x |")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sets", nargs="+", default=["default", "seed", "hd"])
@@ -112,7 +196,11 @@ def main(argv=None) -> int:
     ap.add_argument("--hardware-speed", type=float, default=2.8)
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--fit", action="store_true", help="fit the CPU model and simulate both splits instead")
     a = ap.parse_args(argv)
+    if a.fit:
+        fit(a.sets, a.hardware_speed)
+        return 0
     rows = []
     for name, root in sets(a.sets).items():
         pool = pool_rate(root, a.threads)

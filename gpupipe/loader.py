@@ -513,6 +513,7 @@ class Loader:
         self._workers: Optional[hybrid.Workers] = None  # hybrid: a thread and stream per engine, shared by epochs
         self._workers_finalizer: Optional[weakref.finalize] = None
         self._shares: dict = {}  # hybrid: {epoch: Shares} of every epoch started
+        self._splits: dict = {}  # hybrid: {epoch: hybrid.SPLIT when it started}: an epoch run again keeps it
         self._next_shares: Optional[hybrid.Shares] = None  # hybrid: re-tuned after a complete epoch
         self._ahead: Optional[_Ahead] = None  # the next epoch, started while this one drains (lookahead)
         self._iterated: tuple = (None, None)  # the epochs of the last two iterations (which one comes next)
@@ -656,6 +657,8 @@ class Loader:
         ahead.finalizer()
         if ahead.new_shares:  # never iterated: the epoch gets the shares of when it really starts
             self._shares.pop(ahead.epoch.epoch_number, None)
+        if ahead.epoch.new_split and not ahead.epoch.adopted.is_set():  # and the split
+            self._splits.pop(ahead.epoch.epoch_number, None)
 
     # --- sampling ---------------------------------------------------------------------------------
 
@@ -697,6 +700,8 @@ class Loader:
             # every epoch's shares (its routes, when it runs again), and the next epoch's tuning
             state["decode_shares"] = {"epochs": {e: v.as_dict() for e, v in sorted(self._shares.items())},
                                       "next": self._next_shares.as_dict() if self._next_shares else None}
+        if self.backend == "hybrid":  # the epoch's split: its routes (hybrid.SPLIT)
+            state["hybrid_split"] = self._splits.get(epoch, hybrid.SPLIT)
         return state
 
     def _source_fingerprint(self) -> str:
@@ -716,7 +721,8 @@ class Loader:
         if not isinstance(state, dict):
             raise ValueError(f"a Loader state is the dict state_dict() returns, got {type(state).__name__}")
         mine = self.state_dict()
-        missing = [k for k in mine if k not in state and k != "decode_shares"]  # a state of before the hybrid backend
+        # (a state of before the hybrid backend, or of before its split: the keyed split)
+        missing = [k for k in mine if k not in state and k not in ("decode_shares", "hybrid_split")]
         if missing:
             raise ValueError(f"the Loader state lacks {', '.join(missing)}")
         for k in mine:
@@ -747,9 +753,17 @@ class Loader:
                     raise ValueError(f"the Loader state's decode_shares has an epoch {e!r}")
                 history[int(e)] = hybrid.Shares.from_dict(v)
             after = None if shares["next"] is None else hybrid.Shares.from_dict(shares["next"])
+        if "hybrid_split" in mine:
+            split = state.get("hybrid_split", "keyed")
+            try:
+                hybrid.check_split(split)
+            except ValueError:
+                raise ValueError(f"the Loader state's hybrid_split={split!r} is not 'keyed' or 'ranked'") from None
         self._drop_ahead()  # every check is passed: this state is taken
         if "decode_shares" in mine:
             self._shares, self._next_shares = history, after
+        if "hybrid_split" in mine:
+            self._splits = {epoch: split}  # the resumed epoch routes as it did; later ones follow hybrid.SPLIT
         self.epoch = epoch
         self._resume = (epoch, batches)
         self._done = (epoch, batches)
@@ -855,8 +869,11 @@ class _Epoch:
         self.recycled = loader._host_batches((rows, h, w, 3)) \
             if self.ring is None and loader.device.type == "cpu" else None
         self.epoch_number = epoch_number  # a set_epoch() during the iteration changes nothing of it
-        self.shares = self.workers = self.decode_stream = None
+        self.shares = self.workers = self.decode_stream = self.split = None
+        self.new_split = False
         if loader.backend == "hybrid":
+            self.new_split = epoch_number not in loader._splits
+            self.split = loader._splits.setdefault(epoch_number, hybrid.check_split(hybrid.SPLIT))
             self.shares = loader._epoch_shares(epoch_number)
             stats.shares = self.shares
             self.workers = loader._hybrid_workers()
@@ -1028,10 +1045,12 @@ class _Epoch:
         return batch
 
     def route_keys(self, batch: Batch) -> "hybrid.RouteKeys":
-        groups = None  # a chunk's batches: the ranked split ranks each batch's samples alone
-        if batch.parts is not None:
-            groups = np.repeat(np.arange(len(batch.parts), dtype=np.int64), [len(p) for p in batch.parts])
-        return hybrid.RouteKeys(self.l.seed, self.epoch_number, batch.indices, groups)
+        # the batch numbers: the ranked split ranks each batch of a chunk alone
+        if batch.parts is None:
+            groups = np.full(len(batch), batch.number, dtype=np.int64)
+        else:
+            groups = np.repeat(np.array([p.number for p in batch.parts], dtype=np.int64), [len(p) for p in batch.parts])
+        return hybrid.RouteKeys(self.l.seed, self.epoch_number, batch.indices, groups, self.split)
 
     def collect(self, batch: Batch) -> Batch:
         """The batch's decode, waited for (when it was started), and the error policy applied."""

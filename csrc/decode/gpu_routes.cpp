@@ -112,7 +112,9 @@ void hybrid_ranked_routes(const int64_t* table, const std::vector<Box>& boxes, c
     if (!ranked.empty()) {
       std::sort(ranked.begin(), ranked.end());
       const double m = static_cast<double>(ranked.size());
-      const double v = keyed_draw(keyed_sample_key(key, indices[a]), 1);
+      // keyed on the group (a Loader's batch number), not on a sample: a sample that fails to read
+      // on a replay moves at most one other sample of its batch
+      const double v = keyed_draw(keyed_sample_key(key, rank.groups[a]), 1);
       const size_t k = static_cast<size_t>(std::min(std::floor(to_cpu * m + v), m));
       for (size_t j = k; j < ranked.size(); ++j) {
         const size_t i = std::get<2>(ranked[j]);

@@ -47,7 +47,7 @@ void hybrid_routes(const int64_t* table, const std::vector<Box>& boxes, const in
 // What the ranked split estimates each sample's cost from, beside its header and box.
 struct RankInputs {
   const int64_t* nbytes = nullptr;  // each sample's file size
-  const int64_t* groups = nullptr;  // each sample's group (a Loader's batch): runs of equal values
+  const int64_t* groups = nullptr;  // each sample's group (a Loader's batch number): runs of equal values
   int out_h = 0, out_w = 0;         // the output size (0: no resize), for the DCT scale the CPU core picks
   bool dct_scaling = true;
 };
@@ -60,8 +60,8 @@ double gpu_cost_estimate(int64_t nbytes);
 // The ranked split (gpupipe._backends.hybrid.assign_ranked is its numpy definition): route[i],
 // reason[i] as hybrid_routes gives them for ineligible samples and progressive files beside a
 // hardware decoder; of each group's other samples (m), the k = floor(f * m + v) with the lowest
-// estimated CPU-to-GPU cost ratio go to the CPU core (f its share, with a missing engine's; v the
-// group's first sample's keyed draw 1), ties broken by draw 0 then position; the rest to the
+// estimated CPU-to-GPU cost ratio go to the CPU core (f its share, with a missing engine's; v draw 1
+// keyed on the group's value as an index), ties broken by draw 0 then position; the rest to the
 // hardware decoder when draw 2 < hardware / (hardware + cuda), else the CUDA decoder.
 void hybrid_ranked_routes(const int64_t* table, const std::vector<Box>& boxes, const int64_t* indices, uint64_t seed,
                           uint64_t epoch, uint64_t stream, const RouteShares& shares, const GpuEligibility& e,

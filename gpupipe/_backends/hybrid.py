@@ -6,9 +6,10 @@ declines, :func:`sharing`), in proportion to their measured rates (:class:`Share
 Which samples go where (:data:`SPLIT`): by default a sample's route is a pure function of (seed,
 epoch, index) and the epoch's shares (:func:`assign`); with the ranked split, a function of its batch
 (its samples' headers, file sizes and boxes, each a function of (seed, epoch, index)) and the
-shares (:func:`assign_ranked`). Either way an epoch replays exactly: same routes, same pixels. The
-samples a GPU decoder cannot take with gpupipe's semantics (``gpu_fallback.gpu_eligible``), and
-those it declines, go to the CPU core.
+shares (:func:`assign_ranked`). Either way an epoch replays exactly: same routes, same pixels (with
+the ranked split, as long as its batches' files read as before: a sample that fails one time and
+not the other moves at most one other sample of its batch). The samples a GPU decoder cannot take
+with gpupipe's semantics (``gpu_fallback.gpu_eligible``), and those it declines, go to the CPU core.
 
 The engines work concurrently: the CPU share is started on the pool first (it returns at once), the
 GPU engines then decode theirs, each on its own thread and CUDA stream, and :func:`wait` collects the
@@ -68,10 +69,10 @@ MERGE_IMAGES = 256
 # each batch's samples ranked by their estimated cost on the CPU core over that on a GPU decoder
 # (``_C.hybrid_cost_estimates``: the CPU core decodes a crop's rows down to its last one, DCT-scaled;
 # a GPU decoder the whole file), and the CPU core gets its share of them from the cheapest: small
-# crops near the top of large files. Simulated on this machine's measured per-sample CPU costs and an
-# H100's hardware decoder rates (docs/gpu.md), 1.06-1.15x the keyed split's images/s; not yet
-# measured on a GPU, hence not the default. Chosen per call; an epoch replays exactly under the same
-# split (a resumed run must keep it).
+# crops near the top of large files. Simulated on a Zen 4 core's measured per-sample CPU costs and an
+# H100's hardware decoder rates (docs/gpu.md), 1.06-1.14x the keyed split's images/s; not yet
+# measured on a GPU, hence not the default. Read when a Loader's epoch starts (it keeps it; its
+# state_dict records it) or per call (RouteKeys.split).
 SPLIT = "keyed"
 _MIN_SHARE = 0.02  # an engine that shares (sharing()) keeps a little work, so its rate stays measured
 
@@ -230,9 +231,10 @@ def assign_ranked(seed: int, epoch: int, indices: np.ndarray, shares: Shares, ra
     GPU engines there are (a missing one's share goes to the CPU core).
 
     In each group, of its m rankable samples the k = floor(f * m + v) with the lowest ratio go to the
-    CPU core (f its share; v the group's first sample's keyed draw 1: k is f * m on average, whatever
-    the batch size), ties broken by draw 0 then position; the others to the hardware decoder when
-    their draw 2 is below its part of the GPU share, else to the CUDA decoder."""
+    CPU core (f its share; v draw 1 keyed on the group's value, a Loader's batch number, as an index:
+    k is f * m on average, whatever the batch size), ties broken by draw 0 then position; the others
+    to the hardware decoder when their draw 2 is below its part of the GPU share, else to the CUDA
+    decoder. A sample that drops out of its batch (it failed to read) moves at most one other."""
     indices = np.asarray(indices, dtype=np.int64).reshape(-1)
     n = len(indices)
     hardware = shares.hardware if "hardware" in engines else 0.0
@@ -244,14 +246,15 @@ def assign_ranked(seed: int, epoch: int, indices: np.ndarray, shares: Shares, ra
     if gpu <= 0 or n == 0:
         return engine
     u = keyed.uniforms(seed, epoch, indices, 3, stream=ROUTE_STREAM)
-    groups = np.asarray(groups).reshape(-1)
+    groups = np.asarray(groups, dtype=np.int64).reshape(-1)
     starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
-    for a, b in zip(starts, np.r_[starts[1:], n]):
+    v = keyed.uniforms(seed, epoch, groups[starts], 2, stream=ROUTE_STREAM)[:, 1]
+    for a, b, va in zip(starts, np.r_[starts[1:], n], v):
         rows = a + np.flatnonzero(rankable[a:b])
         if not len(rows):
             continue
         order = rows[np.lexsort((rows, u[rows, 0], ratio[rows]))]
-        k = int(min(np.floor(to_cpu * len(rows) + u[a, 1]), len(rows)))
+        k = int(min(np.floor(to_cpu * len(rows) + va), len(rows)))
         gpu_rows = order[k:]
         engine[gpu_rows] = np.where(u[gpu_rows, 2] < to_hardware, 1, 2)
     return engine
@@ -265,13 +268,15 @@ class RouteKeys:
     seed: int
     epoch: int
     indices: np.ndarray
-    #: int64 [N] each sample's batch in a chunk of batches (runs of equal values), which the ranked
-    #: split ranks within (None: one batch)
+    #: int64 [N] each sample's batch number (runs of equal values: a chunk's batches), which the
+    #: ranked split ranks within (None: one batch, number 0)
     groups: Optional[np.ndarray] = None
+    #: the split (:data:`SPLIT` when None): a Loader's epoch keeps the one it started with
+    split: Optional[str] = None
 
     def select(self, rows: np.ndarray) -> "RouteKeys":
         groups = None if self.groups is None else np.asarray(self.groups)[rows]
-        return RouteKeys(self.seed, self.epoch, np.asarray(self.indices)[rows], groups)
+        return RouteKeys(self.seed, self.epoch, np.asarray(self.indices)[rows], groups, self.split)
 
 
 class Workers:
@@ -551,17 +556,28 @@ def routes(buffers: Sequence, boxes: np.ndarray, options: DecodeOptions, infos: 
     shares' draws or ranks and the hardware decoder's known declines, in one native pass."""
     seed, epoch = int(keys.seed) & keyed._MASK, int(keys.epoch) & keyed._MASK
     common = (shares.cpu, shares.hardware, "hardware" in engines, "cuda" in engines)
-    if SPLIT == "keyed":
+    split = check_split(keys.split or SPLIT)
+    if split == "keyed":
         return _C.hybrid_routes(infos.table, boxes, keys.indices, seed, epoch, ROUTE_STREAM, *common,
                                 *gpu_fallback.eligibility_args(options))
-    if SPLIT != "ranked":
-        raise ValueError(f"hybrid.SPLIT must be 'keyed' or 'ranked', got {SPLIT!r}")
     n = len(buffers)
-    nbytes = np.fromiter(map(len, buffers), np.int64, n)
+    nbytes = np.fromiter(map(_nbytes, buffers), np.int64, n)
     groups = np.zeros(n, np.int64) if keys.groups is None else keys.groups
     out_h, out_w = (int(options.size[0]), int(options.size[1])) if options.resize else (0, 0)
     return _C.hybrid_ranked_routes(infos.table, boxes, keys.indices, nbytes, groups, seed, epoch, ROUTE_STREAM, *common,
                                    out_h, out_w, options.dct_scaling, *gpu_fallback.eligibility_args(options))
+
+
+def check_split(split: Any) -> str:
+    """``split`` if it names a split (:data:`SPLIT`), else ValueError."""
+    if split not in ("keyed", "ranked"):
+        raise ValueError(f"hybrid.SPLIT must be 'keyed' or 'ranked', got {split!r}")
+    return split
+
+
+def _nbytes(buffer: Any) -> int:
+    """A file's size in bytes (a memoryview, array or tensor of another item size counted right)."""
+    return len(buffer) if isinstance(buffer, (bytes, bytearray)) else int(buffer.nbytes)
 
 
 def wait(p: Pending) -> BatchStatus:
