@@ -43,22 +43,32 @@ from gpupipe.sources import ImageFolder
 GPU_MS = (0.018, 0.594)  # ms per image, ms per MB: _C.hybrid_cost_estimates's GPU side
 
 
+# ms per image, ms per Mpx: the H100's three hardware decoder rates fitted on pixels alone (a worse
+# fit than bytes), for a stand-in whose time is not what the ranked split ranks by
+PIXELS_MS = (0.0576, 0.0534)
+
+
 class SimulatedHardwareDecoder:
-    """Sleeps for an image's modelled time x ``scale``; declines nothing; writes no pixels."""
+    """Sleeps for an image's modelled time x ``scale``; declines nothing; writes no pixels. ``model``
+    "bytes": GPU_MS on the file's size (what the ranked split ranks by); "pixels": PIXELS_MS on its
+    height x width."""
 
-    def __init__(self, scale: float):
-        self.scale = scale
+    def __init__(self, scale: float, model: str = "bytes"):
+        self.scale, self.model = scale, model
 
-    def _seconds(self, buffers) -> float:
+    def _seconds(self, buffers, sizes=None) -> float:
+        if self.model == "pixels":
+            mpx = float(np.prod(np.asarray(sizes, dtype=np.float64), axis=1).sum()) * 1e-6
+            return self.scale * 1e-3 * (PIXELS_MS[0] * len(buffers) + PIXELS_MS[1] * mpx)
         mb = sum(len(b) for b in buffers) * 1e-6
         return self.scale * 1e-3 * (GPU_MS[0] * len(buffers) + GPU_MS[1] * mb)
 
     def decode(self, buffers, boxes, out, slots, options, *, sizes):
-        time.sleep(self._seconds(buffers))
+        time.sleep(self._seconds(buffers, sizes))
         return {}
 
     def decode_jobs(self, jobs):
-        time.sleep(sum(self._seconds(j[0]) for j in jobs))
+        time.sleep(sum(self._seconds(j[0], j[5]) for j in jobs))
         return [{} for _ in jobs]
 
 
@@ -197,6 +207,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--out", type=Path)
     ap.add_argument("--fit", action="store_true", help="fit the CPU model and simulate both splits instead")
+    ap.add_argument("--stand-in", choices=["bytes", "pixels"], default="bytes",
+                    help="what the stand-in decoder's time follows: the files' bytes (the split's own GPU model) "
+                         "or their pixels (another fit of the same H100 rates)")
     a = ap.parse_args(argv)
     if a.fit:
         fit(a.sets, a.hardware_speed)
@@ -204,10 +217,15 @@ def main(argv=None) -> int:
     rows = []
     for name, root in sets(a.sets).items():
         pool = pool_rate(root, a.threads)
-        mb = np.mean([p.stat().st_size for p in root.rglob("*.jpg")]) * 1e-6
         per_image_ms = 1e3 / (a.hardware_speed * pool)
-        scale = per_image_ms / (GPU_MS[0] + GPU_MS[1] * mb)
-        use_simulated_engine(SimulatedHardwareDecoder(scale))
+        if a.stand_in == "pixels":
+            infos = read_infos([p.read_bytes() for p in root.rglob("*.jpg")])
+            mpx = float(np.mean(infos.column("height") * infos.column("width").astype(np.float64))) * 1e-6
+            scale = per_image_ms / (PIXELS_MS[0] + PIXELS_MS[1] * mpx)
+        else:
+            mb = np.mean([p.stat().st_size for p in root.rglob("*.jpg")]) * 1e-6
+            scale = per_image_ms / (GPU_MS[0] + GPU_MS[1] * mb)
+        use_simulated_engine(SimulatedHardwareDecoder(scale, a.stand_in))
         for batch in a.batches:
             got = {"keyed": [], "ranked": []}
             shares = {}

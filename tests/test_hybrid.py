@@ -966,6 +966,9 @@ def test_the_split_benchmarks_simulated_decoder_runs_the_loader(tmp_path, monkey
     rate, shares = hybrid_split.loader_rate(tmp_path, 8, 2, 1)
     assert rate > 0 and shares != hybrid.Shares.prior(["cpu", "hardware"]).as_dict()
     assert sim._seconds([b"x" * 1_000_000]) == pytest.approx(50.0 * 1e-3 * (0.018 + 0.594))
+    by_pixels = hybrid_split.SimulatedHardwareDecoder(scale=2.0, model="pixels")
+    assert by_pixels._seconds([b"x" * 10, b"y"], [[1000, 1000], [500, 1000]]) == pytest.approx(
+        2.0 * 1e-3 * (2 * 0.0576 + 0.0534 * 1.5))
 
 
 def test_the_split_benchmarks_simulation_favours_the_cheapest_only_when_costs_differ():
