@@ -175,13 +175,17 @@ for n in ('seed', 'hd'): open('$G/set-' + n, 'w').write(str(folder(n)))" > "$L/d
     RECIPE=$r bench "cpu-$r-${sb/:/-}" ${sb%:*} ${sb#*:} --backend cpu --methods gpupipe raw; done; done
   step huffman 120 python3 -m benchmarks.main --quick --workloads huffman --out "$L/huffman-out"
   grep -E "^###|^\| (gpupipe|libjpeg)" "$L/huffman.txt" | cut -c1-160 | tee -a "$OUT/summary.txt" ;;
-split)  # one call (carry .device/base): build, then the hybrid Loader with its keyed split and its ranked one
-  # (hybrid.SPLIT), in turn, $SPLIT_SETS (default set, 800x533, 1920x1280), train recipe, $SPLIT_ROUNDS rounds
+split)  # one call (carry .device/base): build, the hardware decoder's time per file (hybrid_probe --part costs),
+  # then the hybrid Loader with its keyed split and its ranked one (hybrid.SPLIT), in turn, $SPLIT_SETS (default
+  # set, 800x533, 1920x1280), train recipe, $SPLIT_ROUNDS rounds
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/summary.txt"
   lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$OUT/summary.txt"
   python3 -c "from benchmarks.loader_scale import folder
 for n in ('seed', 'hd'): open('$G/set-' + n, 'w').write(str(folder(n)))
 from gpupipe.bench.dataset import default_set; default_set()" > "$L/data.txt" 2>&1 || { tail -3 "$L/data.txt"; exit 2; }
+  # what the hardware decoder's time per file follows (bytes or pixels): the ranked split's GPU model
+  step costs 90 python3 -m benchmarks.hybrid_probe --part costs
+  grep -E "^\||^fit" "$L/costs.txt" | cut -c1-200 | tee -a "$OUT/summary.txt"
   for r in $(seq ${SPLIT_ROUNDS:-1}); do for sb in ${SPLIT_SETS:-default:64 seed:64 hd:64 default:256}; do
     for sp in keyed ranked; do SPLIT=$sp bench "hybrid-$sp-${sb/:/-}-r$r" ${sb%:*} ${sb#*:} --methods gpupipe; done; done; done ;;
 probe)  # build, the GPU tests, then where the hybrid backend's time goes (benchmarks/hybrid_probe.py)

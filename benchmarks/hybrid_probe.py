@@ -11,6 +11,9 @@
    host time per batch by part (parse, lock wait, nvImageCodec's decode call, table, crop launch)
    and writes the best ``ENGINE_HOST_THREADS`` to ``--tuned``.
 3. BatchAugment's whole call on CUDA against its kernels, with torch.profiler's host-side ops.
+4. ``--part costs``: what the hardware decoder's time per file follows (the ranked split's GPU
+   model, hybrid.SPLIT): groups of files of one size, each size split at its median bytes, decoded
+   in calls of 64, GPU time per image fitted on bytes and pixels (:func:`decoder_costs`).
 Each row also carries a GIL probe: a Python thread that sleeps 0.5 ms in a loop and reports how late
 it woke (p99, max): long holds of the GIL by the engines' Python show there.
 
@@ -324,6 +327,80 @@ def variant_rates(name: str, datas: list, calls: int = 128, reps: int = 3) -> No
               f"{wall_rate(engines):.0f} | - |", flush=True)
 
 
+def cost_groups(datas: list) -> list:
+    """The files by size (height, width), each size's files split at their median bytes: [(label,
+    files)], so that the fit tells bytes from pixels."""
+    infos = read_infos(datas)
+    sizes = np.stack([infos.column("height"), infos.column("width")], axis=1)
+    groups = []
+    for h, w in sorted({tuple(x) for x in sizes.tolist()}):
+        mine = [d for d, x in zip(datas, sizes.tolist()) if tuple(x) == (h, w)]
+        mine.sort(key=len)
+        half = len(mine) // 2
+        for part, files in (("smaller", mine[:half]), ("larger", mine[half:])):
+            if files:
+                groups.append((f"{w}x{h} {part} files", files))
+    return groups
+
+
+def decoder_costs(groups: list, time_call, call: int = 64, reps: int = 3) -> tuple:
+    """Each group's time per image: ``time_call(files)`` (seconds of one call) on calls of ``call``
+    files cycled from the group, the median of ``reps``. Returns (rows, fit): rows of (label, files,
+    mean MB, mean Mpx, ms per image); fit: (ms per image, ms per MB, ms per Mpx, R^2) by least
+    squares over the groups."""
+    rows = []
+    for label, files in groups:
+        batch = [files[i % len(files)] for i in range(call)]
+        infos = read_infos(batch)
+        mpx = float(np.mean(infos.column("height").astype(np.float64) * infos.column("width"))) * 1e-6
+        mb = float(np.mean([len(d) for d in batch])) * 1e-6
+        time_call(batch)  # warm
+        seconds = statistics.median(time_call(batch) for _ in range(reps))
+        rows.append((label, len(files), mb, mpx, 1e3 * seconds / call))
+    x = np.array([[1.0, r[2], r[3]] for r in rows])
+    y = np.array([r[4] for r in rows])
+    coef = np.linalg.lstsq(x, y, rcond=None)[0]
+    r2 = 1 - ((x @ coef - y) ** 2).sum() / max(((y - y.mean()) ** 2).sum(), 1e-30)
+    return rows, (*coef.tolist(), float(r2))
+
+
+def hardware_costs(files: int = 512) -> None:
+    """--part costs: decoder_costs of the hardware decoder (GPU time, CUDA events) on the default
+    set, 800x533 and 1920x1280 photos; the ranked split's model (hybrid_cost_estimates) is
+    0.018 ms + 0.594 ms per MB."""
+    from gpupipe.bench.dataset import default_set
+
+    datas = [p.read_bytes() for p in sorted(default_set().rglob("*.jpg"))[:files]]
+    for name in ("seed", "hd"):
+        one = datasets.load_set(name, progress=False)
+        datas += [one[i % len(one)] for i in range(64)]
+    dev = torch.device("cuda", torch.cuda.current_device())
+    eng = nvimgcodec.Engine("hardware", dev)
+    out = torch.zeros(64, 224, 224, 3, dtype=torch.uint8, device=dev)
+    options = DecodeOptions(size=(224, 224), resize=True, device=dev)
+
+    def time_call(batch: list) -> float:
+        infos = read_infos(batch)
+        sizes = np.stack([infos.column("height"), infos.column("width")], axis=1)
+        boxes = np.concatenate([np.zeros((len(batch), 2), np.int64), sizes], axis=1)  # whole images
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        declined = eng.decode(batch, boxes, out, np.arange(len(batch)), options, sizes=sizes)
+        e.record()
+        e.synchronize()
+        if declined:
+            raise RuntimeError(f"the hardware decoder declined {len(declined)} files: {next(iter(declined.values()))}")
+        return s.elapsed_time(e) / 1e3
+
+    rows, (a, per_mb, per_mpx, r2) = decoder_costs(cost_groups(datas), time_call)
+    print("| files (calls of 64) | files | mean MB | mean Mpx | GPU ms per image |")
+    print("|---|---:|---:|---:|---:|")
+    for label, n, mb, mpx, ms in rows:
+        print(f"| {label} | {n} | {mb:.3f} | {mpx:.3f} | {ms:.4f} |", flush=True)
+    print(f"fit: {a:.4f} ms + {per_mb:.4f} ms per MB + {per_mpx:.4f} ms per Mpx (R^2 {r2:.3f}); "
+          "the ranked split assumes 0.018 + 0.594 ms per MB")
+
+
 def final_rows(threads: int, batch: int, files: int) -> None:
     """The last GPU call's checks: ROI against whole images on the hardware decoder, then the
     shipped default (re-tuned, ENGINE_HOST_THREADS) beside the CPU pool alone in the same run,
@@ -389,12 +466,16 @@ def main(argv=None):
     ap.add_argument("--files", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--part", choices=["all", "engines", "loader", "augment", "final", "variants"], default="all")
+    ap.add_argument("--part", choices=["all", "engines", "loader", "augment", "final", "variants", "costs"],
+                    default="all")
     ap.add_argument("--tuned", default="", help="file to write the best ENGINE_HOST_THREADS measured into")
     args = ap.parse_args(argv)
     print("device:", torch.cuda.get_device_name(0))
     if args.part == "final":
         final_rows(args.threads, args.batch, args.files)
+        return
+    if args.part == "costs":
+        hardware_costs()
         return
     if args.part == "variants":  # the hardware decoder: ROI, chroma upsampling, two calls at once
         from gpupipe.bench.dataset import default_set

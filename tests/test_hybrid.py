@@ -985,3 +985,26 @@ def test_the_split_benchmarks_simulation_favours_the_cheapest_only_when_costs_di
     _, by_cost = hybrid_split.simulate(varied, gpu, varied / gpu, 64, np.random.default_rng(4))
     _, by_noise = hybrid_split.simulate(varied, gpu, rng.random(400), 64, np.random.default_rng(4))
     assert by_cost > 1.1 * by_noise  # per batch too, the ranking is what gains
+
+
+def test_the_probes_decoder_cost_fit_tells_bytes_from_pixels():
+    """benchmarks.hybrid_probe --part costs, its fit on the CPU: a stand-in call whose time follows
+    the files' bytes alone is fitted as bytes, not pixels, over files of two sizes and qualities."""
+    pytest.importorskip("benchmarks.hybrid_probe")
+    from benchmarks import hybrid_probe
+
+    datas = [encode(photo(h, w, PHOTOS[k % 4]), quality=q) for k, (h, w, q) in enumerate(
+        [(96, 128, 30), (96, 128, 95)] * 4 + [(192, 256, 30), (192, 256, 95)] * 4)]
+    groups = hybrid_probe.cost_groups(datas)
+    assert [g[0] for g in groups] == ["128x96 smaller files", "128x96 larger files",
+                                      "256x192 smaller files", "256x192 larger files"]
+    calls = []
+
+    def by_bytes(batch):
+        calls.append(len(batch))
+        return sum(0.02e-3 + 0.6e-3 * len(d) * 1e-6 for d in batch)
+
+    rows, (a, per_mb, per_mpx, r2) = hybrid_probe.decoder_costs(groups, by_bytes, call=8, reps=3)
+    assert set(calls) == {8} and len(rows) == 4
+    assert a == pytest.approx(0.02, rel=1e-6) and per_mb == pytest.approx(0.6, rel=1e-6)
+    assert per_mpx == pytest.approx(0.0, abs=1e-6) and r2 == pytest.approx(1.0)
