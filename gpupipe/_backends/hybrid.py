@@ -552,8 +552,9 @@ def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Deco
 
 def routes(buffers: Sequence, boxes: np.ndarray, options: DecodeOptions, infos: HeaderInfos, keys: RouteKeys,
            shares: Shares, engines: Sequence[str]) -> tuple:
-    """(route, reason) of each sample of a batch (``_C.hybrid_routes``) under :data:`SPLIT`: eligibility, the
-    shares' draws or ranks and the hardware decoder's known declines, in one native pass."""
+    """(route, reason) of each sample of a batch under ``keys.split`` (else :data:`SPLIT`): eligibility,
+    the shares' draws (``_C.hybrid_routes``) or ranks (``_C.hybrid_ranked_routes``) and the hardware
+    decoder's known declines, in one native pass."""
     seed, epoch = int(keys.seed) & keyed._MASK, int(keys.epoch) & keyed._MASK
     common = (shares.cpu, shares.hardware, "hardware" in engines, "cuda" in engines)
     split = check_split(keys.split or SPLIT)
