@@ -1,4 +1,4 @@
-"""The fuzz smokes. libFuzzer: the C++ core under ASan + UBSan (decode, transcode, restart index),
+"""The fuzz smokes. libFuzzer: the C++ core under ASan + UBSan (decode, transcode, restart index, routes),
 replaying each corpus, then fuzzing for GPUPIPE_FUZZ_SECONDS in all (default 60). Atheris: the
 public Python API for GPUPIPE_FUZZ_API_SECONDS (default 20). Any finding fails the suite."""
 
@@ -24,9 +24,9 @@ def test_libfuzzer_smoke_finds_nothing():
                        timeout=int(seconds) + 900, env=env, cwd=ROOT)
     tail = (r.stdout + r.stderr)[-4000:]
     assert r.returncode == 0, tail
-    for harness in ("decode", "transcode", "restart"):
+    for harness in ("decode", "transcode", "restart", "routes"):
         assert f"[fuzz] {harness}: replaying" in r.stdout + r.stderr, tail
-    assert (r.stdout + r.stderr).count("stat::number_of_executed_units") == 3, tail
+    assert (r.stdout + r.stderr).count("stat::number_of_executed_units") == 4, tail
 
 
 @pytest.mark.slow

@@ -65,7 +65,9 @@ void hybrid_routes(const int64_t* table, const std::vector<Box>& boxes, const in
 // time follows the file's bytes, not its pixels.
 double cpu_cost_estimate(const int64_t* row, const Box& box, int64_t nbytes, int out_h, int out_w, bool dct_scaling) {
   const double h = static_cast<double>(row[kHeight]), w = static_cast<double>(row[kWidth]);
-  const double mb = static_cast<double>(nbytes) * 1e-6, mpx = h * w * 1e-6;
+  // (a file size is never negative: a crafted one is taken as 0, so every estimate stays finite and
+  // positive and the ranking's sort has a strict weak order)
+  const double mb = static_cast<double>(std::max<int64_t>(nbytes, 0)) * 1e-6, mpx = h * w * 1e-6;
   const double above = (box.top + box.height) / h;  // the rows the Huffman pass reads
   // (a box of an eligible sample lies inside its image; any other is only kept from undefined casts)
   const bool castable = box.height >= 0 && box.height < 0x1p31 && box.width >= 0 && box.width < 0x1p31;
@@ -77,7 +79,9 @@ double cpu_cost_estimate(const int64_t* row, const Box& box, int64_t nbytes, int
   return 0.17 + above * (4.5 * mb + 0.35 * mpx) + 2.2 * scaled_mpx;
 }
 
-double gpu_cost_estimate(int64_t nbytes) { return 0.018 + 0.594 * (static_cast<double>(nbytes) * 1e-6); }
+double gpu_cost_estimate(int64_t nbytes) {
+  return 0.018 + 0.594 * (static_cast<double>(std::max<int64_t>(nbytes, 0)) * 1e-6);
+}
 
 void hybrid_ranked_routes(const int64_t* table, const std::vector<Box>& boxes, const int64_t* indices, uint64_t seed,
                           uint64_t epoch, uint64_t stream, const RouteShares& shares, const GpuEligibility& e,

@@ -4,8 +4,9 @@
 # files of tests/crafted.py), replays each corpus, then fuzzes each harness for N seconds.
 #   csrc/fuzz/run.sh [seconds=60] [harness ...] [-- extra libFuzzer flags]
 #   harnesses: decode (header, crops, resizes, batch engine), transcode (prepare + verification),
-#              restart (the restart-marker index with hostile layouts); default: all three,
-#              sharing the seconds (decode 1/2, transcode 1/3, restart 1/6).
+#              restart (the restart-marker index with hostile layouts), routes (the hybrid backend's
+#              routing over hostile header tables); default: all four, sharing the seconds
+#              (decode 3/7, transcode 2/7, restart and routes 1/7 each).
 # Exits non-zero on any finding (crash, sanitizer report, leak, timeout, out-of-memory).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -14,7 +15,7 @@ shift || true
 HARNESSES=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do HARNESSES+=("$1"); shift; done
 [ "${1:-}" = "--" ] && shift
-[ ${#HARNESSES[@]} -gt 0 ] || HARNESSES=(decode transcode restart)
+[ ${#HARNESSES[@]} -gt 0 ] || HARNESSES=(decode transcode restart routes)
 CXX=${FUZZ_CXX:-$(command -v clang++ || command -v clang++-14 || true)}
 [ -n "$CXX" ] || { echo "clang++ not found (apt-get install clang-14 libclang-rt-14-dev)" >&2; exit 3; }
 OUT=build/fuzz
@@ -22,7 +23,7 @@ mkdir -p "$OUT/obj" "$OUT/findings"
 FLAGS="-std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined -Icsrc"
 # the core's sources the harnesses use, under csrc/
 CORE="decode/jpeg_decoder decode/jpeg_error decode/resize decode/batch_decode decode/restart decode/huffman_reader
-      common/thread_pool common/multiversion"
+      decode/gpu_routes common/thread_pool common/multiversion"
 objs=()
 for f in $CORE; do
   o="$OUT/obj/${f##*/}.o"
@@ -47,12 +48,13 @@ if [ ! -d "$OUT/corpus/decode" ] || [ tests/fuzz/make_corpus.py -nt "$OUT/corpus
 fi
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+share_of() { case "$1" in decode) echo 3 ;; transcode) echo 2 ;; *) echo 1 ;; esac; }
+total=0; for h in "${HARNESSES[@]}"; do total=$(( total + $(share_of "$h") )); done
 for h in "${HARNESSES[@]}"; do
-  case "$h" in decode) share=3 ;; transcode) share=2 ;; *) share=1 ;; esac
-  [ ${#HARNESSES[@]} -eq 1 ] && share=6
-  secs=$(( SECONDS_TO_RUN * share / 6 )); [ "$secs" -ge 1 ] || secs=1
+  secs=$(( SECONDS_TO_RUN * $(share_of "$h") / total )); [ "$secs" -ge 1 ] || secs=1
   echo "[fuzz] $h: replaying the corpus, then fuzzing for ${secs}s"
   regressions=(); [ -d "csrc/fuzz/regressions/$h" ] && regressions=("csrc/fuzz/regressions/$h")
+  mkdir -p "$OUT/corpus/$h"  # (routes: no seed files, libFuzzer starts from nothing)
   "$OUT/fuzz_$h" -runs=0 "$OUT/corpus/$h" "${regressions[@]}"  # the findings of earlier runs too
   "$OUT/fuzz_$h" "$OUT/corpus/$h" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
     -artifact_prefix="$OUT/findings/$h-" -print_final_stats=1 "$@"
