@@ -81,7 +81,7 @@ def hybrid_routes(table: NDArray[np.int64], boxes: Buffer, indices: ArrayLike, s
     """(route int64 [N]: 0 CPU core, 1 hardware, 2 CUDA decoder; reason int8 [N]: 0 share, 1 no GPU
     decoder may take it, 2 progressive, drawn for the hardware decoder) of a hybrid batch."""
 
-def hybrid_ranked_routes(table: NDArray[np.int64], boxes: Buffer, indices: ArrayLike, nbytes: ArrayLike,
+def hybrid_ranked_routes(datas: Sequence[Buffer], table: NDArray[np.int64], boxes: Buffer, indices: ArrayLike,
                          groups: ArrayLike, seed: int, epoch: int, stream: int, cpu: float, hardware: float,
                          has_hardware: bool, has_cuda: bool, out_height: int, out_width: int, dct_scaling: bool,
                          window: bool, strict: bool, colorspaces: int, max_pixels: int,

@@ -287,6 +287,8 @@ def test_the_native_ranked_routes_equal_their_numpy_definition(dtype):
     table[200:400], boxes[200:400], nbytes[200:400] = table[:200], boxes[:200], nbytes[:200]  # ties
     groups = np.cumsum(rng.random(n) < 1 / 40)
     groups[-1] = groups[-2] + 1  # a batch of one
+    whole = memoryview(bytes(int(nbytes.max())))  # the files: views of one buffer, of each sample's size
+    datas = [whole[:k] for k in nbytes.tolist()]
     for shares in (hybrid.Shares(0.3, 0.7, 0.0), hybrid.Shares(0.3, 0.5, 0.2), hybrid.Shares(1.0, 0.0, 0.0),
                    hybrid.Shares(0.0, 1.0, 0.0), hybrid.Shares(0.45, 0.0, 0.55)):
         for engines in (("hardware", "cuda"), ("hardware",), ("cuda",), ()):
@@ -294,7 +296,7 @@ def test_the_native_ranked_routes_equal_their_numpy_definition(dtype):
                     ELIGIBILITY_CASES, ((224, 224, True), (24, 32, True), (224, 224, True), (0, 0, False))):
                 mask = sum(1 << c for c in cs)
                 route, reason = _C.hybrid_ranked_routes(
-                    table, boxes, indices, nbytes, groups, 11, 2**64 - 3, hybrid.ROUTE_STREAM, shares.cpu,
+                    datas, table, boxes, indices, groups, 11, 2**64 - 3, hybrid.ROUTE_STREAM, shares.cpu,
                     shares.hardware, "hardware" in engines, "cuda" in engines, out_h, out_w, dct, window, strict,
                     mask, max_pixels, max_scans)
                 eligible = eligible_reference(table, boxes, window, strict, cs, max_pixels, max_scans)
@@ -312,7 +314,10 @@ def test_the_native_ranked_routes_equal_their_numpy_definition(dtype):
                 if shares.cpu == 0.3 and "hardware" in engines and not (window or strict):
                     assert 0 < (route == 0).sum() and 0 < (route > 0).sum()  # both sides of the split
     with pytest.raises(ValueError, match="one entry per sample"):
-        _C.hybrid_ranked_routes(table, boxes, indices, nbytes[:3], groups, 0, 0, 0, 0.5, 0.5, True, True, 224, 224,
+        _C.hybrid_ranked_routes(datas[:3], table, boxes, indices, groups, 0, 0, 0, 0.5, 0.5, True, True, 224, 224,
+                                True, False, False, 3, 10, 10)
+    with pytest.raises(TypeError):  # a file that is not bytes-like
+        _C.hybrid_ranked_routes([1] * n, table, boxes, indices, groups, 0, 0, 0, 0.5, 0.5, True, True, 224, 224,
                                 True, False, False, 3, 10, 10)
 
 

@@ -168,15 +168,18 @@ void register_routes(py::module_& m) {
       "each sample's keyed draw against the shares (seed, epoch, stream mod 2**64).");
   m.def(
       "hybrid_ranked_routes",
-      [](py::object table, py::object boxes, py::array_t<int64_t, py::array::c_style | py::array::forcecast> indices,
-         py::array_t<int64_t, py::array::c_style | py::array::forcecast> nbytes,
+      [](py::sequence datas, py::object table, py::object boxes,
+         py::array_t<int64_t, py::array::c_style | py::array::forcecast> indices,
          py::array_t<int64_t, py::array::c_style | py::array::forcecast> groups, uint64_t seed, uint64_t epoch,
          uint64_t stream, double cpu, double hardware, bool has_hardware, bool has_cuda, int out_h, int out_w,
          bool dct_scaling, bool window, bool strict, uint32_t colorspaces, int64_t max_pixels, int64_t max_scans) {
         const RoutedBatch b = routed_batch(table, boxes);
         const auto n = static_cast<py::ssize_t>(b.boxes.size());
-        if (indices.size() != n || nbytes.size() != n || groups.size() != n)
-          throw std::invalid_argument("indices, nbytes and groups must have one entry per sample");
+        if (static_cast<py::ssize_t>(py::len(datas)) != n || indices.size() != n || groups.size() != n)
+          throw std::invalid_argument("datas, indices and groups must have one entry per sample");
+        std::vector<int64_t> nbytes;  // the files' sizes, read here: no Python per sample
+        nbytes.reserve(static_cast<size_t>(n));
+        for (const BufferView& v : buffer_views(datas)) nbytes.push_back(static_cast<int64_t>(v.size()));
         py::array_t<int64_t> route(n);
         py::array_t<int8_t> reason(n);
         hybrid_ranked_routes(b.table.data(), b.boxes, indices.data(), seed, epoch, stream,
@@ -186,13 +189,13 @@ void register_routes(py::module_& m) {
                              reason.mutable_data());
         return py::make_tuple(route, reason);
       },
-      py::arg("table"), py::arg("boxes"), py::arg("indices"), py::arg("nbytes"), py::arg("groups"), py::arg("seed"),
+      py::arg("datas"), py::arg("table"), py::arg("boxes"), py::arg("indices"), py::arg("groups"), py::arg("seed"),
       py::arg("epoch"), py::arg("stream"), py::arg("cpu"), py::arg("hardware"), py::arg("has_hardware"),
       py::arg("has_cuda"), py::arg("out_height"), py::arg("out_width"), py::arg("dct_scaling"), py::arg("window"),
       py::arg("strict"), py::arg("colorspaces"), py::arg("max_pixels"), py::arg("max_scans"),
       "(route, reason) as hybrid_routes gives them, by the ranked split: in each run of equal groups, the "
-      "samples a GPU decoder may take are ranked by their estimated CPU-to-GPU cost ratio (file size nbytes, "
-      "header, box, output size, DCT scaling) and the CPU core takes its share of them from the cheapest "
+      "samples a GPU decoder may take are ranked by their estimated CPU-to-GPU cost ratio (the file's size in "
+      "bytes, header, box, output size, DCT scaling) and the CPU core takes its share of them from the cheapest "
       "(gpupipe._backends.hybrid.assign_ranked is the definition).");
   m.def(
       "hybrid_cost_estimates",

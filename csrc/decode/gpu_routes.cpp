@@ -60,9 +60,10 @@ void hybrid_routes(const int64_t* table, const std::vector<Box>& boxes, const in
 
 // Fitted on one core of an AMD EPYC (Zen 4), RandomResizedCrop 224 of 1,536 files (assorted sizes,
 // 800x533 and 1920x1280 photos): the Huffman pass to the crop's last row (bytes and pixels above it)
-// and the DCT-scaled crop's IDCT, colour conversion and resize; 5.5% median error, R^2 0.96
-// (benchmarks: docs/gpu.md). The GPU decoder's from an H100's hardware decoder on three sets: its
-// time follows the file's bytes, not its pixels.
+// and the DCT-scaled crop's IDCT, colour conversion and resize; 5.8% median error, R^2 0.96
+// (python -m benchmarks.hybrid_split --fit). The GPU decoder's: two parameters fitted to an H100's
+// hardware decoder rates on three sets, where bytes fitted them better than pixels (docs/gpu.md;
+// hybrid_probe --part costs measures it per file on a GPU).
 double cpu_cost_estimate(const int64_t* row, const Box& box, int64_t nbytes, int out_h, int out_w, bool dct_scaling) {
   const double h = static_cast<double>(row[kHeight]), w = static_cast<double>(row[kWidth]);
   // (a file size is never negative: a crafted one is taken as 0, so every estimate stays finite and

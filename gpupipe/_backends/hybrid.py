@@ -561,12 +561,10 @@ def routes(buffers: Sequence, boxes: np.ndarray, options: DecodeOptions, infos: 
     if split == "keyed":
         return _C.hybrid_routes(infos.table, boxes, keys.indices, seed, epoch, ROUTE_STREAM, *common,
                                 *gpu_fallback.eligibility_args(options))
-    n = len(buffers)
-    nbytes = np.fromiter(map(_nbytes, buffers), np.int64, n)
-    groups = np.zeros(n, np.int64) if keys.groups is None else keys.groups
+    groups = np.zeros(len(buffers), np.int64) if keys.groups is None else keys.groups
     out_h, out_w = (int(options.size[0]), int(options.size[1])) if options.resize else (0, 0)
-    return _C.hybrid_ranked_routes(infos.table, boxes, keys.indices, nbytes, groups, seed, epoch, ROUTE_STREAM, *common,
-                                   out_h, out_w, options.dct_scaling, *gpu_fallback.eligibility_args(options))
+    return _C.hybrid_ranked_routes(buffers, infos.table, boxes, keys.indices, groups, seed, epoch, ROUTE_STREAM,
+                                   *common, out_h, out_w, options.dct_scaling, *gpu_fallback.eligibility_args(options))
 
 
 def check_split(split: Any) -> str:
@@ -574,11 +572,6 @@ def check_split(split: Any) -> str:
     if split not in ("keyed", "ranked"):
         raise ValueError(f"hybrid.SPLIT must be 'keyed' or 'ranked', got {split!r}")
     return split
-
-
-def _nbytes(buffer: Any) -> int:
-    """A file's size in bytes (a memoryview, array or tensor of another item size counted right)."""
-    return len(buffer) if isinstance(buffer, (bytes, bytearray)) else int(buffer.nbytes)
 
 
 def wait(p: Pending) -> BatchStatus:
