@@ -331,11 +331,10 @@ def cost_groups(datas: list) -> list:
     """The files by size (height, width), each size's files split at their median bytes: [(label,
     files)], so that the fit tells bytes from pixels."""
     infos = read_infos(datas)
-    sizes = np.stack([infos.column("height"), infos.column("width")], axis=1)
+    sizes = list(zip(infos.column("height").tolist(), infos.column("width").tolist()))
     groups = []
-    for h, w in sorted({tuple(x) for x in sizes.tolist()}):
-        mine = [d for d, x in zip(datas, sizes.tolist()) if tuple(x) == (h, w)]
-        mine.sort(key=len)
+    for h, w in sorted(set(sizes)):
+        mine = sorted((d for d, x in zip(datas, sizes) if x == (h, w)), key=len)
         half = len(mine) // 2
         for part, files in (("smaller", mine[:half]), ("larger", mine[half:])):
             if files:

@@ -87,12 +87,17 @@ def sets(names) -> dict:
     return {n: default_set() if n == "default" else folder(n) for n in names}
 
 
-def pool_rate(root: Path, threads: int) -> float:
-    """Images/s of the CPU pool alone: decode_crop_jpegs of the set's RandomResizedCrop 224 boxes."""
-    files = sorted(root.rglob("*.jpg"))[:512]
-    datas = [f.read_bytes() for f in files]
+def files_and_boxes(root: Path, files: int = 512) -> tuple:
+    """(datas, header infos, int64 RandomResizedCrop 224 boxes) of the set's first ``files`` files."""
+    datas = [f.read_bytes() for f in sorted(root.rglob("*.jpg"))[:files]]
     infos = read_infos(datas)
     boxes, _ = crops.RandomResizedCrop(224).plan(infos.column("height"), infos.column("width"), seed=0)
+    return datas, infos, np.ascontiguousarray(boxes, dtype=np.int64)
+
+
+def pool_rate(root: Path, threads: int) -> float:
+    """Images/s of the CPU pool alone: decode_crop_jpegs of the set's RandomResizedCrop 224 boxes."""
+    datas, _, boxes = files_and_boxes(root)
     out = torch.empty((len(datas), 224, 224, 3), dtype=torch.uint8)
     gpupipe.decode_crop_jpegs(datas, boxes, size=224, out=out, num_threads=threads)
     best = float("inf")
@@ -123,10 +128,7 @@ def loader_rate(root: Path, batch: int, threads: int, epochs: int) -> tuple:
 def sample_costs(root: Path, files: int = 512) -> dict:
     """Each of the set's first ``files`` files decoded alone at its RandomResizedCrop 224 box, 1
     thread, the best of 3: {"seconds", "table", "boxes", "nbytes"}."""
-    datas = [f.read_bytes() for f in sorted(root.rglob("*.jpg"))[:files]]
-    infos = read_infos(datas)
-    boxes, _ = crops.RandomResizedCrop(224).plan(infos.column("height"), infos.column("width"), seed=0)
-    boxes = np.ascontiguousarray(boxes, dtype=np.int64)
+    datas, infos, boxes = files_and_boxes(root, files)
     out = torch.empty((1, 224, 224, 3), dtype=torch.uint8)
     seconds = np.full(len(datas), np.inf)
     for _ in range(3):
@@ -177,14 +179,14 @@ def fit(names, hardware_speed: float, pool_threads: int = 12, slowdown: float = 
     costs = {n: sample_costs(r) for n, r in sets(names).items()}
     X = np.concatenate([cpu_features(c) for c in costs.values()])
     y = np.concatenate([c["seconds"] for c in costs.values()]) * 1e3
-    for name, pred in (("fitted here", X @ np.linalg.lstsq(X, y, rcond=None)[0]),
+    coef = np.linalg.lstsq(X, y, rcond=None)[0]
+    for name, pred in (("fitted here", X @ coef),
                        ("shipped", np.concatenate([_C.hybrid_cost_estimates(c["table"], c["boxes"], c["nbytes"], 224, 224,
                                                                             True)[:, 0] for c in costs.values()]))):
         rel = np.abs(pred - y) / y
         r2 = 1 - ((pred - y) ** 2).sum() / ((y - y.mean()) ** 2).sum()
         print(f"CPU model, {name}: median error {np.median(rel):.3f}, 90th percentile {np.quantile(rel, 0.9):.3f}, R^2 {r2:.3f}")
-    print("coefficients fitted here (ms): 1, above * MB, above * Mpx, scaled Mpx:",
-          np.round(np.linalg.lstsq(X, y, rcond=None)[0], 3))
+    print("coefficients fitted here (ms): 1, above * MB, above * Mpx, scaled Mpx:", np.round(coef, 3))
     print(f"\n| set | batch | keyed img/s | ranked img/s | ranked / keyed |  (simulated: {pool_threads} pool threads "
           f"{slowdown}x slower than this core, the GPU decoder {hardware_speed}x the pool)")
     rng = np.random.default_rng(0)
