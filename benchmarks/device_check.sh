@@ -24,7 +24,8 @@
 #  or ... whole, carry .device/base: build, then batch 64 with a chunk's batches augmented whole and one by one;
 #  or ... variants, carry .device/base: build, hybrid_probe --part variants, the hybrid Loader with PLAIN=1 and without;
 #  or ... scale, carry .device/base: build, issue 28's Loader-vs-raw table on 800x533 and 1920x1280, the Huffman reader;
-#  or ... split, carry .device/base: build, the hybrid Loader with hybrid.SPLIT keyed and ranked in turn)
+#  or ... split, carry .device/base: build, the hybrid Loader with hybrid.SPLIT keyed and ranked in turn, and with two
+#  calls of the hardware decoder in flight (hybrid.CALLS_IN_FLIGHT; SPLIT_VARIANTS, SPLIT_SETS, SPLIT_ROUNDS))
 # Each step's log goes into $OUT/logs-K.tgz (with the bench outputs), its rc and time into $OUT/summary.txt.
 set -u
 G=${DEVICE_CHECK_ROOT:-/root/g}
@@ -59,6 +60,8 @@ bench() {  # bench NAME SET BATCH ARGS...: python -m gpupipe bench, $RECIPE (tra
   [ -n "${DALI_HW:-}" ] && pre+="from gpupipe.bench import recipes; recipes.DALI_DECODER_ARGS['hw_decoder_load'] = $DALI_HW; "
   # SPLIT=ranked: the hybrid backend's ranked split (each batch's cheapest samples for the CPU pool), not the keyed one
   [ -n "${SPLIT:-}" ] && pre+="from gpupipe._backends import hybrid; hybrid.SPLIT = '$SPLIT'; "
+  # LANES=N: N calls of the hardware decoder in flight, each on its own decoder (hybrid.CALLS_IN_FLIGHT)
+  [ -n "${LANES:-}" ] && pre+="from gpupipe._backends import hybrid; hybrid.CALLS_IN_FLIGHT['hardware'] = $LANES; "
   # CHUNK=N: the Loader's chunks of N images (loader.CHUNK_IMAGES, 256 by default): on 2 cores 512 cut the host
   # time per image from 5.9-7.6 to 4.0-4.9 us (train recipe, CPU output, batch 64 and 256), at twice the buffers
   [ -n "${CHUNK:-}" ] && pre+="import gpupipe.loader as loader_module; loader_module.CHUNK_IMAGES = $CHUNK; "
@@ -186,8 +189,13 @@ from gpupipe.bench.dataset import default_set; default_set()" > "$L/data.txt" 2>
   # what the hardware decoder's time per file follows (bytes or pixels): the ranked split's GPU model
   step costs 90 python3 -m benchmarks.hybrid_probe --part costs
   grep -E "^\||^fit" "$L/costs.txt" | cut -c1-200 | tee -a "$OUT/summary.txt"
-  for r in $(seq ${SPLIT_ROUNDS:-1}); do for sb in ${SPLIT_SETS:-default:64 seed:64 hd:64 default:256}; do
-    for sp in keyed ranked; do SPLIT=$sp bench "hybrid-$sp-${sb/:/-}-r$r" ${sb%:*} ${sb#*:} --methods gpupipe; done; done; done ;;
+  # $SPLIT_VARIANTS: each a split (keyed, ranked) with "+lanes2" (two calls of the hardware decoder in flight,
+  # hybrid.CALLS_IN_FLIGHT) and/or "+chunk512" (loader.CHUNK_IMAGES 512) added
+  for r in $(seq ${SPLIT_ROUNDS:-1}); do for sb in ${SPLIT_SETS:-default:64 seed:64 default:256}; do
+    for v in ${SPLIT_VARIANTS:-keyed ranked keyed+lanes2}; do
+      lanes=""; chunk=""; [[ $v == *+lanes2* ]] && lanes=2; [[ $v == *+chunk512* ]] && chunk=512
+      SPLIT=${v%%+*} LANES=$lanes CHUNK=$chunk bench "hybrid-${v//+/-}-${sb/:/-}-r$r" ${sb%:*} ${sb#*:} --methods gpupipe
+    done; done; done ;;
 probe)  # build, the GPU tests, then where the hybrid backend's time goes (benchmarks/hybrid_probe.py)
   python3 -c "import PIL, torch; print('Pillow', PIL.__version__, 'torch', torch.__version__, torch.cuda.get_device_name(0))"
   step tests 60 python3 -m pytest -q -p no:cacheprovider -rs tests/test_crop_resize.py tests/test_nvimgcodec.py \

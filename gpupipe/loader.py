@@ -781,7 +781,8 @@ class Loader:
         ([(key, reason)] for samples not decoded by the backend's own decoder), ``warnings``
         ([(key, message)]). With ``backend="hybrid"``: ``shares`` (the epoch's fraction per engine)
         and ``engines`` (per GPU engine: ``images`` decoded, ``given``, ``seconds`` of its work,
-        ``images_per_s``).
+        its overlapping calls counted once, ``images_per_s``), ``calls_in_flight`` (per GPU engine,
+        ``hybrid.CALLS_IN_FLIGHT``) and ``lane_failures`` (why a lane shares another's decoder).
 
         Where the host's time goes: ``host_s`` (per stage, the CPU time its thread spent outside
         gpupipe's native calls: Python, torch ops, bookkeeping; the pools' work is not in it) and
@@ -820,9 +821,13 @@ class Loader:
     def _hybrid_stats(self, s: "_Stats") -> dict:
         if self.backend != "hybrid":
             return {}
+        workers = self._workers
         return {"shares": s.shares.as_dict() if s.shares else None,  # (a chunk's counts are shared out: rounded)
                 "engines": {e: {"images": round(n), "given": round(g), "seconds": t, "images_per_s": n / t if t > 0 else 0.0}
-                            for e, (n, g, t) in s.engine_seconds.items()}}
+                            for e, (n, g, t) in s.engine_seconds.items()},
+                # each GPU engine's calls in flight, and why a lane shares another's decoder
+                "calls_in_flight": workers.calls_in_flight() if workers is not None else {},
+                "lane_failures": workers.lane_failures() if workers is not None else []}
 
 
 def _same_kind(value, reference) -> bool:

@@ -551,6 +551,130 @@ def test_shares_waiting_for_a_busy_engine_go_in_one_call_with_their_own_pixels_a
     assert any(seconds[a] == seconds[a + 1] and seconds[a + 2] == seconds[a + 3] for a in (0, 1))
 
 
+class LaneHostEngine(HostEngine):
+    """A HostEngine with lanes (``lane(i)``: another instance, as nvImageCodec's engines make one
+    decoder per call in flight) that records how many of its instances decode at once and when."""
+
+    def __init__(self, *a, lanes=None, fail_lanes: bool = False, **kw):
+        super().__init__(*a, **kw)
+        self.lanes = {} if lanes is None else lanes  # shared by the instances
+        self.fail_lanes = fail_lanes
+        self.active, self.most, self.spans = [0], [0], []
+        self.lock = threading.Lock()
+
+    def lane(self, i):
+        if self.fail_lanes:
+            raise RuntimeError("nvimgcodecDecoderCreate failed (status 5)")
+        if i not in self.lanes:
+            twin = LaneHostEngine(self.kind, lanes=self.lanes, delay=self.delay)
+            twin.active, twin.most, twin.spans, twin.lock, twin.calls = self.active, self.most, self.spans, self.lock, self.calls
+            self.lanes[i] = twin
+        return self.lanes[i]
+
+    def decode(self, buffers, boxes, out, slots, options, *, sizes):
+        with self.lock:
+            self.active[0] += 1
+            self.most[0] = max(self.most[0], self.active[0])
+        t0 = time.perf_counter()
+        try:
+            return super().decode(buffers, boxes, out, slots, options, sizes=sizes)
+        finally:
+            with self.lock:
+                self.active[0] -= 1
+                self.spans.append((t0, time.perf_counter()))
+
+
+def union_seconds(spans) -> float:
+    total, end = 0.0, -float("inf")
+    for a, b in sorted(spans):
+        total += max(b - max(a, end), 0.0)
+        end = max(end, b)
+    return total
+
+
+def test_calls_in_flight_overlap_on_their_own_decoders_and_count_the_engines_time_once(monkeypatch):
+    datas, infos, boxes = batch(8)
+    shares = hybrid.Shares(0.0, 1.0, 0.0)
+    alone = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
+    hybrid.decode(datas, boxes, alone, options(), infos, shares=shares, engines=engines())
+    monkeypatch.setattr(hybrid, "CALLS_IN_FLIGHT", {"hardware": 2, "cuda": 1})
+    hw = LaneHostEngine("hardware", delay=0.01)
+    workers = hybrid.Workers(["hardware", "cuda"], torch.device("cpu"))
+    try:
+        assert workers.calls_in_flight() == {"hardware": 2, "cuda": 1}
+        outs = [torch.zeros((len(datas), *SIZE, 3), dtype=torch.uint8) for _ in range(6)]
+        started = [hybrid.start(datas, boxes, o, options(), infos, shares=shares, workers=workers,
+                                engines={"hardware": hw, "cuda": HostEngine("cuda")}) for o in outs]
+        statuses = [hybrid.wait(p) for p in started]
+    finally:
+        workers.close()
+    assert all(torch.equal(o, alone) for o in outs) and all(s.ok.all() for s in statuses)
+    # two decoders at once, each a lane's own (lane 1's made on its first call)
+    assert hw.most[0] == 2 and set(hw.lanes) == {1} and len(hw.calls) == 6
+    counted = sum(s.engine_seconds["hardware"][2] for s in statuses)
+    spans = sum(b - a for a, b in hw.spans)
+    # the overlapping calls count once: about the union of their spans (each timed a little wider
+    # by the scheduler), well under their sum
+    assert union_seconds(hw.spans) * 0.95 <= counted <= union_seconds(hw.spans) + 0.02 * len(hw.spans)
+    assert counted < 0.8 * spans
+    assert workers.lane_failures() == []
+
+
+def test_a_lane_whose_decoder_cannot_start_calls_lane_0s_and_says_why(monkeypatch):
+    datas, infos, boxes = batch(8)
+    shares = hybrid.Shares(0.0, 1.0, 0.0)
+    monkeypatch.setattr(hybrid, "CALLS_IN_FLIGHT", {"hardware": 2})
+    hw = LaneHostEngine("hardware", delay=0.005, fail_lanes=True)
+    workers = hybrid.Workers(["hardware", "cuda"], torch.device("cpu"))
+    try:
+        outs = [torch.zeros((len(datas), *SIZE, 3), dtype=torch.uint8) for _ in range(4)]
+        started = [hybrid.start(datas, boxes, o, options(), infos, shares=shares, workers=workers,
+                                engines={"hardware": hw, "cuda": HostEngine("cuda")}) for o in outs]
+        assert all(hybrid.wait(p).ok.all() for p in started)
+        failures = workers.lane_failures()
+    finally:
+        workers.close()
+    # lane 1 took a call (both lanes wait when the shares come): it called lane 0's decoder, and said why
+    assert hw.lanes == {} and len(hw.calls) == 4
+    assert failures == ["hardware decoder lane 1 could not start (RuntimeError: nvimgcodecDecoderCreate failed (status 5))"]
+    assert workers.calls_in_flight()["hardware"] == 1
+
+
+def test_the_busy_clock_counts_overlapping_calls_once_in_the_order_they_were_taken():
+    clock = hybrid._BusyClock()
+    calls = [clock.taken() for _ in range(5)]
+    for call, span in zip(calls, [(0.0, 10.0), (5.0, 12.0), (20.0, 25.0), (21.0, 22.0), (None, None)]):
+        call.start, call.end = span  # (the last one failed: it counts nothing)
+        call.ended.set()
+    # collected out of order (an epoch and the one started ahead): counted in the order taken
+    assert clock.seconds(calls[3]) == 0.0
+    assert [clock.seconds(c) for c in calls] == [10.0, 2.0, 5.0, 0.0, 0.0]
+    # one call in flight: each call's whole span
+    clock = hybrid._BusyClock()
+    calls = [clock.taken() for _ in range(3)]
+    for call, span in zip(calls, [(0.0, 1.0), (1.5, 2.0), (2.0, 4.0)]):
+        call.start, call.end = span
+        call.ended.set()
+    assert [clock.seconds(c) for c in calls] == [1.0, 0.5, 2.0]
+
+
+def test_a_call_still_running_is_waited_for_before_a_later_one_is_counted():
+    clock = hybrid._BusyClock()
+    first, second = clock.taken(), clock.taken()
+    second.start, second.end = 3.0, 5.0
+    second.ended.set()
+
+    def finish():
+        time.sleep(0.05)
+        first.start, first.end = 0.0, 4.0
+        first.ended.set()
+
+    t = threading.Thread(target=finish)
+    t.start()
+    assert clock.seconds(second) == 1.0 and clock.seconds(first) == 4.0
+    t.join()
+
+
 def test_headers_a_cpu_probe_read_get_their_scans_counted(host_engines):
     """The CPU backend's probe does not count scans (-1: it reads each whole file); a hybrid batch
     handed such headers counts them, so its samples still go to the GPU engines by their shares."""
@@ -801,6 +925,20 @@ def test_fixed_decode_shares_and_a_set_epoch_during_the_iteration(tmp_path, host
         loader(tmp_path, decode_shares={"cpu": 0.5, "hardware": 0.0, "cuda": 0.0})
 
 
+def test_the_loader_with_two_calls_in_flight_gives_the_same_batches_and_says_so(tmp_path, host_engines, monkeypatch):
+    make_image_folder(tmp_path, per_class=12)
+    fixed = {"cpu": 0.25, "hardware": 0.5, "cuda": 0.25}
+    one = [x.clone() for x, _ in loader(tmp_path, decode_shares=fixed)]
+    monkeypatch.setattr(hybrid, "CALLS_IN_FLIGHT", {"hardware": 2, "cuda": 2})
+    ld = loader(tmp_path, decode_shares=fixed)
+    two = [x.clone() for x, _ in ld]
+    st = ld.stats()
+    assert len(one) == len(two) == 5 and all(torch.equal(a, b) for a, b in zip(one, two))
+    # the stand-ins have no lanes: each lane calls the one instance (one call at a time)
+    assert st["calls_in_flight"] == {"hardware": 2, "cuda": 2} and st["lane_failures"] == []
+    assert st["engines"]["hardware"]["images_per_s"] > 0
+
+
 def test_a_device_error_fails_the_loader_clearly_and_every_thread_stops(tmp_path, host_engines):
     import gc
 
@@ -888,6 +1026,35 @@ def test_gpu_the_loader_tunes_its_shares_and_resumes_exactly(tmp_path):
                            crop=gpupipe.crops.RandomResizedCrop(SIZE), seed=3)
     again.load_state_dict(state)
     assert all(torch.equal(a, b.cpu()) for a, (b, _) in zip(rest, again))
+
+
+@on_gpu
+def test_gpu_two_calls_in_flight_decode_on_two_decoders_with_the_same_pixels(monkeypatch):
+    datas = photo_jpegs([PHOTOS[i % 4] for i in range(48)], [{"quality": 90}], size=(300, 400), step=(3, 5))
+    boxes = np.array([[10 + i % 7, 20 + i % 11, 200 + i, 250 + i] for i in range(48)], dtype=np.int64)
+    device = torch.device("cuda")
+    eng = hybrid.gpu_engines(device)
+    kind = "hardware" if "hardware" in eng else "cuda"
+    shares = hybrid.Shares(0.0, 1.0, 0.0) if kind == "hardware" else hybrid.Shares(0.0, 0.0, 1.0)
+    infos = read_infos(datas)
+
+    def batches():
+        workers = hybrid.Workers(list(eng), device)
+        try:
+            outs = [torch.zeros((16, *SIZE, 3), dtype=torch.uint8, device=device) for _ in range(3)]
+            started = [hybrid.start(datas[16 * b:16 * b + 16], boxes[16 * b:16 * b + 16], o, options(device=device), infos.select(
+                np.arange(16 * b, 16 * b + 16)), shares=shares, engines=eng, workers=workers) for b, o in enumerate(outs)]
+            statuses = [hybrid.wait(p) for p in started]
+            return torch.cat(outs).cpu(), statuses, workers
+        finally:
+            workers.close()
+
+    one, _, _ = batches()
+    monkeypatch.setattr(hybrid, "CALLS_IN_FLIGHT", {kind: 2})
+    two, statuses, workers = batches()
+    assert all(s.ok.all() for s in statuses) and workers.lane_failures() == []
+    assert workers.calls_in_flight()[kind] == 2 and eng[kind].lane(1) is not eng[kind]  # a decoder of its own
+    assert torch.equal(one, two)
 
 
 def test_an_engine_answering_nonsense_fails_its_batches_and_nothing_waits():

@@ -74,6 +74,13 @@ MERGE_IMAGES = 256
 # measured on a GPU, hence not the default. Read when a Loader's epoch starts (it keeps it; its
 # state_dict records it) or per call (RouteKeys.split).
 SPLIT = "keyed"
+# Calls of a GPU engine in flight at once, each on its own decoder instance (``engine.lane(i)``),
+# thread and CUDA stream. nvImageCodec's hardware decoder waits on the host for its previous call's
+# decode before it parses and submits the next one (its decodeBatch synchronizes on its own event
+# first), so with one decoder the JPEG engines sit idle while the host prepares each call; with two,
+# one decoder prepares its call while the other's decodes. In the Loader the hardware decoder ran at
+# about 3/4 of its rate alone (docs/gpu.md). Not yet measured on a GPU, hence 1.
+CALLS_IN_FLIGHT = {"hardware": 1, "cuda": 1}
 _MIN_SHARE = 0.02  # an engine that shares (sharing()) keeps a little work, so its rate stays measured
 
 
@@ -280,15 +287,20 @@ class RouteKeys:
 
 
 class Workers:
-    """A thread and a CUDA stream per GPU engine, so that the engines decode at the same time and
-    their host-side waits overlap. Owned by whoever starts batches: one :func:`decode` call, which
-    closes them, or a Loader, whose epochs share them (each epoch calls :meth:`acquire`, and
-    :meth:`release` when it closes; the last release closes them). No thread outlives its owners."""
+    """A thread and a CUDA stream per GPU engine and call in flight (:data:`CALLS_IN_FLIGHT`), so
+    that the engines decode at the same time and their host-side waits overlap. Owned by whoever
+    starts batches: one :func:`decode` call, which closes them, or a Loader, whose epochs share them
+    (each epoch calls :meth:`acquire`, and :meth:`release` when it closes; the last release closes
+    them). No thread outlives its owners."""
 
     def __init__(self, kinds: Sequence[str], device: torch.device):
         self.device = device
-        self.streams = {k: torch.cuda.Stream(device) for k in kinds} if device.type == "cuda" else {}
-        self.queues = {k: _EngineQueue(k, self.streams.get(k)) for k in kinds}
+        lanes = {k: max(1, int(CALLS_IN_FLIGHT.get(k, 1))) for k in kinds}
+        #: {kind: [stream per call in flight]}
+        self.streams = {k: [torch.cuda.Stream(device) for _ in range(lanes[k])] for k in kinds} \
+            if device.type == "cuda" else {}
+        self.busy = {k: _BusyClock() for k in kinds}  #: each engine's busy seconds, its overlapping calls once
+        self.queues = {k: _EngineQueue(k, self.streams.get(k) or [None] * lanes[k], self.busy[k]) for k in kinds}
         self.closed = False
         self._users = 0
         self._lock = threading.Lock()
@@ -308,6 +320,15 @@ class Workers:
             if self._users > 0:
                 return
         self.close()
+
+    def calls_in_flight(self) -> dict:
+        """{kind: calls each GPU engine has in flight at most} (lanes whose own decoder could not
+        start share another's: they count once)."""
+        return {k: len(q.streams) - len(q.lane_failures) for k, q in self.queues.items()}
+
+    def lane_failures(self) -> list:
+        """Why lanes call another lane's decoder (theirs could not start)."""
+        return [why for q in self.queues.values() for why in q.lane_failures.values()]
 
     def close(self) -> None:
         """Stops the threads once their running batch is queued; batches not started are dropped."""
@@ -331,20 +352,26 @@ class _Job:
 
 
 class _EngineQueue:
-    """One GPU engine's thread. It decodes the shares queued for it in order; the shares already
-    waiting when it takes one (the engine is behind) go with it into one call of the engine, up to
+    """One GPU engine's threads, one per call in flight (a lane: its own decoder instance and
+    stream). They take the shares queued for the engine in order; the shares already waiting when a
+    lane takes one (the engine is behind) go with it into one call of the engine, up to
     :data:`MERGE_IMAGES` images, when the engine decodes several at once (``engine.decode_jobs``)
     and they have the same options: a call's fixed cost is then paid once. Nothing waits to be
-    merged: a share that finds the engine idle is decoded at once, alone."""
+    merged: a share that finds a lane idle is decoded at once, alone."""
 
-    def __init__(self, kind: str, stream: Optional["torch.cuda.Stream"]):
-        self.stream = stream
+    def __init__(self, kind: str, streams: Sequence[Optional["torch.cuda.Stream"]], busy: _BusyClock):
+        self.kind, self.streams, self.busy = kind, list(streams), busy
         self._jobs: collections.deque = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
-        self._thread = threading.Thread(target=self._loop, name=f"gpupipe-{kind}-decoder", daemon=True)
+        #: {lane: why it calls lane 0's decoder} of the lanes whose own decoder could not start
+        self.lane_failures: dict = {}
+        self._threads = [threading.Thread(target=self._loop, args=(lane,), daemon=True,
+                                          name=f"gpupipe-{kind}-decoder" + (f"-{lane}" if lane else ""))
+                         for lane in range(len(self.streams))]
         _open_queues.add(self)
-        self._thread.start()
+        for t in self._threads:
+            t.start()
 
     def submit(self, engine: Any, job: _Job) -> concurrent.futures.Future:
         with self._cond:
@@ -355,21 +382,21 @@ class _EngineQueue:
         return job.future
 
     def close(self) -> None:
-        """The running call finishes; the shares not taken yet are cancelled."""
+        """The running calls finish; the shares not taken yet are cancelled."""
         with self._cond:
             self._closed = True
             dropped, self._jobs = list(self._jobs), collections.deque()
-            self._cond.notify()
+            self._cond.notify_all()
         for _, job in dropped:
             job.future.cancel()
 
     def _take(self) -> tuple:
-        """(engine, [jobs]) for the next call, or (None, []) once closed."""
+        """(engine, [jobs], call) for the next call, or (None, [], None) once closed."""
         with self._cond:
             while not self._jobs and not self._closed:
                 self._cond.wait()
             if not self._jobs:
-                return None, []
+                return None, [], None
             engine, job = self._jobs.popleft()
             group, images = [job], len(job.buffers)
             if hasattr(engine, "decode_jobs"):
@@ -377,22 +404,38 @@ class _EngineQueue:
                        and images + len(self._jobs[0][1].buffers) <= MERGE_IMAGES):
                     images += len(self._jobs[0][1].buffers)
                     group.append(self._jobs.popleft()[1])
-            return engine, group
+            return engine, group, self.busy.taken()  # (under the lock: the calls' order is the order taken)
 
-    def _loop(self) -> None:
+    def _lane_engine(self, engine: Any, lane: int) -> Any:
+        """The decoder instance of ``lane`` (``engine.lane(lane)``: its own state, so that its call
+        does not wait for another lane's); ``engine`` itself for lane 0, for an engine without
+        lanes, and for a lane whose decoder could not start (its reason kept in
+        :attr:`lane_failures`: the calls then take turns on one decoder, as with one lane)."""
+        if lane == 0 or not hasattr(engine, "lane") or lane in self.lane_failures:
+            return engine
+        try:
+            return engine.lane(lane)  # (created on first use: inside the call's scope)
+        except Exception as e:
+            self.lane_failures[lane] = f"{self.kind} decoder lane {lane} could not start ({brief(e, 240)})"
+            return engine
+
+    def _loop(self, lane: int) -> None:
+        stream = self.streams[lane]
         while True:
-            engine, group = self._take()
+            engine, group, call = self._take()
             if engine is None:
                 return
-            group = [job for job in group if job.future.set_running_or_notify_cancel()]
             try:
+                group = [job for job in group if job.future.set_running_or_notify_cancel()]
                 if group:
                     with call_scope():  # an exiting interpreter waits for the call in hand (gpupipe._exit)
-                        _run_engine(engine, group, self.stream)
+                        _run_engine(self._lane_engine(engine, lane), group, stream, call)
             except BaseException as e:  # never a future left without an outcome: its batch would wait forever
                 for job in group:
                     if not job.future.done():
                         job.future.set_exception(e)
+            finally:
+                call.ended.set()  # (a failed or cancelled call counts nothing: its start or end is None)
             # the shares' output tensors may have no other reference left (their iteration closed): freed
             # in a call scope, never under a finalizing interpreter (gpupipe.engine.Engine._run says why)
             with call_scope():
@@ -413,19 +456,84 @@ def _close_queues_at_exit() -> None:
 threading._register_atexit(_close_queues_at_exit)
 
 
+class _Call:
+    """One call of an engine, shared by the shares it decoded: when it ran, on the host's clock
+    (perf_counter seconds) or as the CUDA events around its work on its lane's stream (None: it
+    failed, or its shares were all cancelled), and its part of the engine's busy time once counted
+    (:class:`_BusyClock`)."""
+
+    __slots__ = ("start", "end", "counted", "ended")
+
+    def __init__(self):
+        self.start: Any = None
+        self.end: Any = None
+        self.counted: Optional[float] = None
+        self.ended = threading.Event()  #: set once start and end are final
+
+
 @dataclasses.dataclass
 class _EngineRun:
     declined: dict  #: {k: reason} of the share's samples (positions in the share) the engine declined
-    seconds: Any  #: host seconds of the call, or the CUDA events around its work on its stream
+    call: _Call  #: the call that decoded the share
     done: Any = None  #: a CUDA event after the share's last work on its stream (after its whole call's)
     fraction: float = 1.0  #: the share's part of a call made for several shares (by images)
 
 
-def _run_engine(eng: Any, group: list, stream: Optional["torch.cuda.Stream"]) -> None:
-    """One call of an engine for the shares ``group`` (``_Job``s), on its own thread; each job's
-    future gets its :class:`_EngineRun` or the call's error. On a CUDA ``out`` the work goes on the
-    engine's stream, timed by CUDA events around it (the engine's own pace), each share counting
-    its images' part of it; on a host ``out`` (the scheduler's tests) by the host's clock."""
+def _elapsed(a: Any, b: Any) -> float:
+    """Seconds from ``a`` to ``b`` (negative when ``b`` came first): host clock readings, or
+    completed CUDA events recorded with timing."""
+    return b - a if isinstance(a, float) else a.elapsed_time(b) / 1e3
+
+
+class _BusyClock:
+    """An engine's busy seconds: the union of its calls' spans, so that where calls overlap
+    (:data:`CALLS_IN_FLIGHT`) its rate is still what it decoded per second of the wall. Calls are
+    counted in the order they were taken, whatever the order their batches are collected in (an
+    epoch and the one started ahead collect at the same time); each adds the part of its span after
+    the latest end counted before it, measured from its own start (CUDA's event times are float32
+    milliseconds: exact over short spans only). With one call in flight the calls follow each other
+    on one stream and each counts its whole span."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._open: collections.deque = collections.deque()  # calls taken, not yet counted, in that order
+        self._last_end: Any = None  # the end of the counted call that ended last
+
+    def taken(self) -> _Call:
+        """A new call, counted after those taken before it (call in the order calls are taken)."""
+        call = _Call()
+        with self._lock:
+            self._open.append(call)
+        return call
+
+    def seconds(self, call: _Call) -> float:
+        """``call``'s part of the busy time, once it ended (the calls taken before it are counted
+        first: a lane's call still running is waited for; it ends, as every call taken does)."""
+        with self._lock:
+            while call.counted is None and self._open:
+                first = self._open.popleft()
+                first.ended.wait()
+                first.counted = self._count(first)
+            return call.counted or 0.0
+
+    def _count(self, call: _Call) -> float:
+        if call.start is None or call.end is None:
+            return 0.0
+        if not isinstance(call.end, float):
+            call.end.synchronize()  # (a blocking event: sleeps) its times are known once it completed
+        span = _elapsed(call.start, call.end)
+        after = 0.0 if self._last_end is None else max(_elapsed(call.start, self._last_end), 0.0)
+        if span > after:
+            self._last_end = call.end
+        return max(span - after, 0.0)
+
+
+def _run_engine(eng: Any, group: list, stream: Optional["torch.cuda.Stream"], call: _Call) -> None:
+    """One call of an engine for the shares ``group`` (``_Job``s), on one of its lanes' threads;
+    each job's future gets its :class:`_EngineRun` or the call's error. On a CUDA ``out`` the work
+    goes on the lane's stream, timed by CUDA events around it (the engine's own pace), each share
+    counting its images' part of it; on a host ``out`` (the scheduler's tests) by the host's clock.
+    ``call`` gets the times before any future its outcome."""
     try:
         with torch.cuda.stream(stream):  # a no-op for None (a host engine)
             t0 = time.perf_counter()
@@ -447,10 +555,11 @@ def _run_engine(eng: Any, group: list, stream: Optional["torch.cuda.Stream"]) ->
         for j in group:
             j.future.set_exception(e)
         return
-    seconds = (started, done) if started is not None else time.perf_counter() - t0
+    call.start, call.end = (started, done) if started is not None else (t0, time.perf_counter())
+    call.ended.set()
     images = max(sum(len(j.buffers) for j in group), 1)
     for j, declined in zip(group, runs):
-        j.future.set_result(_EngineRun(declined, seconds, done, len(j.buffers) / images))
+        j.future.set_result(_EngineRun(declined, call, done, len(j.buffers) / images))
 
 
 def _record(stream: Optional["torch.cuda.Stream"]):
@@ -482,9 +591,9 @@ class Pending:
         self.infos: Optional[HeaderInfos] = None
 
     def submit(self, kind: str, rows: np.ndarray) -> None:
-        """Queues the samples ``rows`` on the engine ``kind``'s thread and stream."""
-        stream = self.workers.streams.get(kind)
-        if stream is not None:
+        """Queues the samples ``rows`` on the engine ``kind``'s threads and streams (whichever lane
+        takes them)."""
+        for stream in self.workers.streams.get(kind, ()):
             stream.wait_stream(torch.cuda.current_stream(self.out.device))
             self.out.record_stream(stream)  # written there: the allocator keeps it until that work is done
         future = self.workers.queues[kind].submit(self.engines[kind], _Job(
@@ -604,12 +713,10 @@ def _collect(p: Pending) -> BatchStatus:
             if queued is not None:  # what it queued before failing still writes out: later work waits
                 torch.cuda.current_stream(out.device).wait_event(queued)
             continue
-        seconds = run.seconds
         if run.done is not None:  # the caller's later work on out waits for the engine's stream
             torch.cuda.current_stream(out.device).wait_event(run.done)
             run.done.synchronize()  # this thread only (the Loader's collect stage): the seconds are known
-            seconds = seconds[0].elapsed_time(seconds[1]) / 1e3
-        seconds *= run.fraction
+        seconds = p.workers.busy[kind].seconds(run.call) * run.fraction
         taken = np.ones(len(rows), bool)
         taken[list(run.declined)] = False
         status.route[rows[taken]] = ROUTES[kind]

@@ -362,6 +362,12 @@ class Engine:
     def __repr__(self) -> str:
         return f"Engine({self.kind!r}, {str(self.device)!r}, roi={self.roi}, api={self.api!r})"
 
+    def lane(self, lane: int) -> "Engine":
+        """Another decoder of this kind on this device, for calls in flight beside this one's
+        (``hybrid.CALLS_IN_FLIGHT``): its own nvImageCodec decoder and state, so that its call does
+        not wait for this one's decode. Cached per lane (:func:`engine`); lane 0 is the engine itself."""
+        return self if lane == 0 else engine(self.kind, self.device, lane=lane)
+
     def _fail(self, what: str, e: BaseException) -> RuntimeError:
         return RuntimeError(f"{self.name}: {what} failed ({brief(e, 400)})")
 
@@ -605,20 +611,20 @@ def _is_library_line(line: str) -> bool:
     return any(word in low for word in ("nvimgcodec", "nvjpeg", "nvtiff", "libcuda", "cuda"))
 
 
-_engines: dict = {}  # (pid, kind, device) -> Engine, or the RuntimeError that creating it raised
+_engines: dict = {}  # (pid, kind, device, lane) -> Engine, or the RuntimeError that creating it raised
 _engines_lock = threading.Lock()
 
 
-def engine(kind: str, device: torch.device) -> Engine:
+def engine(kind: str, device: torch.device, *, lane: int = 0) -> Engine:
     """The engine of ``kind`` on ``device``, created and checked once per process (a first decode),
     then cached. RuntimeError with the reason where it is not available (e.g. no hardware decoder
-    on this GPU)."""
+    on this GPU). ``lane`` > 0: another decoder of the same kind (:meth:`Engine.lane`)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     device = torch.device(device)
     if device.type == "cuda" and device.index is None and torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())
-    key = (os.getpid(), kind, str(device))
+    key = (os.getpid(), kind, str(device), int(lane))
     with _engines_lock:
         if key not in _engines:
             reason = unavailable_reason(device)
@@ -659,7 +665,7 @@ def _started(kind: str, device: torch.device) -> Engine:
 def started_engines() -> list:
     """The engines this process started (for reports: which API each calls, and why not the C API)."""
     with _engines_lock:
-        return [e for (pid, _, _), e in _engines.items() if pid == os.getpid() and isinstance(e, Engine)]
+        return [e for (pid, _, _, _), e in _engines.items() if pid == os.getpid() and isinstance(e, Engine)]
 
 
 def hardware_decoder_available(device: Optional[torch.device] = None) -> bool:

@@ -208,8 +208,10 @@ def stage_table(stats: dict, batches: int) -> str:
         split = ", ".join(f"{k} {100 * float(v):.0f}%" for k, v in shares.items())
         took = ", ".join(f"{k} {v}" for k, v in routes.items() if v)
         rates = ", ".join(f"{k} {float(e.get('images_per_s', 0)):.0f} img/s" for k, e in (stats.get("engines") or {}).items())
+        lanes = ", ".join(f"{k} {v}" for k, v in (stats.get("calls_in_flight") or {}).items() if v != 1)
+        failed = "; ".join(stats.get("lane_failures") or [])
         out.append(f"\nhybrid shares of the epoch: {split}; samples by route: {took}" + (f"; GPU engines alone: {rates}" if rates else "")
-                   + _engine_apis())
+                   + (f"; calls in flight: {lanes}" if lanes else "") + (f"; {failed}" if failed else "") + _engine_apis())
     return "\n".join(out)
 
 
