@@ -118,6 +118,17 @@ def backends(seed: list[bytes], hd: list[bytes], threads: int = 2, batch: int = 
     return rows
 
 
+def toggled(setter, value, fn):
+    """``fn`` run with ``setter(value)`` in force (``setter`` returns the previous value, restored after)."""
+    def call():
+        before = setter(value)
+        try:
+            return fn()
+        finally:
+            setter(before)
+    return call
+
+
 def huffman_reader(sets: dict, size: int = 224, repeats: int = 7) -> list:
     """gpupipe's Huffman reader (csrc/decode/huffman_reader.h) against libjpeg-turbo's own Huffman
     decoder (the reader turned off) in the same process, 1 thread, same files and boxes:
@@ -128,14 +139,8 @@ def huffman_reader(sets: dict, size: int = 224, repeats: int = 7) -> list:
     sampler = gpupipe.crops.RandomResizedCrop(size)
     rows = []
 
-    def with_reader(on: bool, fn):
-        def call():
-            before = _C._set_huffman_reader(on)
-            try:
-                return fn()
-            finally:
-                _C._set_huffman_reader(before)
-        return call
+    def with_reader(on: bool, fn):  # the reader alone: the entropy index paused (no row start from an earlier run)
+        return toggled(_C._set_huffman_reader, on, toggled(_C._pause_entropy_index, True, fn))
 
     for name, datas in sets.items():
         sizes = np.array([gpupipe.read_header(d)[:2] for d in datas])
@@ -150,4 +155,46 @@ def huffman_reader(sets: dict, size: int = 224, repeats: int = 7) -> list:
                                      {"gpupipe": with_reader(True, fn), "libjpeg's Huffman decoder": with_reader(False, fn)},
                                      len(datas), repeats=repeats,
                                      notes={"libjpeg's Huffman decoder": "gpupipe with GPUPIPE_HUFFMAN_READER=0"})
+    return rows
+
+
+def entropy_index(sets: dict, size: int = 224, threads: int = 1, repeats: int = 7) -> list:
+    """The entropy index (csrc/decode/entropy_index.h): RandomResizedCrop(size) of a later epoch (new
+    crops each call, the rows of three earlier epochs known) against the same decode without the
+    index, and a first epoch (the index emptied before each call: every file hashed and its rows
+    learned) against none, in the same process, same files and boxes."""
+    from gpupipe import _C
+
+    torch.set_num_threads(1)
+    sampler = gpupipe.crops.RandomResizedCrop(size)
+    rows = []
+
+    def paused(value: bool, fn):
+        return toggled(_C._pause_entropy_index, value, fn)
+
+    for name, datas in sets.items():
+        sizes = np.array([gpupipe.read_header(d)[:2] for d in datas])
+        out = torch.empty((len(datas), size, size, 3), dtype=torch.uint8)
+        w, h = int(sizes[0, 1]), int(sizes[0, 0])
+        epochs = iter(range(1, 1 << 30))
+
+        def epoch(seed=None):  # the next epoch's crops (both methods of a round get their own)
+            boxes = sampler.boxes(sizes[:, 0], sizes[:, 1], seed=next(epochs) if seed is None else seed)
+            gpupipe.decode_crop_jpegs(datas, boxes, size=size, out=out, num_threads=threads)
+
+        def first_epoch():
+            _C.clear_entropy_index()
+            epoch(0)
+
+        _C.clear_entropy_index()
+        for _ in range(3):  # three epochs learned
+            epoch()
+        label = f"{name} {w}x{h}, {threads} thread{'s' if threads > 1 else ''}"
+        rows += run_side_by_side(f"entropy index, later epochs, RandomResizedCrop {size}: {label}",
+                                 {"gpupipe": epoch, "without the index": paused(True, epoch)}, len(datas),
+                                 repeats=repeats, notes={"without the index": "gpupipe, the index paused"})
+        rows += run_side_by_side(f"entropy index, first epoch (hash and learn), RandomResizedCrop {size}: {label}",
+                                 {"gpupipe": first_epoch, "without the index": paused(True, lambda: epoch(0))},
+                                 len(datas), repeats=repeats, notes={"without the index": "gpupipe, the index paused"})
+        _C.clear_entropy_index()
     return rows

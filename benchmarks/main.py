@@ -13,8 +13,8 @@ from pathlib import Path
 from benchmarks import augment, batch_decode, datasets, decode_crop, loader, loader_scale, policies, seed_experiment
 from benchmarks.harness import environment, save, table
 
-WORKLOADS = ("decode_crop", "restart", "batch_threads", "rrc", "huffman", "backends", "augment", "policies", "loader",
-             "recipe", "loader_scale", "seed")
+WORKLOADS = ("decode_crop", "restart", "batch_threads", "rrc", "huffman", "entropy_index", "backends", "augment",
+             "policies", "loader", "recipe", "loader_scale", "seed")
 
 
 def main(argv=None) -> Path:
@@ -41,6 +41,8 @@ def main(argv=None) -> Path:
         rows += batch_decode.random_resized_crop(sets["hd"], threads=2, repeats=repeats)
     if "huffman" in args.workloads:
         rows += batch_decode.huffman_reader({k: sets[k] for k in ("seed", "imagenet", "hd")}, repeats=repeats)
+    if "entropy_index" in args.workloads:
+        rows += batch_decode.entropy_index({k: sets[k] for k in ("seed", "imagenet", "hd")}, repeats=repeats)
     if "backends" in args.workloads:
         rows += batch_decode.backends(sets["seed"], sets["hd"], repeats=repeats)
     if "augment" in args.workloads:

@@ -166,7 +166,19 @@ def crop_resize_plan(
 
 def choose_scale_num(box_height: int, box_width: int, out_height: int, out_width: int) -> int: ...
 def _huffman_reader_stats() -> dict[str, int]:
-    """Process-wide counts of the Huffman reader: images, rejected, skipped, decoded, handed_back (MCUs)."""
+    """Process-wide counts of the Huffman reader: images, rejected, skipped, decoded, handed_back, coasted (MCUs)."""
+    ...
+def set_entropy_index_bytes(max_bytes: int) -> int:
+    """Bounds the process's entropy index (0: off, and emptied); returns the previous bound."""
+    ...
+def entropy_index_stats() -> dict[str, int]:
+    """The entropy index: files, bytes, max_bytes, found, learned, full."""
+    ...
+def _pause_entropy_index(paused: bool) -> bool:
+    """Later decodes go without the entropy index (its rows kept) while paused; returns the previous setting."""
+    ...
+def clear_entropy_index() -> None:
+    """Empties the entropy index and zeroes its counts."""
     ...
 def _set_huffman_reader(on: bool) -> bool:
     """Turns gpupipe's Huffman reader on or off for later decodes; returns the previous setting."""

@@ -17,7 +17,8 @@ from gpupipe._errors import (
 )
 from gpupipe.decode import DecodedBatch, decode_and_crop_jpeg, decode_crop_jpeg, decode_crop_jpegs
 from gpupipe.header import JpegInfo, read_header
-from gpupipe.limits import Limits, cpu_capability, cpu_share, get_limits, set_cpu_capability, set_limits
+from gpupipe.limits import (Limits, cpu_capability, cpu_share, entropy_index_stats, get_limits, set_cpu_capability,
+                             set_entropy_index_size, set_limits)
 from gpupipe.loader import Loader
 from gpupipe.prepare import PrepareReport, prepare
 
@@ -51,8 +52,10 @@ __all__ = [
     "decode_and_crop_jpeg",
     "decode_crop_jpeg",
     "decode_crop_jpegs",
+    "entropy_index_stats",
     "get_limits",
     "read_header",
     "set_cpu_capability",
+    "set_entropy_index_size",
     "set_limits",
 ]

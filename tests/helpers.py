@@ -47,6 +47,27 @@ def run_child(code: str, timeout: float = 120, env: dict | None = None) -> subpr
     return r
 
 
+def in_forked_child(target: Callable, *args, timeout: float = 60):
+    """``target(*args, queue)`` in a child made by fork() (the parent's threads and locks as they
+    were), its one ``queue.put`` returned; asserts the child exits 0 within ``timeout`` (a hang or
+    a crash fails the test, never the suite)."""
+    import multiprocessing as mp
+    import warnings
+
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads (Python 3.12+)
+        child = ctx.Process(target=target, args=(*args, queue))
+        child.start()
+    child.join(timeout=timeout)
+    if child.is_alive():
+        child.kill()
+        child.join()
+    assert child.exitcode == 0, f"child hung or crashed (exit code {child.exitcode})"
+    return queue.get(timeout=5)
+
+
 def rss_mb() -> float:
     """This process's resident memory (VmRSS) in MB. Fails where /proc/self/status has no VmRSS
     (rather than reading 0 and letting a growth check pass); skips, saying why, off Linux."""

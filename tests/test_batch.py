@@ -1,8 +1,6 @@
 """decode_crop_jpegs: equal to per-sample decodes, in place, every error policy, any thread count."""
 
-import multiprocessing as mp
 import os
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +9,7 @@ import torch
 
 import gpupipe
 from gpupipe import _C
-from helpers import BACKEND_DEVICES, PHOTOS, assert_close_to_core, encode, photo, photo_jpegs, stress
+from helpers import BACKEND_DEVICES, PHOTOS, assert_close_to_core, encode, in_forked_child, photo, photo_jpegs, stress
 
 
 @pytest.fixture(scope="module")
@@ -224,18 +222,7 @@ def test_forked_child_gets_its_own_pool(batch):
     boxes = boxes_for(batch)
     expected = int(gpupipe.decode_crop_jpegs(batch, boxes, num_threads=2).images.numpy().astype(np.int64).sum())
     assert _C.pool_threads() == 2  # the parent has a live pool when it forks
-    ctx = mp.get_context("fork")
-    queue = ctx.Queue()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads (Python 3.12+)
-        child = ctx.Process(target=_decode_in_child, args=(batch, boxes, queue))
-        child.start()
-    child.join(timeout=60)
-    if child.is_alive():
-        child.kill()
-        child.join()
-    assert child.exitcode == 0, f"child hung or crashed (exit code {child.exitcode})"
-    assert queue.get(timeout=5) == expected
+    assert in_forked_child(_decode_in_child, batch, boxes) == expected
 
 
 def test_default_threads_from_environment(monkeypatch, batch):

@@ -18,6 +18,7 @@
 #include "decode/batch_decode.h"
 #include "decode/crop_resize.h"
 #include "decode/decode_args.h"
+#include "decode/entropy_index.h"
 #include "decode/gpu_routes.h"
 #include "decode/header_table.h"
 #include "decode/huffman_reader.h"
@@ -346,7 +347,7 @@ void register_decode(py::module_& m) {
         DecodeResult r;
         {
           ReleasedGil released;
-          r = thread_decoder().decode(input.data(), input.size(), req, out.out, out.row);
+          r = decode_indexed(input.data(), input.size(), req, out.out, out.row);
         }
         return py::make_tuple(r.warning.empty() ? py::object(py::none()) : py::str(r.warning), r.scale_num,
                               r.restart_path);
@@ -433,11 +434,42 @@ void register_decode(py::module_& m) {
       [] {
         const HuffmanReaderStats s = huffman_reader_stats();
         return dict_of<uint64_t>({{"images", s.images}, {"rejected", s.rejected}, {"skipped", s.skipped},
-                                  {"decoded", s.decoded}, {"handed_back", s.handed_back}});
+                                  {"decoded", s.decoded}, {"handed_back", s.handed_back}, {"coasted", s.coasted}});
       },
       "Process-wide counts of gpupipe's Huffman reader (csrc/decode/huffman_reader.h): images it was installed on, "
       "images whose first-MCU check failed, MCUs skipped, MCUs decoded into libjpeg's blocks, MCUs handed back to "
-      "libjpeg.");
+      "libjpeg, MCUs not read at all (the entropy index knew the next row's start).");
+  m.def(
+      "set_entropy_index_bytes",
+      [](uint64_t max_bytes) {
+        ReleasedGil released;  // (it may wait for a pool thread's lookup)
+        return set_entropy_index_bytes(max_bytes);
+      },
+      py::arg("max_bytes"),
+      "Bounds the process's entropy index (csrc/decode/entropy_index.h; 0: off, and emptied); returns the "
+      "previous bound.");
+  m.def(
+      "entropy_index_stats",
+      [] {
+        EntropyIndexStats s;
+        {
+          ReleasedGil released;
+          s = entropy_index_stats();
+        }
+        return dict_of<uint64_t>({{"files", s.files}, {"bytes", s.bytes}, {"max_bytes", s.max_bytes},
+                                  {"found", s.found}, {"learned", s.learned}, {"full", s.full}});
+      },
+      "The entropy index: files indexed, their bytes, the bound, decodes that found rows, that learned rows, whose "
+      "rows did not fit.");
+  m.def("_pause_entropy_index", &pause_entropy_index, py::arg("paused"),
+        "Later decodes go without the entropy index (its rows kept) while paused; returns the previous setting.");
+  m.def(
+      "clear_entropy_index",
+      [] {
+        ReleasedGil released;
+        clear_entropy_index();
+      },
+      "Empties the entropy index and zeroes its counts.");
   m.def("_set_huffman_reader", &set_huffman_reader, py::arg("on"),
         "Turns gpupipe's Huffman reader on or off for later decodes; returns the previous setting.");
 }

@@ -1,5 +1,7 @@
 #include "decode/batch_decode.h"
 
+#include "decode/entropy_index.h"
+
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -28,6 +30,19 @@ size_t slot_bytes(const DecodeRequest& r) {
     throw InvalidArgument("output size " + std::to_string(r.out_height) + "x" + std::to_string(r.out_width) +
                           " is too large");
   return bytes;
+}
+
+DecodeResult decode_indexed(const uint8_t* data, size_t size, DecodeRequest req, uint8_t* out, size_t out_stride) {
+  EntropyIndexUse entropy;  // the rows known for these bytes, and those this decode learns
+  FileKey key;
+  if (entropy_index_enabled() && data != nullptr) {
+    key = file_key(data, size);
+    entropy.known = find_entropy_rows(key);
+    req.entropy = &entropy;
+  }
+  DecodeResult r = thread_decoder().decode(data, size, req, out, out_stride);
+  if (req.entropy && r.warning.empty()) learn_entropy_rows(key, std::move(entropy));  // (warned: not learned from)
+  return r;
 }
 
 namespace {
@@ -73,7 +88,7 @@ void PendingBatch::Job::decode_one(size_t i) {
   req.box = sample.box;
   SampleStatus& st = status[i];
   try {
-    DecodeResult r = thread_decoder().decode(sample.data, sample.size, req, dst, row_bytes);
+    DecodeResult r = decode_indexed(sample.data, sample.size, req, dst, row_bytes);
     st.message = std::move(r.warning);
     return;
   } catch (const InvalidArgument& e) {

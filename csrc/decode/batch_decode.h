@@ -38,6 +38,10 @@ struct BatchReport {
 };
 BatchReport batch_report(const std::vector<SampleStatus>& status);
 
+// The calling thread's Decoder::decode, with the process's entropy index (entropy_index.h): the row
+// starts known for these bytes used, those reached learned (from a decode without warnings).
+DecodeResult decode_indexed(const uint8_t* data, size_t size, DecodeRequest req, uint8_t* out, size_t out_stride);
+
 // Bytes of one output slot (out_height x out_width x channels), or InvalidArgument when the
 // output size is not positive or the product does not fit in size_t.
 size_t slot_bytes(const DecodeRequest& request);

@@ -64,7 +64,7 @@ std::atomic<bool> g_enabled{[] {
   const char* v = std::getenv("GPUPIPE_HUFFMAN_READER");
   return !(v && v[0] == '0' && v[1] == '\0');
 }()};
-std::atomic<uint64_t> g_images{0}, g_rejected{0}, g_skipped{0}, g_decoded{0}, g_handed_back{0};
+std::atomic<uint64_t> g_images{0}, g_rejected{0}, g_skipped{0}, g_decoded{0}, g_handed_back{0}, g_coasted{0};
 
 struct Sym { uint8_t len = 0, sym = 0; };
 
@@ -314,6 +314,7 @@ HuffmanReaderStats huffman_reader_stats() {
   s.skipped = g_skipped.load();
   s.decoded = g_decoded.load();
   s.handed_back = g_handed_back.load();
+  s.coasted = g_coasted.load();
   return s;
 }
 
@@ -378,10 +379,26 @@ bool HuffmanReader::install(j_decompress_ptr cinfo, unsigned crop_x, unsigned cr
   // jpeg_crop_scanline's first_iMCU_col and last_iMCU_col: the MCU columns libjpeg transforms.
   first_col_ = crop_x / align;
   last_col_ = (crop_x + crop_width + align - 1) / align - 1;
-  col_ = 0;
-  checked_ = enabled_ = ours_ = false;
+  col_ = row_ = 0;
+  checked_ = enabled_ = ours_ = coasting_ = false;
   libjpeg_decode_mcu_ = e->pub.decode_mcu;
   load_state(cinfo);  // libjpeg's fresh state: check_first starts the reader from it
+  scan_ = r_.p;
+  known_rows_ = 0;
+  learning_ = false;
+  if (use_) {
+    const EntropyRows* known = use_->known.get();
+    if (known && known->mcus_per_row == mcus_per_row_ && known->blocks_in_mcu == static_cast<uint32_t>(blocks_))
+      known_rows_ = static_cast<unsigned>(known->rows.size());
+    // Learned only where every component's DC prediction is kept (not for gray output of color)
+    bool all_needed = comps_ <= 4;
+    for (int ci = 0; ci < comps_; ++ci) all_needed = all_needed && cinfo->cur_comp_info[ci]->component_needed;
+    learning_ = all_needed;
+    use_->learned.clear();
+    use_->mcus_per_row = mcus_per_row_;
+    use_->blocks_in_mcu = static_cast<uint32_t>(blocks_);
+    if (learning_ && known_rows_ == 0) use_->learned.push_back(EntropyCheckpoint{});  // row 0: the scan's start
+  }
   cinfo->client_data = this;
   e->pub.decode_mcu = &HuffmanReader::decode_mcu;
   g_images.fetch_add(1, std::memory_order_relaxed);
@@ -412,7 +429,65 @@ void HuffmanReader::flush_stats() {
   if (skipped_) g_skipped.fetch_add(skipped_, std::memory_order_relaxed);
   if (decoded_) g_decoded.fetch_add(decoded_, std::memory_order_relaxed);
   if (handed_back_) g_handed_back.fetch_add(handed_back_, std::memory_order_relaxed);
-  skipped_ = decoded_ = handed_back_ = 0;
+  if (coasted_) g_coasted.fetch_add(coasted_, std::memory_order_relaxed);
+  skipped_ = decoded_ = handed_back_ = coasted_ = 0;
+  use_ = nullptr;  // (one decode's)
+}
+
+void HuffmanReader::materialize(j_decompress_ptr cinfo, unsigned row, unsigned col) {
+  coasting_ = false;
+  const EntropyCheckpoint& cp = checkpoint(row);
+  r_.buf = 0;
+  r_.nbits = 0;
+  r_.p = cp.offset < static_cast<size_t>(r_.end - scan_) ? scan_ + cp.offset : r_.end;
+  fill(&r_);  // (false near the data's end: what it loaded is still the data's)
+  for (int ci = 0; ci < comps_; ++ci) r_.pred[ci] = cp.pred[ci];
+  ours_ = true;
+  if (cp.skip <= r_.nbits) {
+    drop(&r_, cp.skip);
+  } else {  // only for other bytes under the same key: libjpeg's decoder meets the data's end
+    r_.nbits = 0;
+    r_.buf = 0;
+  }
+  for (unsigned c = 0; c < col; ++c) {  // the columns left of `col` in its row: passed, as without the index
+    if (!ours_ && cinfo->unread_marker == 0 && !entropy_of(cinfo)->pub.insufficient_data) {
+      load_state(cinfo);
+      ours_ = true;
+    }
+    if (ours_ && mcu<false>(&r_, nullptr)) {
+      ++skipped_;
+      continue;
+    }
+    stop_learning();
+    ++handed_back_;
+    if (ours_) {
+      store_state(cinfo);
+      ours_ = false;
+    }
+    libjpeg_decode_mcu_(cinfo, nullptr);
+  }
+}
+
+void HuffmanReader::record(unsigned row) {
+  if (!learning_ || row != rows_known()) return;
+  // The byte holding the next unread bit: back over the bytes the buffer holds (a stuffed FF 00 is
+  // one byte of data; a 00 after an FF is always its stuffing).
+  const uint8_t* q = r_.p;
+  int bits = r_.nbits;
+  while (bits > 0 && q > scan_) {
+    --q;
+    if (*q == 0 && q > scan_ && q[-1] == 0xFF) --q;
+    bits -= 8;
+  }
+  EntropyCheckpoint cp;
+  if (bits > 0 || static_cast<uint64_t>(q - scan_) > UINT32_MAX) return stop_learning();
+  cp.offset = static_cast<uint32_t>(q - scan_);
+  cp.skip = static_cast<uint8_t>(-bits);
+  for (int ci = 0; ci < comps_; ++ci) {
+    if (r_.pred[ci] < INT16_MIN || r_.pred[ci] > INT16_MAX) return stop_learning();  // (a hostile file's)
+    cp.pred[ci] = static_cast<int16_t>(r_.pred[ci]);
+  }
+  use_->learned.push_back(cp);
 }
 
 void HuffmanReader::load_state(j_decompress_ptr cinfo) {
@@ -462,22 +537,38 @@ bool HuffmanReader::check_first(j_decompress_ptr cinfo, JBLOCKROW* data, boolean
 
 boolean HuffmanReader::decode_mcu(j_decompress_ptr cinfo, JBLOCKROW* data) {
   HuffmanReader* h = static_cast<HuffmanReader*>(cinfo->client_data);
-  const unsigned col = h->col_;
-  h->col_ = col + 1 == h->mcus_per_row_ ? 0 : col + 1;
+  const unsigned col = h->col_, row = h->row_;
+  if (col + 1 == h->mcus_per_row_) {
+    h->col_ = 0;
+    ++h->row_;
+  } else {
+    h->col_ = col + 1;
+  }
   boolean result;
   if (!h->checked_) {
     h->check_first(cinfo, data, &result);
+    if (!h->enabled_ && h->use_) {  // libjpeg's decoder alone: nothing to learn
+      h->stop_learning();
+      h->use_->learned.clear();
+    }
     return result;
   }
   if (h->enabled_) {
+    // The crop's MCUs are stored; the others (rows above it: no buffer; columns beside it: never
+    // transformed) only passed, or not read at all when the next row's start is known.
+    const bool needed = data != nullptr && col >= h->first_col_ && col <= h->last_col_;
+    if (!needed && row + 1 < h->rows_known()) {
+      h->coasting_ = true;
+      ++h->coasted_;
+      return TRUE;
+    }
+    if (h->coasting_) h->materialize(cinfo, row, col);
     if (!h->ours_ && cinfo->unread_marker == 0 && !entropy_of(cinfo)->pub.insufficient_data) {
       h->load_state(cinfo);
       h->ours_ = true;
     }
     if (h->ours_) {
-      // The crop's MCUs are stored; the others (rows above it: no buffer; columns beside it: never
-      // transformed) only passed.
-      const bool needed = data != nullptr && col >= h->first_col_ && col <= h->last_col_;
+      if (col == 0) h->record(row);
       if (needed ? h->mcu<true>(&h->r_, data) : h->mcu<false>(&h->r_, nullptr)) {
         ++(needed ? h->decoded_ : h->skipped_);
         return TRUE;
@@ -487,6 +578,7 @@ boolean HuffmanReader::decode_mcu(j_decompress_ptr cinfo, JBLOCKROW* data) {
         for (int b = 0; b < h->blocks_; ++b) std::memset(data[b][0], 0, sizeof(JBLOCK));
     }
   }
+  h->stop_learning();  // libjpeg's decoder takes this MCU: no row after it is learned
   if (h->ours_) {
     h->store_state(cinfo);
     h->ours_ = false;

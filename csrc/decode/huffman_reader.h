@@ -30,6 +30,8 @@
 
 #include <jpeglib.h>
 
+#include "decode/entropy_index.h"
+
 namespace gpupipe {
 
 struct HuffmanReaderStats {
@@ -38,6 +40,7 @@ struct HuffmanReaderStats {
   uint64_t skipped = 0;     // MCUs skipped
   uint64_t decoded = 0;     // MCUs the crop needs, decoded into libjpeg's blocks
   uint64_t handed_back = 0; // MCUs handed to libjpeg's decoder (marker, data end, bad code)
+  uint64_t coasted = 0;     // MCUs not read at all: the entropy index knew where the next row starts
 };
 
 HuffmanReaderStats huffman_reader_stats();
@@ -51,6 +54,10 @@ class HuffmanReader {
   // jpeg_crop_scanline, before the first row is read or skipped. Returns false, changing nothing,
   // when the scan does not qualify.
   bool install(j_decompress_ptr cinfo, unsigned crop_x, unsigned crop_width);
+  // The entropy index's rows for this decode (entropy_index.h), or nullptr: call before install.
+  // The reader starts from the known row starts and learns those it reaches after them (when the
+  // output needs every component: the DC predictions of all of them are then kept).
+  void use_index(EntropyIndexUse* use) { use_ = use; }
   void flush_stats();  // adds this image's counts to the process's (Decoder::decode, after each decode)
 
   static constexpr int kLookahead = 10;  // bits per single-symbol lookup
@@ -96,6 +103,15 @@ class HuffmanReader {
   void load_state(j_decompress_ptr cinfo);
   void store_state(j_decompress_ptr cinfo);
   bool check_first(j_decompress_ptr cinfo, JBLOCKROW* data, boolean* result);
+  // The entropy index: row starts known (those of use_->known, then those learned this decode).
+  unsigned rows_known() const { return known_rows_ + (learning_ ? static_cast<unsigned>(use_->learned.size()) : 0); }
+  const EntropyCheckpoint& checkpoint(unsigned row) const {
+    return row < known_rows_ ? use_->known->rows[row] : use_->learned[row - known_rows_];
+  }
+  // After MCUs passed without reading: the reader at MCU (row, col), from row's start.
+  void materialize(j_decompress_ptr cinfo, unsigned row, unsigned col);
+  void record(unsigned row);  // row's start, at its first MCU, when it is the next row to learn
+  void stop_learning() { learning_ = false; }
 
   const Table* table(const JHUFF_TBL* h, bool dc);  // built, or from the cache; nullptr: invalid
 
@@ -111,7 +127,11 @@ class HuffmanReader {
   bool checked_ = false, enabled_ = false, ours_ = false;
   boolean (*libjpeg_decode_mcu_)(j_decompress_ptr, JBLOCKROW*) = nullptr;
   Reader r_;
-  uint64_t skipped_ = 0, decoded_ = 0, handed_back_ = 0;  // flushed into the global stats per image
+  EntropyIndexUse* use_ = nullptr;
+  const uint8_t* scan_ = nullptr;  // the scan's first entropy-coded byte (the index's offsets start there)
+  unsigned known_rows_ = 0, row_ = 0;
+  bool coasting_ = false, learning_ = false;
+  uint64_t skipped_ = 0, decoded_ = 0, handed_back_ = 0, coasted_ = 0;  // flushed into the global stats per image
 };
 
 }  // namespace gpupipe

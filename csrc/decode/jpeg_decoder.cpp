@@ -132,6 +132,7 @@ struct Plan {
   bool rows_in_region = false;
   size_t region_offset = 0, region_stride = 0;
   uint64_t max_memory = 0;
+  EntropyIndexUse* entropy = nullptr;  // the entropy index's rows of the file decoded (not of a sub-JPEG)
 };
 
 constexpr int kRowsPerRead = 16;
@@ -243,6 +244,7 @@ bool guarded_decode_rows(Decoder::State* s, Plan* plan) {
     jpeg_crop_scanline(cinfo, &xoff, &cw);
     fix_cropped_downsampled_widths(cinfo);
   }
+  s->huffman.use_index(plan->entropy);
   s->huffman.install(cinfo, xoff, cw);  // gpupipe's Huffman reader where it qualifies (huffman_reader.h)
   if (plan->y0 > 0) {
     JDIMENSION skipped = jpeg_skip_scanlines(cinfo, static_cast<JDIMENSION>(plan->y0));
@@ -541,6 +543,7 @@ DecodeResult Decoder::decode(const uint8_t* data, size_t size, const DecodeReque
   Plan plan = plan_decode(*cinfo, req);
   const int rw = plan.x1 - plan.x0, rh = plan.y1 - plan.y0;
   const bool restart_path = req.use_restarts && enter_restart_route(s, data, size, &plan);
+  plan.entropy = restart_path ? nullptr : req.entropy;
 
   if (plan.direct) {
     plan.dst = out;

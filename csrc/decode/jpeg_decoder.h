@@ -10,6 +10,8 @@
 
 namespace gpupipe {
 
+struct EntropyIndexUse;
+
 enum class ColorMode : int { kRGB = 0, kGray = 1 };
 
 inline int channels_of(ColorMode mode) { return mode == ColorMode::kRGB ? 3 : 1; }
@@ -75,6 +77,7 @@ struct DecodeRequest {
   ColorMode mode = ColorMode::kRGB;
   bool strict = false;       // libjpeg warnings (corrupt or truncated data) become errors
   bool use_restarts = true;  // decode only the crop's restart intervals when the file allows it
+  EntropyIndexUse* entropy = nullptr;  // the entropy index's rows of this file (entropy_index.h), or none
 };
 
 struct DecodeResult {

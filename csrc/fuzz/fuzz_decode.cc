@@ -1,6 +1,7 @@
 // libFuzzer harness over the C++ decode core, no Python: header probe, crop decode (boxes, modes,
 // DCT scales and resizes derived from the input, fractional boxes), the batch engine on the pool,
-// the restart-marker index and the sub-JPEG it builds. Built with ASan + UBSan by csrc/fuzz/run.sh.
+// the restart-marker index and the sub-JPEG it builds, the entropy index (a box decoded again from the rows
+// learned must give the same pixels). Built with ASan + UBSan by csrc/fuzz/run.sh.
 // Input layout: 8 parameter bytes, then the file.
 #include <algorithm>
 #include <cstdint>
@@ -10,6 +11,7 @@
 
 #include "decode/batch_decode.h"
 #include "common/errors.h"
+#include "decode/entropy_index.h"
 #include "decode/jpeg_decoder.h"
 #include "decode/restart.h"
 
@@ -25,6 +27,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   limits.max_scans = 100;
   limits.max_memory = 256u << 20;
   set_limits(limits);
+  set_entropy_index_bytes(16u << 20);  // bounded as in a process; a full index decodes as without it
   return 0;
 }
 
@@ -59,9 +62,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* input, size_t size) {
     req.window = (p[7] & 4) != 0;  // resampled with the filter's reach around it
   }
   const int channels = channels_of(req.mode);
+  const size_t stride = static_cast<size_t>(req.out_width) * channels;
+  std::vector<uint8_t> out;
+  DecodeResult first;
+  bool decoded = false;
   try {
-    std::vector<uint8_t> out(static_cast<size_t>(req.out_height) * req.out_width * channels);
-    decoder.decode(data, n, req, out.data(), static_cast<size_t>(req.out_width) * channels);
+    out.resize(static_cast<size_t>(req.out_height) * stride);
+    first = decoder.decode(data, n, req, out.data(), stride);  // (without the entropy index)
+    decoded = true;
   } catch (const InvalidArgument&) {
   } catch (const DecodeError&) {
   } catch (const std::bad_alloc&) {
@@ -85,6 +93,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* input, size_t size) {
   std::vector<uint8_t> batch(2 * 8 * 8 * channels);
   static ThreadPool pool(2);  // the engine's parallel path, as the bindings run it
   decode_batch(p[7] & 2 ? &pool : nullptr, samples, opt, batch.data());
+
+  // The entropy index: the first box again, from the rows the decodes above learned (twice: the
+  // second from what the first learned), the same pixels and warning as without it.
+  if (decoded) {
+    for (int k = 0; k < 2; ++k) {
+      std::vector<uint8_t> again(out.size());
+      DecodeResult r;
+      try {
+        r = decode_indexed(data, n, req, again.data(), stride);
+      } catch (const std::bad_alloc&) {
+        break;
+      } catch (...) {
+        __builtin_trap();  // it decoded without the index
+      }
+      if (again != out || r.warning != first.warning || r.scale_num != first.scale_num) __builtin_trap();
+    }
+  }
 
   if (info.restart_interval > 0) {
     RestartLayout layout;

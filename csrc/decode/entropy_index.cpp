@@ -1,0 +1,171 @@
+#include "decode/entropy_index.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include <pthread.h>
+
+namespace gpupipe {
+
+namespace {
+
+// 64 x 64 -> 128-bit multiply, folded (wyhash's mixing step).
+inline uint64_t mix(uint64_t a, uint64_t b) {
+  const unsigned __int128 m = static_cast<unsigned __int128>(a) * b;
+  return static_cast<uint64_t>(m) ^ static_cast<uint64_t>(m >> 64);
+}
+
+inline uint64_t load64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+constexpr uint64_t kP0 = 0xa0761d6478bd642full, kP1 = 0xe7037ed1a0b428dbull, kP2 = 0x8ebc6af09c88c6e3ull,
+                   kP3 = 0x589965cc75374cc3ull;
+
+struct KeyHash {
+  size_t operator()(const FileKey& k) const { return static_cast<size_t>(k.h1 ^ (k.h2 * kP0)); }
+};
+
+// A file's memory in the index: its rows, the entry and a map node (estimated).
+uint64_t cost_of(const EntropyRows& rows) {
+  return sizeof(EntropyRows) + rows.rows.capacity() * sizeof(EntropyCheckpoint) + 96;
+}
+
+uint64_t initial_max_bytes() {
+  if (const char* v = std::getenv("GPUPIPE_ENTROPY_INDEX_MB")) {
+    char* end = nullptr;
+    const unsigned long long mb = std::strtoull(v, &end, 10);
+    if (end != v && *end == '\0' && mb < (1ull << 40)) return static_cast<uint64_t>(mb) << 20;
+  }
+  return 256ull << 20;
+}
+
+struct Index {
+  std::mutex lock;
+  std::unordered_map<FileKey, std::shared_ptr<const EntropyRows>, KeyHash> files;
+  uint64_t bytes = 0, max_bytes = initial_max_bytes();
+  std::atomic<bool> enabled{max_bytes > 0};
+  std::atomic<bool> paused{false};  // (benchmarks: decodes without it, its rows kept)
+  std::atomic<uint64_t> found{0}, learned{0}, full{0};
+};
+
+Index& index() {
+  static Index* i = new Index();  // never destroyed: pool threads may still decode at exit
+  return *i;
+}
+
+// fork() copies one thread; the lock a pool thread held at that moment would stay locked forever in
+// the child. Taken around fork(), the child's copy is consistent and unlocked (the rows are valid there).
+const bool g_atfork_registered = [] {
+  index();
+  return pthread_atfork([] { index().lock.lock(); }, [] { index().lock.unlock(); },
+                        [] { index().lock.unlock(); }) == 0;
+}();
+
+}  // namespace
+
+FileKey file_key(const uint8_t* data, size_t size) {
+  // Two independent 64-bit lanes over every byte, each 16 bytes mixed with 128-bit products.
+  uint64_t a = kP0 ^ size, b = kP1 ^ (size * kP2), c = kP2, d = kP3;
+  size_t i = 0;
+  for (; i + 32 <= size; i += 32) {
+    a = mix(load64(data + i) ^ kP1, load64(data + i + 8) ^ a);
+    b = mix(load64(data + i + 16) ^ kP2, load64(data + i + 24) ^ b);
+    c ^= a + kP3;
+    d += b ^ kP0;
+  }
+  uint8_t tail[32] = {};
+  std::memcpy(tail, data + i, size - i);
+  a = mix(load64(tail) ^ kP1, load64(tail + 8) ^ a ^ (size - i));
+  b = mix(load64(tail + 16) ^ kP2, load64(tail + 24) ^ b);
+  FileKey k;
+  k.size = size;
+  k.h1 = mix(a ^ kP3, c ^ b);
+  k.h2 = mix(b ^ kP1, d ^ a ^ kP2);
+  return k;
+}
+
+uint64_t set_entropy_index_bytes(uint64_t max_bytes) {
+  Index& x = index();
+  std::lock_guard<std::mutex> g(x.lock);
+  const uint64_t old = x.max_bytes;
+  x.max_bytes = max_bytes;
+  x.enabled.store(max_bytes > 0);
+  if (max_bytes == 0 || x.bytes > max_bytes) {  // off, or smaller than what is held: start again
+    x.files.clear();
+    x.bytes = 0;
+  }
+  return old;
+}
+
+bool entropy_index_enabled() {
+  const Index& x = index();
+  return x.enabled.load(std::memory_order_relaxed) && !x.paused.load(std::memory_order_relaxed);
+}
+
+bool pause_entropy_index(bool paused) { return index().paused.exchange(paused); }
+
+EntropyIndexStats entropy_index_stats() {
+  Index& x = index();
+  std::lock_guard<std::mutex> g(x.lock);
+  EntropyIndexStats s;
+  s.files = x.files.size();
+  s.bytes = x.bytes;
+  s.max_bytes = x.max_bytes;
+  s.found = x.found.load();
+  s.learned = x.learned.load();
+  s.full = x.full.load();
+  return s;
+}
+
+void clear_entropy_index() {
+  Index& x = index();
+  std::lock_guard<std::mutex> g(x.lock);
+  x.files.clear();
+  x.bytes = 0;
+  x.found = x.learned = x.full = 0;
+}
+
+std::shared_ptr<const EntropyRows> find_entropy_rows(const FileKey& key) {
+  Index& x = index();
+  std::lock_guard<std::mutex> g(x.lock);
+  auto it = x.files.find(key);
+  if (it == x.files.end()) return nullptr;
+  x.found.fetch_add(1, std::memory_order_relaxed);
+  return it->second;
+}
+
+void learn_entropy_rows(const FileKey& key, EntropyIndexUse&& use) {
+  const size_t base = use.known ? use.known->rows.size() : 0;
+  if (use.learned.empty() || base + use.learned.size() < 2) return;  // (row 0's start alone saves nothing)
+  if (use.known && (use.known->mcus_per_row != use.mcus_per_row || use.known->blocks_in_mcu != use.blocks_in_mcu))
+    return;  // (the same bytes give the same layout: never, unless the key collided)
+  auto rows = std::make_shared<EntropyRows>();
+  rows->mcus_per_row = use.mcus_per_row;
+  rows->blocks_in_mcu = use.blocks_in_mcu;
+  rows->rows.reserve(base + use.learned.size());
+  if (use.known) rows->rows = use.known->rows;
+  rows->rows.insert(rows->rows.end(), use.learned.begin(), use.learned.end());
+  const uint64_t cost = cost_of(*rows);
+  Index& x = index();
+  std::lock_guard<std::mutex> g(x.lock);
+  if (x.max_bytes == 0) return;
+  auto it = x.files.find(key);
+  const uint64_t held = it == x.files.end() ? 0 : cost_of(*it->second);
+  if (it != x.files.end() && it->second->rows.size() != base) return;  // another decode got there first
+  if (it == x.files.end() && base != 0) return;  // (emptied meanwhile: the rows no longer continue any)
+  if (x.bytes - held + cost > x.max_bytes) {
+    x.full.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  x.bytes = x.bytes - held + cost;
+  x.files[key] = std::move(rows);
+  x.learned.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace gpupipe

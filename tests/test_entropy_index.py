@@ -1,0 +1,247 @@
+"""The entropy index (csrc/decode/entropy_index.h): a decode learns where the MCU rows it reaches
+start, and a later decode of the same bytes starts from the row at its crop, passing nothing it does
+not need. The pixels must be those of libjpeg alone, bit for bit, on every variant, at every DCT
+scale, in gray and color, on damaged data; the index must really be used (MCUs coasted), never for
+other bytes, and stay within its bound."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import gpupipe
+from gpupipe import _C
+from helpers import encode, full_decode, in_forked_child, photo
+from test_huffman_reader import LEFT, TAKEN, damaged, delta, reader
+
+
+@pytest.fixture(autouse=True)
+def fresh_index():
+    """Each test starts with an empty index of the default bound, and leaves it so."""
+    old = gpupipe.set_entropy_index_size(256 << 20)
+    _C.clear_entropy_index()
+    yield
+    gpupipe.set_entropy_index_size(old)
+    _C.clear_entropy_index()
+
+
+def random_boxes(h: int, w: int, n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        t, l = int(rng.integers(0, h)), int(rng.integers(0, w))
+        out.append((t, l, int(rng.integers(1, h - t + 1)), int(rng.integers(1, w - l + 1))))
+    return np.array(out, dtype=np.int64)
+
+
+def crops(data: bytes, boxes, mode: str = "rgb") -> list:
+    """Each box of ``data`` cropped by a batch decode (the index's path), as HWC numpy."""
+    out = []
+    for box in np.asarray(boxes, dtype=np.int64).reshape(-1, 4):
+        got = gpupipe.decode_crop_jpegs([data], box[None], num_threads=1, mode=mode)
+        assert got.ok.all(), got.errors
+        out.append(got.images[0].permute(1, 2, 0).numpy())
+    return out
+
+
+def same_size_boxes(h: int, w: int, n: int, seed: int) -> np.ndarray:
+    """n boxes of one size (a batch without resizing), anywhere in the image."""
+    rng = np.random.default_rng(seed)
+    bh, bw = max(1, h // 3), max(1, w // 4)
+    return np.array([(int(rng.integers(0, h - bh + 1)), int(rng.integers(0, w - bw + 1)), bh, bw) for _ in range(n)],
+                    dtype=np.int64)
+
+
+def batch(data: bytes, boxes: np.ndarray, threads: int = 1, **kw):
+    """One batch decode of ``data`` at each (same-size) box: (HWC numpy [N, h, w, C], the result)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gpupipe.JpegWarning)  # (damaged files: their warnings are compared)
+        got = gpupipe.decode_crop_jpegs([data] * len(boxes), boxes, num_threads=threads, **kw)
+    return got.images.permute(0, 2, 3, 1).numpy(), got
+
+
+def learn_down_to_the_bottom(data: bytes, h: int, w: int) -> None:
+    """One decode of the last rows: the rows above them all learned."""
+    crops(data, [[h - 1, 0, 1, w]])
+
+
+@pytest.mark.parametrize("name", TAKEN)
+def test_crops_from_known_rows_equal_libjpeg_alone(variants, name):
+    data = variants[name]
+    ref = full_decode(data)
+    h, w = ref.shape[:2]
+    before = _C._huffman_reader_stats()
+    first = crops(data, random_boxes(h, w, 12, seed=1))  # (learning, each decode from where the others got)
+    learn_down_to_the_bottom(data, h, w)
+    assert gpupipe.entropy_index_stats()["files"] == 1
+    boxes = random_boxes(h, w, 40, seed=2)
+    boxes[:3] = [[h - 1, w - 1, 1, 1], [h // 2, w - 1, h - h // 2, 1], [0, 0, h, w]]
+    for got, (t, l, bh, bw) in zip(crops(data, boxes), boxes):
+        np.testing.assert_array_equal(got, ref[t:t + bh, l:l + bw], err_msg=f"{name} {(t, l, bh, bw)}")
+    for got, (t, l, bh, bw) in zip(first, random_boxes(h, w, 12, seed=1)):
+        np.testing.assert_array_equal(got, ref[t:t + bh, l:l + bw])
+    d = delta(before)
+    assert d["coasted"] > 0 and d["rejected"] == 0, d  # the known rows were used
+    assert gpupipe.entropy_index_stats()["found"] >= 40
+
+
+@pytest.mark.parametrize("name", LEFT)
+def test_other_codings_are_neither_indexed_nor_changed(variants, name):
+    data = variants[name]
+    ref = full_decode(data)
+    h, w = ref.shape[:2]
+    boxes = random_boxes(h, w, 8, seed=3)
+    for _ in range(2):
+        for got, (t, l, bh, bw) in zip(crops(data, boxes), boxes):
+            np.testing.assert_array_equal(got, ref[t:t + bh, l:l + bw])
+    assert gpupipe.entropy_index_stats()["files"] == 0
+
+
+@pytest.mark.parametrize("name", ["ycbcr-4:2:0", "ycbcr-4:2:2", "gray", "pillow-4:2:0-q75", "cmyk"])
+def test_resized_crops_at_every_dct_scale_equal_libjpeg_alone(variants, name):
+    data = variants[name]
+    h, w = full_decode(data).shape[:2]
+    learn_down_to_the_bottom(data, h, w)
+    for scale in range(1, 9):
+        boxes = random_boxes(h, w, 6, seed=scale)
+        for t, l, bh, bw in boxes:
+            out = (max(1, int(bh) * scale // 8), max(1, int(bw) * scale // 8))
+            box = np.array([[t, l, bh, bw]], dtype=np.int64)
+            a = gpupipe.decode_crop_jpegs([data], box, size=out, num_threads=1).images
+            with reader(False):
+                b = gpupipe.decode_crop_jpegs([data], box, size=out, num_threads=1).images
+            assert np.array_equal(a.numpy(), b.numpy()), (name, scale, (t, l, bh, bw), out)
+    assert gpupipe.entropy_index_stats()["found"] > 0
+
+
+@pytest.mark.parametrize("first, then", [("rgb", "gray"), ("gray", "rgb")])
+def test_gray_output_uses_rows_color_learned_and_learns_none(variants, first, then):
+    """Gray output of a color file keeps no DC predictions for Cb and Cr: it learns nothing (its rows
+    would give the color decode wrong predictions), and uses what a color decode learned."""
+    data = variants["ycbcr-4:2:0"]
+    h, w = full_decode(data).shape[:2]
+    boxes = random_boxes(h, w, 16, seed=5)
+    crops(data, [[h - 1, 0, 1, w]], mode=first)
+    assert gpupipe.entropy_index_stats()["files"] == (1 if first == "rgb" else 0)
+    ref = full_decode(data, then)
+    before = _C._huffman_reader_stats()
+    (bottom,) = crops(data, [[h - 8, 0, 8, w]], mode=then)  # from the rows the first decode left, if any
+    np.testing.assert_array_equal(bottom, ref[h - 8:])
+    assert (delta(before)["coasted"] > 0) == (first == "rgb")
+    for got, (t, l, bh, bw) in zip(crops(data, boxes, mode=then), boxes):
+        np.testing.assert_array_equal(got, ref[t:t + bh, l:l + bw])
+
+
+def test_other_bytes_of_the_same_size_never_use_the_rows(variants):
+    data = variants["ycbcr-4:2:0"]
+    h, w = full_decode(data).shape[:2]
+    learn_down_to_the_bottom(data, h, w)
+    sos = data.index(b"\xff\xda")
+    start = sos + 2 + int.from_bytes(data[sos + 2:sos + 4], "big")
+    other = bytearray(data)
+    other[start + 5] ^= 0x10  # the second row on starts elsewhere, or decodes to other pixels
+    other = bytes(other)
+    boxes = same_size_boxes(h, w, 12, seed=9)
+    before = gpupipe.entropy_index_stats()["found"]
+    batch(other, boxes[:1])
+    assert gpupipe.entropy_index_stats()["found"] == before  # a new file: nothing known
+    a, ra = batch(other, boxes)  # (from its own rows, as it learns them)
+    with reader(False):
+        b, rb = batch(other, boxes)
+    assert np.array_equal(a, b) and ra.errors == rb.errors
+
+
+def test_damaged_files_decode_as_libjpeg_alone_and_warned_decodes_teach_nothing(variants):
+    rng = np.random.default_rng(11)
+    sources = [variants["ycbcr-4:2:0"], variants["ycbcr-4:4:4"], variants["gray"], variants["pillow-4:2:0-q75"]]
+    for i in range(60):
+        data = damaged(sources[i % len(sources)], rng)
+        h, w = full_decode(sources[i % len(sources)]).shape[:2]
+        boxes = same_size_boxes(h, w, 4, seed=i)
+        boxes[0, 0] = h - boxes[0, 2]  # (one reaches the bottom: where the damage usually is)
+        a, ra = batch(data, boxes)
+        again, rg = batch(data, boxes)
+        with reader(False):
+            b, rb = batch(data, boxes)
+        for x, rx in ((a, ra), (again, rg)):
+            assert np.array_equal(x, b), i
+            assert rx.errors == rb.errors and rx.warnings == rb.warnings, i
+
+
+def test_a_decode_that_warns_teaches_nothing(variants):
+    """Its rows before the damage would be right (the reader stops learning where libjpeg's decoder
+    takes over), but a warned decode is not learned from at all: the index only holds clean files."""
+    data = variants["ycbcr-4:2:0"]
+    h, w = full_decode(data).shape[:2]
+    # a marker among the last rows' data (near the end, where the reader still takes the file)
+    hurt = data[:len(data) - 200] + b"\xff\xd3" + data[len(data) - 200:]
+    before = _C._huffman_reader_stats()
+    got, result = batch(hurt, np.array([[h - 8, 0, 8, w]], dtype=np.int64))
+    assert result.warnings and delta(before)["handed_back"] > 0 and gpupipe.entropy_index_stats()["files"] == 0
+    batch(hurt, np.array([[h // 2, 0, 8, w]], dtype=np.int64))  # above the damage: clean, learned
+    assert gpupipe.entropy_index_stats()["files"] == 1
+
+
+def test_many_threads_learning_one_file_at_once(variants):
+    data = variants["pillow-4:2:0-q75"]
+    ref = full_decode(data)
+    h, w = ref.shape[:2]
+    boxes = same_size_boxes(h, w, 64, seed=13)
+    for _ in range(3):  # learning in a race, then from what the race left
+        got, _ = batch(data, boxes, threads=4)
+        for k, (t, l, bh, bw) in enumerate(boxes):
+            np.testing.assert_array_equal(got[k], ref[t:t + bh, l:l + bw])
+    assert gpupipe.entropy_index_stats()["files"] == 1
+
+
+def test_the_bound_holds_and_zero_turns_it_off():
+    datas = [encode(photo(64 + 8 * k, 96), quality=90) for k in range(12)]
+    box = np.array([[63, 0, 1, 96]] * len(datas), dtype=np.int64)
+    gpupipe.set_entropy_index_size(1500)  # room for a couple of files' rows
+    gpupipe.decode_crop_jpegs(datas, box, num_threads=1)
+    s = gpupipe.entropy_index_stats()
+    assert 0 < s["files"] < len(datas) and s["bytes"] <= 1500 and s["full"] > 0, s
+    for _ in range(3):  # the same files again: the index does not grow
+        gpupipe.decode_crop_jpegs(datas, box, num_threads=1)
+    assert gpupipe.entropy_index_stats()["bytes"] <= 1500
+    assert gpupipe.set_entropy_index_size(0) == 1500
+    s = gpupipe.entropy_index_stats()
+    assert s["files"] == 0 and s["bytes"] == 0 and s["max_bytes"] == 0
+    before = _C._huffman_reader_stats()
+    gpupipe.decode_crop_jpegs(datas, box, num_threads=1)
+    assert delta(before)["coasted"] == 0 and gpupipe.entropy_index_stats()["files"] == 0
+    with pytest.raises(ValueError, match="non-negative int"):
+        gpupipe.set_entropy_index_size(-1)
+
+
+def test_a_decode_from_known_rows_is_cheaper():
+    """Not a timing: the MCUs read. A crop at the bottom of a file whose rows are known passes none
+    of the rows above it."""
+    data = encode(photo(512, 512), quality=90)
+    box = np.array([[480, 200, 32, 64]], dtype=np.int64)
+    before = _C._huffman_reader_stats()
+    crops(data, box)
+    cold = delta(before)
+    before = _C._huffman_reader_stats()
+    crops(data, box)
+    warm = delta(before)
+    assert warm["decoded"] == cold["decoded"] and warm["coasted"] > 0
+    assert warm["skipped"] < cold["skipped"] / 4, (cold, warm)
+
+
+def _crops_in_child(data, boxes, queue):
+    before = _C._huffman_reader_stats()["coasted"]
+    got = gpupipe.decode_crop_jpegs([data] * len(boxes), boxes, num_threads=2)
+    queue.put((got.images.permute(0, 2, 3, 1).numpy().tobytes(), _C._huffman_reader_stats()["coasted"] - before))
+
+
+def test_a_forked_child_decodes_from_the_rows_its_parent_learned(variants):
+    """The rows are valid in a forked child (the same bytes); the index's lock is taken around
+    fork(), so a pool thread learning at that moment cannot leave it locked there."""
+    data = variants["ycbcr-4:2:0"]
+    h, w = full_decode(data).shape[:2]
+    learn_down_to_the_bottom(data, h, w)
+    boxes = same_size_boxes(h, w, 8, seed=17)
+    expected, _ = batch(data, boxes, threads=2)
+    pixels, coasted = in_forked_child(_crops_in_child, data, boxes)
+    assert coasted > 0 and pixels == expected.tobytes()
