@@ -190,11 +190,14 @@ from gpupipe.bench.dataset import default_set; default_set()" > "$L/data.txt" 2>
   step costs 90 python3 -m benchmarks.hybrid_probe --part costs
   grep -E "^\||^fit" "$L/costs.txt" | cut -c1-200 | tee -a "$OUT/summary.txt"
   # $SPLIT_VARIANTS: each a split (keyed, ranked) with "+lanes2" (two calls of the hardware decoder in flight,
-  # hybrid.CALLS_IN_FLIGHT) and/or "+chunk512" (loader.CHUNK_IMAGES 512) added
+  # hybrid.CALLS_IN_FLIGHT), "+chunk512" (loader.CHUNK_IMAGES 512) and/or "+noindex" (the CPU pool without the
+  # entropy index, GPUPIPE_ENTROPY_INDEX_MB=0) added
   for r in $(seq ${SPLIT_ROUNDS:-1}); do for sb in ${SPLIT_SETS:-default:64 seed:64 default:256}; do
-    for v in ${SPLIT_VARIANTS:-keyed ranked keyed+lanes2}; do
-      lanes=""; chunk=""; [[ $v == *+lanes2* ]] && lanes=2; [[ $v == *+chunk512* ]] && chunk=512
-      SPLIT=${v%%+*} LANES=$lanes CHUNK=$chunk bench "hybrid-${v//+/-}-${sb/:/-}-r$r" ${sb%:*} ${sb#*:} --methods gpupipe
+    for v in ${SPLIT_VARIANTS:-keyed ranked keyed+lanes2 keyed+noindex}; do
+      lanes=""; chunk=""; index=256; [[ $v == *+lanes2* ]] && lanes=2; [[ $v == *+chunk512* ]] && chunk=512
+      [[ $v == *+noindex* ]] && index=0
+      GPUPIPE_ENTROPY_INDEX_MB=$index SPLIT=${v%%+*} LANES=$lanes CHUNK=$chunk \
+        bench "hybrid-${v//+/-}-${sb/:/-}-r$r" ${sb%:*} ${sb#*:} --methods gpupipe
     done; done; done ;;
 probe)  # build, the GPU tests, then where the hybrid backend's time goes (benchmarks/hybrid_probe.py)
   python3 -c "import PIL, torch; print('Pillow', PIL.__version__, 'torch', torch.__version__, torch.cuda.get_device_name(0))"
