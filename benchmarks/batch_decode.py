@@ -188,13 +188,13 @@ def entropy_index(sets: dict, size: int = 224, threads: int = 1, repeats: int = 
 
         _C.clear_entropy_index()
         for _ in range(3):  # three epochs learned
-            epoch()
+            paused(False, epoch)()
         label = f"{name} {w}x{h}, {threads} thread{'s' if threads > 1 else ''}"
         rows += run_side_by_side(f"entropy index, later epochs, RandomResizedCrop {size}: {label}",
-                                 {"gpupipe": epoch, "without the index": paused(True, epoch)}, len(datas),
+                                 {"gpupipe": paused(False, epoch), "without the index": paused(True, epoch)}, len(datas),
                                  repeats=repeats, notes={"without the index": "gpupipe, the index paused"})
         rows += run_side_by_side(f"entropy index, first epoch (hash and learn), RandomResizedCrop {size}: {label}",
-                                 {"gpupipe": first_epoch, "without the index": paused(True, lambda: epoch(0))},
+                                 {"gpupipe": paused(False, first_epoch), "without the index": paused(True, lambda: epoch(0))},
                                  len(datas), repeats=repeats, notes={"without the index": "gpupipe, the index paused"})
         _C.clear_entropy_index()
     return rows

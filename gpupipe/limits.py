@@ -3,6 +3,7 @@ this process's share of the cores, and the instruction set its CPU kernels use."
 
 from __future__ import annotations
 
+import numbers
 import os
 import warnings
 from typing import NamedTuple, Optional
@@ -71,9 +72,9 @@ def set_entropy_index_size(max_bytes: int) -> int:
     default set's sizes (~640 bytes each). Once full, files not yet in it decode as without it.
     0 turns it off and empties it; a bound below what it holds empties it too.
     """
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, numbers.Integral) or max_bytes < 0:
         raise ValueError(f"max_bytes must be a non-negative int, got {max_bytes!r}")
-    return _C.set_entropy_index_bytes(max_bytes)
+    return _C.set_entropy_index_bytes(int(max_bytes))
 
 
 def entropy_index_stats() -> dict:

@@ -1,9 +1,11 @@
 #include "decode/entropy_index.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <random>
 #include <unordered_map>
 
 #include <pthread.h>
@@ -67,26 +69,59 @@ const bool g_atfork_registered = [] {
                         [] { index().lock.unlock(); }) == 0;
 }();
 
+// The hash's secrets, drawn once per process. A product of two words is 0 when one of them is: with
+// public constants a file could make a block's other word, and all the state before it, vanish
+// from the hash (two crafted files would share rows: wrong pixels). Secret, the words that do that
+// cannot be chosen. A forked child keeps its parent's (and its parent's rows, which stay right).
+struct Secrets {
+  uint64_t s[6];
+  Secrets() {
+    uint64_t seed = 0;
+    try {
+      std::random_device device;
+      seed = (static_cast<uint64_t>(device()) << 32) ^ device();
+    } catch (...) {  // no entropy source: the clock and an address, still unknown to a file's author
+    }
+    seed ^= static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+            reinterpret_cast<uintptr_t>(this);
+    const uint64_t constants[6] = {kP0, kP1, kP2, kP3, kP0 ^ kP3, kP1 ^ kP2};
+    for (int i = 0; i < 6; ++i) {  // splitmix64: distinct, odd-heavy, well mixed
+      seed += 0x9e3779b97f4a7c15ull;
+      uint64_t z = seed;
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      s[i] = (z ^ (z >> 31)) ^ constants[i];
+    }
+  }
+};
+
+const Secrets& secrets() {
+  static const Secrets s;
+  return s;
+}
+
 }  // namespace
 
 FileKey file_key(const uint8_t* data, size_t size) {
-  // Two independent 64-bit lanes over every byte, each 16 bytes mixed with 128-bit products.
-  uint64_t a = kP0 ^ size, b = kP1 ^ (size * kP2), c = kP2, d = kP3;
+  // Two independent 64-bit lanes over every byte, each 16 bytes mixed with a 128-bit product of
+  // the words xored with secrets (wyhash's construction, seeded per process).
+  const uint64_t* s = secrets().s;
+  uint64_t a = s[0] ^ size, b = s[1] ^ (size * kP2), c = s[4], d = s[5];
   size_t i = 0;
   for (; i + 32 <= size; i += 32) {
-    a = mix(load64(data + i) ^ kP1, load64(data + i + 8) ^ a);
-    b = mix(load64(data + i + 16) ^ kP2, load64(data + i + 24) ^ b);
+    a = mix(load64(data + i) ^ s[2], load64(data + i + 8) ^ a);
+    b = mix(load64(data + i + 16) ^ s[3], load64(data + i + 24) ^ b);
     c ^= a + kP3;
     d += b ^ kP0;
   }
   uint8_t tail[32] = {};
   std::memcpy(tail, data + i, size - i);
-  a = mix(load64(tail) ^ kP1, load64(tail + 8) ^ a ^ (size - i));
-  b = mix(load64(tail + 16) ^ kP2, load64(tail + 24) ^ b);
+  a = mix(load64(tail) ^ s[2], load64(tail + 8) ^ a ^ (size - i));
+  b = mix(load64(tail + 16) ^ s[3], load64(tail + 24) ^ b);
   FileKey k;
   k.size = size;
-  k.h1 = mix(a ^ kP3, c ^ b);
-  k.h2 = mix(b ^ kP1, d ^ a ^ kP2);
+  k.h1 = mix(a ^ s[4], c ^ b ^ kP1);
+  k.h2 = mix(b ^ s[5], d ^ a ^ kP2);
   return k;
 }
 

@@ -501,11 +501,33 @@ void HuffmanReader::load_state(j_decompress_ptr cinfo) {
 
 void HuffmanReader::store_state(j_decompress_ptr cinfo) {
   HuffEntropy* e = entropy_of(cinfo);
-  e->bitstate.get_buffer = static_cast<size_t>(r_.nbits ? r_.buf >> (64 - r_.nbits) : 0);
-  e->bitstate.bits_left = r_.nbits;
-  cinfo->src->next_input_byte = r_.p;
-  cinfo->src->bytes_in_buffer = static_cast<size_t>(r_.end - r_.p);
   for (int ci = 0; ci < comps_; ++ci) e->saved.last_dc_val[ci] = r_.pred[ci];
+  // The position as a function of the bit position alone, not of how far the reader had loaded
+  // ahead (which depends on where it started: the scan's start, or a row's with the entropy index):
+  // the byte holding the next unread bit, its unread low bits in libjpeg's buffer. libjpeg's choice
+  // between its fast and careful decoders, and so its warnings on a bad code near the data's end,
+  // follow the bytes left in its buffer: with or without the index, they are then the same.
+  const uint8_t* q = r_.p;
+  int bits = r_.nbits;
+  while (bits > 0 && q > scan_) {
+    --q;
+    if (*q == 0 && q > scan_ && q[-1] == 0xFF) --q;  // a stuffed FF 00: one byte of data
+    bits -= 8;
+  }
+  if (bits > 0) {  // (never: every buffered bit came from a byte at or after the scan's start)
+    e->bitstate.get_buffer = static_cast<size_t>(r_.nbits ? r_.buf >> (64 - r_.nbits) : 0);
+    e->bitstate.bits_left = r_.nbits;
+    cinfo->src->next_input_byte = r_.p;
+    cinfo->src->bytes_in_buffer = static_cast<size_t>(r_.end - r_.p);
+    return;
+  }
+  const int unread = -bits == 0 ? 0 : 8 + bits;  // of byte q: 8 - (bits of it already consumed)
+  const uint8_t* next = q;
+  if (unread > 0) next = q + (q[0] == 0xFF ? 2 : 1);
+  e->bitstate.get_buffer = unread > 0 ? static_cast<size_t>(q[0] & ((1u << unread) - 1)) : 0;
+  e->bitstate.bits_left = unread;
+  cinfo->src->next_input_byte = next;
+  cinfo->src->bytes_in_buffer = static_cast<size_t>(r_.end - next);
 }
 
 // The first MCU, decoded here and by libjpeg from the same start: both must reach the same bit
