@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import threading
 import time
@@ -322,13 +323,18 @@ class Workers:
         self.close()
 
     def calls_in_flight(self) -> dict:
-        """{kind: calls each GPU engine has in flight at most} (lanes whose own decoder could not
-        start share another's: they count once)."""
-        return {k: len(q.streams) - len(q.lane_failures) for k, q in self.queues.items()}
+        """{kind: calls each GPU engine has in flight at most}: its lanes, less those found calling
+        lane 0's decoder once they ran (an engine without ``lane``, or a lane whose decoder could
+        not start), which take turns with it."""
+        return {k: len(q.streams) - len(q.shared_lanes) for k, q in self.queues.items()}
 
     def lane_failures(self) -> list:
         """Why lanes call another lane's decoder (theirs could not start)."""
-        return [why for q in self.queues.values() for why in q.lane_failures.values()]
+        out = []
+        for q in self.queues.values():
+            with q._cond:
+                out += list(q.lane_failures.values())
+        return out
 
     def close(self) -> None:
         """Stops the threads once their running batch is queued; batches not started are dropped."""
@@ -366,6 +372,8 @@ class _EngineQueue:
         self._closed = False
         #: {lane: why it calls lane 0's decoder} of the lanes whose own decoder could not start
         self.lane_failures: dict = {}
+        self.shared_lanes: set = set()  # lanes found calling lane 0's decoder (none of their own)
+        self._shared = threading.Lock()  # held by the lanes calling lane 0's decoder, one call at a time
         self._threads = [threading.Thread(target=self._loop, args=(lane,), daemon=True,
                                           name=f"gpupipe-{kind}-decoder" + (f"-{lane}" if lane else ""))
                          for lane in range(len(self.streams))]
@@ -391,12 +399,12 @@ class _EngineQueue:
             job.future.cancel()
 
     def _take(self) -> tuple:
-        """(engine, [jobs], call) for the next call, or (None, [], None) once closed."""
+        """(engine, [jobs]) for the next call, or (None, []) once closed."""
         with self._cond:
             while not self._jobs and not self._closed:
                 self._cond.wait()
             if not self._jobs:
-                return None, [], None
+                return None, []
             engine, job = self._jobs.popleft()
             group, images = [job], len(job.buffers)
             if hasattr(engine, "decode_jobs"):
@@ -404,38 +412,44 @@ class _EngineQueue:
                        and images + len(self._jobs[0][1].buffers) <= MERGE_IMAGES):
                     images += len(self._jobs[0][1].buffers)
                     group.append(self._jobs.popleft()[1])
-            return engine, group, self.busy.taken()  # (under the lock: the calls' order is the order taken)
+            return engine, group
 
     def _lane_engine(self, engine: Any, lane: int) -> Any:
         """The decoder instance of ``lane`` (``engine.lane(lane)``: its own state, so that its call
         does not wait for another lane's); ``engine`` itself for lane 0, for an engine without
         lanes, and for a lane whose decoder could not start (its reason kept in
         :attr:`lane_failures`: the calls then take turns on one decoder, as with one lane)."""
-        if lane == 0 or not hasattr(engine, "lane") or lane in self.lane_failures:
+        if lane == 0 or lane in self.shared_lanes:
+            return engine
+        if not hasattr(engine, "lane"):
+            self.shared_lanes.add(lane)
             return engine
         try:
-            return engine.lane(lane)  # (created on first use: inside the call's scope)
+            return engine.lane(lane)  # (created before its call is timed: see _run_engine)
         except Exception as e:
-            self.lane_failures[lane] = f"{self.kind} decoder lane {lane} could not start ({brief(e, 240)})"
+            with self._cond:
+                self.lane_failures[lane] = f"{self.kind} decoder lane {lane} could not start ({brief(e, 240)})"
+            self.shared_lanes.add(lane)
             return engine
 
     def _loop(self, lane: int) -> None:
         stream = self.streams[lane]
         while True:
-            engine, group, call = self._take()
+            engine, group = self._take()
             if engine is None:
                 return
             try:
                 group = [job for job in group if job.future.set_running_or_notify_cancel()]
                 if group:
                     with call_scope():  # an exiting interpreter waits for the call in hand (gpupipe._exit)
-                        _run_engine(self._lane_engine(engine, lane), group, stream, call)
+                        eng = self._lane_engine(engine, lane)
+                        # lanes calling one decoder instance take turns (its own lock may not exist)
+                        with self._shared if eng is engine and len(self.streams) > 1 else contextlib.nullcontext():
+                            _run_engine(eng, group, stream, self.busy)
             except BaseException as e:  # never a future left without an outcome: its batch would wait forever
                 for job in group:
                     if not job.future.done():
                         job.future.set_exception(e)
-            finally:
-                call.ended.set()  # (a failed or cancelled call counts nothing: its start or end is None)
             # the shares' output tensors may have no other reference left (their iteration closed): freed
             # in a call scope, never under a finalizing interpreter (gpupipe.engine.Engine._run says why)
             with call_scope():
@@ -488,39 +502,51 @@ def _elapsed(a: Any, b: Any) -> float:
 class _BusyClock:
     """An engine's busy seconds: the union of its calls' spans, so that where calls overlap
     (:data:`CALLS_IN_FLIGHT`) its rate is still what it decoded per second of the wall. Calls are
-    counted in the order they were taken, whatever the order their batches are collected in (an
-    epoch and the one started ahead collect at the same time); each adds the part of its span after
-    the latest end counted before it, measured from its own start (CUDA's event times are float32
-    milliseconds: exact over short spans only). With one call in flight the calls follow each other
-    on one stream and each counts its whole span."""
+    counted in the order they started (their decoders ready: a lane's decoder is made before its
+    first call starts), whatever the order their batches are collected in (an epoch and the one
+    started ahead collect at the same time); each adds the part of its span after the latest end
+    counted before it, measured from its own start (CUDA's event times are float32 milliseconds:
+    exact over short spans only). With one call in flight the calls follow each other on one stream
+    and each counts its whole span."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._open: collections.deque = collections.deque()  # calls taken, not yet counted, in that order
         self._last_end: Any = None  # the end of the counted call that ended last
 
-    def taken(self) -> _Call:
-        """A new call, counted after those taken before it (call in the order calls are taken)."""
+    def started(self) -> _Call:
+        """A call starting now (its decoder ready), counted after those that started before it."""
         call = _Call()
         with self._lock:
             self._open.append(call)
         return call
 
     def seconds(self, call: _Call) -> float:
-        """``call``'s part of the busy time, once it ended (the calls taken before it are counted
-        first: a lane's call still running is waited for; it ends, as every call taken does)."""
-        with self._lock:
-            while call.counted is None and self._open:
-                first = self._open.popleft()
-                first.ended.wait()
-                first.counted = self._count(first)
-            return call.counted or 0.0
+        """``call``'s part of the busy time, once it ended: the calls that started before it are
+        counted first (one still running is waited for, outside the lock: the lanes start calls
+        meanwhile; it ends, as every call started does)."""
+        while True:
+            with self._lock:
+                if call.counted is not None:
+                    return call.counted
+                if not self._open:
+                    return 0.0
+                first = self._open[0]
+            first.ended.wait()
+            if first.end is not None and not isinstance(first.end, float):
+                first.end.synchronize()  # (a blocking event: sleeps) its times are known once it completed
+            with self._lock:
+                if self._open and self._open[0] is first:  # (else another collector counted it meanwhile)
+                    self._open.popleft()
+                    try:
+                        first.counted = self._count(first)
+                    except BaseException:
+                        first.counted = 0.0  # (a device error: the call's batch fails with it)
+                        raise
 
     def _count(self, call: _Call) -> float:
         if call.start is None or call.end is None:
             return 0.0
-        if not isinstance(call.end, float):
-            call.end.synchronize()  # (a blocking event: sleeps) its times are known once it completed
         span = _elapsed(call.start, call.end)
         after = 0.0 if self._last_end is None else max(_elapsed(call.start, self._last_end), 0.0)
         if span > after:
@@ -528,16 +554,18 @@ class _BusyClock:
         return max(span - after, 0.0)
 
 
-def _run_engine(eng: Any, group: list, stream: Optional["torch.cuda.Stream"], call: _Call) -> None:
+def _run_engine(eng: Any, group: list, stream: Optional["torch.cuda.Stream"], busy: _BusyClock) -> None:
     """One call of an engine for the shares ``group`` (``_Job``s), on one of its lanes' threads;
     each job's future gets its :class:`_EngineRun` or the call's error. On a CUDA ``out`` the work
     goes on the lane's stream, timed by CUDA events around it (the engine's own pace), each share
     counting its images' part of it; on a host ``out`` (the scheduler's tests) by the host's clock.
-    ``call`` gets the times before any future its outcome."""
+    The call is on ``busy`` from its start, its times there before any future gets its outcome."""
+    call: Optional[_Call] = None
     try:
         with torch.cuda.stream(stream):  # a no-op for None (a host engine)
             t0 = time.perf_counter()
             started = _record(stream)
+            call = busy.started()
             if len(group) == 1:
                 j = group[0]
                 declines = [eng.decode(j.buffers, j.boxes, j.out, j.slots, j.options, sizes=j.sizes)]
@@ -548,6 +576,8 @@ def _run_engine(eng: Any, group: list, stream: Optional["torch.cuda.Stream"], ca
             raise RuntimeError(f"{eng!r} answered {len(declines)} of the {len(group)} shares of one call")
         runs = [{int(k): str(why) for k, why in declined.items()} for declined in declines]
     except BaseException as e:  # what was queued before the error may still write out: wait() orders after it
+        if call is not None:
+            call.ended.set()  # (it counts nothing: its start and end are None)
         try:
             e.gpupipe_engine_done = _record(stream)
         except Exception:  # a sticky device error: the original error says more

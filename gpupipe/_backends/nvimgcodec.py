@@ -665,7 +665,8 @@ def _started(kind: str, device: torch.device) -> Engine:
 def started_engines() -> list:
     """The engines this process started (for reports: which API each calls, and why not the C API)."""
     with _engines_lock:
-        return [e for (pid, _, _, _), e in _engines.items() if pid == os.getpid() and isinstance(e, Engine)]
+        return [e for (pid, _, _, lane), e in _engines.items()
+                if pid == os.getpid() and lane == 0 and isinstance(e, Engine)]  # (a lane's decoder: the same kind)
 
 
 def hardware_decoder_available(device: Optional[torch.device] = None) -> bool:
