@@ -792,7 +792,8 @@ class Loader:
         (its first request, for an epoch started ahead) to its last batch, over threads x that wall
         time, whichever epoch's samples they were (with ``lookahead`` the next epoch's too); at most
         1); ``threads`` (this rank's ``share`` of the cores, see :func:`gpupipe.cpu_share`, and the
-        ``decode``, ``io`` and ``augment`` threads taken from it).
+        ``decode``, ``io`` and ``augment`` threads taken from it); ``entropy_index`` (the process's,
+        :func:`gpupipe.entropy_index_stats`: its ``full`` count says when files no longer fit).
         """
         s = self._stats
         busy, wait = s.times.snapshot()
@@ -815,6 +816,7 @@ class Loader:
                                 "utilisation": min(pool_busy_all / (decode_threads * wall), 1.0) if wall > 0 else 0.0},
                 "threads": {"share": self.cpu_share, "decode": decode_threads, "io": self.io_threads,
                             "augment": self.augment_threads},
+                "entropy_index": _C.entropy_index_stats(),
                 **self._hybrid_stats(s),
             }
 

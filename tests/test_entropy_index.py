@@ -9,6 +9,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 
 import gpupipe
 from gpupipe import _C
@@ -325,3 +326,26 @@ def test_a_forked_child_decodes_from_the_rows_its_parent_learned(variants):
     expected, _ = batch(data, boxes, threads=2)
     pixels, coasted = in_forked_child(_crops_in_child, data, boxes)
     assert coasted > 0 and pixels == expected.tobytes()
+
+
+def test_the_loaders_second_epoch_decodes_from_the_rows_its_first_learned(tmp_path):
+    """The same batches as without the index, the rows found from the second epoch on, and the
+    index's counts in stats()."""
+    from loader_data import make_image_folder
+
+    make_image_folder(tmp_path, per_class=8)
+
+    def epochs():
+        ld = gpupipe.Loader(gpupipe.sources.ImageFolder(tmp_path), batch_size=8, num_threads=2, seed=5,
+                            crop=gpupipe.crops.RandomResizedCrop((24, 32)))
+        out = []
+        for e in range(3):
+            ld.set_epoch(e)
+            out.append([x.clone() for x, _ in ld])
+        return out, ld.stats()
+
+    with paused_index():
+        ref, _ = epochs()
+    got, st = epochs()
+    assert all(torch.equal(a, b) for ea, eb in zip(ref, got) for a, b in zip(ea, eb))
+    assert st["entropy_index"]["files"] > 0 and st["entropy_index"]["found"] > 0, st["entropy_index"]
