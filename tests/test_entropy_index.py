@@ -13,7 +13,7 @@ import torch
 
 import gpupipe
 from gpupipe import _C
-from helpers import encode, full_decode, in_forked_child, photo
+from helpers import encode, full_decode, in_forked_child, photo, run_child
 from test_huffman_reader import LEFT, TAKEN, damaged, delta, reader
 
 
@@ -349,3 +349,23 @@ def test_the_loaders_second_epoch_decodes_from_the_rows_its_first_learned(tmp_pa
     got, st = epochs()
     assert all(torch.equal(a, b) for ea, eb in zip(ref, got) for a, b in zip(ea, eb))
     assert st["entropy_index"]["files"] > 0 and st["entropy_index"]["found"] > 0, st["entropy_index"]
+
+
+def test_a_bad_size_in_the_environment_is_an_error_naming_it_until_a_size_is_set():
+    run_child("""
+        import numpy as np, pytest, gpupipe
+        from helpers import encode, photo
+        data = encode(photo(32, 32))
+        box = np.array([[0, 0, 8, 8]], dtype=np.int64)
+        for call in (lambda: gpupipe.decode_crop_jpegs([data], box), lambda: gpupipe.decode_crop_jpeg(data, 0, 0, 8, 8)):
+            with pytest.raises(ValueError, match="GPUPIPE_ENTROPY_INDEX_MB must be a whole number of MiB.*'lots'"):
+                call()
+        assert gpupipe.entropy_index_stats()["max_bytes"] == 0
+        gpupipe.set_entropy_index_size(1 << 20)
+        assert gpupipe.decode_crop_jpegs([data], box).ok.all() and gpupipe.entropy_index_stats()["max_bytes"] == 1 << 20
+        """, env={"GPUPIPE_ENTROPY_INDEX_MB": "lots"})
+    out = run_child("""
+        import gpupipe
+        print(gpupipe.entropy_index_stats()["max_bytes"])
+        """, env={"GPUPIPE_ENTROPY_INDEX_MB": "3"})
+    assert out.stdout.strip() == str(3 << 20)

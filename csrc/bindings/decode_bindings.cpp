@@ -61,6 +61,7 @@ struct BatchInputs {
 BatchInputs batch_inputs(py::sequence datas, py::object boxes, uintptr_t out_address, size_t out_nbytes,
                          int out_height, int out_width, bool resize, int mode, bool strict, bool dct_scaling,
                          int num_threads, bool window) {
+  check_entropy_index_env();
   const std::vector<Box> box = boxes_arg(boxes, py::len(datas));
   BatchInputs in;
   in.views = buffer_views(datas);
@@ -337,6 +338,7 @@ void register_decode(py::module_& m) {
       [](py::object data, uintptr_t out_address, size_t out_nbytes, double top, double left, double height,
          double width, int out_height, int out_width, bool resize, int mode, bool strict, bool dct_scaling,
          int scale_num, bool scaled_box, bool use_restarts, bool window) {
+        check_entropy_index_env();
         const BufferView input(data.ptr());
         DecodeRequest req = make_request(out_height, out_width, resize, mode, strict, dct_scaling, window);
         req.box = Box{top, left, height, width};

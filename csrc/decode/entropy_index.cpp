@@ -1,11 +1,14 @@
 #include "decode/entropy_index.h"
 
+#include "common/errors.h"
+
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <string>
 #include <unordered_map>
 
 #include <pthread.h>
@@ -38,11 +41,16 @@ uint64_t cost_of(const EntropyRows& rows) {
   return sizeof(EntropyRows) + rows.rows.capacity() * sizeof(EntropyCheckpoint) + 96;
 }
 
+std::string g_env_error;  // GPUPIPE_ENTROPY_INDEX_MB's, read once: decodes refuse to run until it is fixed
+
 uint64_t initial_max_bytes() {
   if (const char* v = std::getenv("GPUPIPE_ENTROPY_INDEX_MB")) {
     char* end = nullptr;
     const unsigned long long mb = std::strtoull(v, &end, 10);
-    if (end != v && *end == '\0' && mb < (1ull << 40)) return static_cast<uint64_t>(mb) << 20;
+    if (end != v && *end == '\0' && v[0] != '-' && mb < (1ull << 40)) return static_cast<uint64_t>(mb) << 20;
+    g_env_error = "GPUPIPE_ENTROPY_INDEX_MB must be a whole number of MiB (0: no entropy index), got '" +
+                  std::string(v) + "' (or call gpupipe.set_entropy_index_size)";
+    return 0;
   }
   return 256ull << 20;
 }
@@ -125,9 +133,15 @@ FileKey file_key(const uint8_t* data, size_t size) {
   return k;
 }
 
+void check_entropy_index_env() {
+  index();  // (reads the variable)
+  if (!g_env_error.empty()) throw InvalidArgument(g_env_error);
+}
+
 uint64_t set_entropy_index_bytes(uint64_t max_bytes) {
   Index& x = index();
   std::lock_guard<std::mutex> g(x.lock);
+  g_env_error.clear();  // (a bound set explicitly replaces a bad variable's)
   const uint64_t old = x.max_bytes;
   x.max_bytes = max_bytes;
   x.enabled.store(max_bytes > 0);

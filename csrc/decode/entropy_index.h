@@ -62,6 +62,9 @@ struct EntropyIndexStats {
   uint64_t full = 0;        // decodes whose new rows did not fit
 };
 
+// InvalidArgument naming GPUPIPE_ENTROPY_INDEX_MB when it held no whole number of MiB (the decode
+// entry points call it first), until a bound is set explicitly.
+void check_entropy_index_env();
 // Sets the bound (0: off, and the index emptied); returns the previous one.
 uint64_t set_entropy_index_bytes(uint64_t max_bytes);
 bool entropy_index_enabled();
