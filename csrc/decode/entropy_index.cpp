@@ -41,7 +41,9 @@ uint64_t cost_of(const EntropyRows& rows) {
   return sizeof(EntropyRows) + rows.rows.capacity() * sizeof(EntropyCheckpoint) + 96;
 }
 
-std::string g_env_error;  // GPUPIPE_ENTROPY_INDEX_MB's, read once: decodes refuse to run until it is fixed
+// GPUPIPE_ENTROPY_INDEX_MB's error, read once: decodes refuse to run until a bound is set (guarded by
+// the index's lock once the index exists)
+std::string g_env_error;
 
 uint64_t initial_max_bytes() {
   if (const char* v = std::getenv("GPUPIPE_ENTROPY_INDEX_MB")) {
@@ -134,8 +136,13 @@ FileKey file_key(const uint8_t* data, size_t size) {
 }
 
 void check_entropy_index_env() {
-  index();  // (reads the variable)
-  if (!g_env_error.empty()) throw InvalidArgument(g_env_error);
+  Index& x = index();  // (reads the variable)
+  std::string error;
+  {
+    std::lock_guard<std::mutex> g(x.lock);  // (set_entropy_index_bytes clears it)
+    error = g_env_error;
+  }
+  if (!error.empty()) throw InvalidArgument(error);
 }
 
 uint64_t set_entropy_index_bytes(uint64_t max_bytes) {
