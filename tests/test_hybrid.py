@@ -613,7 +613,9 @@ def test_calls_in_flight_overlap_on_their_own_decoders_and_count_the_engines_tim
     alone = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
     hybrid.decode(datas, boxes, alone, options(), infos, shares=hybrid.Shares(0.0, 1.0, 0.0), engines=engines())
     monkeypatch.setattr(hybrid, "CALLS_IN_FLIGHT", {"hardware": 2, "cuda": 1})
-    assert hybrid.Workers(["hardware", "cuda"], torch.device("cpu")).calls_in_flight() == {"hardware": 2, "cuda": 1}
+    unused = hybrid.Workers(["hardware", "cuda"], torch.device("cpu"))
+    unused.close()  # (its threads stop: later tests check that none is left)
+    assert unused.calls_in_flight() == {"hardware": 2, "cuda": 1}
     hw = LaneHostEngine("hardware", delay=0.01)
     outs, statuses, workers = on_lanes(hw, 6)
     assert all(torch.equal(o, alone) for o in outs) and all(s.ok.all() for s in statuses)
