@@ -296,6 +296,22 @@ bool fast_decoder_may_meet_a_marker(const uint8_t* data, size_t size, int blocks
   return true;
 }
 
+// The byte holding the reader's next unread bit (`*byte`) and its bits read before it (`*consumed`,
+// 0..7): back from r.p over the bytes the buffer holds (a stuffed FF 00 is one byte of data; a 00
+// after an FF is always its stuffing). False when the buffer holds bits from before `start`.
+bool next_unread(const HuffmanReader::Reader& r, const uint8_t* start, const uint8_t** byte, int* consumed) {
+  const uint8_t* q = r.p;
+  int bits = r.nbits;
+  while (bits > 0 && q > start) {
+    --q;
+    if (*q == 0 && q > start && q[-1] == 0xFF) --q;
+    bits -= 8;
+  }
+  *byte = q;
+  *consumed = -bits;
+  return bits <= 0;
+}
+
 // The bits libjpeg's reader has consumed from `start` when its next byte is `p` with `nbits`
 // buffered (a stuffed FF 00 is one byte of data).
 int64_t consumed_bits(const uint8_t* start, const uint8_t* p, int nbits) {
@@ -470,19 +486,12 @@ void HuffmanReader::materialize(j_decompress_ptr cinfo, unsigned row, unsigned c
 
 void HuffmanReader::record(unsigned row) {
   if (!learning_ || row != rows_known()) return;
-  // The byte holding the next unread bit: back over the bytes the buffer holds (a stuffed FF 00 is
-  // one byte of data; a 00 after an FF is always its stuffing).
-  const uint8_t* q = r_.p;
-  int bits = r_.nbits;
-  while (bits > 0 && q > scan_) {
-    --q;
-    if (*q == 0 && q > scan_ && q[-1] == 0xFF) --q;
-    bits -= 8;
-  }
+  const uint8_t* q;
+  int consumed;
   EntropyCheckpoint cp;
-  if (bits > 0 || static_cast<uint64_t>(q - scan_) > UINT32_MAX) return stop_learning();
+  if (!next_unread(r_, scan_, &q, &consumed) || static_cast<uint64_t>(q - scan_) > UINT32_MAX) return stop_learning();
   cp.offset = static_cast<uint32_t>(q - scan_);
-  cp.skip = static_cast<uint8_t>(-bits);
+  cp.skip = static_cast<uint8_t>(consumed);
   for (int ci = 0; ci < comps_; ++ci) {
     if (r_.pred[ci] < INT16_MIN || r_.pred[ci] > INT16_MAX) return stop_learning();  // (a hostile file's)
     cp.pred[ci] = static_cast<int16_t>(r_.pred[ci]);
@@ -507,21 +516,16 @@ void HuffmanReader::store_state(j_decompress_ptr cinfo) {
   // the byte holding the next unread bit, its unread low bits in libjpeg's buffer. libjpeg's choice
   // between its fast and careful decoders, and so its warnings on a bad code near the data's end,
   // follow the bytes left in its buffer: with or without the index, they are then the same.
-  const uint8_t* q = r_.p;
-  int bits = r_.nbits;
-  while (bits > 0 && q > scan_) {
-    --q;
-    if (*q == 0 && q > scan_ && q[-1] == 0xFF) --q;  // a stuffed FF 00: one byte of data
-    bits -= 8;
-  }
-  if (bits > 0) {  // (never: every buffered bit came from a byte at or after the scan's start)
+  const uint8_t* q;
+  int consumed;
+  if (!next_unread(r_, scan_, &q, &consumed)) {  // (never: every buffered bit came from the scan)
     e->bitstate.get_buffer = static_cast<size_t>(r_.nbits ? r_.buf >> (64 - r_.nbits) : 0);
     e->bitstate.bits_left = r_.nbits;
     cinfo->src->next_input_byte = r_.p;
     cinfo->src->bytes_in_buffer = static_cast<size_t>(r_.end - r_.p);
     return;
   }
-  const int unread = -bits == 0 ? 0 : 8 + bits;  // of byte q: 8 - (bits of it already consumed)
+  const int unread = consumed == 0 ? 0 : 8 - consumed;  // byte q's bits still to read, in libjpeg's buffer
   const uint8_t* next = q;
   if (unread > 0) next = q + (q[0] == 0xFF ? 2 : 1);
   e->bitstate.get_buffer = unread > 0 ? static_cast<size_t>(q[0] & ((1u << unread) - 1)) : 0;
