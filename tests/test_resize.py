@@ -82,6 +82,23 @@ def test_resize_random_boxes_is_bit_exact_to_pillow(jpeg):
         np.testing.assert_array_equal(got, ref, err_msg=str(((t, l, h, w), size)))
 
 
+@pytest.mark.parametrize("mode", ["rgb", "gray"])
+def test_resize_vector_pass_edges_are_bit_exact_to_pillow(jpeg, mode):
+    """The vector passes' edges (resize.cpp): the RGB horizontal pass takes four outputs of two rows
+    at a time (odd row counts, fewer than four outputs, the last four overlapping, windows read from
+    the copy of the row's end, several windows an output past five taps); the vertical pass 64 and
+    32 output bytes at a time, then the scalar loop. Every one equal to Pillow."""
+    full = full_decode(jpeg, mode)
+    for out_w in (1, 2, 3, 4, 5, 7, 8, 9, 13, 21, 22, 32, 43):
+        for ratio in (0.3, 1.0, 1.1, 1.9, 2.6, 5.2):
+            w = min(WIDTH - 1, max(1, round(out_w * ratio)))
+            for out_h, h in ((1, 3), (2, 2), (3, 7), (5, 40)):
+                box = (1, WIDTH - 1 - w, h, w)  # flush with the frame's right edge but one pixel
+                ref = pil_resize(np.ascontiguousarray(full[1:1 + h, WIDTH - 1 - w:WIDTH - 1]), (out_h, out_w))
+                got = gpupipe.decode_crop_jpeg(jpeg, *box, size=(out_h, out_w), dct_scaling=False, mode=mode)
+                np.testing.assert_array_equal(got.permute(1, 2, 0).numpy(), ref, err_msg=str((box, (out_h, out_w))))
+
+
 @pytest.mark.parametrize("name", ["ycbcr-4:2:0", "ycbcr-4:4:4", "ycbcr-4:2:2", "ycbcr-4:4:0", "ycbcr-4:1:1",
                                   "ycbcr-4:2:0-progressive", "gray", "cmyk", "rgb"])
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7])

@@ -63,16 +63,18 @@ class Resampler {
   // The horizontal pass over `rows` rows from `first_row`: horizontal_rgb_fast where it applies.
   void run_horizontal(int channels, const uint8_t* src, size_t src_stride, int first_row, int rows, uint8_t* dst,
                       size_t dst_stride, int src_w, int dst_w);
-  // The horizontal pass of an RGB image with AVX2, 8 outputs at a time (bit-identical to the scalar pass);
-  // false when it does not apply (other channel counts, no AVX2, no output far enough from the edge).
+  // The horizontal pass of an RGB image with AVX2, four outputs of two rows at a time (bit-identical
+  // to the scalar pass); false when it does not apply (other channel counts, no AVX2, under 4 outputs).
   bool horizontal_rgb_fast(int channels, const uint8_t* src, size_t src_stride, int first_row, int rows,
                            uint8_t* dst, size_t dst_stride, int src_w, int out_w);
 
   Coeffs horizontal_, vertical_;
   std::vector<uint8_t> temp_;
   std::vector<int32_t> acc_;
-  std::vector<int32_t> lane_offsets_, lane_weights_;  // [ksize][out_w], horizontal_rgb_fast
-  std::vector<int32_t> group_taps_;                   // [out_w / 8]: taps of each 8 outputs
+  // horizontal_rgb_fast: per output its window's offset and whether it reads the copy of the row's
+  // end; the copies of two rows' ends
+  std::vector<int32_t> window_offset_;
+  std::vector<uint8_t> window_in_tail_, tail_;
 };
 
 }  // namespace gpupipe
