@@ -172,7 +172,7 @@ def set_entropy_index_bytes(max_bytes: int) -> int:
     """Bounds the process's entropy index (0: off, and emptied); returns the previous bound."""
     ...
 def entropy_index_stats() -> dict[str, int]:
-    """The entropy index: files, bytes, max_bytes, found, learned, full."""
+    """The entropy index: files, bytes, max_bytes, keyed, found, learned, full."""
     ...
 def _pause_entropy_index(paused: bool) -> bool:
     """Later decodes go without the entropy index (its rows kept) while paused; returns the previous setting."""

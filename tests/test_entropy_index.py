@@ -144,6 +144,21 @@ def test_gray_output_uses_rows_color_learned_and_learns_none(variants, first, th
         np.testing.assert_array_equal(got, ref[t:t + bh, l:l + bw])
 
 
+def test_only_the_files_the_reader_takes_are_hashed(variants):
+    """A file is keyed (hashed) when gpupipe's Huffman reader takes its scan, not before: those it
+    leaves to libjpeg (progressive, arithmetic, restart markers: the restart route) cost no hash."""
+    from gpupipe.prepare import prepare_bytes
+
+    def keyed(data: bytes) -> int:
+        before = gpupipe.entropy_index_stats()["keyed"]
+        crops(data, [[2, 3, 20, 30]])
+        return gpupipe.entropy_index_stats()["keyed"] - before
+
+    assert [keyed(variants[name]) for name in TAKEN] == [1] * len(TAKEN)
+    assert [keyed(variants[name]) for name in LEFT] == [0] * len(LEFT)
+    assert keyed(prepare_bytes(variants["ycbcr-4:2:0"])) == 0
+
+
 def test_other_bytes_of_the_same_size_never_use_the_rows(variants):
     data = variants["ycbcr-4:2:0"]
     h, w = full_decode(data).shape[:2]

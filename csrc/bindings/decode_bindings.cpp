@@ -459,10 +459,10 @@ void register_decode(py::module_& m) {
           s = entropy_index_stats();
         }
         return dict_of<uint64_t>({{"files", s.files}, {"bytes", s.bytes}, {"max_bytes", s.max_bytes},
-                                  {"found", s.found}, {"learned", s.learned}, {"full", s.full}});
+                                  {"keyed", s.keyed}, {"found", s.found}, {"learned", s.learned}, {"full", s.full}});
       },
-      "The entropy index: files indexed, their bytes, the bound, decodes that found rows, that learned rows, whose "
-      "rows did not fit.");
+      "The entropy index: files indexed, their bytes, the bound, decodes that hashed their file (the Huffman reader "
+      "took the scan), that found rows, that learned rows, whose rows did not fit.");
   m.def("_pause_entropy_index", &pause_entropy_index, py::arg("paused"),
         "Later decodes go without the entropy index (its rows kept) while paused; returns the previous setting.");
   m.def(

@@ -33,15 +33,15 @@ size_t slot_bytes(const DecodeRequest& r) {
 }
 
 DecodeResult decode_indexed(const uint8_t* data, size_t size, DecodeRequest req, uint8_t* out, size_t out_stride) {
-  EntropyIndexUse entropy;  // the rows known for these bytes, and those this decode learns
-  FileKey key;
+  EntropyIndexUse entropy;  // the rows known for these bytes (looked up by the reader), and those this decode learns
   if (entropy_index_enabled() && data != nullptr) {
-    key = file_key(data, size);
-    entropy.known = find_entropy_rows(key);
+    entropy.data = data;
+    entropy.size = size;
     req.entropy = &entropy;
   }
   DecodeResult r = thread_decoder().decode(data, size, req, out, out_stride);
-  if (req.entropy && r.warning.empty()) learn_entropy_rows(key, std::move(entropy));  // (warned: not learned from)
+  if (entropy.looked_up && r.warning.empty())  // (warned: not learned from)
+    learn_entropy_rows(entropy.key, std::move(entropy));
   return r;
 }
 

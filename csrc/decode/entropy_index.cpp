@@ -63,7 +63,7 @@ struct Index {
   uint64_t bytes = 0, max_bytes = initial_max_bytes();
   std::atomic<bool> enabled{max_bytes > 0};
   std::atomic<bool> paused{false};  // (benchmarks: decodes without it, its rows kept)
-  std::atomic<uint64_t> found{0}, learned{0}, full{0};
+  std::atomic<uint64_t> keyed{0}, found{0}, learned{0}, full{0};
 };
 
 Index& index() {
@@ -173,6 +173,7 @@ EntropyIndexStats entropy_index_stats() {
   s.files = x.files.size();
   s.bytes = x.bytes;
   s.max_bytes = x.max_bytes;
+  s.keyed = x.keyed.load();
   s.found = x.found.load();
   s.learned = x.learned.load();
   s.full = x.full.load();
@@ -184,7 +185,7 @@ void clear_entropy_index() {
   std::lock_guard<std::mutex> g(x.lock);
   x.files.clear();
   x.bytes = 0;
-  x.found = x.learned = x.full = 0;
+  x.keyed = x.found = x.learned = x.full = 0;
 }
 
 std::shared_ptr<const EntropyRows> find_entropy_rows(const FileKey& key) {
@@ -194,6 +195,13 @@ std::shared_ptr<const EntropyRows> find_entropy_rows(const FileKey& key) {
   if (it == x.files.end()) return nullptr;
   x.found.fetch_add(1, std::memory_order_relaxed);
   return it->second;
+}
+
+void EntropyIndexUse::look_up() {
+  looked_up = true;
+  index().keyed.fetch_add(1, std::memory_order_relaxed);
+  key = file_key(data, size);
+  known = find_entropy_rows(key);
 }
 
 void learn_entropy_rows(const FileKey& key, EntropyIndexUse&& use) {

@@ -38,16 +38,25 @@ struct EntropyRows {
   std::vector<EntropyCheckpoint> rows;
 };
 
-// One decode's use of the index: the rows known before it, and those it learned after them.
-struct EntropyIndexUse {
-  std::shared_ptr<const EntropyRows> known;
-  uint32_t mcus_per_row = 0, blocks_in_mcu = 0;  // set by the reader when it learns
-  std::vector<EntropyCheckpoint> learned;          // rows known.rows.size(), known.rows.size() + 1, ...
-};
-
 struct FileKey {
   uint64_t size = 0, h1 = 0, h2 = 0;
   bool operator==(const FileKey& o) const { return size == o.size && h1 == o.h1 && h2 == o.h2; }
+};
+
+// One decode's use of the index: the file's bytes, the rows known before it, and those it learned
+// after them. The bytes are keyed and their rows looked up only when gpupipe's Huffman reader takes
+// the scan (look_up): a file on the restart route or one the reader declines (progressive,
+// arithmetic) is never hashed.
+struct EntropyIndexUse {
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  bool looked_up = false;
+  FileKey key;
+  std::shared_ptr<const EntropyRows> known;
+  uint32_t mcus_per_row = 0, blocks_in_mcu = 0;  // set by the reader when it learns
+  std::vector<EntropyCheckpoint> learned;          // rows known.rows.size(), known.rows.size() + 1, ...
+
+  void look_up();
 };
 
 // The bytes' key: their size and a 128-bit hash of all of them (about 10 GB/s).
@@ -57,6 +66,7 @@ struct EntropyIndexStats {
   uint64_t files = 0;       // files with known rows
   uint64_t bytes = 0;       // memory they take (estimated: rows, entry and map node)
   uint64_t max_bytes = 0;   // the bound (0: off)
+  uint64_t keyed = 0;       // decodes that hashed their file's bytes (gpupipe's Huffman reader took the scan)
   uint64_t found = 0;       // decodes that started with known rows
   uint64_t learned = 0;     // decodes that added rows
   uint64_t full = 0;        // decodes whose new rows did not fit

@@ -403,6 +403,7 @@ bool HuffmanReader::install(j_decompress_ptr cinfo, unsigned crop_x, unsigned cr
   known_rows_ = 0;
   learning_ = false;
   if (use_) {
+    if (!use_->looked_up) use_->look_up();
     const EntropyRows* known = use_->known.get();
     if (known && known->mcus_per_row == mcus_per_row_ && known->blocks_in_mcu == static_cast<uint32_t>(blocks_))
       known_rows_ = static_cast<unsigned>(known->rows.size());
