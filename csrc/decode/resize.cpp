@@ -54,6 +54,14 @@ inline void horizontal_pass_impl(const uint8_t* src, size_t src_stride, int firs
 // Against eight outputs of one row a tap, each gathered with eight scalar loads: 1.3-1.8x faster at
 // the ratios DCT scaling leaves (up to 2), 1.2-1.5x at 2-7 (measured, Zen 3), and the outputs near
 // the row's end need no scalar loop (their windows are read from a zero-padded copy of the row's end).
+constexpr int kWindowPixels = 5;   // taps a 16-byte load holds (15 bytes)
+constexpr int kWindowStride = 15;  // bytes between an output's windows (past five taps)
+
+// The bytes an output's windows read from its first one's start, for `taps` taps.
+constexpr int window_reach(int taps) {
+  return kWindowStride * ((taps + kWindowPixels - 1) / kWindowPixels - 1) + 16;
+}
+
 struct RgbWindows {
   const int32_t* offset;     // per output: its window's first byte in the row (3 * its first tap)
   const uint8_t* in_tail;    // per output: its windows pass the row's end (read from the copy)
@@ -74,9 +82,9 @@ GPUPIPE_TARGET_AVX2 inline __m256i rgb_output(const uint8_t* w0, const uint8_t* 
                                               const __m256i* shuffles) {
   __m256i acc = _mm256_set1_epi32(1 << (kPrecisionBits - 1));
   const int n = kTaps > 0 ? kTaps : taps;
-  for (int first = 0; first < n; first += 5, w0 += 15, w1 += 15) {
+  for (int first = 0; first < n; first += kWindowPixels, w0 += kWindowStride, w1 += kWindowStride) {
     const __m256i win = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(w1), reinterpret_cast<const __m128i*>(w0));
-    const int m = std::min(5, n - first);
+    const int m = std::min(kWindowPixels, n - first);
 #pragma GCC unroll 5
     for (int i = 0; i < m; ++i)
       acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(_mm256_shuffle_epi8(win, shuffles[i]), _mm256_set1_epi32(k[first + i])));
@@ -115,8 +123,8 @@ GPUPIPE_TARGET_AVX2 inline void rgb_four(const RgbWindows& g, int x, const uint8
 template <int kTaps>
 GPUPIPE_TARGET_AVX2 void rgb_rows(const RgbWindows& g, const uint8_t* row0, const uint8_t* row1, const uint8_t* tail0,
                                   const uint8_t* tail1, uint8_t* out0, uint8_t* out1) {
-  __m256i shuffles[5];
-  for (int i = 0; i < 5; ++i) shuffles[i] = pixel_shuffle(i);
+  __m256i shuffles[kWindowPixels];
+  for (int i = 0; i < kWindowPixels; ++i) shuffles[i] = pixel_shuffle(i);
   for (int x0 = 0; x0 < g.out_w; x0 += 4) {
     const int x = std::min(x0, g.out_w - 4);  // the last four overlap the ones before: the same bytes again
     rgb_four<kTaps>(g, x, row0, row1, tail0, tail1, out0, out1, shuffles);
@@ -270,18 +278,23 @@ bool Resampler::horizontal_rgb_fast(int channels, const uint8_t* src, size_t src
   if (channels != 3 || out_w < 4 || cpu_level() < CpuLevel::kAvx2) return false;
   const Coeffs& h = horizontal_;
   const int row_bytes = 3 * src_w;
-  // A window read past the row's end reads a zero-padded copy of the row's last `span` bytes: the
-  // most an output's windows reach (its taps are at most ksize, all inside the row).
-  const int span = 15 * ((h.ksize + 4) / 5 - 1) + 16;
-  const int tail_from = std::max(0, row_bytes - span);
-  const size_t tail_bytes = static_cast<size_t>(2 * span + 16);
+  // Every output reads `taps` taps (the most of any; weights past an output's count are 0, which
+  // output_taps guarantees, as it does 1 <= count <= ksize with every tap inside the row).
   int taps = 1;
   for (int x = 0; x < out_w; ++x) taps = std::max(taps, h.bounds[2 * x + 1]);
+  // An output whose windows would pass the row's end reads them from a zero-padded copy of the
+  // row's last `span` bytes instead. Such an output starts after row_bytes - window_reach(taps) >=
+  // row_bytes - span = tail_from, so it reads the copy from below `span` to below 2 * span.
+  const int span = window_reach(h.ksize);
+  const int tail_from = std::max(0, row_bytes - span);
+  const size_t tail_bytes = static_cast<size_t>(2 * span);
   window_offset_.resize(out_w);
   window_in_tail_.resize(out_w);
+  bool any_tail = false;
   for (int x = 0; x < out_w; ++x) {
     window_offset_[x] = 3 * h.bounds[2 * x];
-    window_in_tail_[x] = window_offset_[x] + 15 * ((taps + 4) / 5 - 1) + 16 > row_bytes;
+    window_in_tail_[x] = window_offset_[x] + window_reach(taps) > row_bytes;
+    any_tail = any_tail || window_in_tail_[x];
   }
   const RgbWindows g{window_offset_.data(), window_in_tail_.data(), taps, h.weights.data(), h.ksize, out_w, tail_from};
   tail_.assign(2 * tail_bytes, 0);
@@ -290,8 +303,10 @@ bool Resampler::horizontal_rgb_fast(int channels, const uint8_t* src, size_t src
   for (int y = 0; y < rows; y += 2) {
     const uint8_t* row0 = src + static_cast<size_t>(first_row + y) * src_stride;
     const uint8_t* row1 = y + 1 < rows ? row0 + src_stride : row0;
-    std::memcpy(tail0, row0 + tail_from, static_cast<size_t>(row_bytes - tail_from));
-    std::memcpy(tail1, row1 + tail_from, static_cast<size_t>(row_bytes - tail_from));
+    if (any_tail) {
+      std::memcpy(tail0, row0 + tail_from, static_cast<size_t>(row_bytes - tail_from));
+      std::memcpy(tail1, row1 + tail_from, static_cast<size_t>(row_bytes - tail_from));
+    }
     uint8_t* out0 = dst + static_cast<size_t>(y) * dst_stride;
     rgb_pass(g, taps, row0, row1, tail0, tail1, out0, y + 1 < rows ? out0 + dst_stride : out0);
   }
