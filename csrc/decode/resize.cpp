@@ -238,19 +238,15 @@ void vertical_pass(const uint8_t* src, size_t src_stride, int row_offset, uint8_
                    std::vector<int32_t>* acc_buf) {
   acc_buf->resize(row_bytes);
   int32_t* acc = acc_buf->data();
-#if GPUPIPE_X86_LEVELS
-  const bool avx2 = cpu_level() >= CpuLevel::kAvx2;
-#else
-  const bool avx2 = false;
-#endif
-  dispatch([&](auto) {
+  dispatch([&]([[maybe_unused]] auto level) {
     for (int y = 0; y < out_h; ++y) {
       const uint8_t* first = src + static_cast<size_t>(bounds[2 * y] - row_offset) * src_stride;
       const int32_t* k = weights + static_cast<size_t>(y) * ksize;
       uint8_t* out = dst + static_cast<size_t>(y) * dst_stride;
       int done = 0;
 #if GPUPIPE_X86_LEVELS
-      if (avx2) done = vertical_row_avx2(first, src_stride, bounds[2 * y + 1], k, row_bytes, out);
+      if constexpr (isa::at_least<decltype(level)>(CpuLevel::kAvx2))
+        done = vertical_row_avx2(first, src_stride, bounds[2 * y + 1], k, row_bytes, out);
 #endif
       if (done < row_bytes)
         vertical_row(first + done, src_stride, bounds[2 * y + 1], k, row_bytes - done, acc, out + done);
