@@ -18,11 +18,11 @@ using resample::kPrecisionBits;
 
 // The passes below run under dispatch() (multiversion.h): vectorised at the CPU's width.
 
-// Outputs [x_begin, out_w) of one row.
+// The out_w outputs of one row.
 template <int C>
-inline void horizontal_row(const uint8_t* in, uint8_t* out, int x_begin, int out_w, int ksize, const int* bounds,
+inline void horizontal_row(const uint8_t* in, uint8_t* out, int out_w, int ksize, const int* bounds,
                            const int32_t* weights) {
-  for (int x = x_begin; x < out_w; ++x) {
+  for (int x = 0; x < out_w; ++x) {
     const int xmin = bounds[2 * x], xn = bounds[2 * x + 1];
     const int32_t* k = weights + static_cast<size_t>(x) * ksize;
     int32_t acc[C];
@@ -40,7 +40,7 @@ inline void horizontal_pass_impl(const uint8_t* src, size_t src_stride, int firs
                                  const int32_t* weights) {
   for (int y = 0; y < rows; ++y)
     horizontal_row<C>(src + static_cast<size_t>(first_row + y) * src_stride, dst + static_cast<size_t>(y) * dst_stride,
-                      0, out_w, ksize, bounds, weights);
+                      out_w, ksize, bounds, weights);
 }
 
 #if GPUPIPE_X86_LEVELS
