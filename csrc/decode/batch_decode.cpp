@@ -40,8 +40,7 @@ DecodeResult decode_indexed(const uint8_t* data, size_t size, DecodeRequest req,
     req.entropy = &entropy;
   }
   DecodeResult r = thread_decoder().decode(data, size, req, out, out_stride);
-  if (entropy.looked_up && r.warning.empty())  // (warned: not learned from)
-    learn_entropy_rows(entropy.key, std::move(entropy));
+  if (r.warning.empty()) learn_entropy_rows(std::move(entropy));  // (warned: not learned from)
   return r;
 }
 

@@ -204,9 +204,9 @@ void EntropyIndexUse::look_up() {
   known = find_entropy_rows(key);
 }
 
-void learn_entropy_rows(const FileKey& key, EntropyIndexUse&& use) {
+void learn_entropy_rows(EntropyIndexUse&& use) {
   const size_t base = use.known ? use.known->rows.size() : 0;
-  if (use.learned.empty() || base + use.learned.size() < 2) return;  // (row 0's start alone saves nothing)
+  if (!use.looked_up || use.learned.empty() || base + use.learned.size() < 2) return;  // (row 0's start alone saves nothing)
   if (use.known && (use.known->mcus_per_row != use.mcus_per_row || use.known->blocks_in_mcu != use.blocks_in_mcu))
     return;  // (the same bytes give the same layout: never, unless the key collided)
   auto rows = std::make_shared<EntropyRows>();
@@ -219,7 +219,7 @@ void learn_entropy_rows(const FileKey& key, EntropyIndexUse&& use) {
   Index& x = index();
   std::lock_guard<std::mutex> g(x.lock);
   if (x.max_bytes == 0) return;
-  auto it = x.files.find(key);
+  auto it = x.files.find(use.key);
   const uint64_t held = it == x.files.end() ? 0 : cost_of(*it->second);
   if (it != x.files.end() && it->second->rows.size() != base) return;  // another decode got there first
   if (it == x.files.end() && base != 0) return;  // (emptied meanwhile: the rows no longer continue any)
@@ -228,7 +228,7 @@ void learn_entropy_rows(const FileKey& key, EntropyIndexUse&& use) {
     return;
   }
   x.bytes = x.bytes - held + cost;
-  x.files[key] = std::move(rows);
+  x.files[use.key] = std::move(rows);
   x.learned.fetch_add(1, std::memory_order_relaxed);
 }
 

@@ -85,7 +85,8 @@ void clear_entropy_index();
 
 // The rows known for `key` (nullptr: none).
 std::shared_ptr<const EntropyRows> find_entropy_rows(const FileKey& key);
-// Adds what `use` learned to `key`'s rows, when it continues the rows now known and fits the bound.
-void learn_entropy_rows(const FileKey& key, EntropyIndexUse&& use);
+// Adds what `use` learned to its file's rows (use.key; nothing when it never looked them up), when
+// it continues the rows now known and fits the bound.
+void learn_entropy_rows(EntropyIndexUse&& use);
 
 }  // namespace gpupipe
