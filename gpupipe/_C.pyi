@@ -183,6 +183,16 @@ def clear_entropy_index() -> None:
 def _set_huffman_reader(on: bool) -> bool:
     """Turns gpupipe's Huffman reader on or off for later decodes; returns the previous setting."""
     ...
+def _set_vector_idcts(on: bool) -> bool:
+    """Turns the AVX2 3x3 and 6x6 IDCTs (csrc/decode/scaled_idct.h) on or off for later decodes; returns the
+    previous setting."""
+    ...
+def _vector_idct_swaps() -> int:
+    """Components whose IDCT the AVX2 kernels took, so far."""
+    ...
+def _check_vector_idcts(size: int, blocks: int, seed: int) -> dict[str, int]:
+    """Random blocks through the AVX2 IDCT of `size` (3 or 6) and libjpeg's: blocks, different, handed, overwrote."""
+    ...
 def transcode_with_restarts(data: Buffer, restart_rows: int = 1, restart_mcus: int = 0) -> bytes: ...
 def keyed_uniforms(seed: int, epoch: int, stream: int, indices: ArrayLike, count: int) -> NDArray:
     """float64 [N, count] keyed draws in [0, 1): gpupipe.keyed.uniforms (seed, epoch, stream mod 2**64)."""

@@ -25,6 +25,7 @@
 #include "decode/jpeg_decoder.h"
 #include "decode/jpeg_encoder.h"
 #include "decode/restart.h"
+#include "decode/scaled_idct.h"
 
 namespace py = pybind11;
 
@@ -474,6 +475,24 @@ void register_decode(py::module_& m) {
       "Empties the entropy index and zeroes its counts.");
   m.def("_set_huffman_reader", &set_huffman_reader, py::arg("on"),
         "Turns gpupipe's Huffman reader on or off for later decodes; returns the previous setting.");
+  m.def("_set_vector_idcts", &set_vector_idcts, py::arg("on"),
+        "Turns the AVX2 3x3 and 6x6 IDCTs (csrc/decode/scaled_idct.h) on or off for later decodes; returns the "
+        "previous setting.");
+  m.def("_vector_idct_swaps", &vector_idct_swaps, "Components whose IDCT the AVX2 kernels took, so far.");
+  m.def(
+      "_check_vector_idcts",
+      [](int size, int64_t blocks, uint64_t seed) {
+        VectorIdctCheck c;
+        {
+          ReleasedGil released;
+          c = check_vector_idcts(size, blocks, seed);
+        }
+        return dict_of<int64_t>({{"blocks", c.blocks}, {"different", c.different}, {"handed", c.handed},
+                                 {"overwrote", c.overwrote}});
+      },
+      py::arg("size"), py::arg("blocks"), py::arg("seed"),
+      "Random blocks through the AVX2 IDCT of `size` (3 or 6) and libjpeg's: blocks compared (0: the kernels do "
+      "not run here), different, handed to libjpeg's (over the bound), overwrote (wrote outside the block).");
 }
 
 void register_restarts(py::module_& m) {

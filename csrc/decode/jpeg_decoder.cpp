@@ -17,6 +17,7 @@
 #include "decode/jpeg_segments.h"
 #include "decode/resize.h"
 #include "decode/restart.h"
+#include "decode/scaled_idct.h"
 
 namespace gpupipe {
 
@@ -246,6 +247,7 @@ bool guarded_decode_rows(Decoder::State* s, Plan* plan) {
   }
   s->huffman.use_index(plan->entropy);
   s->huffman.install(cinfo, xoff, cw);  // gpupipe's Huffman reader where it qualifies (huffman_reader.h)
+  use_vector_idcts(cinfo);              // the 3/8 scale's IDCTs in AVX2 (scaled_idct.h)
   if (plan->y0 > 0) {
     JDIMENSION skipped = jpeg_skip_scanlines(cinfo, static_cast<JDIMENSION>(plan->y0));
     if (skipped != static_cast<JDIMENSION>(plan->y0)) {

@@ -14,6 +14,7 @@
 #include "decode/entropy_index.h"
 #include "decode/jpeg_decoder.h"
 #include "decode/restart.h"
+#include "decode/scaled_idct.h"
 
 using namespace gpupipe;
 
@@ -95,18 +96,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* input, size_t size) {
   decode_batch(p[7] & 2 ? &pool : nullptr, samples, opt, batch.data());
 
   // The entropy index: the first box again, from the rows the decodes above learned (twice: the
-  // second from what the first learned), the same pixels and warning as without it.
+  // second from what the first learned), the same pixels and warning as without it. The second
+  // runs libjpeg's own 3x3 and 6x6 IDCTs: the AVX2 kernels (scaled_idct.h) must have given their bits.
   if (decoded) {
     for (int k = 0; k < 2; ++k) {
       std::vector<uint8_t> again(out.size());
       DecodeResult r;
+      const bool kernels = set_vector_idcts(k == 0);
       try {
         r = decode_indexed(data, n, req, again.data(), stride);
       } catch (const std::bad_alloc&) {
+        set_vector_idcts(kernels);
         break;
       } catch (...) {
         __builtin_trap();  // it decoded without the index
       }
+      set_vector_idcts(kernels);
       if (again != out || r.warning != first.warning || r.scale_num != first.scale_num) __builtin_trap();
     }
   }
