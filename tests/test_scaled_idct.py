@@ -32,7 +32,7 @@ def kernels(on: bool):
 @pytest.mark.parametrize("size", [3, 6])
 def test_every_block_equals_libjpegs_function(size):
     c = _C._check_vector_idcts(size, 120_000, size)
-    assert c["blocks"] == 120_000
+    assert c["blocks"] == 120_000 + 2 * 3 ** size  # and each row sign pattern at the bound and past it
     assert c["different"] == 0 and c["overwrote"] == 0, c
     # the bound's two sides both ran: blocks handed to libjpeg (any 16-bit values, one just over)
     # and blocks at it kept by the kernel
@@ -99,6 +99,7 @@ def test_damaged_files_decode_as_libjpeg_alone(variants):
     h, w = full_decode(base).shape[:2]
     out = (h // 4, w // 4)
     boxes = np.array(three_eighths_boxes(h, w, out, 4, seed=9), np.int64)
+    swaps = _C._vector_idct_swaps()
     for k in range(12):
         b = bytearray(base)
         for _ in range(4):
@@ -113,3 +114,4 @@ def test_damaged_files_decode_as_libjpeg_alone(variants):
                 c = gpupipe.decode_crop_jpegs([data] * len(boxes), boxes, size=out, on_error="skip")
         assert np.array_equal(a.images.numpy(), c.images.numpy()), k
         assert dict(a.errors) == dict(c.errors) and dict(a.warnings) == dict(c.warnings), k
+    assert _C._vector_idct_swaps() > swaps or not AVX2

@@ -281,6 +281,49 @@ bool kernels_run_here() {
 #endif
 }
 
+#if GPUPIPE_X86_LEVELS
+// A block through a kernel and libjpeg's function, into rows of 32 bytes from output_col (< 8)
+// filled with a pattern first: whether the outputs (the whole rows) are the same bytes.
+bool same_block(IdctMethod theirs, IdctMethod mine, j_decompress_ptr cinfo, jpeg_component_info* comp, JCOEF* coef,
+                JDIMENSION output_col) {
+  constexpr int kRow = 32;
+  JSAMPLE a[8 * kRow], b[8 * kRow];
+  JSAMPROW rows_a[8], rows_b[8];
+  for (int k = 0; k < 8; ++k) rows_a[k] = a + k * kRow, rows_b[k] = b + k * kRow;
+  for (int i = 0; i < 8 * kRow; ++i) a[i] = b[i] = static_cast<JSAMPLE>(0xA5 ^ i);
+  theirs(cinfo, comp, coef, rows_a, output_col);
+  mine(cinfo, comp, coef, rows_b, output_col);
+  return std::memcmp(a, b, sizeof(a)) == 0;
+}
+
+// Whether the kernels give libjpeg's bytes in this process, checked once on the first decode that
+// would take them, with its range-limit table: a block of each size whose quantizers are written as
+// Multiplier (jconfig.h's WITH_SIMD says short; a library built otherwise reads ints, and differs).
+std::atomic<int> g_verified{0};  // 0: not yet, 1: the same bytes, -1: not (the kernels stay off)
+
+bool verified(j_decompress_ptr cinfo) {
+  int v = g_verified.load(std::memory_order_relaxed);
+  if (v == 0) {
+    alignas(32) unsigned char table[DCTSIZE2 * sizeof(int)] = {};  // room for ints, read either way
+    Multiplier* quant = reinterpret_cast<Multiplier*>(table);
+    JCOEF coef[DCTSIZE2];
+    for (int i = 0; i < DCTSIZE2; ++i) {
+      quant[i] = static_cast<Multiplier>(1 + (i * 7) % 13);
+      coef[i] = static_cast<JCOEF>((i * 37) % 41 - 20);  // well inside the bound: the kernels' own path
+    }
+    jpeg_component_info comp;
+    std::memset(&comp, 0, sizeof(comp));
+    comp.dct_table = quant;
+    v = same_block(jpeg_idct_6x6, idct_6x6, cinfo, &comp, coef, 1) &&
+                same_block(jpeg_idct_3x3, idct_3x3, cinfo, &comp, coef, 1)
+            ? 1
+            : -1;
+    g_verified.store(v, std::memory_order_relaxed);
+  }
+  return v > 0;
+}
+#endif
+
 }  // namespace
 
 int use_vector_idcts(j_decompress_ptr cinfo) {
@@ -294,7 +337,7 @@ int use_vector_idcts(j_decompress_ptr cinfo) {
     const IdctMethod mine = chosen == jpeg_idct_6x6 ? idct_6x6 : chosen == jpeg_idct_3x3 ? idct_3x3 : nullptr;
     if (!mine) continue;
     if (!table_checked) {
-      if (!standard_range_limit(cinfo->sample_range_limit)) return swapped;
+      if (!standard_range_limit(cinfo->sample_range_limit) || !verified(cinfo)) return swapped;
       table_checked = true;
     }
     idct->inverse_DCT[ci] = mine;
@@ -319,6 +362,7 @@ VectorIdctCheck check_vector_idcts(int size, int64_t blocks, uint64_t seed) {
   const IdctMethod theirs = size == 6 ? jpeg_idct_6x6 : jpeg_idct_3x3;
   const IdctMethod mine = size == 6 ? idct_6x6 : idct_3x3;
   const int32_t bound = size == 6 ? kLimit6 : kLimit3;
+  const int lanes = size == 6 ? 8 : 4;  // the columns a kernel's bound check reads
   // libjpeg's range-limit table: [-256, 0) -> 0, [0, 256) itself, then the post-IDCT part
   std::vector<JSAMPLE> table(5 * 256 + CENTERJSAMPLE);
   JSAMPLE* limit = table.data() + 256;
@@ -332,10 +376,48 @@ VectorIdctCheck check_vector_idcts(int size, int64_t blocks, uint64_t seed) {
   Multiplier quant[DCTSIZE2];
   comp.dct_table = quant;
   JCOEF coef[DCTSIZE2];
-  constexpr int kRow = 16;
-  JSAMPLE a[8 * kRow], b[8 * kRow];
-  JSAMPROW rows_a[8], rows_b[8];
-  for (int k = 0; k < 8; ++k) rows_a[k] = a + k * kRow, rows_b[k] = b + k * kRow;
+  const auto compare = [&](JDIMENSION output_col) {
+    bool over = false;
+    for (int r = 0; r < size; ++r)
+      for (int c = 0; c < lanes; ++c) {
+        const int64_t v = static_cast<int64_t>(coef[r * 8 + c]) * static_cast<int64_t>(quant[r * 8 + c]);
+        over = over || v > bound || v < -bound;
+      }
+    ++result.blocks;
+    result.handed += over;
+    if (!same_block(theirs, mine, &cinfo, &comp, coef, output_col)) {
+      ++result.different;
+      // what the kernel wrote outside its rows' size samples from output_col
+      constexpr int kRow = 32;
+      JSAMPLE b[8 * kRow];
+      JSAMPROW rows_b[8];
+      for (int k = 0; k < 8; ++k) rows_b[k] = b + k * kRow;
+      for (int i = 0; i < 8 * kRow; ++i) b[i] = static_cast<JSAMPLE>(0xA5 ^ i);
+      mine(&cinfo, &comp, coef, rows_b, output_col);
+      for (int i = 0; i < 8 * kRow; ++i) {
+        const int k = i / kRow, c = i % kRow - static_cast<int>(output_col);
+        if ((k >= size || c < 0 || c >= size) && b[i] != static_cast<JSAMPLE>(0xA5 ^ i)) {
+          ++result.overwrote;
+          break;
+        }
+      }
+    }
+  };
+  // Each first-pass value's worst case: every sign pattern of a column's rows (0 included), in all
+  // columns, at the bound (the dequantized values exactly +-bound) and one past it.
+  for (const int32_t target : {bound, bound + 1}) {
+    int32_t q = 2;
+    while (target % q != 0 || target / q > 32767) ++q;  // a quantizer and coefficient whose product is it
+    for (int i = 0; i < DCTSIZE2; ++i) quant[i] = static_cast<Multiplier>(q);
+    int patterns = 1;
+    for (int r = 0; r < size; ++r) patterns *= 3;
+    for (int p = 0; p < patterns; ++p) {
+      std::memset(coef, 0, sizeof(coef));
+      for (int r = 0, code = p; r < size; ++r, code /= 3)
+        for (int c = 0; c < 8; ++c) coef[r * 8 + c] = static_cast<JCOEF>((code % 3 - 1) * (target / q));
+      compare(static_cast<JDIMENSION>(p % 8));
+    }
+  }
   std::mt19937_64 rng(seed);
   const auto uniform = [&](int64_t lo, int64_t hi) {  // [lo, hi]
     return lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo + 1));
@@ -364,25 +446,7 @@ VectorIdctCheck check_vector_idcts(int size, int64_t blocks, uint64_t seed) {
       const int64_t over_by_one = bound / quant[i] + 1;
       if (over_by_one <= 32767) coef[i] = static_cast<JCOEF>(uniform(0, 1) ? over_by_one : -over_by_one);
     }
-    bool over = false;
-    for (int r = 0; r < 8; ++r)
-      for (int cc = 0; cc < 8; ++cc) {
-        const int64_t v = static_cast<int64_t>(coef[r * 8 + cc]) * static_cast<int64_t>(quant[r * 8 + cc]);
-        if ((r < size && cc < ((size == 3) ? 4 : 8)) && (v > bound || v < -bound)) over = true;
-      }
-    for (int i = 0; i < 8 * kRow; ++i) a[i] = b[i] = static_cast<JSAMPLE>(0xA5 ^ i);
-    theirs(&cinfo, &comp, coef, rows_a, 0);
-    mine(&cinfo, &comp, coef, rows_b, 0);
-    ++result.blocks;
-    if (std::memcmp(a, b, sizeof(a)) != 0) ++result.different;
-    if (over) ++result.handed;
-    for (int k = 0; k < 8; ++k)
-      for (int cc = 0; cc < kRow; ++cc)
-        if ((k >= size || cc >= size) && b[k * kRow + cc] != static_cast<JSAMPLE>(0xA5 ^ (k * kRow + cc))) {
-          ++result.overwrote;
-          k = 8;
-          break;
-        }
+    compare(static_cast<JDIMENSION>(n % 9));
   }
 #else
   (void)size, (void)blocks, (void)seed;

@@ -12,11 +12,12 @@
 // 32-bit adds, multiplies and left shifts keep the low 32 bits of the 64-bit ones exactly, so it
 // needs no bound. The first pass's shifted outputs need all their bits: a block is handed to
 // libjpeg's own function when a dequantized coefficient exceeds the bound under which no first-pass
-// value leaves int32 (kFirstPassLimit, derived in the .cpp; real photos stay under ~2^11).
+// value leaves int32 (kLimit6 and kLimit3, derived in the .cpp; real photos stay under ~2^11).
 //
 // Installed per image after jpeg_start_decompress, for the components whose method libjpeg chose is
-// one of the two (compared by address), when the CPU runs AVX2 and the range-limit table is the
-// standard one. GPUPIPE_VECTOR_IDCT=0 turns it off.
+// one of the two (compared by address), when the CPU runs AVX2, the range-limit table is the
+// standard one and, checked once per process, a block through each kernel and libjpeg's function
+// gives the same bytes. GPUPIPE_VECTOR_IDCT=0 turns it off.
 #pragma once
 
 #include <cstddef>
@@ -39,8 +40,10 @@ struct VectorIdctCheck {
   int64_t handed = 0;     // of those, blocks the kernel handed to libjpeg's function (over the bound)
   int64_t overwrote = 0;  // blocks whose kernel wrote outside its size x size output
 };
-// Test: `blocks` random blocks (seeded; typical, extreme and at the bound) through the kernel for
-// `size` (3 or 6) and libjpeg's function, byte for byte. blocks = 0 when the kernels cannot run here.
+// Test: through the kernel for `size` (3 or 6) and libjpeg's function, byte for byte, at output
+// columns 0-8: every sign pattern of a column's rows at the bound and one past it, then `blocks`
+// random blocks (seeded; typical, any 16-bit values, at the bound). blocks = 0 when the kernels
+// cannot run here.
 VectorIdctCheck check_vector_idcts(int size, int64_t blocks, uint64_t seed);
 
 }  // namespace gpupipe
