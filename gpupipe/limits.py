@@ -79,8 +79,8 @@ def set_entropy_index_size(max_bytes: int) -> int:
 
 def entropy_index_stats() -> dict:
     """The entropy index (:func:`set_entropy_index_size`): ``files`` indexed, their ``bytes``, the
-    bound ``max_bytes``, and counts of decodes: ``keyed`` (hashed their file's bytes: the ones
-    gpupipe's Huffman reader decodes; a file on the restart route or a progressive one is not),
+    bound ``max_bytes``, and counts of decodes: ``keyed`` (hashed their file's bytes: scans of the
+    kind gpupipe's Huffman reader decodes; a file on the restart route or a progressive one is not),
     ``found`` (started with known rows), ``learned`` (added rows) and ``full`` (rows that did not
     fit the bound)."""
     return _C.entropy_index_stats()

@@ -44,9 +44,10 @@ struct FileKey {
 };
 
 // One decode's use of the index: the file's bytes, the rows known before it, and those it learned
-// after them. The bytes are keyed and their rows looked up only when gpupipe's Huffman reader takes
-// the scan (look_up): a file on the restart route or one the reader declines (progressive,
-// arithmetic) is never hashed.
+// after them. The bytes are keyed and their rows looked up only when the scan is of the kind
+// gpupipe's Huffman reader takes, with its EOI (look_up): a file on the restart route or one the
+// reader declines (progressive, arithmetic) is never hashed. Known rows also spare the reader its
+// scan of the data for markers.
 struct EntropyIndexUse {
   const uint8_t* data = nullptr;
   size_t size = 0;
@@ -66,7 +67,7 @@ struct EntropyIndexStats {
   uint64_t files = 0;       // files with known rows
   uint64_t bytes = 0;       // memory they take (estimated: rows, entry and map node)
   uint64_t max_bytes = 0;   // the bound (0: off)
-  uint64_t keyed = 0;       // decodes that hashed their file's bytes (gpupipe's Huffman reader took the scan)
+  uint64_t keyed = 0;       // decodes that hashed their file's bytes (a scan gpupipe's Huffman reader takes)
   uint64_t found = 0;       // decodes that started with known rows
   uint64_t learned = 0;     // decodes that added rows
   uint64_t full = 0;        // decodes whose new rows did not fit

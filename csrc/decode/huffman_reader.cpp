@@ -353,7 +353,19 @@ bool HuffmanReader::install(j_decompress_ptr cinfo, unsigned crop_x, unsigned cr
   bool eoi = false;
   for (size_t i = left, stop = left > 1024 ? left - 1024 : 0; i >= stop + 2 && !eoi; --i)
     eoi = data[i - 2] == 0xFF && data[i - 1] == JPEG_EOI;
-  if (!eoi || fast_decoder_may_meet_a_marker(data, left, cinfo->blocks_in_MCU)) return false;
+  if (!eoi) return false;
+  // The entropy index's rows for these bytes (the bytes hashed here). Rows learned on this layout
+  // mean a decode of the same bytes passed the marker scan below before (a function of the bytes
+  // and the MCU's blocks alone): it is not run again (~1% of a later epoch's decode).
+  const EntropyRows* known = nullptr;
+  if (use_) {
+    if (!use_->looked_up) use_->look_up();
+    known = use_->known.get();
+    if (known && (known->mcus_per_row != cinfo->MCUs_per_row ||
+                  known->blocks_in_mcu != static_cast<uint32_t>(cinfo->blocks_in_MCU)))
+      known = nullptr;
+  }
+  if (!known && fast_decoder_may_meet_a_marker(data, left, cinfo->blocks_in_MCU)) return false;
   const int align_blocks = cinfo->comps_in_scan == 1 ? 1 : cinfo->max_h_samp_factor;
   if (cinfo->comps_in_scan == 1 &&
       (cinfo->cur_comp_info[0]->h_samp_factor != 1 || cinfo->cur_comp_info[0]->v_samp_factor != 1))
@@ -403,10 +415,7 @@ bool HuffmanReader::install(j_decompress_ptr cinfo, unsigned crop_x, unsigned cr
   known_rows_ = 0;
   learning_ = false;
   if (use_) {
-    if (!use_->looked_up) use_->look_up();
-    const EntropyRows* known = use_->known.get();
-    if (known && known->mcus_per_row == mcus_per_row_ && known->blocks_in_mcu == static_cast<uint32_t>(blocks_))
-      known_rows_ = static_cast<unsigned>(known->rows.size());
+    if (known) known_rows_ = static_cast<unsigned>(known->rows.size());
     // Learned only where every component's DC prediction is kept (not for gray output of color)
     bool all_needed = comps_ <= 4;
     for (int ci = 0; ci < comps_; ++ci) all_needed = all_needed && cinfo->cur_comp_info[ci]->component_needed;
