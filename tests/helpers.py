@@ -26,6 +26,17 @@ TESTS = Path(__file__).resolve().parent
 
 
 @contextlib.contextmanager
+def switched(setter, value):
+    """setter(value) for the duration of the block, for a setter that returns the previous value
+    (gpupipe._C's test switches: the Huffman reader, the entropy index's pause, the AVX2 IDCTs)."""
+    before = setter(value)
+    try:
+        yield
+    finally:
+        setter(before)
+
+
+@contextlib.contextmanager
 def limits(**kwargs):
     """gpupipe.set_limits(**kwargs) for the duration of the block."""
     old = gpupipe.set_limits(**kwargs)

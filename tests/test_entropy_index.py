@@ -4,7 +4,6 @@ not need. The pixels must be those of libjpeg alone, bit for bit, on every varia
 scale, in gray and color, on damaged data; the index must really be used (MCUs coasted), never for
 other bytes, and stay within its bound."""
 
-import contextlib
 import warnings
 
 import numpy as np
@@ -13,7 +12,7 @@ import torch
 
 import gpupipe
 from gpupipe import _C
-from helpers import encode, full_decode, in_forked_child, photo, run_child
+from helpers import encode, full_decode, in_forked_child, photo, run_child, switched
 from test_huffman_reader import LEFT, TAKEN, damaged, delta, reader
 
 
@@ -27,14 +26,9 @@ def fresh_index():
     _C.clear_entropy_index()
 
 
-@contextlib.contextmanager
 def paused_index():
     """Decodes without the index, its rows kept."""
-    before = _C._pause_entropy_index(True)
-    try:
-        yield
-    finally:
-        _C._pause_entropy_index(before)
+    return switched(_C._pause_entropy_index, True)
 
 
 def random_boxes(h: int, w: int, n: int, seed: int) -> np.ndarray:

@@ -5,7 +5,6 @@ turns the reader off), on every variant, at every DCT scale, and on damaged data
 warnings; the path must really run (its counters move) and its per-image layout check must never
 reject."""
 
-import contextlib
 import warnings
 
 import numpy as np
@@ -14,7 +13,7 @@ import pytest
 import gpupipe
 from gpupipe import _C
 import crafted
-from helpers import full_decode, photo
+from helpers import full_decode, photo, switched
 
 # The variants the reader takes (baseline/extended sequential Huffman, one scan, no restarts) and
 # some it must leave to libjpeg.
@@ -23,13 +22,8 @@ TAKEN = ["ycbcr-4:4:4", "ycbcr-4:2:2", "ycbcr-4:2:0", "ycbcr-4:4:0", "ycbcr-4:1:
 LEFT = ["ycbcr-4:2:0-progressive", "ycbcr-4:2:0-arithmetic", "ycbcr-4:2:0-restart-rows", "pillow-progressive"]
 
 
-@contextlib.contextmanager
 def reader(on: bool):
-    before = _C._set_huffman_reader(on)
-    try:
-        yield
-    finally:
-        _C._set_huffman_reader(before)
+    return switched(_C._set_huffman_reader, on)
 
 
 def delta(before: dict) -> dict:

@@ -5,7 +5,6 @@ the first pass's int32 bound, where the kernel must hand over to libjpeg), nothi
 the block, and decodes of every variant and of damaged files equal to libjpeg's with the kernels
 off. On a CPU without AVX2 the kernels never run (libjpeg's functions do) and the block checks skip."""
 
-import contextlib
 import warnings
 
 import numpy as np
@@ -13,19 +12,14 @@ import pytest
 
 import gpupipe
 from gpupipe import _C
-from helpers import full_decode
+from helpers import full_decode, switched
 
 AVX2 = gpupipe.cpu_capability()["supported"] != "default"
 needs_avx2 = pytest.mark.skipif(not AVX2, reason="the kernels are AVX2: this CPU runs libjpeg's functions only")
 
 
-@contextlib.contextmanager
 def kernels(on: bool):
-    before = _C._set_vector_idcts(on)
-    try:
-        yield
-    finally:
-        _C._set_vector_idcts(before)
+    return switched(_C._set_vector_idcts, on)
 
 
 @needs_avx2
