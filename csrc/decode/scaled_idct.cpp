@@ -1,6 +1,7 @@
 #include "decode/scaled_idct.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -128,6 +129,10 @@ GPUPIPE_TARGET_AVX2 inline __m256i sar(__m256i v, int n) { return _mm256_srai_ep
 GPUPIPE_TARGET_AVX2 inline __m256i add(__m256i a, __m256i b) { return _mm256_add_epi32(a, b); }
 GPUPIPE_TARGET_AVX2 inline __m256i sub(__m256i a, __m256i b) { return _mm256_sub_epi32(a, b); }
 GPUPIPE_TARGET_AVX2 inline __m128i mul(__m128i v, int32_t k) { return _mm_mullo_epi32(v, _mm_set1_epi32(k)); }
+GPUPIPE_TARGET_AVX2 inline __m128i shl(__m128i v, int n) { return _mm_slli_epi32(v, n); }
+GPUPIPE_TARGET_AVX2 inline __m128i sar(__m128i v, int n) { return _mm_srai_epi32(v, n); }
+GPUPIPE_TARGET_AVX2 inline __m128i add(__m128i a, __m128i b) { return _mm_add_epi32(a, b); }
+GPUPIPE_TARGET_AVX2 inline __m128i sub(__m128i a, __m128i b) { return _mm_sub_epi32(a, b); }
 
 // jpeg_idct_6x6: the first pass over the block's columns 0-5 in lanes 0-5, the second over its rows.
 GPUPIPE_TARGET_AVX2 void idct_6x6(j_decompress_ptr cinfo, jpeg_component_info* comp, JCOEFPTR coef,
@@ -235,26 +240,26 @@ GPUPIPE_TARGET_AVX2 void idct_3x3(j_decompress_ptr cinfo, jpeg_component_info* c
   constexpr int kPass1Shift = kConstBits - kPass1Bits;
   __m128i w[4];
   {
-    const __m128i t0 = _mm_add_epi32(_mm_slli_epi32(d[0], kConstBits), _mm_set1_epi32(static_cast<int32_t>(kRounding)));
+    const __m128i t0 = add(shl(d[0], kConstBits), _mm_set1_epi32(static_cast<int32_t>(kRounding)));
     const __m128i t12 = mul(d[2], kC4);
-    const __m128i t10 = _mm_add_epi32(t0, t12);
-    const __m128i t2 = _mm_sub_epi32(_mm_sub_epi32(t0, t12), t12);
+    const __m128i t10 = add(t0, t12);
+    const __m128i t2 = sub(sub(t0, t12), t12);
     const __m128i odd = mul(d[1], kC2);
-    w[0] = _mm_srai_epi32(_mm_add_epi32(t10, odd), kPass1Shift);
-    w[2] = _mm_srai_epi32(_mm_sub_epi32(t10, odd), kPass1Shift);
-    w[1] = _mm_srai_epi32(t2, kPass1Shift);
+    w[0] = sar(add(t10, odd), kPass1Shift);
+    w[2] = sar(sub(t10, odd), kPass1Shift);
+    w[1] = sar(t2, kPass1Shift);
     w[3] = _mm_setzero_si128();
   }
   transpose4x4(w);
   __m128i o[4];
   {
-    const __m128i t0 = _mm_slli_epi32(_mm_add_epi32(w[0], _mm_set1_epi32(1 << (kPass1Bits + 2))), kConstBits);
+    const __m128i t0 = shl(add(w[0], _mm_set1_epi32(1 << (kPass1Bits + 2))), kConstBits);
     const __m128i t12 = mul(w[2], kC4);
-    const __m128i t10 = _mm_add_epi32(t0, t12);
-    const __m128i t2 = _mm_sub_epi32(_mm_sub_epi32(t0, t12), t12);
+    const __m128i t10 = add(t0, t12);
+    const __m128i t2 = sub(sub(t0, t12), t12);
     const __m128i odd = mul(w[1], kC2);
-    o[0] = descale_limit4(_mm_add_epi32(t10, odd));
-    o[2] = descale_limit4(_mm_sub_epi32(t10, odd));
+    o[0] = descale_limit4(add(t10, odd));
+    o[2] = descale_limit4(sub(t10, odd));
     o[1] = descale_limit4(t2);
     o[3] = _mm_setzero_si128();
   }
@@ -282,18 +287,25 @@ bool kernels_run_here() {
 }
 
 #if GPUPIPE_X86_LEVELS
-// A block through a kernel and libjpeg's function, into rows of 32 bytes from output_col (< 8)
-// filled with a pattern first: whether the outputs (the whole rows) are the same bytes.
+// Eight rows of 32 bytes, filled with kPattern(i), then one block's samples written by `method` from
+// output_col (< 8): the block's output and, around it, what it must leave alone.
+constexpr int kCheckRow = 32;
+using CheckRows = std::array<JSAMPLE, 8 * kCheckRow>;
+constexpr JSAMPLE kPattern(int i) { return static_cast<JSAMPLE>(0xA5 ^ i); }
+
+CheckRows run_block(IdctMethod method, j_decompress_ptr cinfo, jpeg_component_info* comp, JCOEF* coef,
+                    JDIMENSION output_col) {
+  CheckRows rows;
+  JSAMPROW starts[8];
+  for (int k = 0; k < 8; ++k) starts[k] = rows.data() + k * kCheckRow;
+  for (int i = 0; i < 8 * kCheckRow; ++i) rows[i] = kPattern(i);
+  method(cinfo, comp, coef, starts, output_col);
+  return rows;
+}
+
 bool same_block(IdctMethod theirs, IdctMethod mine, j_decompress_ptr cinfo, jpeg_component_info* comp, JCOEF* coef,
                 JDIMENSION output_col) {
-  constexpr int kRow = 32;
-  JSAMPLE a[8 * kRow], b[8 * kRow];
-  JSAMPROW rows_a[8], rows_b[8];
-  for (int k = 0; k < 8; ++k) rows_a[k] = a + k * kRow, rows_b[k] = b + k * kRow;
-  for (int i = 0; i < 8 * kRow; ++i) a[i] = b[i] = static_cast<JSAMPLE>(0xA5 ^ i);
-  theirs(cinfo, comp, coef, rows_a, output_col);
-  mine(cinfo, comp, coef, rows_b, output_col);
-  return std::memcmp(a, b, sizeof(a)) == 0;
+  return run_block(theirs, cinfo, comp, coef, output_col) == run_block(mine, cinfo, comp, coef, output_col);
 }
 
 // Whether the kernels give libjpeg's bytes in this process, checked once on the first decode that
@@ -385,18 +397,12 @@ VectorIdctCheck check_vector_idcts(int size, int64_t blocks, uint64_t seed) {
       }
     ++result.blocks;
     result.handed += over;
-    if (!same_block(theirs, mine, &cinfo, &comp, coef, output_col)) {
+    const CheckRows ours = run_block(mine, &cinfo, &comp, coef, output_col);
+    if (ours != run_block(theirs, &cinfo, &comp, coef, output_col)) {
       ++result.different;
-      // what the kernel wrote outside its rows' size samples from output_col
-      constexpr int kRow = 32;
-      JSAMPLE b[8 * kRow];
-      JSAMPROW rows_b[8];
-      for (int k = 0; k < 8; ++k) rows_b[k] = b + k * kRow;
-      for (int i = 0; i < 8 * kRow; ++i) b[i] = static_cast<JSAMPLE>(0xA5 ^ i);
-      mine(&cinfo, &comp, coef, rows_b, output_col);
-      for (int i = 0; i < 8 * kRow; ++i) {
-        const int k = i / kRow, c = i % kRow - static_cast<int>(output_col);
-        if ((k >= size || c < 0 || c >= size) && b[i] != static_cast<JSAMPLE>(0xA5 ^ i)) {
+      for (int i = 0; i < 8 * kCheckRow; ++i) {  // what the kernel wrote outside its size x size samples
+        const int k = i / kCheckRow, c = i % kCheckRow - static_cast<int>(output_col);
+        if ((k >= size || c < 0 || c >= size) && ours[i] != kPattern(i)) {
           ++result.overwrote;
           break;
         }
