@@ -190,6 +190,10 @@ def _set_vector_idcts(on: bool) -> bool:
 def _vector_idct_swaps() -> int:
     """Components whose IDCT the AVX2 kernels took, so far."""
     ...
+def _code_entropy_rows(rows: ArrayLike, comps: int, appends: list[int]) -> tuple[NDArray, int] | None:
+    """The entropy index's compact coding: rows int64 [N, 6] (offset, skip, 4 predictions) appended in pieces
+    and expanded: (rows, coded bytes), or None when refused."""
+    ...
 def _check_vector_idcts(size: int, blocks: int, seed: int) -> dict[str, int]:
     """Random blocks through the AVX2 IDCT of `size` (3 or 6) and libjpeg's: blocks, different, handed, overwrote."""
     ...

@@ -61,15 +61,15 @@ def set_entropy_index_size(max_bytes: int) -> int:
 
     A baseline JPEG without restart markers has no random access: a crop's decode Huffman-decodes
     every MCU before it, the rows above the crop and the columns either side of it. Each batch decode
-    records where the MCU rows it reaches start (about 16 bytes a row, keyed by the file's size and a
+    records where the MCU rows it reaches start (about 6 bytes a row, keyed by the file's size and a
     128-bit hash of its bytes), and a later decode of the same bytes (the next epoch) starts from
     the row at its crop and leaves each crop row for the next row's start as soon as its crop is
     done. The pixels are the same, bit for bit. Measured on one thread of an AMD EPYC (Zen 4),
     RandomResizedCrop 224, a decode after one that learned: 1.13x on the benchmark's default set,
     1.15x on 800x533 photos, 1.28x on 1920x1280 photos (docs/benchmarks.md).
 
-    Default: 256 MiB (``GPUPIPE_ENTROPY_INDEX_MB`` sets it at start-up), about 400,000 files of the
-    default set's sizes (~640 bytes each). Once full, files not yet in it decode as without it.
+    Default: 256 MiB (``GPUPIPE_ENTROPY_INDEX_MB`` sets it at start-up), about 730,000 files of the
+    default set's sizes (~370 bytes each). Once full, files not yet in it decode as without it.
     0 turns it off and empties it; a bound below what it holds empties it too.
     """
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, numbers.Integral) or max_bytes < 0:

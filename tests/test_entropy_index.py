@@ -284,6 +284,63 @@ def test_many_threads_learning_one_file_at_once(variants):
     assert gpupipe.entropy_index_stats()["files"] == 1
 
 
+def coded_rows(rng, n: int, comps: int, extreme: bool = False) -> np.ndarray:
+    """n row starts in order (offset, skip, 4 DC predictions), the predictions past ``comps`` 0:
+    photo-like steps, or (extreme) steps over the whole range: 0, the largest offsets, int16's ends."""
+    bits = np.cumsum(rng.integers(0, 1 << 31 if extreme else 1 << 16, n))
+    if extreme:
+        bits[-1] = (2**32 - 1) * 8 + 7  # the last bit a uint32 offset reaches
+        bits = np.minimum(np.sort(bits), bits[-1])
+    preds = rng.integers(-32768, 32768, (n, 4)) if extreme else np.cumsum(rng.integers(-60, 61, (n, 4)), axis=0)
+    if extreme:
+        preds[rng.random((n, 4)) < 0.3] = -32768
+        preds[rng.random((n, 4)) < 0.3] = 32767
+    preds[:, comps:] = 0
+    return np.column_stack([bits >> 3, bits & 7, preds]).astype(np.int64)
+
+
+@pytest.mark.parametrize("comps", [1, 3, 4])
+@pytest.mark.parametrize("extreme", [False, True], ids=["photo", "extreme"])
+def test_the_rows_compact_coding_gives_them_back_exactly(comps, extreme):
+    """The index keeps rows as changes from the row before (varints); expanded, they are the rows
+    recorded, whatever pieces the decodes appended them in, at int16's ends and uint32's last bit."""
+    rng = np.random.default_rng(comps + 10 * extreme)
+    for n in (1, 2, 7, 200):
+        rows = coded_rows(rng, n, comps, extreme)
+        for appends in ([], [1], sorted(int(a) for a in rng.integers(0, n + 1, 3))):
+            got, size = _C._code_entropy_rows(rows, comps, appends)
+            np.testing.assert_array_equal(got, rows)
+            assert size <= n * (5 + 3 * comps)  # (a position's advance <= 5 bytes, a prediction's <= 3)
+            if not extreme:
+                assert size <= n * (3 + 2 * comps)
+
+
+def test_the_rows_coding_refuses_what_a_decode_never_records():
+    rows = coded_rows(np.random.default_rng(1), 10, 3)
+    assert _C._code_entropy_rows(rows, 5, []) is None  # more predictions than a scan has
+    back = rows.copy()
+    back[6, :2] = back[5, :2]
+    back[6, 1] -= 1  # a bit before its predecessor's
+    if back[6, 1] < 0:
+        back[6, 0] -= 1
+        back[6, 1] = 7
+    assert _C._code_entropy_rows(back, 3, []) is None
+    assert _C._code_entropy_rows(back, 3, [6]) is None  # (refused in the second piece too)
+    same = rows.copy()
+    same[6, :2] = same[5, :2]  # the same position twice is a row the coding can hold
+    assert _C._code_entropy_rows(same, 3, [3])[0].tolist() == same.tolist()
+
+
+def test_a_row_costs_a_few_bytes_in_the_index():
+    """What a file's rows take, as the index counts it (its bound): about 6 bytes a row of an
+    800x533 photo, where a checkpoint struct takes 16."""
+    data = encode(photo(533, 800), quality=90)
+    learn_down_to_the_bottom(data, 533, 800)
+    s = gpupipe.entropy_index_stats()
+    rows = -(-533 // 16)
+    assert s["files"] == 1 and s["bytes"] <= 160 + 8 * rows, s
+
+
 def test_the_bound_holds_and_zero_turns_it_off():
     datas = [encode(photo(64 + 8 * k, 96), quality=90) for k in range(12)]
     box = np.array([[63, 0, 1, 96]] * len(datas), dtype=np.int64)

@@ -473,6 +473,42 @@ void register_decode(py::module_& m) {
         clear_entropy_index();
       },
       "Empties the entropy index and zeroes its counts.");
+  m.def(
+      "_code_entropy_rows",
+      [](py::array_t<int64_t, py::array::c_style | py::array::forcecast> rows, uint32_t comps,
+         std::vector<size_t> appends) -> py::object {
+        if (rows.ndim() != 2 || rows.shape(1) != 6) throw InvalidArgument("rows: int64 [N, 6] expected");
+        const size_t n = static_cast<size_t>(rows.shape(0));
+        std::vector<EntropyCheckpoint> in(n);
+        auto r = rows.unchecked<2>();
+        for (size_t i = 0; i < n; ++i) {  // (values cast as a decode's record would never leave them)
+          in[i].offset = static_cast<uint32_t>(r(i, 0));
+          in[i].skip = static_cast<uint8_t>(r(i, 1));
+          for (int c = 0; c < 4; ++c) in[i].pred[c] = static_cast<int16_t>(r(i, 2 + c));
+        }
+        EntropyRows coded;
+        coded.comps = comps;
+        size_t done = 0;
+        appends.push_back(n);
+        for (size_t upto : appends) {
+          if (upto < done || upto > n) throw InvalidArgument("appends: increasing row counts <= N expected");
+          if (!coded.append(in.data() + done, upto - done)) return py::none();
+          done = upto;
+        }
+        std::vector<EntropyCheckpoint> out;
+        if (!coded.expand(&out) || out.size() != n) throw std::runtime_error("expand refused its own coding");
+        py::array_t<int64_t> got({static_cast<py::ssize_t>(n), py::ssize_t{6}});
+        auto g = got.mutable_unchecked<2>();
+        for (size_t i = 0; i < n; ++i) {
+          g(i, 0) = out[i].offset;
+          g(i, 1) = out[i].skip;
+          for (int c = 0; c < 4; ++c) g(i, 2 + c) = out[i].pred[c];
+        }
+        return py::make_tuple(got, coded.coded.size());
+      },
+      py::arg("rows"), py::arg("comps"), py::arg("appends"),
+      "The entropy index's compact coding of row starts (offset, skip, 4 predictions per row), appended in the "
+      "given pieces and expanded: (rows, coded bytes), or None when append refused them.");
   m.def("_set_huffman_reader", &set_huffman_reader, py::arg("on"),
         "Turns gpupipe's Huffman reader on or off for later decodes; returns the previous setting.");
   m.def("_set_vector_idcts", &set_vector_idcts, py::arg("on"),

@@ -36,9 +36,65 @@ struct KeyHash {
   size_t operator()(const FileKey& k) const { return static_cast<size_t>(k.h1 ^ (k.h2 * kP0)); }
 };
 
-// A file's memory in the index: its rows, the entry and a map node (estimated).
+// A file's memory in the index: the entry with its control block, its coded rows with their heap
+// block's header, and a map node (key, pointer, cached hash, next) with its bucket.
 uint64_t cost_of(const EntropyRows& rows) {
-  return sizeof(EntropyRows) + rows.rows.capacity() * sizeof(EntropyCheckpoint) + 96;
+  return sizeof(EntropyRows) + 16 + rows.coded.capacity() + 16 + 72;
+}
+
+// A checkpoint's bit position: from the scan's first entropy-coded byte.
+inline uint64_t bit_position(const EntropyCheckpoint& c) { return uint64_t{c.offset} * 8 + c.skip; }
+
+void put_varint(uint64_t v, std::vector<uint8_t>* out) {
+  for (; v >= 0x80; v >>= 7) out->push_back(static_cast<uint8_t>(v | 0x80));
+  out->push_back(static_cast<uint8_t>(v));
+}
+
+// false past the end or beyond 64 bits
+inline bool get_varint(const uint8_t*& p, const uint8_t* end, uint64_t* v) {
+  if (p < end && *p < 0x80) {  // (most: a prediction's change under 64)
+    *v = *p++;
+    return true;
+  }
+  uint64_t x = 0;
+  for (int shift = 0; p < end && shift < 64; shift += 7) {
+    const uint8_t b = *p++;
+    x |= uint64_t{b & 0x7Fu} << shift;
+    if (!(b & 0x80)) {
+      *v = x;
+      return true;
+    }
+  }
+  return false;
+}
+
+inline uint64_t zigzag(int64_t v) { return (static_cast<uint64_t>(v) << 1) ^ static_cast<uint64_t>(v >> 63); }
+inline int64_t unzigzag(uint64_t v) { return static_cast<int64_t>(v >> 1) ^ -static_cast<int64_t>(v & 1); }
+
+// Calls on_row(row) for each coded row in order; false when the coding is not `count` rows of
+// valid checkpoints.
+template <class F>
+bool walk(const EntropyRows& rows, F&& on_row) {
+  if (rows.comps > 4) return false;
+  const uint8_t* p = rows.coded.data();
+  const uint8_t* end = p + rows.coded.size();
+  EntropyCheckpoint c;
+  uint64_t bits = 0;
+  for (uint32_t r = 0; r < rows.count; ++r) {
+    uint64_t v;
+    if (!get_varint(p, end, &v) || v > (uint64_t{UINT32_MAX} << 3 | 7) - bits) return false;
+    bits += v;
+    c.offset = static_cast<uint32_t>(bits >> 3);
+    c.skip = static_cast<uint8_t>(bits & 7);
+    for (uint32_t ci = 0; ci < rows.comps; ++ci) {
+      if (!get_varint(p, end, &v)) return false;
+      const int64_t pred = c.pred[ci] + unzigzag(v);
+      if (pred < INT16_MIN || pred > INT16_MAX) return false;
+      c.pred[ci] = static_cast<int16_t>(pred);
+    }
+    on_row(c);
+  }
+  return p == end;
 }
 
 // GPUPIPE_ENTROPY_INDEX_MB's error, read once: decodes refuse to run until a bound is set (guarded by
@@ -111,6 +167,33 @@ const Secrets& secrets() {
 }
 
 }  // namespace
+
+bool EntropyRows::append(const EntropyCheckpoint* rows, size_t n) {
+  if (comps > 4) return false;
+  EntropyCheckpoint last;  // the scan's start before row 0
+  if (count && !walk(*this, [&](const EntropyCheckpoint& c) { last = c; })) return false;
+  const size_t had = coded.size();
+  for (size_t i = 0; i < n; ++i) {
+    const EntropyCheckpoint& c = rows[i];
+    if (bit_position(c) < bit_position(last) || c.skip > 7) {
+      coded.resize(had);
+      return false;
+    }
+    put_varint(bit_position(c) - bit_position(last), &coded);
+    for (uint32_t ci = 0; ci < comps; ++ci) put_varint(zigzag(int64_t{c.pred[ci]} - last.pred[ci]), &coded);
+    last = c;
+  }
+  count += static_cast<uint32_t>(n);
+  return true;
+}
+
+bool EntropyRows::expand(std::vector<EntropyCheckpoint>* out) const {
+  out->resize(count);
+  EntropyCheckpoint* row = out->data();
+  if (walk(*this, [&](const EntropyCheckpoint& c) { *row++ = c; })) return true;
+  out->clear();
+  return false;
+}
 
 FileKey file_key(const uint8_t* data, size_t size) {
   // Two independent 64-bit lanes over every byte, each 16 bytes mixed with a 128-bit product of
@@ -205,23 +288,29 @@ void EntropyIndexUse::look_up() {
 }
 
 void learn_entropy_rows(EntropyIndexUse&& use) {
-  const size_t base = use.known ? use.known->rows.size() : 0;
+  const size_t base = use.known ? use.known->count : 0;
   if (!use.looked_up || use.learned.empty() || base + use.learned.size() < 2) return;  // (row 0's start alone saves nothing)
-  if (use.known && (use.known->mcus_per_row != use.mcus_per_row || use.known->blocks_in_mcu != use.blocks_in_mcu))
+  if (use.known && (use.known->mcus_per_row != use.mcus_per_row || use.known->blocks_in_mcu != use.blocks_in_mcu ||
+                    use.known->comps != use.comps))
     return;  // (the same bytes give the same layout: never, unless the key collided)
+  if (base + use.learned.size() > UINT32_MAX) return;
   auto rows = std::make_shared<EntropyRows>();
   rows->mcus_per_row = use.mcus_per_row;
   rows->blocks_in_mcu = use.blocks_in_mcu;
-  rows->rows.reserve(base + use.learned.size());
-  if (use.known) rows->rows = use.known->rows;
-  rows->rows.insert(rows->rows.end(), use.learned.begin(), use.learned.end());
+  rows->comps = use.comps;
+  if (use.known) {
+    rows->count = use.known->count;
+    rows->coded = use.known->coded;
+  }
+  if (!rows->append(use.learned.data(), use.learned.size())) return;
+  rows->coded.shrink_to_fit();
   const uint64_t cost = cost_of(*rows);
   Index& x = index();
   std::lock_guard<std::mutex> g(x.lock);
   if (x.max_bytes == 0) return;
   auto it = x.files.find(use.key);
   const uint64_t held = it == x.files.end() ? 0 : cost_of(*it->second);
-  if (it != x.files.end() && it->second->rows.size() != base) return;  // another decode got there first
+  if (it != x.files.end() && it->second->count != base) return;  // another decode got there first
   if (it == x.files.end() && base != 0) return;  // (emptied meanwhile: the rows no longer continue any)
   if (x.bytes - held + cost > x.max_bytes) {
     x.full.fetch_add(1, std::memory_order_relaxed);

@@ -30,12 +30,23 @@ struct EntropyCheckpoint {
   uint8_t skip = 0;     // bits of that byte before the row's first one (0..7)
 };
 
-// One file's known row starts: rows[r] is MCU row r's, for the rows [0, rows.size()). Shared,
-// never changed once in the index (a decode that learns more makes a longer copy).
+// One file's known row starts, rows [0, count), kept compact: each row as its change from the row
+// before it (row 0's from the scan's start), LEB128 varints: the bit position's advance, then each
+// component's DC prediction change, zigzagged. About 6-8 bytes a row where EntropyCheckpoint takes
+// 16 (the index holds twice the files in the same memory); a decode expands them once (expand).
+// Shared, never changed once in the index (a decode that learns more makes a longer copy).
 struct EntropyRows {
   uint32_t mcus_per_row = 0;  // the scan's layout the rows were learned on
   uint32_t blocks_in_mcu = 0;
-  std::vector<EntropyCheckpoint> rows;
+  uint32_t comps = 0;  // DC predictions per row (the scan's components)
+  uint32_t count = 0;
+  std::vector<uint8_t> coded;
+
+  // Appends `rows` after the `count` known; false (nothing changed) when a row's bit position
+  // precedes its predecessor's or comps is over 4 (a decode never records either).
+  bool append(const EntropyCheckpoint* rows, size_t n);
+  // All `count` rows into `out`; false when the coding does not hold exactly `count` rows.
+  bool expand(std::vector<EntropyCheckpoint>* out) const;
 };
 
 struct FileKey {
@@ -54,7 +65,7 @@ struct EntropyIndexUse {
   bool looked_up = false;
   FileKey key;
   std::shared_ptr<const EntropyRows> known;
-  uint32_t mcus_per_row = 0, blocks_in_mcu = 0;  // set by the reader when it learns
+  uint32_t mcus_per_row = 0, blocks_in_mcu = 0, comps = 0;  // set by the reader when it learns
   std::vector<EntropyCheckpoint> learned;          // rows known.rows.size(), known.rows.size() + 1, ...
 
   void look_up();

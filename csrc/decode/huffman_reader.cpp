@@ -362,8 +362,11 @@ bool HuffmanReader::install(j_decompress_ptr cinfo, unsigned crop_x, unsigned cr
     if (!use_->looked_up) use_->look_up();
     known = use_->known.get();
     if (known && (known->mcus_per_row != cinfo->MCUs_per_row ||
-                  known->blocks_in_mcu != static_cast<uint32_t>(cinfo->blocks_in_MCU)))
+                  known->blocks_in_mcu != static_cast<uint32_t>(cinfo->blocks_in_MCU) ||
+                  known->comps != static_cast<uint32_t>(cinfo->comps_in_scan) || !known->expand(&known_))) {
       known = nullptr;
+      use_->known.reset();  // (what it learns then starts at row 0: it never extends those rows)
+    }
   }
   if (!known && fast_decoder_may_meet_a_marker(data, left, cinfo->blocks_in_MCU)) return false;
   const int align_blocks = cinfo->comps_in_scan == 1 ? 1 : cinfo->max_h_samp_factor;
@@ -415,7 +418,7 @@ bool HuffmanReader::install(j_decompress_ptr cinfo, unsigned crop_x, unsigned cr
   known_rows_ = 0;
   learning_ = false;
   if (use_) {
-    if (known) known_rows_ = static_cast<unsigned>(known->rows.size());
+    if (known) known_rows_ = known->count;
     // Learned only where every component's DC prediction is kept (not for gray output of color)
     bool all_needed = comps_ <= 4;
     for (int ci = 0; ci < comps_; ++ci) all_needed = all_needed && cinfo->cur_comp_info[ci]->component_needed;
@@ -423,6 +426,7 @@ bool HuffmanReader::install(j_decompress_ptr cinfo, unsigned crop_x, unsigned cr
     use_->learned.clear();
     use_->mcus_per_row = mcus_per_row_;
     use_->blocks_in_mcu = static_cast<uint32_t>(blocks_);
+    use_->comps = static_cast<uint32_t>(comps_);
     if (learning_ && known_rows_ == 0) use_->learned.push_back(EntropyCheckpoint{});  // row 0: the scan's start
   }
   cinfo->client_data = this;

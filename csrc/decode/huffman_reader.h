@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>  // jpeglib.h needs FILE
+#include <vector>
 
 #include <jpeglib.h>
 
@@ -106,7 +107,7 @@ class HuffmanReader {
   // The entropy index: row starts known (those of use_->known, then those learned this decode).
   unsigned rows_known() const { return known_rows_ + (learning_ ? static_cast<unsigned>(use_->learned.size()) : 0); }
   const EntropyCheckpoint& checkpoint(unsigned row) const {
-    return row < known_rows_ ? use_->known->rows[row] : use_->learned[row - known_rows_];
+    return row < known_rows_ ? known_[row] : use_->learned[row - known_rows_];
   }
   // After MCUs passed without reading: the reader at MCU (row, col), from row's start.
   void materialize(j_decompress_ptr cinfo, unsigned row, unsigned col);
@@ -129,6 +130,7 @@ class HuffmanReader {
   Reader r_;
   EntropyIndexUse* use_ = nullptr;
   const uint8_t* scan_ = nullptr;  // the scan's first entropy-coded byte (the index's offsets start there)
+  std::vector<EntropyCheckpoint> known_;  // use_->known's rows, expanded (capacity kept from image to image)
   unsigned known_rows_ = 0, row_ = 0;
   bool coasting_ = false, learning_ = false;
   uint64_t skipped_ = 0, decoded_ = 0, handed_back_ = 0, coasted_ = 0;  // flushed into the global stats per image
