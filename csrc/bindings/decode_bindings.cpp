@@ -509,6 +509,24 @@ void register_decode(py::module_& m) {
       py::arg("rows"), py::arg("comps"), py::arg("appends"),
       "The entropy index's compact coding of row starts (offset, skip, 4 predictions per row), appended in the "
       "given pieces and expanded: (rows, coded bytes), or None when append refused them.");
+  m.def(
+      "_expand_entropy_rows",
+      [](py::bytes coded, uint32_t count, uint32_t comps) -> py::object {
+        EntropyRows rows;
+        rows.count = count;
+        rows.comps = comps;
+        const std::string bytes = coded;
+        rows.coded.assign(bytes.begin(), bytes.end());
+        std::vector<EntropyCheckpoint> out;
+        if (!rows.expand(&out)) return py::none();
+        py::list got;
+        for (const EntropyCheckpoint& c : out)
+          got.append(py::make_tuple(c.offset, c.skip, c.pred[0], c.pred[1], c.pred[2], c.pred[3]));
+        return got;
+      },
+      py::arg("coded"), py::arg("count"), py::arg("comps"),
+      "The entropy index's coded rows (any bytes) expanded: [(offset, skip, 4 predictions)], or None when they are "
+      "not `count` valid rows.");
   m.def("_set_huffman_reader", &set_huffman_reader, py::arg("on"),
         "Turns gpupipe's Huffman reader on or off for later decodes; returns the previous setting.");
   m.def("_set_vector_idcts", &set_vector_idcts, py::arg("on"),

@@ -59,6 +59,7 @@ inline bool get_varint(const uint8_t*& p, const uint8_t* end, uint64_t* v) {
   uint64_t x = 0;
   for (int shift = 0; p < end && shift < 64; shift += 7) {
     const uint8_t b = *p++;
+    if (shift == 63 && b > 1) return false;  // (past 64 bits)
     x |= uint64_t{b & 0x7Fu} << shift;
     if (!(b & 0x80)) {
       *v = x;
@@ -67,6 +68,9 @@ inline bool get_varint(const uint8_t*& p, const uint8_t* end, uint64_t* v) {
   }
   return false;
 }
+
+// The largest zigzagged change between two int16 predictions (-32768 -> 32767)
+constexpr uint64_t kMaxPredChange = 2 * 65535;
 
 inline uint64_t zigzag(int64_t v) { return (static_cast<uint64_t>(v) << 1) ^ static_cast<uint64_t>(v >> 63); }
 inline int64_t unzigzag(uint64_t v) { return static_cast<int64_t>(v >> 1) ^ -static_cast<int64_t>(v & 1); }
@@ -87,7 +91,7 @@ bool walk(const EntropyRows& rows, F&& on_row) {
     c.offset = static_cast<uint32_t>(bits >> 3);
     c.skip = static_cast<uint8_t>(bits & 7);
     for (uint32_t ci = 0; ci < rows.comps; ++ci) {
-      if (!get_varint(p, end, &v)) return false;
+      if (!get_varint(p, end, &v) || v > kMaxPredChange) return false;
       const int64_t pred = c.pred[ci] + unzigzag(v);
       if (pred < INT16_MIN || pred > INT16_MAX) return false;
       c.pred[ci] = static_cast<int16_t>(pred);
@@ -171,7 +175,8 @@ const Secrets& secrets() {
 bool EntropyRows::append(const EntropyCheckpoint* rows, size_t n) {
   if (comps > 4) return false;
   EntropyCheckpoint last;  // the scan's start before row 0
-  if (count && !walk(*this, [&](const EntropyCheckpoint& c) { last = c; })) return false;
+  if (count ? !walk(*this, [&](const EntropyCheckpoint& c) { last = c; }) : !coded.empty()) return false;
+  if (n > UINT32_MAX - count) return false;
   const size_t had = coded.size();
   for (size_t i = 0; i < n; ++i) {
     const EntropyCheckpoint& c = rows[i];

@@ -43,7 +43,8 @@ struct EntropyRows {
   std::vector<uint8_t> coded;
 
   // Appends `rows` after the `count` known; false (nothing changed) when a row's bit position
-  // precedes its predecessor's or comps is over 4 (a decode never records either).
+  // precedes its predecessor's, a skip is over 7, comps is over 4, the count would pass 2^32 - 1
+  // (a decode records none of these) or the coding held is not `count` rows.
   bool append(const EntropyCheckpoint* rows, size_t n);
   // All `count` rows into `out`; false when the coding does not hold exactly `count` rows.
   bool expand(std::vector<EntropyCheckpoint>* out) const;
@@ -66,7 +67,7 @@ struct EntropyIndexUse {
   FileKey key;
   std::shared_ptr<const EntropyRows> known;
   uint32_t mcus_per_row = 0, blocks_in_mcu = 0, comps = 0;  // set by the reader when it learns
-  std::vector<EntropyCheckpoint> learned;          // rows known.rows.size(), known.rows.size() + 1, ...
+  std::vector<EntropyCheckpoint> learned;          // rows known->count, known->count + 1, ...
 
   void look_up();
 };

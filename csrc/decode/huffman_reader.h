@@ -130,7 +130,9 @@ class HuffmanReader {
   Reader r_;
   EntropyIndexUse* use_ = nullptr;
   const uint8_t* scan_ = nullptr;  // the scan's first entropy-coded byte (the index's offsets start there)
-  std::vector<EntropyCheckpoint> known_;  // use_->known's rows, expanded (capacity kept from image to image)
+  // use_->known's rows, expanded; its capacity is kept from image to image (16 bytes a row of the
+  // tallest file this thread decoded with known rows, at most 128 KiB: outside the index's bound)
+  std::vector<EntropyCheckpoint> known_;
   unsigned known_rows_ = 0, row_ = 0;
   bool coasting_ = false, learning_ = false;
   uint64_t skipped_ = 0, decoded_ = 0, handed_back_ = 0, coasted_ = 0;  // flushed into the global stats per image
