@@ -366,14 +366,14 @@ def test_a_row_costs_a_few_bytes_in_the_index():
 def test_the_bound_holds_and_zero_turns_it_off():
     datas = [encode(photo(64 + 8 * k, 96), quality=90) for k in range(12)]
     box = np.array([[63, 0, 1, 96]] * len(datas), dtype=np.int64)
-    gpupipe.set_entropy_index_size(1500)  # room for a couple of files' rows
+    gpupipe.set_entropy_index_size(600)  # room for a couple of files' rows
     gpupipe.decode_crop_jpegs(datas, box, num_threads=1)
     s = gpupipe.entropy_index_stats()
-    assert 0 < s["files"] < len(datas) and s["bytes"] <= 1500 and s["full"] > 0, s
+    assert 0 < s["files"] < len(datas) and s["bytes"] <= 600 and s["full"] > 0, s
     for _ in range(3):  # the same files again: the index does not grow
         gpupipe.decode_crop_jpegs(datas, box, num_threads=1)
-    assert gpupipe.entropy_index_stats()["bytes"] <= 1500
-    assert gpupipe.set_entropy_index_size(0) == 1500
+    assert gpupipe.entropy_index_stats()["bytes"] <= 600
+    assert gpupipe.set_entropy_index_size(0) == 600
     s = gpupipe.entropy_index_stats()
     assert s["files"] == 0 and s["bytes"] == 0 and s["max_bytes"] == 0
     before = _C._huffman_reader_stats()

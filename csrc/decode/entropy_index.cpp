@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
+#include <new>
 #include <random>
 #include <string>
 #include <unordered_map>
@@ -32,14 +34,35 @@ inline uint64_t load64(const uint8_t* p) {
 constexpr uint64_t kP0 = 0xa0761d6478bd642full, kP1 = 0xe7037ed1a0b428dbull, kP2 = 0x8ebc6af09c88c6e3ull,
                    kP3 = 0x589965cc75374cc3ull;
 
+// noexcept: the map's nodes then keep no copy of the hash (it is recomputed: one multiply)
 struct KeyHash {
-  size_t operator()(const FileKey& k) const { return static_cast<size_t>(k.h1 ^ (k.h2 * kP0)); }
+  size_t operator()(const FileKey& k) const noexcept { return static_cast<size_t>(k.h1 ^ (k.h2 * kP0)); }
 };
 
-// A file's memory in the index: the entry with its control block, its coded rows with their heap
-// block's header, and a map node (key, pointer, cached hash, next) with its bucket.
-uint64_t cost_of(const EntropyRows& rows) {
-  return sizeof(EntropyRows) + 16 + rows.coded.capacity() + 16 + 72;
+// A file's rows as the index holds them: one heap block, this header and then the coded bytes.
+struct StoredRows {
+  uint32_t mcus_per_row, blocks_in_mcu, comps, count, size;
+  const uint8_t* coded() const { return reinterpret_cast<const uint8_t*>(this + 1); }
+};
+
+struct FreeStoredRows {
+  void operator()(StoredRows* r) const noexcept { std::free(r); }
+};
+using StoredRowsPtr = std::unique_ptr<StoredRows, FreeStoredRows>;
+
+StoredRowsPtr store(const EntropyRows& rows) {
+  void* block = std::malloc(sizeof(StoredRows) + rows.coded.size());
+  if (!block) return nullptr;
+  StoredRowsPtr r(new (block) StoredRows{rows.mcus_per_row, rows.blocks_in_mcu, rows.comps, rows.count,
+                                         static_cast<uint32_t>(rows.coded.size())});
+  if (!rows.coded.empty()) std::memcpy(r.get() + 1, rows.coded.data(), rows.coded.size());
+  return r;
+}
+
+// A file's memory in the index: its block with glibc's chunk header, rounded to 16 bytes, and a
+// map node (next, key, pointer: 40 bytes, a 48-byte chunk) with its bucket.
+uint64_t cost_of(const StoredRows& rows) {
+  return ((sizeof(StoredRows) + rows.size + 8 + 15) & ~uint64_t{15}) + 48 + 8;
 }
 
 // A checkpoint's bit position: from the scan's first entropy-coded byte.
@@ -119,7 +142,7 @@ uint64_t initial_max_bytes() {
 
 struct Index {
   std::mutex lock;
-  std::unordered_map<FileKey, std::shared_ptr<const EntropyRows>, KeyHash> files;
+  std::unordered_map<FileKey, StoredRowsPtr, KeyHash> files;
   uint64_t bytes = 0, max_bytes = initial_max_bytes();
   std::atomic<bool> enabled{max_bytes > 0};
   std::atomic<bool> paused{false};  // (benchmarks: decodes without it, its rows kept)
@@ -276,40 +299,56 @@ void clear_entropy_index() {
   x.keyed = x.found = x.learned = x.full = 0;
 }
 
-std::shared_ptr<const EntropyRows> find_entropy_rows(const FileKey& key) {
+bool find_entropy_rows(const FileKey& key, EntropyRows* out) {
   Index& x = index();
   std::lock_guard<std::mutex> g(x.lock);
   auto it = x.files.find(key);
-  if (it == x.files.end()) return nullptr;
+  if (it == x.files.end()) return false;
   x.found.fetch_add(1, std::memory_order_relaxed);
-  return it->second;
+  const StoredRows& r = *it->second;
+  out->mcus_per_row = r.mcus_per_row;
+  out->blocks_in_mcu = r.blocks_in_mcu;
+  out->comps = r.comps;
+  out->count = r.count;
+  out->coded.assign(r.coded(), r.coded() + r.size);
+  return true;
 }
 
 void EntropyIndexUse::look_up() {
   looked_up = true;
   index().keyed.fetch_add(1, std::memory_order_relaxed);
   key = file_key(data, size);
-  known = find_entropy_rows(key);
+  try {
+    found = find_entropy_rows(key, &known);
+  } catch (const std::bad_alloc&) {  // (no memory for the copy: decoded as without the index)
+    found = false;
+  }
 }
 
+static void learn(EntropyIndexUse&& use);
+
 void learn_entropy_rows(EntropyIndexUse&& use) {
-  const size_t base = use.known ? use.known->count : 0;
-  if (!use.looked_up || use.learned.empty() || base + use.learned.size() < 2) return;  // (row 0's start alone saves nothing)
-  if (use.known && (use.known->mcus_per_row != use.mcus_per_row || use.known->blocks_in_mcu != use.blocks_in_mcu ||
-                    use.known->comps != use.comps))
-    return;  // (the same bytes give the same layout: never, unless the key collided)
-  if (base + use.learned.size() > UINT32_MAX) return;
-  auto rows = std::make_shared<EntropyRows>();
-  rows->mcus_per_row = use.mcus_per_row;
-  rows->blocks_in_mcu = use.blocks_in_mcu;
-  rows->comps = use.comps;
-  if (use.known) {
-    rows->count = use.known->count;
-    rows->coded = use.known->coded;
+  try {
+    learn(std::move(use));
+  } catch (const std::bad_alloc&) {  // (no memory: the decode stands, nothing learned)
   }
-  if (!rows->append(use.learned.data(), use.learned.size())) return;
-  rows->coded.shrink_to_fit();
-  const uint64_t cost = cost_of(*rows);
+}
+
+static void learn(EntropyIndexUse&& use) {
+  const size_t base = use.found ? use.known.count : 0;
+  if (!use.looked_up || use.learned.empty() || base + use.learned.size() < 2) return;  // (row 0's start alone saves nothing)
+  if (use.found && (use.known.mcus_per_row != use.mcus_per_row || use.known.blocks_in_mcu != use.blocks_in_mcu ||
+                    use.known.comps != use.comps))
+    return;  // (the same bytes give the same layout: never, unless the key collided)
+  EntropyRows rows;
+  if (use.found) rows = std::move(use.known);
+  rows.mcus_per_row = use.mcus_per_row;
+  rows.blocks_in_mcu = use.blocks_in_mcu;
+  rows.comps = use.comps;
+  if (!rows.append(use.learned.data(), use.learned.size()) || rows.coded.size() > UINT32_MAX) return;
+  StoredRowsPtr stored = store(rows);
+  if (!stored) return;  // (no memory: learned another time)
+  const uint64_t cost = cost_of(*stored);
   Index& x = index();
   std::lock_guard<std::mutex> g(x.lock);
   if (x.max_bytes == 0) return;
@@ -321,8 +360,9 @@ void learn_entropy_rows(EntropyIndexUse&& use) {
     x.full.fetch_add(1, std::memory_order_relaxed);
     return;
   }
+  if (it == x.files.end()) x.files.emplace(use.key, std::move(stored));  // (may throw: counted after)
+  else it->second = std::move(stored);  // (the old block freed under the lock: nothing else reads it)
   x.bytes = x.bytes - held + cost;
-  x.files[use.key] = std::move(rows);
   x.learned.fetch_add(1, std::memory_order_relaxed);
 }
 

@@ -18,7 +18,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <vector>
 
 namespace gpupipe {
@@ -34,7 +33,8 @@ struct EntropyCheckpoint {
 // before it (row 0's from the scan's start), LEB128 varints: the bit position's advance, then each
 // component's DC prediction change, zigzagged. About 6-8 bytes a row where EntropyCheckpoint takes
 // 16 (the index holds twice the files in the same memory); a decode expands them once (expand).
-// Shared, never changed once in the index (a decode that learns more makes a longer copy).
+// The index keeps them in one heap block per file and copies them out for a decode (look_up): a
+// decode that learns more makes a longer copy, which replaces the block.
 struct EntropyRows {
   uint32_t mcus_per_row = 0;  // the scan's layout the rows were learned on
   uint32_t blocks_in_mcu = 0;
@@ -65,9 +65,10 @@ struct EntropyIndexUse {
   size_t size = 0;
   bool looked_up = false;
   FileKey key;
-  std::shared_ptr<const EntropyRows> known;
+  bool found = false;  // known holds the index's rows for key (a copy: count 0 when none)
+  EntropyRows known;
   uint32_t mcus_per_row = 0, blocks_in_mcu = 0, comps = 0;  // set by the reader when it learns
-  std::vector<EntropyCheckpoint> learned;          // rows known->count, known->count + 1, ...
+  std::vector<EntropyCheckpoint> learned;          // rows known.count, known.count + 1, ...
 
   void look_up();
 };
@@ -96,8 +97,8 @@ bool pause_entropy_index(bool paused);
 EntropyIndexStats entropy_index_stats();
 void clear_entropy_index();
 
-// The rows known for `key` (nullptr: none).
-std::shared_ptr<const EntropyRows> find_entropy_rows(const FileKey& key);
+// The rows known for `key`, copied into `out`; false (out untouched) when there are none.
+bool find_entropy_rows(const FileKey& key, EntropyRows* out);
 // Adds what `use` learned to its file's rows (use.key; nothing when it never looked them up), when
 // it continues the rows now known and fits the bound.
 void learn_entropy_rows(EntropyIndexUse&& use);

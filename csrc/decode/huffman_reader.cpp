@@ -360,12 +360,12 @@ bool HuffmanReader::install(j_decompress_ptr cinfo, unsigned crop_x, unsigned cr
   const EntropyRows* known = nullptr;
   if (use_) {
     if (!use_->looked_up) use_->look_up();
-    known = use_->known.get();
+    known = use_->found ? &use_->known : nullptr;
     if (known && (known->mcus_per_row != cinfo->MCUs_per_row ||
                   known->blocks_in_mcu != static_cast<uint32_t>(cinfo->blocks_in_MCU) ||
                   known->comps != static_cast<uint32_t>(cinfo->comps_in_scan) || !known->expand(&known_))) {
       known = nullptr;
-      use_->known.reset();  // (what it learns then starts at row 0: it never extends those rows)
+      use_->found = false;  // (what it learns then starts at row 0: it never extends those rows)
     }
   }
   if (!known && fast_decoder_may_meet_a_marker(data, left, cinfo->blocks_in_MCU)) return false;
