@@ -284,6 +284,41 @@ def test_many_threads_learning_one_file_at_once(variants):
     assert gpupipe.entropy_index_stats()["files"] == 1
 
 
+def test_decodes_while_the_index_is_emptied_and_rebounded(variants):
+    """Four decode threads learn and read several files' rows while another thread empties the index
+    and changes its bound under them: every crop is libjpeg's alone (a decode holds a copy of its
+    rows, never the index's block)."""
+    import threading
+
+    datas = [variants[n] for n in ("pillow-4:2:0-q75", "ycbcr-4:4:4", "gray")]
+    refs = [full_decode(d) for d in datas]
+    stop = threading.Event()
+
+    def churn():
+        bounds = [256 << 20, 700, 0, 4096]
+        k = 0
+        while not stop.is_set():
+            gpupipe.set_entropy_index_size(bounds[k % len(bounds)])
+            _C.clear_entropy_index() if k % 3 == 0 else None
+            k += 1
+
+    coasted = _C._huffman_reader_stats()["coasted"]
+    churner = threading.Thread(target=churn)
+    churner.start()
+    try:
+        for r in range(12):
+            j = r % len(datas)
+            h, w = refs[j].shape[:2]
+            boxes = same_size_boxes(h, w, 32, seed=r)
+            got, _ = batch(datas[j], boxes, threads=4)
+            for k, (t, l, bh, bw) in enumerate(boxes):
+                np.testing.assert_array_equal(got[k], refs[j][t:t + bh, l:l + bw])
+    finally:
+        stop.set()
+        churner.join()
+    assert _C._huffman_reader_stats()["coasted"] > coasted  # (rows were known and used meanwhile)
+
+
 def coded_rows(rng, n: int, comps: int, extreme: bool = False) -> np.ndarray:
     """n row starts in order (offset, skip, 4 DC predictions), the predictions past ``comps`` 0:
     photo-like steps, or (extreme) steps over the whole range: 0, the largest offsets, int16's ends."""
