@@ -68,8 +68,8 @@ def set_entropy_index_size(max_bytes: int) -> int:
     RandomResizedCrop 224, a decode after one that learned: 1.13x on the benchmark's default set,
     1.15x on 800x533 photos, 1.28x on 1920x1280 photos (docs/benchmarks.md).
 
-    Default: 256 MiB (``GPUPIPE_ENTROPY_INDEX_MB`` sets it at start-up), about 850,000 files of the
-    default set's sizes (~315 bytes each). Once full, files not yet in it decode as without it.
+    Default: 256 MiB (``GPUPIPE_ENTROPY_INDEX_MB`` sets it at start-up), about 825,000 files of the
+    default set's sizes (~325 bytes each). Once full, files not yet in it decode as without it.
     0 turns it off and empties it; a bound below what it holds empties it too.
     """
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, numbers.Integral) or max_bytes < 0:

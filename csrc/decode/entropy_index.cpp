@@ -42,7 +42,7 @@ struct KeyHash {
 // A file's rows as the index holds them: one heap block, this header and then the coded bytes.
 struct StoredRows {
   uint32_t mcus_per_row, blocks_in_mcu, comps, count, size;
-  const uint8_t* coded() const { return reinterpret_cast<const uint8_t*>(this + 1); }
+  const uint8_t* coded() const { return reinterpret_cast<const uint8_t*>(this) + sizeof(StoredRows); }
 };
 
 struct FreeStoredRows {
@@ -55,14 +55,15 @@ StoredRowsPtr store(const EntropyRows& rows) {
   if (!block) return nullptr;
   StoredRowsPtr r(new (block) StoredRows{rows.mcus_per_row, rows.blocks_in_mcu, rows.comps, rows.count,
                                          static_cast<uint32_t>(rows.coded.size())});
-  if (!rows.coded.empty()) std::memcpy(r.get() + 1, rows.coded.data(), rows.coded.size());
+  if (!rows.coded.empty()) std::memcpy(static_cast<uint8_t*>(block) + sizeof(StoredRows), rows.coded.data(), rows.coded.size());
   return r;
 }
 
 // A file's memory in the index: its block with glibc's chunk header, rounded to 16 bytes, and a
-// map node (next, key, pointer: 40 bytes, a 48-byte chunk) with its bucket.
+// map node (next, key, pointer: 40 bytes, a 48-byte chunk) with its share of the buckets (libstdc++
+// keeps 1.5-2.2 a file: 16 bytes).
 uint64_t cost_of(const StoredRows& rows) {
-  return ((sizeof(StoredRows) + rows.size + 8 + 15) & ~uint64_t{15}) + 48 + 8;
+  return ((sizeof(StoredRows) + rows.size + 8 + 15) & ~uint64_t{15}) + 48 + 16;
 }
 
 // A checkpoint's bit position: from the scan's first entropy-coded byte.
@@ -264,7 +265,7 @@ uint64_t set_entropy_index_bytes(uint64_t max_bytes) {
   x.max_bytes = max_bytes;
   x.enabled.store(max_bytes > 0);
   if (max_bytes == 0 || x.bytes > max_bytes) {  // off, or smaller than what is held: start again
-    x.files.clear();
+    decltype(x.files)().swap(x.files);  // (its buckets too)
     x.bytes = 0;
   }
   return old;
@@ -294,7 +295,7 @@ EntropyIndexStats entropy_index_stats() {
 void clear_entropy_index() {
   Index& x = index();
   std::lock_guard<std::mutex> g(x.lock);
-  x.files.clear();
+  decltype(x.files)().swap(x.files);  // (its buckets too)
   x.bytes = 0;
   x.keyed = x.found = x.learned = x.full = 0;
 }
@@ -304,13 +305,13 @@ bool find_entropy_rows(const FileKey& key, EntropyRows* out) {
   std::lock_guard<std::mutex> g(x.lock);
   auto it = x.files.find(key);
   if (it == x.files.end()) return false;
-  x.found.fetch_add(1, std::memory_order_relaxed);
   const StoredRows& r = *it->second;
+  out->coded.assign(r.coded(), r.coded() + r.size);  // (first: what may throw, out's rest untouched)
   out->mcus_per_row = r.mcus_per_row;
   out->blocks_in_mcu = r.blocks_in_mcu;
   out->comps = r.comps;
   out->count = r.count;
-  out->coded.assign(r.coded(), r.coded() + r.size);
+  x.found.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 

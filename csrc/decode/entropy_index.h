@@ -65,7 +65,7 @@ struct EntropyIndexUse {
   size_t size = 0;
   bool looked_up = false;
   FileKey key;
-  bool found = false;  // known holds the index's rows for key (a copy: count 0 when none)
+  bool found = false;  // known holds a copy of the index's rows for key (known means nothing when false)
   EntropyRows known;
   uint32_t mcus_per_row = 0, blocks_in_mcu = 0, comps = 0;  // set by the reader when it learns
   std::vector<EntropyCheckpoint> learned;          // rows known.count, known.count + 1, ...
@@ -78,7 +78,7 @@ FileKey file_key(const uint8_t* data, size_t size);
 
 struct EntropyIndexStats {
   uint64_t files = 0;       // files with known rows
-  uint64_t bytes = 0;       // memory they take (estimated: rows, entry and map node)
+  uint64_t bytes = 0;       // memory they take (estimated: each file's block, map node and buckets)
   uint64_t max_bytes = 0;   // the bound (0: off)
   uint64_t keyed = 0;       // decodes that hashed their file's bytes (a scan gpupipe's Huffman reader takes)
   uint64_t found = 0;       // decodes that started with known rows

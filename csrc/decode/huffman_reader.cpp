@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <new>
 
 namespace gpupipe {
 
@@ -363,7 +364,7 @@ bool HuffmanReader::install(j_decompress_ptr cinfo, unsigned crop_x, unsigned cr
     known = use_->found ? &use_->known : nullptr;
     if (known && (known->mcus_per_row != cinfo->MCUs_per_row ||
                   known->blocks_in_mcu != static_cast<uint32_t>(cinfo->blocks_in_MCU) ||
-                  known->comps != static_cast<uint32_t>(cinfo->comps_in_scan) || !known->expand(&known_))) {
+                  known->comps != static_cast<uint32_t>(cinfo->comps_in_scan) || !expand_known(*known))) {
       known = nullptr;
       use_->found = false;  // (what it learns then starts at row 0: it never extends those rows)
     }
@@ -427,7 +428,7 @@ bool HuffmanReader::install(j_decompress_ptr cinfo, unsigned crop_x, unsigned cr
     use_->mcus_per_row = mcus_per_row_;
     use_->blocks_in_mcu = static_cast<uint32_t>(blocks_);
     use_->comps = static_cast<uint32_t>(comps_);
-    if (learning_ && known_rows_ == 0) use_->learned.push_back(EntropyCheckpoint{});  // row 0: the scan's start
+    if (learning_ && known_rows_ == 0) keep(EntropyCheckpoint{});  // row 0: the scan's start
   }
   cinfo->client_data = this;
   e->pub.decode_mcu = &HuffmanReader::decode_mcu;
@@ -510,7 +511,26 @@ void HuffmanReader::record(unsigned row) {
     if (r_.pred[ci] < INT16_MIN || r_.pred[ci] > INT16_MAX) return stop_learning();  // (a hostile file's)
     cp.pred[ci] = static_cast<int16_t>(r_.pred[ci]);
   }
-  use_->learned.push_back(cp);
+  keep(cp);
+}
+
+// The index never fails a decode: with no memory for its rows (this runs under libjpeg's C frames
+// too, which an exception must not cross), the decode goes on as without it.
+void HuffmanReader::keep(const EntropyCheckpoint& cp) {
+  try {
+    use_->learned.push_back(cp);
+  } catch (const std::bad_alloc&) {
+    stop_learning();
+  }
+}
+
+bool HuffmanReader::expand_known(const EntropyRows& rows) {
+  try {
+    return rows.expand(&known_);
+  } catch (const std::bad_alloc&) {
+    known_.clear();
+    return false;
+  }
 }
 
 void HuffmanReader::load_state(j_decompress_ptr cinfo) {

@@ -112,6 +112,8 @@ class HuffmanReader {
   // After MCUs passed without reading: the reader at MCU (row, col), from row's start.
   void materialize(j_decompress_ptr cinfo, unsigned row, unsigned col);
   void record(unsigned row);  // row's start, at its first MCU, when it is the next row to learn
+  void keep(const EntropyCheckpoint& cp);     // a learned row (no memory: learning stops)
+  bool expand_known(const EntropyRows& rows);  // into known_ (no memory: false, as rows rejected)
   void stop_learning() { learning_ = false; }
 
   const Table* table(const JHUFF_TBL* h, bool dc);  // built, or from the cache; nullptr: invalid
