@@ -194,7 +194,7 @@ def _code_entropy_rows(rows: ArrayLike, comps: int, appends: list[int]) -> tuple
     """The entropy index's compact coding: rows int64 [N, 6] (offset, skip, 4 predictions) appended in pieces
     and expanded: (rows, coded bytes), or None when refused."""
     ...
-def _expand_entropy_rows(coded: bytes, count: int, comps: int) -> list[tuple[int, int, int, int, int, int]] | None:
+def _expand_entropy_rows(coded: bytes, count: int, comps: int) -> NDArray | None:
     """The entropy index's coded rows (any bytes) expanded, or None when they are not `count` valid rows."""
     ...
 def _check_vector_idcts(size: int, blocks: int, seed: int) -> dict[str, int]:

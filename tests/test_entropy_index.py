@@ -370,7 +370,7 @@ def test_coded_rows_that_no_append_made_are_refused_whole():
     """Expanding never trusts the bytes: a change past int16's range (which would overflow the sum),
     a varint past 64 bits, a truncated or overlong coding, or too few rows give None, not rows."""
     row = bytes([0x10, 0x0A])  # advance 16 bits, prediction +5
-    assert _C._expand_entropy_rows(row, 1, 1) == [(2, 0, 5, 0, 0, 0)]
+    assert _C._expand_entropy_rows(row, 1, 1).tolist() == [[2, 0, 5, 0, 0, 0]]
     huge = bytes([0xFE] + [0xFF] * 8 + [0x01])  # zigzag 2**64 - 2: a change of 2**63 - 1
     assert _C._expand_entropy_rows(row + b"\x00" + huge, 2, 1) is None
     assert _C._expand_entropy_rows(row + b"\x00" + bytes([0xFE, 0xFF, 0x07]), 2, 1) is None  # +65535: past 32767
@@ -379,7 +379,7 @@ def test_coded_rows_that_no_append_made_are_refused_whole():
     assert _C._expand_entropy_rows(row + b"\x00", 1, 1) is None  # a byte left over
     assert _C._expand_entropy_rows(row, 2, 1) is None  # a row missing
     assert _C._expand_entropy_rows(row, 1, 5) is None  # more predictions than a scan has
-    assert _C._expand_entropy_rows(bytes([0x80, 0x00, 0x0A]), 1, 1) == [(0, 0, 5, 0, 0, 0)]  # (overlong: same value)
+    assert _C._expand_entropy_rows(bytes([0x80, 0x00, 0x0A]), 1, 1).tolist() == [[0, 0, 5, 0, 0, 0]]  # (overlong: same value)
     rng = np.random.default_rng(3)
     for _ in range(3000):  # any bytes: rows that satisfy every bound, or None
         got = _C._expand_entropy_rows(rng.integers(0, 256, int(rng.integers(0, 40)), dtype=np.uint8).tobytes(),

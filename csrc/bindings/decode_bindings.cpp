@@ -73,6 +73,18 @@ BatchInputs batch_inputs(py::sequence datas, py::object boxes, uintptr_t out_add
 }
 
 // decode_batch_into, started: the Loader starts batch k + 1 before it waits for batch k.
+// Row starts as int64 [N, 6]: offset, skip, the four DC predictions (the entropy index's tests).
+py::array_t<int64_t> checkpoint_rows(const std::vector<EntropyCheckpoint>& rows) {
+  py::array_t<int64_t> got({static_cast<py::ssize_t>(rows.size()), py::ssize_t{6}});
+  auto g = got.mutable_unchecked<2>();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    g(i, 0) = rows[i].offset;
+    g(i, 1) = rows[i].skip;
+    for (int c = 0; c < 4; ++c) g(i, 2 + c) = rows[i].pred[c];
+  }
+  return got;
+}
+
 struct PendingDecode {
   std::vector<BufferView> views;  // the encoded bytes, held until the decode ends
   py::object out_owner;           // the output tensor: never freed under the pool's writes
@@ -497,14 +509,7 @@ void register_decode(py::module_& m) {
         }
         std::vector<EntropyCheckpoint> out;
         if (!coded.expand(&out) || out.size() != n) throw std::runtime_error("expand refused its own coding");
-        py::array_t<int64_t> got({static_cast<py::ssize_t>(n), py::ssize_t{6}});
-        auto g = got.mutable_unchecked<2>();
-        for (size_t i = 0; i < n; ++i) {
-          g(i, 0) = out[i].offset;
-          g(i, 1) = out[i].skip;
-          for (int c = 0; c < 4; ++c) g(i, 2 + c) = out[i].pred[c];
-        }
-        return py::make_tuple(got, coded.coded.size());
+        return py::make_tuple(checkpoint_rows(out), coded.coded.size());
       },
       py::arg("rows"), py::arg("comps"), py::arg("appends"),
       "The entropy index's compact coding of row starts (offset, skip, 4 predictions per row), appended in the "
@@ -519,14 +524,11 @@ void register_decode(py::module_& m) {
         rows.coded.assign(bytes.begin(), bytes.end());
         std::vector<EntropyCheckpoint> out;
         if (!rows.expand(&out)) return py::none();
-        py::list got;
-        for (const EntropyCheckpoint& c : out)
-          got.append(py::make_tuple(c.offset, c.skip, c.pred[0], c.pred[1], c.pred[2], c.pred[3]));
-        return got;
+        return checkpoint_rows(out);
       },
       py::arg("coded"), py::arg("count"), py::arg("comps"),
-      "The entropy index's coded rows (any bytes) expanded: [(offset, skip, 4 predictions)], or None when they are "
-      "not `count` valid rows.");
+      "The entropy index's coded rows (any bytes) expanded: int64 [count, 6] (offset, skip, 4 predictions), or None "
+      "when they are not `count` valid rows.");
   m.def("_set_huffman_reader", &set_huffman_reader, py::arg("on"),
         "Turns gpupipe's Huffman reader on or off for later decodes; returns the previous setting.");
   m.def("_set_vector_idcts", &set_vector_idcts, py::arg("on"),
