@@ -55,7 +55,8 @@ StoredRowsPtr store(const EntropyRows& rows) {
   if (!block) return nullptr;
   StoredRowsPtr r(new (block) StoredRows{rows.mcus_per_row, rows.blocks_in_mcu, rows.comps, rows.count,
                                          static_cast<uint32_t>(rows.coded.size())});
-  if (!rows.coded.empty()) std::memcpy(static_cast<uint8_t*>(block) + sizeof(StoredRows), rows.coded.data(), rows.coded.size());
+  if (!rows.coded.empty())
+    std::memcpy(static_cast<uint8_t*>(block) + sizeof(StoredRows), rows.coded.data(), rows.coded.size());
   return r;
 }
 
@@ -326,15 +327,6 @@ void EntropyIndexUse::look_up() {
   }
 }
 
-static void learn(EntropyIndexUse&& use);
-
-void learn_entropy_rows(EntropyIndexUse&& use) {
-  try {
-    learn(std::move(use));
-  } catch (const std::bad_alloc&) {  // (no memory: the decode stands, nothing learned)
-  }
-}
-
 static void learn(EntropyIndexUse&& use) {
   const size_t base = use.found ? use.known.count : 0;
   if (!use.looked_up || use.learned.empty() || base + use.learned.size() < 2) return;  // (row 0's start alone saves nothing)
@@ -361,10 +353,19 @@ static void learn(EntropyIndexUse&& use) {
     x.full.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  if (it == x.files.end()) x.files.emplace(use.key, std::move(stored));  // (may throw: counted after)
-  else it->second = std::move(stored);  // (the old block freed under the lock: nothing else reads it)
+  if (it == x.files.end())
+    x.files.emplace(use.key, std::move(stored));  // (may throw: counted after)
+  else
+    it->second = std::move(stored);  // (the old block freed under the lock: nothing else reads it)
   x.bytes = x.bytes - held + cost;
   x.learned.fetch_add(1, std::memory_order_relaxed);
+}
+
+void learn_entropy_rows(EntropyIndexUse&& use) {
+  try {
+    learn(std::move(use));
+  } catch (const std::bad_alloc&) {  // (no memory: the decode stands, nothing learned)
+  }
 }
 
 }  // namespace gpupipe
