@@ -306,7 +306,8 @@ def augment_params_from_uniforms(
     saturation: tuple[float, float],
     hue: tuple[float, float],
 ) -> tuple[NDArray, ...]:
-    """BatchAugment's parameters (PARAM_KEYS order) from its draws u (float64 [N, AUGMENT_DRAWS])."""
+    """BatchAugment's parameters (PARAM_KEYS order) from its draws u (float64 [N, AUGMENT_DRAWS]); the
+    float and flag ones are views of two blocks (their ``base``), which pack_drawn_augment_params reads."""
 # the codes the augmentation kernels take: interpolation and color model names -> int
 INTERPOLATIONS: dict[str, int]
 COLOR_MODELS: dict[str, int]
@@ -343,6 +344,10 @@ def pack_augment_params(
     width: int,
 ) -> NDArray:
     """BatchAugment's float32 [N, 24] engine rows (color='torchvision'), values checked."""
+
+def pack_drawn_augment_params(floats: NDArray, flags: NDArray, order: NDArray, height: int, width: int) -> NDArray:
+    """pack_augment_params over the blocks augment_params_from_uniforms' parameters are views of (floats
+    [10N], flags [3N], order [N, 4]: csrc/augment/augment_params.h), in one call."""
 
 def augment(
     input: Sequence[int],

@@ -355,6 +355,105 @@ def test_packed_rows_equal_the_torch_formulation():
         assert torch.equal(got[:, 6:], ref[:, 6:])
 
 
+def _general_rows(aug, p, height, width):
+    """pack_params through the general path (a plain dict: every tensor converted and checked)."""
+    return aug.pack_params(dict(p), height, width)
+
+
+def test_drawn_params_pack_from_their_blocks_in_one_call(monkeypatch):
+    """sample_params' tensors are views of three native blocks (DrawnParams); packing them is one call
+    over the blocks, equal bit for bit to the general path, and it really is that call: with the
+    general packing broken, drawn parameters still pack and a plain dict does not."""
+    from gpupipe.augment import batch_augment
+
+    aug = BatchAugment(**dict(FULL, shear=(-20, 20, -10, 10), translate=(0.2, 0.1), scale=(0.7, 1.3)))
+    for p in (aug.sample_params(300, seed=7, epoch=2), aug.sample_params(5), aug.sample_params(0, seed=1)):
+        assert type(p) is batch_augment.DrawnParams and p.intact_blocks() is not None
+        for k in p:
+            assert p[k].is_contiguous(), k
+        for height, width in ((224, 224), (37, 101), (1, 1)):
+            assert torch.equal(aug.pack_params(p, height, width), _general_rows(aug, p, height, width))
+    x = photo_batch(6, 20, 24, seed=4)
+    p = aug.sample_params(6, seed=3)
+    expected = aug(x, params=dict(p))
+    monkeypatch.setattr(batch_augment._C, "pack_augment_params", None, raising=True)
+    assert torch.equal(aug(x, params=p), expected)
+    with pytest.raises(TypeError):
+        aug(x, params=dict(p))
+
+
+def test_drawn_params_changed_in_place_replaced_or_repointed():
+    """Values changed in place are packed from the blocks (they are the tensors' memory) and checked
+    there; an entry replaced, or a tensor re-pointed with set_, takes the general path and its
+    checks; copies are plain dicts."""
+    import copy
+    import pickle
+
+    aug = BatchAugment(**FULL)
+    x = photo_batch(4, 16, 20, seed=5)
+    p = aug.sample_params(4, seed=2)
+    p["angle"] += 10.0
+    p["order"][0] = torch.tensor([3, 2, 1, 0])
+    p["hflip"][:] = True
+    assert p.intact_blocks() is not None
+    assert torch.equal(aug.pack_params(p, 16, 20), _general_rows(aug, p, 16, 20))
+    assert torch.equal(aug(x, params=p), aug(x, params=dict(p)))
+    p["hue"][1] = 0.7
+    with pytest.raises(ValueError, match=r"params\['hue'\]"):
+        aug(x, params=p)
+    p = aug.sample_params(4, seed=2)
+    p["scale"] = torch.full((4,), 1.5, dtype=torch.float64)  # replaced: the new tensor is packed
+    assert p.intact_blocks() is None
+    assert torch.equal(aug.pack_params(p, 16, 20)[:, 0], _general_rows(aug, dict(p), 16, 20)[:, 0])
+    p["scale"] = torch.ones(3, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"params\['scale'\] must have shape \[4\]"):
+        aug(x, params=p)
+    p = aug.sample_params(4, seed=2)
+    p["brightness"].set_(torch.ones(3, dtype=torch.float64))  # the same tensor, other memory
+    assert p.intact_blocks() is None
+    with pytest.raises(ValueError, match=r"params\['brightness'\] must have shape \[4\]"):
+        aug(x, params=p)
+    p = aug.sample_params(4, seed=2)
+    for c in (copy.deepcopy(p), pickle.loads(pickle.dumps(p)), copy.copy(p), p.copy()):
+        assert type(c) is dict and c.keys() == p.keys()
+        assert all(torch.equal(c[k], p[k]) for k in p)
+        assert torch.equal(aug(x, params=c), aug(x, params=p))
+
+
+def test_identity_params_drawn_natively_equal_their_traced_definition():
+    """eval()'s parameters come from the native mapping in eager mode (mid-range draws of empty
+    ranges) and from torch ops under torch.compile: the same keys, dtypes and values, signs of zero
+    included, and they change nothing."""
+    from gpupipe.augment import batch_augment
+
+    for n in (0, 1, 7):
+        native, traced = BatchAugment.identity_params(n), BatchAugment._traced_identity_params(n)
+        assert type(native) is batch_augment.DrawnParams and list(native) == list(traced)
+        for k in traced:
+            assert native[k].dtype == traced[k].dtype and native[k].shape == traced[k].shape, k
+            assert torch.equal(native[k], traced[k]), k
+            if native[k].is_floating_point():
+                assert torch.equal(torch.signbit(native[k]), torch.signbit(traced[k])), k
+    aug = BatchAugment(**FULL)
+    x = photo_batch(3, 10, 12, seed=6)
+    rows = aug.pack_params(BatchAugment.identity_params(3), 10, 12)
+    assert torch.equal(rows, aug.pack_params(BatchAugment._traced_identity_params(3), 10, 12))
+    assert torch.equal(aug.eval()(x), BatchAugment(hflip=0.0)(x))  # convert and normalise only
+
+
+def test_drawn_blocks_refuse_the_wrong_size_or_kind():
+    aug = BatchAugment(**FULL)
+    floats, flags, order = aug.sample_params(3, seed=1).blocks
+    _C.pack_drawn_augment_params(floats, flags, order, 8, 8)
+    for bad in ((floats[:-1], flags, order), (floats, flags[:-1], order), (floats, flags, order[:2]),
+                (floats, flags, np.concatenate([order.ravel(), order.ravel()[:1]]))):
+        with pytest.raises(ValueError, match="must have"):
+            _C.pack_drawn_augment_params(*bad, 8, 8)
+    for bad in ((floats, flags.astype(np.float64), order), (floats, flags, order.astype(np.float64))):
+        with pytest.raises(TypeError):  # a float where a flag or an op index belongs: refused, not cast
+            _C.pack_drawn_augment_params(*bad, 8, 8)
+
+
 def test_ops_opcheck():
     x = photo_batch(2, 12, 16, seed=22)
     aug = BatchAugment(**FULL)

@@ -36,6 +36,18 @@ void augment_params_from_uniforms(int64_t n, const double* u, const AugmentRange
   }
 }
 
+AugmentParamsOut drawn_params_out(int64_t n, double* floats, bool* flags, int64_t* order) {
+  double* f = floats;
+  return AugmentParamsOut{flags,     flags + n, f,         f + n,     f + 3 * n, f + 4 * n,
+                          f + 6 * n, f + 7 * n, f + 8 * n, f + 9 * n, order,     flags + 2 * n};
+}
+
+AugmentParams drawn_params(int64_t n, const double* floats, const bool* flags, const int64_t* order) {
+  const double* f = floats;
+  return AugmentParams{flags,     flags + n, f,         f + n,     f + 3 * n, f + 4 * n,
+                       f + 6 * n, f + 7 * n, f + 8 * n, f + 9 * n, order,     flags + 2 * n};
+}
+
 void inverse_affine(int64_t n, const AffineParams& p, int64_t height, int64_t width, double* out) {
   constexpr double kRadians = M_PI / 180;
   for (int64_t i = 0; i < n; ++i) {

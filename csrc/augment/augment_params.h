@@ -69,6 +69,14 @@ struct AugmentParamsOut {
   bool* grayscale;
 };
 
+// BatchAugment's drawn parameters held in three blocks, each parameter a contiguous run of its
+// block (sample_params' tensors are views of them, and the packing reads them in one call):
+// floats [kDrawnFloats * n] (angle, translate [n, 2], scale, shear [n, 2], brightness, contrast,
+// saturation, hue), flags [kDrawnFlags * n] (hflip, vflip, grayscale), order [n, 4].
+inline constexpr int64_t kDrawnFloats = 10, kDrawnFlags = 3;
+AugmentParamsOut drawn_params_out(int64_t n, double* floats, bool* flags, int64_t* order);
+AugmentParams drawn_params(int64_t n, const double* floats, const bool* flags, const int64_t* order);
+
 // The parameters from uniforms u[n * draw::kCount], as BatchAugment._params_from defines them with
 // numpy (lo + (hi - lo) * u; a flip when u < p; ColorJitter's order a stable argsort of 4 draws):
 // the same float64 operations, so the two are equal bit for bit (tests/test_augment.py).

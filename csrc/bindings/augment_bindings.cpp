@@ -69,21 +69,28 @@ void register_augment_params(py::module_& m) {
         std::copy(contrast.begin(), contrast.end(), r.contrast);
         std::copy(saturation.begin(), saturation.end(), r.saturation);
         std::copy(hue.begin(), hue.end(), r.hue);
-        py::array_t<bool> hf(n), vf(n), gray(n);
-        py::array_t<double> angle(n), trans({n, int64_t{2}}), sc(n), sh({n, int64_t{2}}), br(n), co(n), sa(n), hu(n);
+        py::array_t<double> floats(kDrawnFloats * n);
+        py::array_t<bool> flags(kDrawnFlags * n);
         py::array_t<int64_t> order({n, int64_t{4}});
-        augment_params_from_uniforms(n, u.data(), r,
-                                     AugmentParamsOut{hf.mutable_data(), vf.mutable_data(), angle.mutable_data(),
-                                                      trans.mutable_data(), sc.mutable_data(), sh.mutable_data(),
-                                                      br.mutable_data(), co.mutable_data(), sa.mutable_data(),
-                                                      hu.mutable_data(), order.mutable_data(), gray.mutable_data()});
-        return py::make_tuple(hf, vf, angle, trans, sc, sh, br, co, sa, hu, order, gray);
+        const AugmentParamsOut out = drawn_params_out(n, floats.mutable_data(), flags.mutable_data(), order.mutable_data());
+        augment_params_from_uniforms(n, u.data(), r, out);
+        // views of the blocks (their base), in PARAM_KEYS order
+        const std::vector<py::ssize_t> rows{n}, pairs{n, 2};
+        const auto f = [&](const double* p, const std::vector<py::ssize_t>& shape) {
+          return py::array_t<double>(shape, p, floats);
+        };
+        const auto b = [&](const bool* p) { return py::array_t<bool>(rows, p, flags); };
+        return py::make_tuple(b(out.hflip), b(out.vflip), f(out.angle, rows), f(out.translate, pairs),
+                              f(out.scale, rows), f(out.shear, pairs), f(out.brightness, rows),
+                              f(out.contrast, rows), f(out.saturation, rows), f(out.hue, rows), order,
+                              b(out.grayscale));
       },
       py::arg("u"), py::arg("hflip"), py::arg("vflip"), py::arg("grayscale"), py::arg("rotation"), py::arg("translate"),
       py::arg("scale"), py::arg("shear"), py::arg("brightness"), py::arg("contrast"), py::arg("saturation"),
       py::arg("hue"),
       "BatchAugment's parameters (PARAM_KEYS order) from its uniform draws u (float64 [N, AUGMENT_DRAWS]) and "
-      "its ranges: BatchAugment._params_from's numpy definition, equal bit for bit.");
+      "its ranges: BatchAugment._params_from's numpy definition, equal bit for bit. The float and flag "
+      "parameters are views of two blocks (their base), which pack_drawn_augment_params reads with order.");
   m.def(
       "inverse_affine",
       [](Rows<double> angle, Rows<double> translate, Rows<double> scale, Rows<double> shear, Rows<double> center,
@@ -120,6 +127,19 @@ void register_augment_params(py::module_& m) {
       py::arg("grayscale"), py::arg("height"), py::arg("width"),
       "BatchAugment's float32 [N, 24] engine rows (color='torchvision') from its parameters, values checked "
       "(ValueError naming the first that cannot apply).");
+  m.def(
+      "pack_drawn_augment_params",
+      [](SafeRows<double> floats, SafeRows<bool> flags, SafeRows<int64_t> order, int64_t height, int64_t width) {
+        const int64_t n = order.size() / 4;
+        AugmentParams p = drawn_params(n, rows_of(floats, kDrawnFloats * n, "floats"),
+                                       rows_of(flags, kDrawnFlags * n, "flags"), rows_of(order, 4 * n, "order"));
+        py::array_t<float> out({n, int64_t{param::kCount}});
+        pack_augment_params(n, p, height, width, out.mutable_data());
+        return out;
+      },
+      py::arg("floats"), py::arg("flags"), py::arg("order"), py::arg("height"), py::arg("width"),
+      "pack_augment_params from the blocks augment_params_from_uniforms' parameters are views of (the float "
+      "parameters' base, the flags' base, order), in one call: values checked as there.");
 }
 
 }  // namespace

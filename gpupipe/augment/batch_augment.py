@@ -3,6 +3,7 @@ ToTensor, Normalize) as one batched ``nn.Module``, run by a one-pass engine on t
 
 from __future__ import annotations
 
+import operator
 from typing import Optional, Sequence, Union
 
 import numpy as np
@@ -13,6 +14,7 @@ from gpupipe._args import (INTERPOLATIONS, finite_number, finite_numbers, interp
                            warp_fill)
 from gpupipe.augment import fused
 from gpupipe.augment._keyed_module import KeyedModule
+from gpupipe.augment._keyed_params import check_count
 from gpupipe.augment.affine_matrix import affine_matrices
 from gpupipe.augment.color_linear import linear_color_params
 
@@ -29,6 +31,7 @@ DRAWS = _C.AUGMENT_DRAWS
 # linear_color_params' columns, in order: where _pack_linear puts them (fused.PARAM_LAYOUT)
 _LINEAR_COLUMNS = ("linear_a", "linear_t", "linear_u", "linear_mean")
 STREAM = keyed.stream_of("BatchAugment")  # BatchAugment.stream
+_KERNEL_PATHS = {"cpu": "cpu-kernel", "cuda": "cuda-kernel"}  # BatchAugment.last_path by device
 
 
 def _factor_range(value: Range, name: str) -> tuple[float, float]:
@@ -106,6 +109,36 @@ def _pack(params: list, height: int, width: int) -> torch.Tensor:
     """The engine's rows from parameters in :data:`PARAM_KEYS` order, their values checked, in native
     code (csrc/augment/augment_params.h): a few microseconds for 256 samples."""
     return torch.from_numpy(_C.pack_augment_params(*_as_numpy(params), height, width))
+
+
+class DrawnParams(dict):
+    """:meth:`BatchAugment.sample_params`' dict in eager mode: each tensor a view of one of three
+    native blocks (floats, flags, order), which the packing reads in one call as long as the dict
+    holds those very tensors (values changed in place are read there; an entry replaced, or a
+    tensor re-pointed with ``set_``, takes the general path, which checks shapes and dtypes)."""
+
+    __slots__ = ("blocks", "tensors", "pointers")
+
+    def __init__(self, arrays: tuple):
+        tensors = tuple(map(torch.from_numpy, arrays))
+        super().__init__(zip(PARAM_KEYS, tensors))
+        self.blocks = (arrays[2].base, arrays[0].base, arrays[10])  # (see _C.augment_params_from_uniforms)
+        self.tensors = tensors
+        self.pointers = [t.data_ptr() for t in tensors]
+
+    def intact_blocks(self) -> Optional[tuple]:
+        """The blocks, when every key still holds its drawn tensor where it was drawn; else None."""
+        if (all(map(operator.is_, map(self.get, PARAM_KEYS), self.tensors))
+                and list(map(torch.Tensor.data_ptr, self.tensors)) == self.pointers):
+            return self.blocks
+        return None
+
+    def __reduce__(self):  # copies (pickle, deepcopy) are plain dicts: their tensors are not views of blocks
+        return (dict, (dict(self),))
+
+
+def _drawn_blocks(params) -> Optional[tuple]:
+    return params.intact_blocks() if type(params) is DrawnParams else None
 
 
 def _as_numpy(params) -> list:
@@ -281,7 +314,7 @@ class BatchAugment(KeyedModule):
         arrays = _C.augment_params_from_uniforms(u.numpy(), self.hflip, self.vflip, self.grayscale, self.rotation,
                                                  self.translate, self.scale, self.shear, self.brightness, self.contrast,
                                                  self.saturation, self.hue)
-        return dict(zip(PARAM_KEYS, map(torch.from_numpy, arrays)))
+        return DrawnParams(arrays)
 
     def _params_from(self, u, xp) -> dict:
         """The parameters from uniforms ``u`` with the array module ``xp`` (numpy or torch): the same
@@ -314,7 +347,18 @@ class BatchAugment(KeyedModule):
 
     @staticmethod
     def identity_params(n: int) -> dict:
-        """Parameters that change nothing (``eval()``): the chain reduces to convert + normalise."""
+        """Parameters that change nothing (``eval()``): the chain reduces to convert + normalise.
+        Drawn natively as mid-range draws of empty ranges (no flip, zeros, ones, +0.0 shifts, order
+        0..3), so they pack as drawn parameters do; under torch.compile, as torch ops."""
+        if torch.compiler.is_compiling():
+            return BatchAugment._traced_identity_params(n)
+        u = np.full((check_count(n), DRAWS), 0.5)
+        return DrawnParams(_C.augment_params_from_uniforms(u, 0.0, 0.0, 0.0, (0.0, 0.0), (0.0, 0.0), (1.0, 1.0),
+                                                           (0.0, 0.0, 0.0, 0.0), (1.0, 1.0), (1.0, 1.0), (1.0, 1.0),
+                                                           (0.0, 0.0)))
+
+    @staticmethod
+    def _traced_identity_params(n: int) -> dict:
         false = torch.zeros(n, dtype=torch.bool)
         zero = torch.zeros(n, dtype=torch.float64)
         one = torch.ones(n, dtype=torch.float64)
@@ -327,6 +371,11 @@ class BatchAugment(KeyedModule):
         """Raises ``ValueError`` / ``TypeError`` naming the key for parameters that are not a batch of
         ``n`` valid draws (shapes and dtypes always; values, with ``values``, in eager mode here, and
         in the native packing of ``color="torchvision"`` under torch.compile too)."""
+        blocks = None if torch.compiler.is_compiling() else _drawn_blocks(params)
+        if blocks is not None and blocks[2].shape[0] == n:  # shapes and dtypes as drawn, for n samples
+            if values:
+                _C.pack_drawn_augment_params(*blocks, 1, 1)
+            return
         if not isinstance(params, dict):
             raise TypeError(f"params must be a dict, got {type(params).__name__}")
         missing = [k for k in PARAM_KEYS if k not in params]
@@ -361,6 +410,10 @@ class BatchAugment(KeyedModule):
     def pack_params(self, params: dict, height: int, width: int) -> torch.Tensor:
         """float32 ``[N, fused.PARAM_COUNT]`` on the CPU: the engine's per-sample rows, each parameter
         in its columns of ``fused.PARAM_LAYOUT`` (``csrc/augment/augment_kernels.h``)."""
+        if self.color == "torchvision" and not torch.compiler.is_compiling():
+            blocks = _drawn_blocks(params)
+            if blocks is not None:  # as drawn: one call over the blocks
+                return torch.from_numpy(_C.pack_drawn_augment_params(*blocks, height, width))
         p = [params[k] for k in PARAM_KEYS]
         if self.color == "linear":  # opt-in; its color matrices stay torch ops
             return self._pack_linear({k: v.detach().cpu() for k, v in zip(PARAM_KEYS, p)}, height, width)
@@ -405,16 +458,17 @@ class BatchAugment(KeyedModule):
             self.last_path = "kornia"
             return kornia_augment(self, x, params)
         packed = self.pack_params(params, h, w)
-        if x.device.type == "cuda":
+        device = x.device
+        if device.type == "cuda":
             if not torch.compiler.is_compiling():
                 packed = packed.pin_memory()
-            packed = packed.to(x.device, non_blocking=True)  # the one transfer of the batch
-        elif x.device.type != "cpu":
-            raise ValueError(f"x must be on a CPU or CUDA device for engine='fused', got {x.device}")
+            packed = packed.to(device, non_blocking=True)  # the one transfer of the batch
+        elif device.type != "cpu":
+            raise ValueError(f"x must be on a CPU or CUDA device for engine='fused', got {device}")
         out = None
-        if x.device.type == "cpu" and self.reuse_outputs and not torch.compiler.is_compiling():
+        if device.type == "cpu" and self.reuse_outputs and not torch.compiler.is_compiling():
             out = self._outputs.get(tuple(x.shape), self.out_dtype, self.out_memory_format)
-        self.last_path = f"{x.device.type}-kernel"
+        self.last_path = _KERNEL_PATHS[device.type]
         return fused.augment_batch(x, packed, interpolation=INTERPOLATIONS[self.interpolation], fill=self.fill,
                                    color=fused.COLOR_MODELS[self.color], mean=self.mean, std=self.std,
                                    out_dtype=self.out_dtype, channels_last=self.out_memory_format == torch.channels_last,
