@@ -13,7 +13,11 @@ def as_buffer(data: Any, what: str = "data") -> Any:
 
     Accepts ``bytes``, ``bytearray``, ``memoryview``, a 1-D uint8 numpy array or CPU torch tensor.
     """
-    if isinstance(data, (bytes, bytearray, memoryview)):
+    if isinstance(data, (bytes, bytearray)):
+        return data
+    if isinstance(data, memoryview):
+        if not data.contiguous:
+            raise ValueError(f"{what} must be a contiguous memoryview, got one with strides {data.strides}")
         return data
     if isinstance(data, torch.Tensor):
         if data.device.type != "cpu":

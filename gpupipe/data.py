@@ -13,7 +13,7 @@ from gpupipe import backends
 from gpupipe.crops import CropSampler
 from gpupipe.error_policy import apply_policy, check_on_error, warn_corrupt
 from gpupipe.routing import decode_into, plan_batch
-from gpupipe.sources import indented
+from gpupipe.sources import call_or_error, indented, read_result
 
 
 class DecodeCropDataset(torch.utils.data.Dataset):
@@ -59,10 +59,9 @@ class DecodeCropDataset(torch.utils.data.Dataset):
     def __getitem__(self, i: int):
         key, label = self.source.keys[i], int(self.source.labels[i])
         out = torch.zeros((1, *self.crop.size, 3), dtype=torch.uint8)
-        try:
-            datas, errors = [self.source.read(i)], {}
-        except Exception as e:  # any failure of the source is this sample's, reported with its key
-            datas, errors = [b""], {0: f"read error: {type(e).__name__}: {e}"}
+        # any failure of the source (an exception, a result that is not bytes) is this sample's
+        data, error = read_result(call_or_error(self.source.read, i))
+        datas, errors = [data], ({} if error is None else {0: error})
         buffers, infos, boxes = plan_batch(datas, self.crop, self.options, seed=self.seed, epoch=self.epoch,
                                            indices=[i], read_errors=errors)
         status = decode_into(buffers, boxes, out, self.options, infos=infos)

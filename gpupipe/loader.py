@@ -25,24 +25,24 @@ import time
 import warnings
 import weakref
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
 from gpupipe import _C, backends, keyed
-from gpupipe._args import is_python_int
+from gpupipe._args import finite_number, is_python_int
 from gpupipe._errors import SkippedSamplesWarning, brief, import_extra
 from gpupipe._backends import cpu, hybrid
 from gpupipe._transfer import to_device
 from gpupipe.decode_types import BatchStatus, HeaderInfos, Route, as_int, check_thread_count
 from gpupipe.crops import CropSampler
 from gpupipe._exit import call_scope
+from gpupipe._read_pool import ReadPool
 from gpupipe.engine import Closed, Engine, HostClock, Many, StageTimes
 from gpupipe.error_policy import apply_policy, check_on_error
 from gpupipe.routing import decode_into, plan_batch, straight
-from gpupipe.sources import Arenas, MapSource, Source, call_or_error, distributed_indices, indented
+from gpupipe.sources import Arenas, MapSource, Source, distributed_indices, indented, labels_of, read_result
 
 STAGES = ("read", "plan", "decode", "collect", "transfer", "augment")
 
@@ -227,9 +227,10 @@ def _keyed(module: Any) -> bool:
 
 
 def _rows(params: Any, keep: torch.Tensor, n: int) -> Any:
-    """The rows ``keep`` (int64 indices) of every per-sample parameter (leading dimension n), nested
-    dicts included; a batch-level ``n`` entry (a 0-dim tensor: the batch size, as RandomChoice
-    records it) becomes the number kept."""
+    """The rows ``keep`` (int64 indices) of every per-sample parameter: a tensor or numpy array of
+    leading dimension n, at any depth of dicts, lists and tuples (kept as such); anything else is
+    the batch's and kept whole. A batch-level ``n`` entry (a 0-dim tensor: the batch size, as
+    RandomChoice records it) becomes the number kept."""
     if isinstance(params, dict):
         rows = {k: _rows(v, keep, n) for k, v in params.items()}
         size = rows.get("n")
@@ -238,6 +239,12 @@ def _rows(params: Any, keep: torch.Tensor, n: int) -> Any:
         return rows
     if isinstance(params, torch.Tensor) and params.dim() > 0 and params.shape[0] == n:
         return params[keep]
+    if isinstance(params, np.ndarray) and params.ndim > 0 and params.shape[0] == n:
+        return params[keep.numpy()]
+    if type(params) in (list, tuple):
+        return type(params)(_rows(v, keep, n) for v in params)
+    if isinstance(params, tuple) and hasattr(params, "_make"):  # a named tuple
+        return params._make(_rows(v, keep, n) for v in params)
     return params
 
 
@@ -398,6 +405,11 @@ class Loader:
         io_threads: threads reading a batch's files (one native call per batch for ``ImageFolder`` and
             ``FileList``, the GIL released; a thread pool calling ``source.read`` otherwise); default
             4, at most the rank's share of the cores.
+        read_timeout: seconds a source's own ``read`` may take (default 60; None: no limit). A read
+            past it fails its sample (kind ``READ``, the timeout named) and is left to its thread,
+            which stops when it returns, while a new one reads on; past 32 such reads still running,
+            reads fail at once (:mod:`gpupipe._read_pool`). A read that raises, or returns something
+            that is not encoded bytes, fails its sample too.
         augment_threads: torch's intra-op threads in the augment stage when ``device`` is the CPU (its
             ops and gpupipe's host kernels run beside the decode threads): default ``share -
             num_threads``, or half the share when the decode takes it all (on 2 cores: 1;
@@ -449,7 +461,8 @@ class Loader:
                  prefetch: int = 2, on_error: str = "skip", rank: Optional[int] = None,
                  world_size: Optional[int] = None, progress: bool = False, io_threads: Optional[int] = None,
                  augment_threads: Optional[int] = None, apply_exif_orientation: bool = False,
-                 decode_shares: Optional[dict] = None, lookahead: bool = True):
+                 decode_shares: Optional[dict] = None, lookahead: bool = True,
+                 read_timeout: Optional[float] = 60.0):
         batch_size, seed = as_int("batch_size", batch_size), as_int("seed", seed)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -464,6 +477,8 @@ class Loader:
             raise ValueError(f"prefetch must be an int within 1..{MAX_PREFETCH} (each costs a chunk's buffer), got {prefetch!r}")
         if not isinstance(source, Source):
             raise TypeError("source must be a gpupipe.sources source (with epoch_samples)")
+        if isinstance(source, MapSource):
+            labels_of(source)  # (checked again per epoch: now, rather than at the first batch)
         if augment is not None and not callable(augment):
             raise TypeError(f"augment must be callable on a batch of images (an nn.Module), got {type(augment).__name__}")
         if batch_transform is not None and not callable(batch_transform):
@@ -494,6 +509,9 @@ class Loader:
             import_extra("tqdm", "progress", "Loader(progress=True)")  # now, not at the first epoch
         self.cpu_share = cores = _C.cpu_share()["threads"]  # this rank's share of the node (LOCAL_WORLD_SIZE)
         self.io_threads = min(4, cores) if io_threads is None else check_thread_count("io_threads", io_threads)
+        self.read_timeout = None if read_timeout is None else finite_number(read_timeout, "read_timeout")
+        if self.read_timeout is not None and self.read_timeout <= 0:
+            raise ValueError(f"read_timeout must be a positive number of seconds or None, got {read_timeout!r}")
         if augment_threads is not None:
             check_thread_count("augment_threads", augment_threads)
         decode = num_threads or _C.default_num_threads()
@@ -857,7 +875,7 @@ class _Epoch:
             self.adopted.set()
         self.native_reads = isinstance(loader.source, MapSource) and loader.source.reads_files()
         # a source's own read() runs on a Python thread pool; files are read natively (read_many)
-        self.reader = None if self.native_reads else ThreadPoolExecutor(loader.io_threads, thread_name_prefix="gpupipe-io")
+        self.reader = None if self.native_reads else ReadPool(loader.io_threads, loader.read_timeout)
         # the batches' bytes in reused buffers, one per batch in flight (queues of `prefetch`, the stages)
         self.arenas = loader._read_arenas() if self.native_reads else None
         h, w = loader.crop.size
@@ -910,7 +928,7 @@ class _Epoch:
             if self.ring is not None:
                 self.ring.retired = True
             if self.reader is not None:
-                self.reader.shutdown(wait=False)
+                self.reader.shutdown()
             raise
 
     def close(self) -> None:
@@ -929,7 +947,7 @@ class _Epoch:
         if self.ring is not None and not self.engine.alive:  # nothing of this epoch writes a slot any more
             self.ring.retired = True
         if self.reader is not None:
-            self.reader.shutdown(wait=False, cancel_futures=True)
+            self.reader.shutdown()
 
     # --- the stages -------------------------------------------------------------------------------
 
@@ -956,7 +974,7 @@ class _Epoch:
         if isinstance(l.source, MapSource):  # arrays: no Python per sample
             order = distributed_indices(len(l.source), epoch=self.epoch_number, seed=l.seed, shuffle=l.shuffle,
                                         rank=l.rank, world_size=l.world_size, drop_last=l.drop_last)[start:]
-            labels = l.source.labels
+            labels = labels_of(l.source)
             for number, first in enumerate(range(0, len(order), l.batch_size), self.first_batch):
                 chunk = order[first:first + l.batch_size]
                 if l.drop_last and len(chunk) < l.batch_size:
@@ -977,17 +995,15 @@ class _Epoch:
         (kind READ, in ``read_errors``), never the epoch's."""
         source = self.l.source
         if batch.samples is not None:  # a stream: the bytes came with the records
-            batch.datas = [b"" if s.error is not None else s.data for s in batch.samples]
-            batch.read_errors = {k: s.error for k, s in enumerate(batch.samples) if s.error is not None}
-            return batch
-        if self.native_reads:  # one native call per batch, no Python per file
+            got = [(b"", s.error) if s.error is not None else read_result(s.data) for s in batch.samples]
+        elif self.native_reads:  # one native call per batch, no Python per file
             batch.datas, failed = source.read_batch(batch.indices, self.l.io_threads, self.arenas)
             batch.read_errors = {k: f"read error: {type(e).__name__}: {e}" for k, e in failed.items()}
             return batch
-        got = list(self.reader.map(lambda i: call_or_error(source.read, i), batch.indices.tolist()))
-        batch.datas = [b"" if isinstance(d, BaseException) else d for d in got]
-        batch.read_errors = {k: f"read error: {type(d).__name__}: {d}" for k, d in enumerate(got)
-                             if isinstance(d, BaseException)}
+        else:  # the source's own read, on the read pool: what raises, hangs or gives no bytes fails alone
+            got = [read_result(d) for d in self.reader.map(source.read, batch.indices.tolist())]
+        batch.datas = [d for d, _ in got]
+        batch.read_errors = {k: e for k, (_, e) in enumerate(got) if e is not None}
         return batch
 
     def plan(self, batch: Batch) -> Batch:

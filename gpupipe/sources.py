@@ -24,6 +24,7 @@ from typing import Any, Iterator, NamedTuple, Optional, Protocol, Sequence, runt
 import numpy as np
 
 from gpupipe import _C
+from gpupipe._buffers import as_buffer
 from gpupipe.limits import get_limits
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
@@ -198,6 +199,39 @@ def _file_path(key) -> bytes:
     return path
 
 
+def labels_of(source: "MapSource") -> np.ndarray:
+    """A map-style source's ``labels`` as the Loader delivers them: int64, one per key (a list, an
+    array or a CPU tensor of integers); TypeError / ValueError naming what is wrong otherwise."""
+    labels = source.labels
+    if type(labels) is not np.ndarray or labels.dtype != np.int64:
+        labels = np.asarray(labels)
+        if labels.dtype == np.bool_ or not np.issubdtype(labels.dtype, np.integer):
+            raise TypeError(f"{type(source).__name__}.labels must be integers (the Loader delivers int64 labels), "
+                            f"got {labels.dtype}")
+        if labels.dtype == np.uint64 and labels.size and labels.max() > np.iinfo(np.int64).max:
+            raise ValueError(f"{type(source).__name__}.labels hold values past int64")
+        labels = labels.astype(np.int64)
+    if labels.shape != (len(source),):
+        raise ValueError(f"{type(source).__name__}.labels must hold one label per key ({len(source)}), got shape "
+                         f"{labels.shape}")
+    return labels
+
+
+def read_result(value: Any) -> tuple[Any, Optional[str]]:
+    """A read's outcome as the decode takes it: ``(buffer, None)``; ``(b"", why)`` when the read
+    raised (``value`` is the exception) or gave something that is not encoded bytes (bytes,
+    bytearray, a contiguous memoryview, a 1-D uint8 numpy array or CPU tensor): that sample fails
+    with kind READ, not its batch."""
+    if type(value) is bytes:
+        return value, None
+    if isinstance(value, BaseException):
+        return b"", f"read error: {type(value).__name__}: {value}"
+    try:
+        return as_buffer(value, "the read's result"), None
+    except (TypeError, ValueError) as e:
+        return b"", f"read error: {e}"
+
+
 def call_or_error(fn, *args):
     """``fn(*args)``, or the exception it raised: a sample's failure, reported with the sample."""
     try:
@@ -265,7 +299,9 @@ class FileList(MapSource):
 
 class TarShards:
     """WebDataset-convention tar shards, streamed: members ``<key>.<ext>`` grouped by key; the
-    image is the first member with an image extension, the label the integer in ``<key>.cls``.
+    image is the first member with an image extension, the label the integer in ``<key>.cls``
+    (-1 for a sample without one: unlabelled data). As WebDataset, a sample's members are
+    consecutive in the shard: a ``.cls`` apart from its image is not that image's.
 
     Each epoch, shards are shuffled (by seed and epoch), split across ranks by shard, read in
     order, and samples are shuffled within a bounded buffer (``shuffle_buffer``).

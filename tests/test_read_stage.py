@@ -1,0 +1,260 @@
+"""The Loader's read stage against sources of its own: a read that raises, hangs or gives no bytes
+fails that sample (kind READ, named), never its batch or the epoch; the read pool's timeout; and a
+keyed augment's parameters cut per sample whatever containers hold them."""
+
+from __future__ import annotations
+
+import collections
+import subprocess
+import sys
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import gpupipe
+from gpupipe import _read_pool, crops, loader as loader_module, sources
+from gpupipe.data import DecodeCropDataset, SkippedSample
+from loader_data import make_image_folder
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reads")
+    make_image_folder(root, per_class=8)  # 24 files
+    return sources.ImageFolder(root)
+
+
+class Custom(sources.MapSource):
+    """The folder's files through a read of its own, with answers of its own for some indices."""
+
+    def __init__(self, base, answers: dict, release: threading.Event | None = None):
+        self.keys, self.labels = list(base.keys), np.arange(len(base.keys), dtype=np.int64)
+        self.answers, self.release = answers, release
+
+    def read(self, i):
+        if i in self.answers:
+            answer = self.answers[i]
+            if isinstance(answer, str) and answer == "hang":
+                self.release.wait()
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                return answer
+        with open(self.keys[i], "rb") as f:
+            return f.read()
+
+
+NOT_BYTES = {
+    1: None,
+    4: "a path, not its bytes",
+    6: 7,
+    9: np.zeros((4, 4), np.uint8),
+    11: torch.zeros(16),
+    14: memoryview(bytearray(64))[::2],  # strided
+    17: [0xFF, 0xD8],
+    20: KeyError("no such record"),
+}
+
+
+@pytest.mark.parametrize("chunk_images", [0, 256])
+def test_a_read_that_gives_no_bytes_fails_that_sample_alone(files, monkeypatch, chunk_images):
+    """Whatever a source's read returns that is not encoded bytes fails that sample (READ, its key,
+    the type named), under every policy; the others are delivered, in order, with their labels."""
+    monkeypatch.setattr(loader_module, "CHUNK_IMAGES", chunk_images)
+    src = Custom(files, NOT_BYTES)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ld = gpupipe.Loader(src, batch_size=5, crop=crops.CenterCrop(16), shuffle=False, num_threads=1,
+                            on_error="skip", io_threads=2)
+        labels = [int(v) for _, y in ld for v in y]
+    assert labels == [i for i in range(len(src)) if i not in NOT_BYTES]
+    failures = {f.key: f for f in ld.stats()["skipped"]}
+    assert set(failures) == {src.keys[i] for i in NOT_BYTES}
+    assert all(f.kind == gpupipe.ErrorKind.READ for f in failures.values())
+    assert "got NoneType" in failures[src.keys[1]].message and "got str" in failures[src.keys[4]].message
+    assert "1-D uint8 array" in failures[src.keys[9]].message and "contiguous" in failures[src.keys[14]].message
+    assert "KeyError" in failures[src.keys[20]].message
+    ld = gpupipe.Loader(src, batch_size=5, crop=crops.CenterCrop(16), shuffle=False, num_threads=1,
+                        on_error="raise")
+    it = iter(ld)
+    with pytest.raises(OSError, match=str(src.keys[1])):  # the first batch holds index 1 (READ: OSError)
+        next(it)
+    ds = DecodeCropDataset(src, crops.CenterCrop(16), on_error="skip")
+    skipped = ds[4]
+    assert isinstance(skipped, SkippedSample) and skipped.key == src.keys[4] and "got str" in skipped.failure.message
+    assert ds[5][1] == 5
+
+
+def test_a_streamed_sample_without_bytes_fails_alone(files):
+    """A stream source (epoch_samples) whose sample carries no bytes: that sample fails, READ."""
+
+    class Stream:
+        def epoch_samples(self, *, epoch, seed, shuffle, rank, world_size, drop_last, start=0):
+            for i, key in enumerate(files.keys[start:12], start):
+                data = None if i == 3 else open(key, "rb").read()
+                yield sources.Sample(i, str(key), i, data)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ld = gpupipe.Loader(Stream(), batch_size=4, crop=crops.CenterCrop(16), num_threads=1)
+        labels = [int(v) for _, y in ld for v in y]
+    assert labels == [i for i in range(12) if i != 3]
+    (failure,) = ld.stats()["skipped"]
+    assert failure.key == str(files.keys[3]) and failure.kind == gpupipe.ErrorKind.READ
+
+
+def test_a_read_that_hangs_fails_its_sample_after_the_timeout(files):
+    """A read that does not return within read_timeout fails its sample (the timeout named); the
+    batch and the epoch go on, the stuck thread's place taken; the thread stops once the read
+    returns."""
+    release = threading.Event()
+    src = Custom(files, {2: "hang", 13: "hang"}, release)
+    before = threading.active_count()
+    try:
+        ld = gpupipe.Loader(src, batch_size=6, crop=crops.CenterCrop(16), shuffle=False, num_threads=1,
+                            read_timeout=0.3, io_threads=2, lookahead=False)
+        start = time.monotonic()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            labels = [int(v) for _, y in ld for v in y]
+        assert time.monotonic() - start < 20
+        assert labels == [i for i in range(len(src)) if i not in (2, 13)]
+        failures = ld.stats()["skipped"]
+        assert [f.key for f in failures] == [src.keys[2], src.keys[13]]
+        assert all(f.kind == gpupipe.ErrorKind.READ and "0.3 s timeout" in f.message for f in failures)
+    finally:
+        release.set()
+    deadline = time.monotonic() + 10
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() <= before
+
+
+def test_a_read_that_never_returns_does_not_hold_the_process_at_exit(files, tmp_path):
+    """The read pool's threads are daemons: a process whose read hangs forever still exits."""
+    script = tmp_path / "hang.py"
+    script.write_text(f"""
+import threading, warnings
+import gpupipe
+from gpupipe import crops, sources
+base = sources.ImageFolder({str(files.root)!r})
+class Hangs(sources.MapSource):
+    keys, labels = base.keys, base.labels
+    def read(self, i):
+        if i == 1:
+            threading.Event().wait()
+        return open(self.keys[i], "rb").read()
+warnings.simplefilter("ignore")
+ld = gpupipe.Loader(Hangs(), batch_size=4, crop=crops.CenterCrop(16), num_threads=1, read_timeout=0.3, shuffle=False)
+print(sum(len(y) for _, y in ld))
+""")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(len(files) - 1) and done.stderr == ""
+
+
+def test_read_pool_bounds_the_reads_left_running(monkeypatch):
+    """Past MAX_STUCK reads left running, reads fail at once, naming how many; once they return,
+    their threads serve again; shutting down fails the reads not started."""
+    monkeypatch.setattr(_read_pool, "MAX_STUCK", 2)
+    release = threading.Event()
+    pool = _read_pool.ReadPool(2, 0.2)
+    try:
+        got = pool.map(lambda x: release.wait() if x < 3 else x, [0, 1, 2, 3, 4])
+        assert [type(r) for r in got[:3]] == [TimeoutError] * 3  # 0 and 1 timed out; 2 was refused
+        assert "0.2 s timeout" in str(got[0]) and "2 reads of this source are still running" in str(got[2])
+        assert all(isinstance(r, TimeoutError) for r in got[3:])  # refused too: 2 are stuck
+        assert pool.stuck == 2
+        assert all("still running" in str(r) for r in pool.map(lambda x: x, [5, 6]))
+        release.set()
+        deadline = time.monotonic() + 10
+        while pool.stuck and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert pool.stuck == 0 and pool.map(lambda x: x * 2, [1, 2, 3]) == [2, 4, 6]
+        assert isinstance(pool.map(lambda x: 1 / x, [0])[0], ZeroDivisionError)
+    finally:
+        release.set()
+        pool.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        pool.map(lambda x: x, [1])
+    unlimited = _read_pool.ReadPool(1, None)
+    assert unlimited.map(lambda x: x + 1, range(5)) == [1, 2, 3, 4, 5]
+    unlimited.shutdown()
+
+
+def test_read_timeout_is_checked(files):
+    for bad in (0, -1, float("inf"), float("nan"), "5", True):
+        with pytest.raises(ValueError, match="read_timeout"):
+            gpupipe.Loader(files, batch_size=2, crop=crops.CenterCrop(8), read_timeout=bad)
+    assert gpupipe.Loader(files, batch_size=2, crop=crops.CenterCrop(8), read_timeout=None).read_timeout is None
+
+
+Pair = collections.namedtuple("Pair", "a b")
+
+
+def test_parameter_rows_are_cut_in_every_container():
+    """A failed sample's rows leave every per-sample parameter: tensors and numpy arrays of leading
+    dimension n, in dicts, lists, tuples and named tuples; batch-level values are kept whole."""
+    keep = torch.tensor([0, 2, 3])
+    params = {"t": torch.arange(4), "a": np.arange(8).reshape(4, 2), "l": [torch.arange(4) * 2, np.arange(4) + 1],
+              "p": Pair(np.arange(4.0), "level"), "scalar": 0.5, "mean": np.zeros(3), "n": torch.tensor(4),
+              "nested": ({"x": torch.arange(4)},)}
+    rows = loader_module._rows(params, keep, 4)
+    assert torch.equal(rows["t"], torch.tensor([0, 2, 3])) and rows["a"].tolist() == [[0, 1], [4, 5], [6, 7]]
+    assert type(rows["l"]) is list and torch.equal(rows["l"][0], torch.tensor([0, 4, 6]))
+    assert rows["l"][1].tolist() == [1, 3, 4]
+    assert type(rows["p"]) is Pair and rows["p"].a.tolist() == [0.0, 2.0, 3.0] and rows["p"].b == "level"
+    assert rows["scalar"] == 0.5 and rows["mean"].shape == (3,) and int(rows["n"]) == 3
+    assert torch.equal(rows["nested"][0]["x"], torch.tensor([0, 2, 3]))
+
+
+class NumpyKeyed(torch.nn.Module):
+    """A keyed module whose parameters are numpy arrays (and a tuple of tensors): each sample's value
+    is its index, so what a delivered image got says whose parameters it was given."""
+
+    samples_independent = True
+
+    def sample_params(self, n, *, seed=None, epoch=None, indices=None):
+        idx = np.asarray(indices, dtype=np.int64)
+        return {"index": idx.copy(), "pair": (torch.from_numpy(idx.copy()), torch.from_numpy(idx * 2))}
+
+    def forward(self, x, params=None):
+        assert params["index"].shape == (x.shape[0],) and torch.equal(params["pair"][1], params["pair"][0] * 2)
+        out = torch.zeros(x.shape[0], 1)
+        out[:, 0] = torch.from_numpy(params["index"]).float()
+        return out
+
+
+@pytest.mark.parametrize("chunk_images", [0, 256])
+def test_a_keyed_augment_with_numpy_parameters_gets_each_samples_own(files, monkeypatch, chunk_images):
+    """on_error="skip" with a failed sample: every delivered sample gets the parameters drawn for its
+    own index, with the chunk finished whole or batch by batch."""
+    monkeypatch.setattr(loader_module, "CHUNK_IMAGES", chunk_images)
+    src = Custom(files, {3: None, 10: None})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ld = gpupipe.Loader(src, batch_size=4, crop=crops.CenterCrop(16), num_threads=1, augment=NumpyKeyed(),
+                            on_error="skip", seed=3)
+        for out, labels in ld:
+            assert out[:, 0].long().tolist() == labels.tolist()
+
+
+def test_a_sources_labels_are_delivered_as_int64_or_refused(files):
+    """A map-style source's labels as a list, a tensor or int32 come out int64; labels that are not
+    integers, or not one per key, are refused when the Loader is made, named."""
+    src = Custom(files, {})
+    for labels in (list(range(len(src))), torch.arange(len(src), dtype=torch.int32), np.arange(len(src), dtype=np.int32)):
+        src.labels = labels
+        ld = gpupipe.Loader(src, batch_size=8, crop=crops.CenterCrop(8), shuffle=False, num_threads=1)
+        got = [y for _, y in ld]
+        assert all(y.dtype == torch.int64 for y in got) and torch.cat(got).tolist() == list(range(len(src)))
+    for labels, error, match in ((np.arange(len(src)) + 0.5, TypeError, "integers"),
+                                 (np.zeros(len(src), bool), TypeError, "integers"),
+                                 (np.arange(3), ValueError, "one label per key")):
+        src.labels = labels
+        with pytest.raises(error, match=match):
+            gpupipe.Loader(src, batch_size=8, crop=crops.CenterCrop(8))
