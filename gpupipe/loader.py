@@ -527,6 +527,8 @@ class Loader:
         self._rings: list = []  # host buffers, passed from epoch to epoch (two: an epoch and the one ahead)
         self._recycled: Optional[_Recycled] = None
         self._arenas: Optional[Arenas] = None  # read buffers, kept across epochs
+        self._reads: Optional[ReadPool] = None  # the threads calling a source's own read, across epochs
+        self._reads_lock = threading.Lock()
         self._engines: Optional[dict] = None  # hybrid: the GPU engines, made at the first epoch
         self._workers: Optional[hybrid.Workers] = None  # hybrid: a thread and stream per engine, shared by epochs
         self._workers_finalizer: Optional[weakref.finalize] = None
@@ -564,6 +566,15 @@ class Loader:
             # the batches read and not yet decoded: three queues of `prefetch`, the stages', an epoch closing
             self._arenas = Arenas(keep=3 * self.prefetch + 5)
         return self._arenas
+
+    def _read_pool(self) -> ReadPool:
+        """The threads calling the source's own ``read``: one pool for the Loader's epochs, so that
+        reads left running past the timeout are bounded for its life; shut down with the Loader."""
+        with self._reads_lock:
+            if self._reads is None:
+                self._reads = ReadPool(self.io_threads, self.read_timeout)
+                weakref.finalize(self, self._reads.shutdown)
+            return self._reads
 
     def _host_batches(self, shape: tuple) -> _Recycled:
         if self._recycled is None or self._recycled.shape != shape:
@@ -875,7 +886,8 @@ class _Epoch:
             self.adopted.set()
         self.native_reads = isinstance(loader.source, MapSource) and loader.source.reads_files()
         # a source's own read() runs on a Python thread pool; files are read natively (read_many)
-        self.reader = None if self.native_reads else ReadPool(loader.io_threads, loader.read_timeout)
+        self.reader = None if self.native_reads else loader._read_pool()
+        self.reads_cancelled = threading.Event()  # set at close: a read stage waiting on reads returns
         # the batches' bytes in reused buffers, one per batch in flight (queues of `prefetch`, the stages)
         self.arenas = loader._read_arenas() if self.native_reads else None
         h, w = loader.crop.size
@@ -927,12 +939,11 @@ class _Epoch:
             self._release_workers()
             if self.ring is not None:
                 self.ring.retired = True
-            if self.reader is not None:
-                self.reader.shutdown()
             raise
 
     def close(self) -> None:
         self.closing = True
+        self.reads_cancelled.set()  # (a read stage waiting on its source's reads then stops)
         self.adopted.set()  # (a finish stage waiting for it then stops)
         self.engine.close()
         self._release_workers()
@@ -946,8 +957,6 @@ class _Epoch:
             workers.release()
         if self.ring is not None and not self.engine.alive:  # nothing of this epoch writes a slot any more
             self.ring.retired = True
-        if self.reader is not None:
-            self.reader.shutdown()
 
     # --- the stages -------------------------------------------------------------------------------
 
@@ -1001,7 +1010,8 @@ class _Epoch:
             batch.read_errors = {k: f"read error: {type(e).__name__}: {e}" for k, e in failed.items()}
             return batch
         else:  # the source's own read, on the read pool: what raises, hangs or gives no bytes fails alone
-            got = [read_result(d) for d in self.reader.map(source.read, batch.indices.tolist())]
+            reads = self.reader.map(source.read, batch.indices.tolist(), self.reads_cancelled)
+            got = [read_result(d) for d in reads]
         batch.datas = [d for d, _ in got]
         batch.read_errors = {k: e for k, (_, e) in enumerate(got) if e is not None}
         return batch

@@ -201,16 +201,11 @@ def _file_path(key) -> bytes:
 
 def labels_of(source: "MapSource") -> np.ndarray:
     """A map-style source's ``labels`` as the Loader delivers them: int64, one per key (a list, an
-    array or a CPU tensor of integers); TypeError / ValueError naming what is wrong otherwise."""
+    array or a CPU tensor of integers, as :class:`FileList` takes them: :func:`labels_array`);
+    ValueError naming what is wrong otherwise."""
     labels = source.labels
-    if type(labels) is not np.ndarray or labels.dtype != np.int64:
-        labels = np.asarray(labels)
-        if labels.dtype == np.bool_ or not np.issubdtype(labels.dtype, np.integer):
-            raise TypeError(f"{type(source).__name__}.labels must be integers (the Loader delivers int64 labels), "
-                            f"got {labels.dtype}")
-        if labels.dtype == np.uint64 and labels.size and labels.max() > np.iinfo(np.int64).max:
-            raise ValueError(f"{type(source).__name__}.labels hold values past int64")
-        labels = labels.astype(np.int64)
+    if not (type(labels) is np.ndarray and labels.dtype == np.int64):
+        labels = labels_array(labels, source.keys)
     if labels.shape != (len(source),):
         raise ValueError(f"{type(source).__name__}.labels must hold one label per key ({len(source)}), got shape "
                          f"{labels.shape}")
@@ -230,6 +225,8 @@ def read_result(value: Any) -> tuple[Any, Optional[str]]:
         return as_buffer(value, "the read's result"), None
     except (TypeError, ValueError) as e:
         return b"", f"read error: {e}"
+    except Exception as e:  # (a tensor that cannot be made contiguous bytes: sparse, on a device, ...)
+        return b"", f"read error: the read's result could not be taken as bytes: {type(e).__name__}: {e}"
 
 
 def call_or_error(fn, *args):

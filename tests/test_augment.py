@@ -383,9 +383,9 @@ def test_drawn_params_pack_from_their_blocks_in_one_call(monkeypatch):
 
 
 def test_drawn_params_changed_in_place_replaced_or_repointed():
-    """Values changed in place are packed from the blocks (they are the tensors' memory) and checked
-    there; an entry replaced, or a tensor re-pointed with set_, takes the general path and its
-    checks; copies are plain dicts."""
+    """A tensor changed in place (values or metadata), replaced or re-pointed takes the general
+    path and its checks, with the results of a plain dict of the same tensors; copies are plain
+    dicts."""
     import copy
     import pickle
 
@@ -395,7 +395,7 @@ def test_drawn_params_changed_in_place_replaced_or_repointed():
     p["angle"] += 10.0
     p["order"][0] = torch.tensor([3, 2, 1, 0])
     p["hflip"][:] = True
-    assert p.intact_blocks() is not None
+    assert p.intact_blocks() is None
     assert torch.equal(aug.pack_params(p, 16, 20), _general_rows(aug, p, 16, 20))
     assert torch.equal(aug(x, params=p), aug(x, params=dict(p)))
     p["hue"][1] = 0.7
@@ -413,6 +413,20 @@ def test_drawn_params_changed_in_place_replaced_or_repointed():
     assert p.intact_blocks() is None
     with pytest.raises(ValueError, match=r"params\['brightness'\] must have shape \[4\]"):
         aug(x, params=p)
+    for change, error, match in ((lambda q: q["translate"].t_(), ValueError, r"params\['translate'\] must have shape"),
+                                 (lambda q: q["shear"].transpose_(0, 1), ValueError, r"params\['shear'\] must have shape"),
+                                 (lambda q: q["angle"].resize_(3), ValueError, r"params\['angle'\] must have shape"),
+                                 (lambda q: q["order"].unsqueeze_(0), ValueError, r"params\['order'\] must have shape"),
+                                 (lambda q: setattr(q["angle"], "data", q["angle"].view(torch.int64)), TypeError,
+                                  r"params\['angle'\] must be floating point")):
+        p = aug.sample_params(4, seed=2)
+        change(p)
+        assert p.intact_blocks() is None
+        with pytest.raises(error, match=match):
+            aug(x, params=p)
+    p = aug.sample_params(4, seed=2)
+    p["angle"].as_strided_((4,), (0,))  # the same memory, another view of it: what a plain dict gives
+    assert p.intact_blocks() is None and torch.equal(aug(x, params=p), aug(x, params=dict(p)))
     p = aug.sample_params(4, seed=2)
     for c in (copy.deepcopy(p), pickle.loads(pickle.dumps(p)), copy.copy(p), p.copy()):
         assert type(c) is dict and c.keys() == p.keys()

@@ -111,6 +111,8 @@ def test_a_read_that_hangs_fails_its_sample_after_the_timeout(files):
     """A read that does not return within read_timeout fails its sample (the timeout named); the
     batch and the epoch go on, the stuck thread's place taken; the thread stops once the read
     returns."""
+    import gc
+
     release = threading.Event()
     src = Custom(files, {2: "hang", 13: "hang"}, release)
     before = threading.active_count()
@@ -128,6 +130,8 @@ def test_a_read_that_hangs_fails_its_sample_after_the_timeout(files):
         assert all(f.kind == gpupipe.ErrorKind.READ and "0.3 s timeout" in f.message for f in failures)
     finally:
         release.set()
+    del ld  # its read pool (one a Loader, across epochs) shut down with it
+    gc.collect()
     deadline = time.monotonic() + 10
     while threading.active_count() > before and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -151,10 +155,17 @@ class Hangs(sources.MapSource):
 warnings.simplefilter("ignore")
 ld = gpupipe.Loader(Hangs(), batch_size=4, crop=crops.CenterCrop(16), num_threads=1, read_timeout=0.3, shuffle=False)
 print(sum(len(y) for _, y in ld))
+from gpupipe import loader
+loader.CHUNK_IMAGES = 0
+ld = gpupipe.Loader(Hangs(), batch_size=1, crop=crops.CenterCrop(16), num_threads=1, read_timeout=60, shuffle=False)
+it = iter(ld)
+next(it)  # the next batch's read hangs: the process ends with that read running
 """)
+    start = time.monotonic()
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(len(files) - 1) and done.stderr == ""
+    assert time.monotonic() - start < 25  # (not the 60 s timeout, not forever)
 
 
 def test_read_pool_bounds_the_reads_left_running(monkeypatch):
@@ -184,6 +195,77 @@ def test_read_pool_bounds_the_reads_left_running(monkeypatch):
     unlimited = _read_pool.ReadPool(1, None)
     assert unlimited.map(lambda x: x + 1, range(5)) == [1, 2, 3, 4, 5]
     unlimited.shutdown()
+
+
+def test_a_pool_shut_down_or_a_map_given_up_returns_at_once():
+    """A map waiting on a read that hangs returns at once when its caller gives up (an epoch
+    closed) or the pool shuts down; a map racing a shutdown never waits for reads no thread takes."""
+    release = threading.Event()
+    pool = _read_pool.ReadPool(2, 60.0)
+    cancel = threading.Event()
+    threading.Timer(0.2, cancel.set).start()
+    start = time.monotonic()
+    got = pool.map(lambda x: release.wait() if x == 0 else x, [0, 1, 2], cancel)
+    assert time.monotonic() - start < 5 and got[1:] == [1, 2] or all(isinstance(r, RuntimeError) for r in got[1:])
+    assert isinstance(got[0], RuntimeError) and "epoch was closed" in str(got[0])
+    threading.Timer(0.2, pool.shutdown).start()
+    start = time.monotonic()
+    got = pool.map(lambda x: release.wait(), [0, 1, 2, 3])
+    assert time.monotonic() - start < 5 and all("shut down" in str(r) for r in got)
+    release.set()
+    for k in range(200):  # shutdown racing map(): a result, a RuntimeError, never a wait
+        pool = _read_pool.ReadPool(1, 0.05)
+        racer = threading.Thread(target=pool.shutdown)
+        racer.start()
+        try:
+            got = pool.map(lambda x: x, list(range(k % 5 + 1)))
+            assert all(r == i or isinstance(r, RuntimeError) for i, r in enumerate(got))
+        except RuntimeError as e:
+            assert "shut down" in str(e)
+        racer.join()
+
+
+def test_reads_left_running_are_bounded_for_the_loaders_life(files, monkeypatch):
+    """One read pool a Loader: reads that hang in every epoch leave at most MAX_STUCK threads (plus
+    the serving ones), whatever the number of epochs."""
+    monkeypatch.setattr(_read_pool, "MAX_STUCK", 4)
+    release = threading.Event()
+    src = Custom(files, {i: "hang" for i in range(0, 24, 3)}, release)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ld = gpupipe.Loader(src, batch_size=6, crop=crops.CenterCrop(8), num_threads=1, io_threads=2,
+                                read_timeout=0.1)
+            delivered = sum(len(y) for _, y in ld)
+            failures = ld.stats()["skipped"]
+            assert 0 < delivered <= 16 and len(failures) == 24 - delivered
+            assert all("timeout" in f.message for f in failures)
+            for epoch in range(1, 4):  # the 4 reads still hang: every read is refused at once
+                ld.set_epoch(epoch)
+                with pytest.raises(ValueError, match="4 reads of this source are still running"):
+                    list(ld)
+                assert sum(t.name == "gpupipe-io" for t in threading.enumerate()) <= 4 + 2
+    finally:
+        release.set()
+
+
+def test_closing_an_epoch_whose_read_hangs_returns_at_once(files, monkeypatch):
+    """An iteration closed while its read stage waits on a read that hangs (a 60 s timeout) closes
+    at once, and the process exits at once."""
+    monkeypatch.setattr(loader_module, "CHUNK_IMAGES", 0)  # a batch a chunk: the second one's read hangs
+    release = threading.Event()
+    src = Custom(files, {i: "hang" for i in range(4, 24)}, release)
+    try:
+        ld = gpupipe.Loader(src, batch_size=4, crop=crops.CenterCrop(8), num_threads=1, shuffle=False,
+                            read_timeout=60.0, lookahead=False)
+        it = iter(ld)
+        assert next(it)[1].tolist() == [0, 1, 2, 3]
+        time.sleep(0.3)  # (the next batch's reads started)
+        start = time.monotonic()
+        it.close()
+        assert time.monotonic() - start < 3
+    finally:
+        release.set()
 
 
 def test_read_timeout_is_checked(files):
@@ -244,17 +326,20 @@ def test_a_keyed_augment_with_numpy_parameters_gets_each_samples_own(files, monk
 
 
 def test_a_sources_labels_are_delivered_as_int64_or_refused(files):
-    """A map-style source's labels as a list, a tensor or int32 come out int64; labels that are not
-    integers, or not one per key, are refused when the Loader is made, named."""
+    """A map-style source's labels as a list, a tensor or int32 come out int64 (as FileList takes
+    them); labels that are not integers, or not one per key, are refused when the Loader is made,
+    named; an empty source's [] is no label at all."""
     src = Custom(files, {})
     for labels in (list(range(len(src))), torch.arange(len(src), dtype=torch.int32), np.arange(len(src), dtype=np.int32)):
         src.labels = labels
         ld = gpupipe.Loader(src, batch_size=8, crop=crops.CenterCrop(8), shuffle=False, num_threads=1)
         got = [y for _, y in ld]
         assert all(y.dtype == torch.int64 for y in got) and torch.cat(got).tolist() == list(range(len(src)))
-    for labels, error, match in ((np.arange(len(src)) + 0.5, TypeError, "integers"),
-                                 (np.zeros(len(src), bool), TypeError, "integers"),
+    for labels, error, match in ((np.arange(len(src)) + 0.5, ValueError, "label 0.5 of .* is not an int64 integer"),
+                                 (["a"] * len(src), ValueError, "not an int64 integer"),
                                  (np.arange(3), ValueError, "one label per key")):
         src.labels = labels
         with pytest.raises(error, match=match):
             gpupipe.Loader(src, batch_size=8, crop=crops.CenterCrop(8))
+    src.keys, src.labels = [], []
+    assert list(gpupipe.Loader(src, batch_size=8, crop=crops.CenterCrop(8))) == []

@@ -111,25 +111,32 @@ def _pack(params: list, height: int, width: int) -> torch.Tensor:
     return torch.from_numpy(_C.pack_augment_params(*_as_numpy(params), height, width))
 
 
+_VERSION, _DTYPE = operator.attrgetter("_version"), operator.attrgetter("dtype")
+
+
 class DrawnParams(dict):
     """:meth:`BatchAugment.sample_params`' dict in eager mode: each tensor a view of one of three
-    native blocks (floats, flags, order), which the packing reads in one call as long as the dict
-    holds those very tensors (values changed in place are read there; an entry replaced, or a
-    tensor re-pointed with ``set_``, takes the general path, which checks shapes and dtypes)."""
+    native blocks (floats, flags, order), which the packing reads in one call while the dict holds
+    those very tensors, untouched. A tensor changed in place (its values, or its shape, strides or
+    storage: any in-place op counts, as torch's version counter does) or replaced takes the
+    general path, which checks every key's shape, dtype and values; copies are plain dicts."""
 
-    __slots__ = ("blocks", "tensors", "pointers")
+    __slots__ = ("blocks", "tensors", "versions", "pointers", "dtypes")
 
     def __init__(self, arrays: tuple):
         tensors = tuple(map(torch.from_numpy, arrays))
         super().__init__(zip(PARAM_KEYS, tensors))
         self.blocks = (arrays[2].base, arrays[0].base, arrays[10])  # (see _C.augment_params_from_uniforms)
         self.tensors = tensors
-        self.pointers = [t.data_ptr() for t in tensors]
+        self.versions = list(map(_VERSION, tensors))
+        self.pointers = list(map(torch.Tensor.data_ptr, tensors))  # (``.data =`` keeps the version)
+        self.dtypes = list(map(_DTYPE, tensors))
 
     def intact_blocks(self) -> Optional[tuple]:
-        """The blocks, when every key still holds its drawn tensor where it was drawn; else None."""
-        if (all(map(operator.is_, map(self.get, PARAM_KEYS), self.tensors))
-                and list(map(torch.Tensor.data_ptr, self.tensors)) == self.pointers):
+        """The blocks, when every key still holds its drawn tensor as drawn; else None."""
+        ts = self.tensors
+        if (all(map(operator.is_, map(self.get, PARAM_KEYS), ts)) and list(map(_VERSION, ts)) == self.versions
+                and list(map(torch.Tensor.data_ptr, ts)) == self.pointers and list(map(_DTYPE, ts)) == self.dtypes):
             return self.blocks
         return None
 
