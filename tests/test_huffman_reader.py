@@ -285,3 +285,53 @@ def test_markers_libjpegs_fast_decoder_meets_decode_as_libjpeg_alone():
             with reader(False):
                 ref = gpupipe.decode_crop_jpeg(data, t, l, bh, bw)
             np.testing.assert_array_equal(got.numpy(), ref.numpy(), err_msg=name)
+
+
+def _fill_before_stuffing_cases():
+    """Small files (all of their scan past libjpeg's fast decoder's reach) with FF fill bytes planted
+    before a stuffed FF 00, anywhere in the scan (FF FF 00, FF FF FF FF 00: libjpeg's careful reader
+    takes the run as one FF data byte), clean and with a byte hurt after it (so that the reader hands
+    an MCU back once more while libjpeg's buffer spans the run)."""
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(41)
+    for k, (h, w, mode, subsampling) in enumerate(((48, 160, "L", 0), (40, 96, "RGB", 2), (32, 64, "RGB", 0),
+                                                   (24, 40, "L", 0))):
+        noise = np.random.default_rng(18 + k).integers(0, 256, (h, w) if mode == "L" else (h, w, 3), dtype=np.uint8)
+        out = io.BytesIO()
+        Image.fromarray(noise, mode).save(out, "JPEG", quality=90, subsampling=subsampling)
+        data = out.getvalue()
+        sos = data.index(b"\xff\xda")
+        stuffed = [i for i in range(sos + 12, len(data) - 2) if data[i] == 0xFF and data[i + 1] == 0]
+        # every one in the scan's last 100 bytes (where the reader hands the data's end to libjpeg), a few before
+        for p in sorted(set(stuffed[::max(1, len(stuffed) // 6)] + [i for i in stuffed if i > len(data) - 100])):
+            for fill in (b"\xff", b"\xff\xff\xff"):
+                planted = data[:p] + fill + data[p:]
+                yield f"{k}-{mode}-fill{len(fill)}-at-{p}", planted
+                hurt = bytearray(planted)
+                at = min(len(hurt) - 3, p + len(fill) + 2 + int(rng.integers(0, 40)))
+                hurt[at] ^= 0x5A
+                yield f"{k}-{mode}-fill{len(fill)}-at-{p}-hurt-{at}", bytes(hurt)
+
+
+def test_fill_bytes_before_a_stuffed_byte_decode_as_libjpeg_alone():
+    """An FF ... FF 00 run is one data byte wherever the reader and libjpeg hand the scan to each
+    other: the reader's positions (next_unread, store_state, the first MCU's check) count the whole
+    run (an audit found other pixels, without a warning, near the end of a clean file: the reader
+    counted each fill byte as data when it handed an MCU back after taking over from libjpeg past
+    the run). Pixels and warnings equal libjpeg's alone, with the entropy index learning and used."""
+    before = _C._huffman_reader_stats()
+    cases = 0
+    for name, data in _fill_before_stuffing_cases():
+        h, w = gpupipe.read_header(data)[:2]
+        for box in ((0, 0, h, w), (h // 3, w // 4, h - h // 3, w // 2), (h - 5, 0, 5, w)):
+            want = _decode_as(False, data, box)
+            for _ in range(2):  # learning the file's rows, then using them
+                got = _decode_as(True, data, box)
+                assert type(got[0]) is type(want[0]) and np.array_equal(got[0], want[0]), (name, box)
+                assert got[1] == want[1], (name, box)
+            cases += 1
+    d = delta(before)
+    assert cases > 150 and d["handed_back"] > 0 and d["rejected"] == 0, (cases, d)

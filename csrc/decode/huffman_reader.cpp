@@ -297,15 +297,30 @@ bool fast_decoder_may_meet_a_marker(const uint8_t* data, size_t size, int blocks
   return true;
 }
 
+// A data byte FF is coded FF 00, and libjpeg's careful reader (jpeg_fill_bit_buffer) takes any run
+// FF FF ... FF 00 (fill bytes before the stuffed byte) as that one byte too. The reader's own fill()
+// stops before FF FF, but libjpeg's buffer may hold bits read past such a run when the reader takes
+// over from it (load_state), so positions are counted over whole runs.
+
+// The first byte after the data byte at q: past a run FF ... FF 00 when q is an FF, else q + 1.
+const uint8_t* after_data_byte(const uint8_t* q, const uint8_t* end) {
+  if (q[0] != 0xFF) return q + 1;
+  const uint8_t* r = q + 1;
+  while (r < end && *r == 0xFF) ++r;
+  return r < end && *r == 0 ? r + 1 : q + 1;
+}
+
 // The byte holding the reader's next unread bit (`*byte`) and its bits read before it (`*consumed`,
-// 0..7): back from r.p over the bytes the buffer holds (a stuffed FF 00 is one byte of data; a 00
-// after an FF is always its stuffing). False when the buffer holds bits from before `start`.
+// 0..7): back from r.p over the bytes the buffer holds (an FF ... FF 00 run is one byte of data: a 00
+// after an FF is always its stuffing, and the FFs before it its fill). False when the buffer holds
+// bits from before `start`.
 bool next_unread(const HuffmanReader::Reader& r, const uint8_t* start, const uint8_t** byte, int* consumed) {
   const uint8_t* q = r.p;
   int bits = r.nbits;
   while (bits > 0 && q > start) {
     --q;
-    if (*q == 0 && q > start && q[-1] == 0xFF) --q;
+    if (*q == 0 && q > start && q[-1] == 0xFF)
+      while (q > start && q[-1] == 0xFF) --q;
     bits -= 8;
   }
   *byte = q;
@@ -314,11 +329,10 @@ bool next_unread(const HuffmanReader::Reader& r, const uint8_t* start, const uin
 }
 
 // The bits libjpeg's reader has consumed from `start` when its next byte is `p` with `nbits`
-// buffered (a stuffed FF 00 is one byte of data).
+// buffered (an FF ... FF 00 run is one byte of data).
 int64_t consumed_bits(const uint8_t* start, const uint8_t* p, int nbits) {
   int64_t bytes = 0;
-  for (const uint8_t* q = start; q < p; ++q, ++bytes)
-    if (q[0] == 0xFF && q + 1 < p && q[1] == 0) ++q;
+  for (const uint8_t* q = start; q < p; q = after_data_byte(q, p)) ++bytes;
   return 8 * bytes - nbits;
 }
 
@@ -561,7 +575,7 @@ void HuffmanReader::store_state(j_decompress_ptr cinfo) {
   }
   const int unread = consumed == 0 ? 0 : 8 - consumed;  // byte q's bits still to read, in libjpeg's buffer
   const uint8_t* next = q;
-  if (unread > 0) next = q + (q[0] == 0xFF ? 2 : 1);
+  if (unread > 0) next = after_data_byte(q, r_.end);
   e->bitstate.get_buffer = unread > 0 ? static_cast<size_t>(q[0] & ((1u << unread) - 1)) : 0;
   e->bitstate.bits_left = unread;
   cinfo->src->next_input_byte = next;
