@@ -535,6 +535,9 @@ class Loader:
         self._shares: dict = {}  # hybrid: {epoch: Shares} of every epoch started
         self._splits: dict = {}  # hybrid: {epoch: hybrid.SPLIT when it started}: an epoch run again keeps it
         self._next_shares: Optional[hybrid.Shares] = None  # hybrid: re-tuned after a complete epoch
+        # hybrid: the measurements of engines given too few samples to re-tune on (hybrid.MIN_MEASURED),
+        # added to the next complete epoch's, so that an engine at the smallest share stays measured
+        self._unmeasured: dict = {}
         self._ahead: Optional[_Ahead] = None  # the next epoch, started while this one drains (lookahead)
         self._iterated: tuple = (None, None)  # the epochs of the last two iterations (which one comes next)
 
@@ -624,17 +627,27 @@ class Loader:
         return shares
 
     def _retune(self, st: "_Stats") -> None:
-        """After a complete epoch: the next epoch's shares from that epoch's engine rates."""
+        """After a complete epoch: the next epoch's shares from that epoch's engine rates (and the
+        earlier epochs' of an engine given too few samples to be measured on one)."""
         if self.decode_shares is None:
-            self._next_shares = self._retuned(st)
+            measured = self._measured(st)
+            self._next_shares = st.shares.retuned(measured, ["cpu", *self._gpu_engines()], self._decode_threads())
+            self._unmeasured = {e: m for e, m in measured.items() if m[1] < hybrid.MIN_MEASURED}
 
     def _retuned(self, st: "_Stats") -> "hybrid.Shares":
         """Shares from the engine rates of the batches ``st`` collected (the epoch's own: the next
         epoch's first batches may be decoding already, lookahead)."""
+        return st.shares.retuned(self._measured(st), ["cpu", *self._gpu_engines()], self._decode_threads())
+
+    def _measured(self, st: "_Stats") -> dict:
+        """``{engine: (decoded, given, seconds)}`` of the batches ``st`` collected, with what earlier
+        epochs left unmeasured added."""
         with st.lock:
             measured = {e: tuple(v) for e, v in st.collected_engines.items()}
             measured["cpu"] = (st.collected_cpu[0], st.collected_cpu[0], st.collected_cpu[1])
-        return st.shares.retuned(measured, ["cpu", *self._gpu_engines()], self._decode_threads())
+        for e, before in self._unmeasured.items():
+            measured[e] = tuple(a + b for a, b in zip(measured.get(e, (0, 0, 0.0)), before))
+        return measured
 
     # --- lookahead: the next epoch started while this one drains ------------------------------------
 
@@ -778,6 +791,8 @@ class Loader:
                                  "{'epochs': {...}, 'next': ...}")
             history = {}
             for e, v in shares["epochs"].items():
+                if isinstance(e, str) and e.isdecimal() and e.isascii():  # a state stored as JSON: keys are text
+                    e = int(e)
                 if not _same_kind(e, 0) or e < 0:
                     raise ValueError(f"the Loader state's decode_shares has an epoch {e!r}")
                 history[int(e)] = hybrid.Shares.from_dict(v)
@@ -790,7 +805,7 @@ class Loader:
                 raise ValueError(f"the Loader state's hybrid_split={split!r} is not 'keyed' or 'ranked'") from None
         self._drop_ahead()  # every check is passed: this state is taken
         if "decode_shares" in mine:
-            self._shares, self._next_shares = history, after
+            self._shares, self._next_shares, self._unmeasured = history, after, {}
         if "hybrid_split" in mine:
             self._splits = {epoch: split}  # the resumed epoch routes as it did; later ones follow hybrid.SPLIT
         self.epoch = epoch

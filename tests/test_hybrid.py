@@ -136,6 +136,18 @@ def test_retuned_shares_make_the_engines_finish_together():
     assert u.cpu == pytest.approx(0.5) and u.cuda == pytest.approx(0.5) and u.hardware == 0
 
 
+@pytest.mark.parametrize("rates", [{"cpu": float("nan"), "hardware": 5000.0}, {"cpu": 1000.0, "hardware": float("inf")},
+                                   {"cpu": float("inf"), "hardware": float("inf")}, {"cpu": 1e308, "hardware": 1e308},
+                                   {"cpu": -5.0, "hardware": float("-inf")}, {"cpu": float("nan"), "hardware": float("nan")}])
+def test_shares_from_rates_that_are_not_finite_are_valid_shares(rates):
+    """A rate NaN or negative counts as unmeasured (0); infinite ones share the batch; huge ones do not overflow."""
+    s = hybrid.Shares.from_rates(rates, ["cpu", "hardware", "cuda"])
+    assert hybrid.Shares.from_dict(s.as_dict()) == s and sum(s.as_dict().values()) == pytest.approx(1)
+    assert min(s.cpu, s.hardware) >= 0.02 - 1e-12 and s.cuda == 0
+    t = s.retuned({"cpu": (float("nan"), 300, 8.0), "hardware": (300, 300, 1e-320)}, ["cpu", "hardware", "cuda"], 4)
+    assert hybrid.Shares.from_dict(t.as_dict()) == t
+
+
 @pytest.mark.parametrize("bad", [None, {"cpu": 1}, {"cpu": 0.5, "hardware": 0.5, "cuda": 0.5},
                                  {"cpu": True, "hardware": 0, "cuda": 0}, {"cpu": "1", "hardware": 0, "cuda": 0},
                                  {"cpu": -0.5, "hardware": 1.5, "cuda": 0}])
@@ -1006,6 +1018,46 @@ def test_a_device_error_fails_the_loader_clearly_and_every_thread_stops(tmp_path
         time.sleep(0.02)
 
 
+def test_a_state_stored_as_json_resumes_with_its_shares(tmp_path, host_engines):
+    import json
+
+    make_image_folder(tmp_path, per_class=4)
+    ld = loader(tmp_path, lookahead=False)
+    for epoch in range(2):
+        ld.set_epoch(epoch)
+        list(ld)
+    state = ld.state_dict()
+    fresh = loader(tmp_path)
+    fresh.load_state_dict(json.loads(json.dumps(state)))  # JSON's keys are text: "0", "1"
+    assert fresh.state_dict() == state and fresh._shares == ld._shares
+    state["decode_shares"]["epochs"] = {"-1": state["decode_shares"]["epochs"][0]}
+    with pytest.raises(ValueError, match="an epoch '-1'"):
+        loader(tmp_path).load_state_dict(state)
+
+
+def test_an_engine_at_the_smallest_share_is_measured_over_epochs_and_gets_its_share_back(tmp_path, host_engines):
+    """An epoch gives an engine at the 2% floor fewer samples than a rate needs (hybrid.MIN_MEASURED):
+    its samples add up over epochs until they do, so a decoder that became fast is given work again."""
+    class Instant(HostEngine):  # pixels aside: a decoder far faster than the CPU pool
+        def decode(self, buffers, *a, **kw):
+            return {}
+
+    make_image_folder(tmp_path, per_class=30)  # 90 files: 2% is 0-4 samples an epoch
+    host_engines["hardware"].delay = 0.02  # slow: pushed to the floor after the first epoch
+    ld = loader(tmp_path, lookahead=False)
+    list(ld)
+    assert ld._next_shares.hardware == pytest.approx(0.02)
+    host_engines["hardware"] = Instant("hardware")
+    shares = []
+    for epoch in range(1, 40):
+        ld.set_epoch(epoch)
+        list(ld)
+        shares.append(ld.stats()["shares"]["hardware"])
+        if shares[-1] > 0.5:
+            break
+    assert shares[-1] > 0.5 and len(shares) < 20, shares
+
+
 def test_a_damaged_decode_shares_state_is_refused(tmp_path, host_engines):
     make_image_folder(tmp_path, per_class=4)
     ld = loader(tmp_path)
@@ -1119,6 +1171,80 @@ def test_an_engine_answering_nonsense_fails_its_batches_and_nothing_waits():
     with pytest.raises(RuntimeError, match="hardware decoder failed the batch .*NoneType"):
         hybrid.decode(datas, boxes, out, options(), infos, shares=hybrid.Shares(0.0, 1.0, 0.0), engines=eng)
     assert time.time() - t0 < 5
+
+
+def test_an_engine_declining_positions_outside_its_share_fails_the_batch_clearly():
+    datas, infos, boxes = batch(8)
+    for wrong in (-1, 8, 100):
+        class Stray(HostEngine):
+            def decode(self, buffers, *a, **kw):
+                super().decode(buffers, *a, **kw)
+                return {len(buffers) if wrong == 8 else wrong: "stray"}
+
+        eng = {"hardware": Stray("hardware"), "cuda": HostEngine("cuda")}
+        out = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
+        with pytest.raises(RuntimeError, match="hardware decoder failed the batch .*declined positions"):
+            hybrid.decode(datas, boxes, out, options(), infos, shares=hybrid.Shares(0.0, 1.0, 0.0), engines=eng)
+
+
+def test_an_engines_error_is_chained_and_out_of_memory_keeps_its_type():
+    datas, infos, boxes = batch(8)
+
+    class OutOfMemory(HostEngine):
+        def decode(self, *a, **kw):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    out = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
+    with pytest.raises(torch.OutOfMemoryError, match="hybrid backend's hardware decoder failed the batch .*2.00 GiB") as e:
+        hybrid.decode(datas, boxes, out, options(), infos, shares=hybrid.Shares(0.5, 0.5, 0.0),
+                      engines={"hardware": OutOfMemory("hardware"), "cuda": HostEngine("cuda")})
+    assert isinstance(e.value, RuntimeError) and isinstance(e.value.__cause__, torch.OutOfMemoryError)
+    with pytest.raises(RuntimeError, match="illegal memory") as e:
+        hybrid.decode(datas, boxes, out, options(), infos, shares=hybrid.Shares(0.5, 0.5, 0.0),
+                      engines=engines(hardware={"fail": True}))
+    assert type(e.value) is RuntimeError and "illegal memory" in str(e.value.__cause__)
+
+
+class WedgedEngine(HostEngine):
+    """A call that does not return until ``release`` is set (a wedged device or driver call)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.release = threading.Event()
+
+    def decode(self, *a, **kw):
+        self.release.wait(60)
+        return super().decode(*a, **kw)
+
+
+def test_a_wedged_engine_fails_its_batch_after_the_timeout_and_the_loader_stops(tmp_path, host_engines, monkeypatch):
+    monkeypatch.setattr(hybrid, "ENGINE_TIMEOUT", 0.5)
+    datas, infos, boxes = batch(8)
+    wedged = WedgedEngine("hardware")
+    out = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
+    t0 = time.time()
+    try:
+        with pytest.raises(RuntimeError, match=r"hardware decoder failed the batch \(TimeoutError: no answer within "
+                                               r"hybrid.ENGINE_TIMEOUT = 0.5 s") as e:
+            hybrid.decode(datas, boxes, out, options(), infos, shares=hybrid.Shares(0.5, 0.5, 0.0),
+                          engines={"hardware": wedged, "cuda": HostEngine("cuda")})
+        assert isinstance(e.value.__cause__, TimeoutError) and time.time() - t0 < 5
+    finally:
+        wedged.release.set()
+    # in the Loader: next() raises (it never waits for good), the iterator closes
+    make_image_folder(tmp_path, per_class=4)
+    wedged = WedgedEngine("hardware")
+    monkeypatch.setitem(host_engines, "hardware", wedged)
+    ld = loader(tmp_path, decode_shares={"cpu": 0.5, "hardware": 0.5, "cuda": 0.0}, lookahead=False)
+    t0 = time.time()
+    try:
+        with pytest.raises(RuntimeError, match="ENGINE_TIMEOUT"):
+            list(ld)
+        assert time.time() - t0 < 10
+    finally:
+        wedged.release.set()
+    host_engines["hardware"] = HostEngine("hardware")
+    assert len(list(ld)) == 2  # the engine answers again: the next iteration decodes
 
 
 def test_an_epoch_that_cannot_start_gives_its_gpu_workers_back(tmp_path, host_engines, monkeypatch):

@@ -24,6 +24,7 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
+import math
 import threading
 import time
 import weakref
@@ -83,6 +84,13 @@ SPLIT = "keyed"
 # about 3/4 of its rate alone (docs/gpu.md). Not yet measured on a GPU, hence 1.
 CALLS_IN_FLIGHT = {"hardware": 1, "cuda": 1}
 _MIN_SHARE = 0.02  # an engine that shares (sharing()) keeps a little work, so its rate stays measured
+MIN_MEASURED = 8  # samples an engine is given before its rate counts (Shares.retuned)
+# Seconds a batch's collect waits for a GPU engine's answer (its call, or an earlier call of that
+# engine timed before it) before it fails the batch: a wedged device or driver call fails its batch
+# with a TimeoutError naming the engine, not the Loader for good. A share's call takes well under a
+# second (the first, making the decoder and the CUDA context, a few); the wait counts from the
+# collect, after the engine's earlier queued shares.
+ENGINE_TIMEOUT = 120.0
 
 
 def _nvimgcodec():
@@ -134,7 +142,12 @@ class Shares:
         together; each engine that shares keeps at least a small share, so that it stays measured.
         Where the GPU has a hardware decoder the CUDA decoder gets no share (:func:`sharing`)."""
         available = sharing(available)
-        raw = {e: max(float(rates.get(e, 0.0)), 0.0) if e in available else 0.0 for e in ENGINES}
+        raw = {e: float(rates.get(e, 0.0)) if e in available else 0.0 for e in ENGINES}
+        raw = {e: v if v > 0 else 0.0 for e, v in raw.items()}  # (NaN and negatives: unmeasured, 0)
+        if any(v == math.inf for v in raw.values()):  # infinitely fast: those engines share the batch
+            raw = {e: 1.0 if v == math.inf else 0.0 for e, v in raw.items()}
+        top = max(raw.values())
+        raw = {e: v / top if top > 0 else v for e, v in raw.items()}  # (rates near 1e308 sum without overflow)
         total = sum(raw.values())
         if total <= 0:
             raw = {e: 1.0 if e in available else 0.0 for e in ENGINES}
@@ -175,13 +188,14 @@ class Shares:
         """The next epoch's shares from an epoch's measurements ``{engine: (decoded, given,
         seconds)}`` (the CPU's seconds are its pool's busy thread-seconds, divided here by
         ``cpu_threads``). A rate is what an engine decoded per second of its work, so an engine
-        that declines much is given less; one given fewer than 8 samples keeps its share."""
+        that declines much is given less; one given fewer than :data:`MIN_MEASURED` samples keeps its
+        share (the Loader adds its samples to the next epoch's until they are enough)."""
         rates = {}
         for e in sharing(available):
             decoded, given, seconds = measured.get(e, (0, 0, 0.0))
             if e == "cpu":
                 seconds = seconds / max(cpu_threads, 1)
-            rates[e] = decoded / seconds if given >= 8 and seconds > 0 else None
+            rates[e] = decoded / seconds if given >= MIN_MEASURED and seconds > 0 else None
         known = {e: r for e, r in rates.items() if r is not None}
         if not known:
             return self
@@ -532,7 +546,9 @@ class _BusyClock:
                 if not self._open:
                     return 0.0
                 first = self._open[0]
-            first.ended.wait()
+            if not first.ended.wait(ENGINE_TIMEOUT):
+                raise TimeoutError(f"an earlier call of this GPU decoder has not returned within "
+                                   f"hybrid.ENGINE_TIMEOUT = {ENGINE_TIMEOUT:g} s (a wedged device or driver call)")
             if first.end is not None and not isinstance(first.end, float):
                 first.end.synchronize()  # (a blocking event: sleeps) its times are known once it completed
             with self._lock:
@@ -574,7 +590,7 @@ def _run_engine(eng: Any, group: list, stream: Optional["torch.cuda.Stream"], bu
             done = _record(stream)
         if len(declines) != len(group):
             raise RuntimeError(f"{eng!r} answered {len(declines)} of the {len(group)} shares of one call")
-        runs = [{int(k): str(why) for k, why in declined.items()} for declined in declines]
+        runs = [_checked_declines(eng, declined, len(j.buffers)) for j, declined in zip(group, declines)]
     except BaseException as e:  # what was queued before the error may still write out: wait() orders after it
         if call is not None:
             call.ended.set()  # (it counts nothing: its start and end are None)
@@ -590,6 +606,16 @@ def _run_engine(eng: Any, group: list, stream: Optional["torch.cuda.Stream"], bu
     images = max(sum(len(j.buffers) for j in group), 1)
     for j, declined in zip(group, runs):
         j.future.set_result(_EngineRun(declined, call, done, len(j.buffers) / images))
+
+
+def _checked_declines(eng: Any, declined: Any, n: int) -> dict:
+    """An engine's answer for a share of ``n`` samples, ``{position: reason}``; RuntimeError (the
+    share's batch fails) for positions that are not the share's."""
+    runs = {int(k): str(why) for k, why in declined.items()}
+    wrong = [k for k in runs if not 0 <= k < n]
+    if wrong:
+        raise RuntimeError(f"{eng!r} declined positions {wrong[:8]} of a share of {n} samples")
+    return runs
 
 
 def _record(stream: Optional["torch.cuda.Stream"]):
@@ -733,20 +759,17 @@ def _collect(p: Pending) -> BatchStatus:
         kind, rows, future = p.gpu[k]
         k += 1
         try:
-            run = future.result()
+            run = _answer(future)
+            if run.done is not None:  # the caller's later work on out waits for the engine's stream
+                torch.cuda.current_stream(out.device).wait_event(run.done)
+                run.done.synchronize()  # this thread only (the Loader's collect stage): the seconds are known
+            seconds = p.workers.busy[kind].seconds(run.call) * run.fraction
         except BaseException as e:  # a device error: the batch fails once every engine has stopped
-            if isinstance(e, concurrent.futures.CancelledError):
-                e = RuntimeError("cancelled: the GPU engine's queue was closed (the epochs of the Loader that "
-                                 "started the batch ended, or the process is exiting)")
-            failure = failure or RuntimeError(f"the hybrid backend's {kind} decoder failed the batch ({brief(e, 300)})")
+            failure = failure or _engine_failure(kind, e)
             queued = getattr(e, "gpupipe_engine_done", None)
             if queued is not None:  # what it queued before failing still writes out: later work waits
                 torch.cuda.current_stream(out.device).wait_event(queued)
             continue
-        if run.done is not None:  # the caller's later work on out waits for the engine's stream
-            torch.cuda.current_stream(out.device).wait_event(run.done)
-            run.done.synchronize()  # this thread only (the Loader's collect stage): the seconds are known
-        seconds = p.workers.busy[kind].seconds(run.call) * run.fraction
         taken = np.ones(len(rows), bool)
         taken[list(run.declined)] = False
         status.route[rows[taken]] = ROUTES[kind]
@@ -771,6 +794,30 @@ def _collect(p: Pending) -> BatchStatus:
     if declined:  # what the GPU decoders handed back: the CPU core, now, with its exact result or error
         gpu_fallback.decode_on_cpu(status, declined, p.buffers, p.boxes, out, p.cpu_options, p.infos)
     return status
+
+
+def _answer(future: concurrent.futures.Future) -> _EngineRun:
+    """The engine's outcome for a share, waited for up to :data:`ENGINE_TIMEOUT` seconds."""
+    try:
+        return future.result(ENGINE_TIMEOUT)
+    except concurrent.futures.TimeoutError:
+        if future.done():  # the engine's own TimeoutError
+            raise
+    raise TimeoutError(f"no answer within hybrid.ENGINE_TIMEOUT = {ENGINE_TIMEOUT:g} s (a wedged device or driver "
+                       "call; its thread is left to it)")
+
+
+def _engine_failure(kind: str, e: BaseException) -> RuntimeError:
+    """The batch's error for engine ``kind``'s ``e``: a RuntimeError naming the engine, chained to
+    ``e``; a ``torch.OutOfMemoryError`` (a RuntimeError) for the device's out-of-memory, so that
+    ``except torch.OutOfMemoryError`` still catches it."""
+    if isinstance(e, concurrent.futures.CancelledError):
+        e = RuntimeError("cancelled: the GPU engine's queue was closed (the epochs of the Loader that "
+                         "started the batch ended, or the process is exiting)")
+    kind_of = torch.OutOfMemoryError if isinstance(e, torch.OutOfMemoryError) else RuntimeError
+    failure = kind_of(f"the hybrid backend's {kind} decoder failed the batch ({brief(e, 300)})")
+    failure.__cause__ = e
+    return failure
 
 
 def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions, infos: HeaderInfos, *,
