@@ -154,7 +154,10 @@ def policy_fill(fill: Union[None, float, Sequence[float]]) -> Optional[list]:
     numbers other than float64 are refused and a 1-entry sequence is accepted."""
     if fill is None:
         return None
-    values = [fill] if is_python_number(fill) else list(fill)
+    try:  # (a bool is not a number here, as everywhere in gpupipe's arguments)
+        values = [fill] if is_python_number(fill) else list(fill)
+    except TypeError:
+        values = []
     if len(values) not in (1, 3) or not all(is_python_number(v) for v in values):
         raise ValueError(f"fill must be None, a number or a sequence of 1 or 3 numbers, got {fill!r}")
     if not all(0 <= v <= 255 for v in values):

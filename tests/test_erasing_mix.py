@@ -365,3 +365,105 @@ def test_inplace_mix_writes_the_same_values_over_the_input(cls, layout):
             assert out.data_ptr() == y.data_ptr() and out.stride() == y.stride()
             assert torch.equal(out, ref) and torch.equal(soft, ref_labels), (shape, seed)
     assert "inplace=True" in repr(cls(alpha=1.0, num_classes=4, inplace=True))
+
+
+# --- found by the augmentation audit: compile, autograd, layouts, values --------------------------
+
+
+def test_random_noise_erasing_compiles_and_equals_eager(images):
+    """The keyed noise is an opaque op under torch.compile (numpy's uint64 hash cannot be traced)."""
+    erase = RandomErasing(p=0.9, value="random")
+    params = erase.sample_params(16, seed=4)
+    eager = erase(images, params=params)
+    assert torch.equal(torch.compile(erase, backend="eager")(images, params=params), eager)
+    drawing = torch.compile(RandomErasing(p=0.9, value="random", generator=5), backend="eager")
+    assert torch.equal(drawing(images), RandomErasing(p=0.9, value="random", generator=5)(images))
+
+
+@pytest.mark.parametrize("value", [0.5, "random"])
+def test_erasing_and_mixup_keep_autograd_as_torchvision(images, value):
+    erase = RandomErasing(p=1.0, value=value)
+    params = erase.sample_params(16, seed=1)
+    x = images.clone().requires_grad_()
+    erase(x, params=params).sum().backward()
+    erased, boxes = erase.boxes(params, 61, 87)
+    expected = torch.ones_like(images)
+    for i, (t, l, h, w) in enumerate(boxes.tolist()):
+        expected[i, :, t:t + h, l:l + w] = 0  # F.erase: no gradient flows from the erased pixels
+    assert bool(erased.any()) and torch.equal(x.grad, expected)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        RandomErasing(p=1.0, value=0.5, inplace=True)(images.clone().requires_grad_(), params=params)
+    with torch.no_grad():  # grad mode off: the kernel, the same values
+        assert torch.equal(erase(x, params=params), erase(images, params=params))
+    mix = MixUp(num_classes=4)
+    labels = torch.arange(16) % 4
+    p = mix.sample_params(16, seed=2)
+    y = images.clone().requires_grad_()
+    out, _ = mix(y, labels, params=p)
+    assert out.requires_grad and torch.equal(out.detach(), mix(images, labels, params=p)[0])
+    out.sum().backward()
+    assert torch.allclose(y.grad, torch.ones_like(images))  # lam + (1 - lam), each sample's weight twice
+
+
+def test_inplace_erasing_refuses_a_batch_whose_samples_share_memory(images):
+    base = images[:1].clone()
+    params = RandomErasing(p=1.0).sample_params(4, seed=0)
+    for value in (0.0, "random"):
+        with pytest.raises(RuntimeError, match="single memory location"):  # as torch's in-place ops
+            RandomErasing(p=1.0, value=value, inplace=True)(base.expand(4, -1, -1, -1), params=params)
+    assert torch.equal(base, images[:1])
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float64, torch.float16, torch.bfloat16, torch.uint8])
+def test_erasing_writes_torchvisions_values_in_every_dtype(images, dtype):
+    """torchvision makes the value a float32 tensor, then casts it to the image's dtype."""
+    erase = RandomErasing(p=1.0, value=(0.1, 2.7, 3.3))
+    params = erase.sample_params(16, seed=3)
+    x = (images * 40).to(dtype)
+    out = erase(x, params=params)
+    erased, boxes = erase.boxes(params, 61, 87)
+    v = torch.tensor([0.1, 2.7, 3.3])[:, None, None]
+    for i, (t, l, h, w) in enumerate(boxes.tolist()):
+        want = F.erase(x[i], t, l, h, w, v) if erased[i] else x[i]
+        assert torch.equal(out[i], want), i
+
+
+def test_replayed_mixing_and_erasing_values_are_checked(images):
+    labels = torch.arange(16) % 4
+    mix, cut = MixUp(num_classes=4), CutMix(num_classes=4)
+    for layout in (images, images.to(memory_format=torch.channels_last), images.half()):
+        for lam in (2.0, -0.1, float("nan")):
+            for module in (mix, cut):
+                p = {**module.sample_params(16, seed=0), "lam": torch.tensor(lam, dtype=torch.float64)}
+                with pytest.raises(ValueError, match=r"params\['lam'\] must be within \[0, 1\]"):
+                    module(layout, labels, params=p)
+    for center in ((1.5, -0.5), (0.5, float("nan")), (0.5,)):
+        p = {**cut.sample_params(16, seed=0), "center": torch.tensor(center, dtype=torch.float64)}
+        with pytest.raises(ValueError, match=r"params\['center'\] must be"):
+            cut(images, labels, params=p)
+    erase = RandomErasing(p=1.0, value="random")
+    for key, bad in (("top", -3.0), ("left", 1.5), ("area", float("nan")), ("log_ratio", float("inf"))):
+        p = erase.sample_params(16, seed=0)
+        p[key] = p[key].clone()
+        p[key][3, 0] = bad
+        with pytest.raises(ValueError, match=rf"params\['{key}'\] must be"):
+            erase(images, params=p)
+
+
+def test_keys_must_be_integers():
+    """A float seed or index would silently key another sample's draws."""
+    for module in (RandomErasing(), MixUp(num_classes=4), TrivialAugmentWide()):
+        for bad in (1.7, "3", True):
+            with pytest.raises(TypeError, match="seed must be an int"):
+                module.sample_params(2, seed=bad)
+        with pytest.raises(TypeError, match="epoch must be an int"):
+            module.sample_params(2, seed=0, epoch=1.5)
+        with pytest.raises(TypeError, match="indices must be integers"):
+            module.sample_params(2, seed=0, indices=[1.5, 2.7])
+        module.sample_params(2, seed=np.int64(3), epoch=np.uint32(1), indices=torch.tensor([4, 5], dtype=torch.int32))
+
+
+def test_random_choice_refuses_weights_that_are_not_finite():
+    for p in ([float("inf"), 1.0], [float("nan"), 1.0], [1e308, 1e308]):
+        with pytest.raises(ValueError, match="finite non-negative weights"):
+            RandomChoice([MixUp(num_classes=4), CutMix(num_classes=4)], p=p)

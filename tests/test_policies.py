@@ -609,3 +609,24 @@ def test_point_ops_equal_their_float32_definition(channels_last):
     for threshold in (-3.0, 0.0, 0.2, 127.5, 128.0, 254.9, 255.0, 255.1, 300.0):
         ref = torch.where(f >= torch.tensor(threshold, dtype=torch.float32), 255 - x, x)
         assert torch.equal(run("solarize", threshold), ref), threshold
+
+
+def test_rand_augment_checks_magnitude_and_num_ops_whenever_they_are_set():
+    """A magnitude schedule sets them between epochs: a bin past the last would read another op's row."""
+    m = RandAugment(num_ops=1, magnitude=9, num_magnitude_bins=31)
+    for bad in (31, -1, 2.0, True):
+        with pytest.raises(ValueError, match="magnitude must be an int bin in"):
+            m.magnitude = bad
+    with pytest.raises(ValueError, match="num_ops must be a non-negative int"):
+        m.num_ops = -1
+    assert m.magnitude == 9 and m.num_ops == 1
+    m.magnitude, m.num_ops = 30, 3
+    x = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
+    assert m(x).shape == x.shape and m.last_params["op"].shape == (4, 3)
+    assert m.sample_params(4, seed=0)["op"].shape == (4, 3) and m._draws == 6
+
+
+def test_a_fill_that_is_not_a_number_is_named():
+    for fill in (True, np.float32(5.0), "white"):
+        with pytest.raises(ValueError, match="fill must be None, a number or a sequence"):
+            TrivialAugmentWide(fill=fill)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from gpupipe import keyed
 from gpupipe._args import is_python_int, is_python_number
 from gpupipe.augment._keyed_module import KeyedModule
-from gpupipe.augment._keyed_params import GeneratorLike, check_count
+from gpupipe.augment._keyed_params import GeneratorLike, check_count, key_indices, key_int
 
 
 def batch_rng(stream: int, n: int, generator: Optional[torch.Generator], seed: Optional[int], epoch: Optional[int],
@@ -31,14 +31,15 @@ def batch_rng(stream: int, n: int, generator: Optional[torch.Generator], seed: O
         if epoch is not None or indices is not None:
             raise ValueError("epoch and indices key the draws to a seed: pass seed as well")
         return np.random.default_rng(int(torch.randint(0, 2**62, (), generator=generator)))
+    seed, epoch = key_int(seed, "seed"), 0 if epoch is None else key_int(epoch, "epoch")
     if indices is None:
         first = 0
     else:
-        idx = np.asarray(indices.cpu() if isinstance(indices, torch.Tensor) else indices, dtype=np.int64).reshape(-1)
+        idx = key_indices(indices).reshape(-1)
         if idx.shape[0] != n:
             raise ValueError(f"indices has {idx.shape[0]} entries for n={n} samples")
         first = int(idx[0]) if n else 0
-    return np.random.default_rng(keyed.derive_seed(int(seed), 0 if epoch is None else int(epoch), first, stream))
+    return np.random.default_rng(keyed.derive_seed(seed, epoch, first, stream))
 
 
 def check_alpha(alpha: Any) -> float:
@@ -53,6 +54,18 @@ def check_num_classes(num_classes: Any) -> Optional[int]:
     if not is_python_int(num_classes) or num_classes < 1:
         raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
     return num_classes
+
+
+def _check_unit(value: Any, name: str, count: int) -> None:
+    """``value`` holds ``count`` numbers within [0, 1] (NaN is not)."""
+    try:
+        values = torch.as_tensor(value, dtype=torch.float64).reshape(-1).tolist()
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"params[{name!r}] must be {count} number(s), got {value!r}") from None
+    if len(values) != count:
+        raise ValueError(f"params[{name!r}] must be {count} number(s), got {len(values)}")
+    if not all(0.0 <= v <= 1.0 for v in values):
+        raise ValueError(f"params[{name!r}] must be within [0, 1], got {values if count > 1 else values[0]}")
 
 
 class BatchTransformBase(KeyedModule):
@@ -116,7 +129,13 @@ class BatchTransformBase(KeyedModule):
             raise ValueError(f"params lack {missing} (a dict from sample_params holds {['n', *self._param_keys]})")
         if int(params["n"]) != n:
             raise ValueError(f"params were drawn for a batch of {int(params['n'])}, this batch has {n}")
+        if not torch.compiler.is_compiling():
+            self._check_values(params)
         return params
+
+    def _check_values(self, params: dict) -> None:
+        """ValueError naming the parameter for values no draw gives (on every path alike)."""
+        _check_unit(params["lam"], "lam", 1)
 
     def soft_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """float ``[N, num_classes]``: one-hot of class indices, or the given probabilities as float."""

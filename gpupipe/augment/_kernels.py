@@ -53,6 +53,24 @@ def current_stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
+def untracked(t: torch.Tensor) -> bool:
+    """Whether a kernel may write from ``t`` outside autograd: ``t`` needs no gradient (or grad
+    mode is off). A tensor that does takes the torch ops, which autograd sees."""
+    return not (t.requires_grad and torch.is_grad_enabled())
+
+
+def may_self_overlap(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` may share memory (an ``expand``ed batch, strides that
+    interleave): a kernel writing in place leaves such a tensor to the torch ops, which refuse it.
+    No overlap is certain when, taken by stride, each dimension steps past the smaller ones' reach."""
+    reach = 0  # elements spanned by the dimensions taken so far
+    for stride, size in sorted((abs(d), s) for s, d in zip(t.shape, t.stride()) if s > 1):
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
 def num_threads() -> int:
     """Threads for a host kernel: torch's intra-op setting, so one knob governs both."""
     return torch.get_num_threads()

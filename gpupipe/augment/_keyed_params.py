@@ -94,18 +94,35 @@ def draw_uniforms(n: int, count: int, *, stream: int, owner: GeneratorOwner, see
         if epoch is not None or indices is not None:
             raise ValueError("epoch and indices key the draws to a seed: pass seed as well")
         return owner._generator_uniforms(n, count)
+    seed, epoch = key_int(seed, "seed"), 0 if epoch is None else key_int(epoch, "epoch")
     if indices is None:
         idx = np.arange(n, dtype=np.int64)
     else:
-        if isinstance(indices, torch.Tensor):
-            indices = indices.cpu()
-        elif not isinstance(indices, np.ndarray):
-            indices = list(indices)  # any iterable: a range, a generator
-        idx = np.asarray(indices, dtype=np.int64)
+        idx = key_indices(indices)
         if idx.shape != (n,):
             raise ValueError(f"indices must have {n} entries (one per sample), got shape {tuple(idx.shape)}")
-    u = keyed.uniforms(int(seed), 0 if epoch is None else int(epoch), idx, count, stream=stream)
+    u = keyed.uniforms(seed, epoch, idx, count, stream=stream)
     return torch.from_numpy(u)
+
+
+def key_int(value: Any, name: str) -> int:
+    """A seed or epoch: an int (numpy's too; taken modulo 2**64 by the hash), never a float or text
+    that would key the draws of another value silently."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    return int(value)
+
+
+def key_indices(indices: Any) -> np.ndarray:
+    """Sample indices as int64: integers only (a float index would be truncated to another sample's)."""
+    if isinstance(indices, torch.Tensor):
+        indices = indices.cpu()
+    elif not isinstance(indices, np.ndarray):
+        indices = list(indices)  # any iterable: a range, a generator
+    arr = np.asarray(indices)
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"indices must be integers, got {arr.dtype}")
+    return arr.astype(np.int64, copy=False)
 
 
 def check_params(params: Any, n: int, shapes: Mapping[str, tuple], dtypes: Mapping[str, torch.dtype]) -> dict:

@@ -8,7 +8,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from gpupipe.augment._batch_transform import BatchTransformBase
+from gpupipe.augment._batch_transform import BatchTransformBase, _check_unit
 from gpupipe.augment._keyed_params import GeneratorLike
 
 
@@ -60,6 +60,10 @@ class CutMix(BatchTransformBase):
     def _params_from_rng(self, rng: np.random.Generator) -> dict:
         lam = rng.beta(self.alpha, self.alpha)  # first: the draws' order is part of the keyed stream
         return {"lam": torch.tensor(lam, dtype=torch.float64), "center": torch.from_numpy(rng.random(2))}
+
+    def _check_values(self, params: dict) -> None:
+        super()._check_values(params)
+        _check_unit(params["center"], "center", 2)
 
     @staticmethod
     def box(params: dict, height: int, width: int) -> tuple[tuple[int, int, int, int], float]:

@@ -66,7 +66,7 @@ class MixUp(BatchTransformBase):
             raise TypeError(f"images must be floating point for MixUp (a blend of two images), got {images.dtype}")
         lam = float(params["lam"])
         if images.device.type == "cpu" and images.dtype == torch.float32 and images.is_contiguous() and \
-                not torch.compiler.is_compiling():
+                not torch.compiler.is_compiling() and _kernels.untracked(images):
             # one pass, no temporaries, the same rounding as the expressions below (csrc/augment/mix_cpu.cpp)
             if self.inplace:
                 _C.mixup_rolled_inplace(_kernels.buffer(images), lam, _kernels.num_threads())

@@ -52,20 +52,38 @@ class RandAugment(PolicyBase):
 
     def __init__(self, num_ops: int = 2, magnitude: int = 9, num_magnitude_bins: int = 31, interpolation: Any = "nearest",
                  fill: Any = None, generator: GeneratorLike = None):
-        if not is_python_int(num_ops) or num_ops < 0:
-            raise ValueError(f"num_ops must be a non-negative int, got {num_ops!r}")
+        super().__init__(interpolation, fill, generator)
         self._num_bins = check_bins(num_magnitude_bins)
-        if not is_python_int(magnitude) or not 0 <= magnitude < num_magnitude_bins:
-            raise ValueError(f"magnitude must be an int bin in [0, num_magnitude_bins={num_magnitude_bins}), "
-                             f"got {magnitude!r}")
         self.num_ops = num_ops
         self.magnitude = magnitude
-        self._draws = 2 * num_ops
-        super().__init__(interpolation, fill, generator)
 
     @property
     def num_magnitude_bins(self) -> int:
         return self._num_bins
+
+    # num_ops and magnitude are checked whenever they are set (a magnitude schedule sets them between
+    # epochs): a bin past the last would read the next op's row of the magnitude table
+    @property
+    def num_ops(self) -> int:
+        return self._num_ops
+
+    @num_ops.setter
+    def num_ops(self, num_ops: int) -> None:
+        if not is_python_int(num_ops) or num_ops < 0:
+            raise ValueError(f"num_ops must be a non-negative int, got {num_ops!r}")
+        self._num_ops = num_ops
+        self._draws = 2 * num_ops
+
+    @property
+    def magnitude(self) -> int:
+        return self._magnitude
+
+    @magnitude.setter
+    def magnitude(self, magnitude: int) -> None:
+        if not is_python_int(magnitude) or not 0 <= magnitude < self._num_bins:
+            raise ValueError(f"magnitude must be an int bin in [0, num_magnitude_bins={self._num_bins}), "
+                             f"got {magnitude!r}")
+        self._magnitude = magnitude
 
     def _params_from_uniforms(self, u: torch.Tensor) -> dict:
         return {"op": uniform_index(u[:, 0::2], len(self._space)), "negate": negate_draw(u[:, 1::2])}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -52,8 +53,8 @@ class RandomChoice(nn.Module):
         weights = [1.0] * len(transforms) if p is None else [float(v) for v in p]
         if len(weights) != len(transforms):
             raise ValueError(f"p has {len(weights)} entries for {len(transforms)} transforms")
-        if any(not w >= 0 for w in weights) or sum(weights) <= 0:
-            raise ValueError(f"p must be non-negative weights with a positive sum, got {p!r}")
+        if any(not 0 <= w < math.inf for w in weights) or not 0 < sum(weights) < math.inf:
+            raise ValueError(f"p must be finite non-negative weights with a positive sum, got {p!r}")
         self.transforms = nn.ModuleList([t for t in transforms if isinstance(t, nn.Module)])
         self._transforms = list(transforms)
         total = sum(weights)

@@ -16,12 +16,31 @@ from gpupipe.augment._keyed_module import KeyedModule
 from gpupipe.augment._keyed_params import GeneratorLike
 
 _TRIES = 10  # torchvision's attempts at a box that fits
+# the element types the host kernel writes (int64 images take the torch ops)
+_ERASE_KERNEL_TYPES = {t for t in _kernels.ELEM_TYPES if t is not torch.int64}
 
 
 def _normal_noise(keys: torch.Tensor, sample: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
     """float32 standard normal values, a pure function of (keys[sample], counter)."""
     key = keys.numpy().astype(np.uint64)[sample.numpy()]
     return torch.from_numpy(keyed.normals(key, counter.numpy()).astype(np.float32))
+
+
+@torch.library.custom_op("gpupipe::erase_normal_noise", mutates_args=())
+def _normal_noise_op(keys: torch.Tensor, sample: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+    """:func:`_normal_noise` as an op, opaque to torch.compile (which cannot trace numpy's uint64)."""
+    return _normal_noise(keys, sample, counter)
+
+
+@_normal_noise_op.register_fake
+def _(keys, sample, counter):
+    return sample.new_empty(sample.shape, dtype=torch.float32)
+
+
+def _fill(values: list, x: torch.Tensor) -> torch.Tensor:
+    """The erased elements' values in ``x``'s dtype, as torchvision converts them: a float32 tensor
+    (``torch.tensor`` of the floats) cast to ``x``'s dtype."""
+    return torch.tensor(values, dtype=torch.float32).to(x.dtype)
 
 
 class RandomErasing(KeyedModule):
@@ -113,6 +132,17 @@ class RandomErasing(KeyedModule):
     def _param_spec(self) -> tuple[dict, dict]:
         return self._SHAPES, self._DTYPES
 
+    def _checked_params(self, params: Any, n: int) -> dict:
+        params = super()._checked_params(params, n)
+        if not torch.compiler.is_compiling():  # values no draw gives: a box outside the image, or none at all
+            for k in ("area", "top", "left"):
+                v = params[k]
+                if v.numel() and not bool(((v >= 0) & (v <= 1)).all()):
+                    raise ValueError(f"params[{k!r}] must be uniforms within [0, 1], got {v[~((v >= 0) & (v <= 1))][0]}")
+            if not bool(torch.isfinite(params["log_ratio"]).all()):
+                raise ValueError("params['log_ratio'] must be finite")
+        return params
+
     @staticmethod
     def boxes(params: dict, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(erased, boxes)`` for images of ``height x width``: bool ``[N]`` (the sample is erased: it
@@ -154,11 +184,14 @@ class RandomErasing(KeyedModule):
         n, c, height, width = x.shape
         erased, box = self.boxes(params, height, width)  # box: zeros where not erased
         values = None if self._values is None else self._values * (c // len(self._values))
-        if values is not None and x.device.type == "cpu" and x.dtype in _kernels.ELEM_TYPES and \
-                not torch.compiler.is_compiling():
+        if self.inplace and _kernels.may_self_overlap(x):  # (index_put_ would only warn, and write each box to all)
+            raise RuntimeError("RandomErasing(inplace=True): more than one element of x refers to a single memory "
+                               "location (an expanded batch?); clone() it first, or erase out of place")
+        if values is not None and x.device.type == "cpu" and x.dtype in _ERASE_KERNEL_TYPES and \
+                not torch.compiler.is_compiling() and _kernels.untracked(x):
             # the boxes' elements only (after a copy of x unless inplace), as torchvision writes a slice
             out = x if self.inplace else x.clone()
-            fill = torch.tensor(values, dtype=torch.float64).to(x.dtype)
+            fill = _fill(values, x)
             _C.erase_boxes(_kernels.buffer(out), _kernels.buffer(box.contiguous()), _kernels.buffer(fill),
                                     _kernels.num_threads())
             return out
@@ -172,11 +205,12 @@ class RandomErasing(KeyedModule):
             sample, ch, yy, xx = mask.expand(n, c, height, width).nonzero(as_tuple=True)
             # torchvision fills the box from a [C, h, w] normal tensor: count positions in that order
             counter = (ch * box[sample, 2] + (yy - box[sample, 0])) * box[sample, 3] + (xx - box[sample, 1])
-            noise = _normal_noise(params["noise_key"], sample, counter)
+            noise = (_normal_noise_op if torch.compiler.is_compiling() else _normal_noise)(params["noise_key"], sample,
+                                                                                           counter)
             out[tuple(to_device(t, x.device) for t in (sample, ch, yy, xx))] = to_device(noise.to(x.dtype), x.device)
             return out
         # other devices, and under torch.compile: a select over the batch from the mask
-        fill = to_device(torch.tensor(values, dtype=torch.float64).to(x.dtype), x.device)
+        fill = to_device(_fill(values, x), x.device)
         out = torch.where(to_device(mask, x.device), fill[None, :, None, None], x)
         return x.copy_(out) if self.inplace else out
 
