@@ -1,7 +1,7 @@
 """The wheel a user installs: `.ci/wheel` builds it, auditwheel makes it a manylinux wheel carrying
 its libjpeg-turbo, and a fresh venv that installs only that wheel (and what it declares) imports
 gpupipe from outside the source tree, decodes a crop, augments a batch and runs the README's quickstart
-verbatim (~2 minutes)."""
+verbatim (~2 minutes: the wheel links the editable install's objects; the fresh venv installs torch)."""
 
 from __future__ import annotations
 
