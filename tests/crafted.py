@@ -4,6 +4,7 @@ the fuzz corpora: tests/fuzz/make_corpus.py)."""
 from __future__ import annotations
 
 import struct
+from typing import Optional
 
 import numpy as np
 
@@ -80,8 +81,18 @@ def exif_app1(orientation: int) -> bytes:
     return b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload
 
 
-def xmp_app1() -> bytes:
-    payload = b"http://ns.adobe.com/xap/1.0/\x00" + b'<x:xmpmeta xmlns:x="adobe:ns:meta/"></x:xmpmeta>'
+def xmp_app1(orientation: Optional[int] = None) -> bytes:
+    """An APP1 XMP packet, with ``tiff:Orientation`` when given."""
+    tag = b"" if orientation is None else b' tiff:Orientation="%d"' % orientation
+    payload = b"http://ns.adobe.com/xap/1.0/\x00" + b'<x:xmpmeta xmlns:x="adobe:ns:meta/"%s></x:xmpmeta>' % tag
+    return b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload
+
+
+def exif_app1_values_after(orientation: int) -> bytes:
+    """An APP1 EXIF segment whose Orientation tag holds 3 LONGs, stored after the IFD (at an offset)."""
+    tiff = b"II*\x00" + struct.pack("<I", 8) + struct.pack("<H", 1)
+    tiff += struct.pack("<HHII", 0x0112, 4, 3, 26) + struct.pack("<I", 0) + struct.pack("<III", orientation, 1, 1)
+    payload = b"Exif\x00\x00" + tiff
     return b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload
 
 
@@ -170,7 +181,7 @@ def tiff_with_other_magic(tiff: bytes) -> bytes:
 
 
 __all__ = ["gray_restart_jpeg", "restart_walk_heap_overflow", "restart_walk_garbage", "huge_declared_size",
-           "exif_app1", "xmp_app1", "with_app1s", "sos_offset", "without_segments",
+           "exif_app1", "xmp_app1", "exif_app1_values_after", "with_app1s", "sos_offset", "without_segments",
            "incomplete_progressive", "big_tiff", "tiff_with_other_magic", "tar_member", "sparse_tar_member",
            "tar_end"]
 

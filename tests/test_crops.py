@@ -187,6 +187,32 @@ def test_resize_center_crop_is_torchvisions_eval_transform():
     assert (cropped.images != exact.images).any()
 
 
+@pytest.mark.parametrize("fmt", ["PNG", "WEBP"])
+def test_resize_center_crop_of_files_pillow_decodes_is_torchvisions_eval_transform_too(fmt):
+    """The Pillow route (PNG, WebP, ...) resizes the whole image and crops where the box falls on
+    whole pixels of the resized frame, as torchvision does: equal to Resize + CenterCrop, as JPEGs."""
+    import io
+
+    from PIL import Image
+    from torchvision import transforms as T
+
+    import gpupipe
+    from helpers import photo
+
+    for size, resize in ((224, 256), (224, 232), (64, 72)):
+        sampler = crops.ResizeCenterCrop(size, resize)
+        tv = T.Compose([T.Resize(resize), T.CenterCrop(size)])
+        shapes = [(652, 156), (300, 1000), (533, 800), (257, 383), (1017, 313)]
+        datas = []
+        for k, (h, w) in enumerate(shapes):
+            buf = io.BytesIO()
+            Image.fromarray(photo(h, w, ["coffee", "astronaut", "chelsea"][k % 3])).save(buf, fmt, lossless=True)
+            datas.append(buf.getvalue())
+        ref = np.stack([np.asarray(tv(Image.open(io.BytesIO(d)).convert("RGB"))) for d in datas])
+        got = gpupipe.decode_crop_jpegs(datas, sampler.boxes(*zip(*shapes)), size=size, window=True, dct_scaling=False)
+        assert got.ok.all() and (got.images.permute(0, 2, 3, 1).numpy() == ref).all(), (size, resize)
+
+
 def test_resize_center_crop_boxes_never_leave_the_image():
     """Each edge is computed once and the far one clamped: no box overshoots by an ulp (it did for
     3% of sizes with crop == resize), and such images decode."""

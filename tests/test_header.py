@@ -1,5 +1,6 @@
 import io
 import struct
+import warnings
 
 import numpy as np
 import pytest
@@ -70,6 +71,63 @@ def _with_app1(jpeg: bytes, payload: bytes) -> bytes:
 ])
 def test_exif_orientation_handcrafted(jpeg, payload, expected):
     assert gpupipe.read_header(_with_app1(jpeg, payload)).orientation == expected
+
+
+def _ifd(le: bool, entries: list) -> bytes:
+    """An EXIF APP1 payload: a TIFF header and one IFD of (tag, type, count, 4 value bytes) entries."""
+    e = "<" if le else ">"
+    body = struct.pack(e + "H", len(entries)) + b"".join(struct.pack(e + "HHI", t, ty, c) + v for t, ty, c, v in entries)
+    return b"Exif\0\0" + (b"II*\0" if le else b"MM\0*") + struct.pack(e + "I", 8) + body + b"\0\0\0\0"
+
+
+def _xmp(text: str) -> bytes:
+    return b"http://ns.adobe.com/xap/1.0/\0" + text.encode()
+
+
+ORIENTATION_CASES = {  # name: APP1 payloads in file order
+    "LONG": [_ifd(True, [(0x0112, 4, 1, struct.pack("<I", 6))])],
+    "SSHORT": [_ifd(False, [(0x0112, 8, 1, struct.pack(">hH", 5, 0))])],
+    "SLONG": [_ifd(True, [(0x0112, 9, 1, struct.pack("<i", 7))])],
+    "negative SSHORT": [_ifd(True, [(0x0112, 8, 1, struct.pack("<hH", -6, 0))])],
+    "BYTE": [_ifd(True, [(0x0112, 1, 1, b"\x03\0\0\0")])],
+    "SBYTE": [_ifd(True, [(0x0112, 6, 1, b"\x03\0\0\0")])],
+    "UNDEFINED": [_ifd(True, [(0x0112, 7, 1, b"\x04\0\0\0")])],
+    "ASCII": [_ifd(True, [(0x0112, 2, 2, b"6\0\0\0")])],
+    "RATIONAL 6/1": [_ifd(True, [(0x0112, 5, 1, struct.pack("<I", 26))]) + struct.pack("<II", 6, 1)],
+    "RATIONAL 13/2": [_ifd(True, [(0x0112, 5, 1, struct.pack("<I", 26))]) + struct.pack("<II", 13, 2)],
+    "FLOAT": [_ifd(False, [(0x0112, 11, 1, struct.pack(">f", 8.0))])],
+    "count 0": [_ifd(True, [(0x0112, 3, 0, struct.pack("<HH", 6, 0))])],
+    "count 2": [_ifd(True, [(0x0112, 3, 2, struct.pack("<HH", 6, 3))])],
+    "count 3, the values after the IFD": [_ifd(True, [(0x0112, 3, 3, struct.pack("<I", 26))]) + struct.pack("<HHH", 7, 1, 1)],
+    "count 3, the values past the end": [_ifd(True, [(0x0112, 3, 3, struct.pack("<I", 9000))])],
+    "XMP attribute": [_xmp('<x:xmpmeta><rdf:Description tiff:Orientation="6"/></x:xmpmeta>')],
+    "XMP element": [_xmp("<rdf:Description><tiff:Orientation>8</tiff:Orientation></rdf:Description>")],
+    "XMP without a digit": [_xmp('<rdf:Description tiff:Orientation="x"/>')],
+    "EXIF without the tag, then XMP": [_ifd(True, [(0x010F, 2, 4, b"cam\0")]), _xmp("<tiff:Orientation>3</tiff:Orientation>")],
+    "EXIF's tag wins over XMP": [_ifd(True, [(0x0112, 3, 1, struct.pack("<HH", 1, 0))]),
+                                 _xmp("<tiff:Orientation>6</tiff:Orientation>")],
+    "the last XMP": [_xmp("<tiff:Orientation>6</tiff:Orientation>"), _xmp("<tiff:Orientation>0</tiff:Orientation>")],
+    "XMP before EXIF": [_xmp("<tiff:Orientation>5</tiff:Orientation>"), _ifd(True, [(0x0112, 3, 1, struct.pack("<HH", 2, 0))])],
+}
+
+
+@pytest.mark.parametrize("case", list(ORIENTATION_CASES))
+def test_exif_orientation_is_the_one_pillows_exif_transpose_applies(jpeg, case):
+    """The orientation found as Pillow's getexif finds it (an integer tag of any integer type and
+    count 1; else XMP's tiff:Orientation in the last XMP packet) and exif_transpose applies it (2..8)."""
+    from PIL import Image
+
+    data = jpeg
+    for payload in reversed(ORIENTATION_CASES[case]):
+        data = _with_app1(data, payload)
+    with warnings.catch_warnings():  # Pillow warns of a tag of too many entries (it keeps the first)
+        warnings.simplefilter("ignore")
+        try:
+            value = Image.open(io.BytesIO(data)).getexif().get(0x0112, 1)
+        except Exception:  # unreadable (a tag of no value): orientation 1, as gpupipe's Pillow route
+            value = 1
+    pillows = {o: o for o in range(2, 9)}.get(value, 1)  # exif_transpose's lookup (6 == 6.0 == 6/1)
+    assert gpupipe.read_header(data).orientation == pillows
 
 
 @pytest.mark.parametrize("data,match", [

@@ -84,3 +84,24 @@ def test_loader_applies_orientation(oriented, tmp_path, backend, device):
         h, w = ref.shape[:2]
         t, l = round((h - 60) / 2), round((w - 40) / 2)
         assert_close_to_core(images[i].permute(1, 2, 0), ref[t:t + 60, l:l + 40], backend, device)
+
+
+def test_an_unreadable_exif_block_means_no_orientation_on_every_route():
+    """A damaged EXIF block (here its byte-order mark) orients nothing, in a JPEG (the core) as in a
+    PNG (Pillow, whose exif_transpose would raise reading it): the file decodes, as without orientation."""
+    import struct
+    import zlib
+
+    pixels = photo(40, 60, "rocket")
+    bad = b"MX\0*\0\0\0\x08\0\x01" + struct.pack(">HHIHH", 0x0112, 3, 1, 6, 0) + b"\0\0\0\0"
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "PNG")
+    png = buf.getvalue()
+    chunk = struct.pack(">I", len(bad)) + b"eXIf" + bad + struct.pack(">I", zlib.crc32(b"eXIf" + bad) & 0xFFFFFFFF)
+    at = png.find(b"IDAT") - 4
+    jpeg = with_orientation(pixels, 1)
+    payload = b"Exif\0\0" + bad
+    for data in (png[:at] + chunk + png[at:], jpeg[:2] + b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload + jpeg[2:]):
+        plain = gpupipe.decode_crop_jpegs([data], [[0, 0, 20, 30]])
+        oriented = gpupipe.decode_crop_jpegs([data], [[0, 0, 20, 30]], apply_exif_orientation=True)
+        assert plain.ok.all() and oriented.ok.all() and torch.equal(plain.images, oriented.images)

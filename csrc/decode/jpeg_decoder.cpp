@@ -82,6 +82,59 @@ uint32_t read_u32(const uint8_t* p, bool le) {
 
 }  // namespace
 
+namespace {
+
+// The Orientation entry at t + e as Pillow's TIFF reader and exif_transpose take it: the entry's
+// first value (Pillow warns of more and keeps the first), of a numeric type Pillow reads as numbers,
+// oriented when it equals one of 2..8 (a rational 6/1 or a float 6.0 too: Python compares them
+// equal); no value, bytes, text, or another value: 1.
+int orientation_value(const uint8_t* t, size_t tn, uint64_t e, bool le) {
+  static constexpr int kSize[13] = {0, 1, 1, 2, 4, 8, 1, 1, 2, 4, 8, 4, 8};  // by TIFF type
+  const uint32_t type = read_u16(t + e + 2, le);
+  const uint64_t count = read_u32(t + e + 4, le);
+  // (BYTE and UNDEFINED read as bytes there, ASCII as text: no orientation)
+  if (type == 0 || type > 12 || type == 1 || type == 2 || type == 7 || count == 0) return 1;
+  const uint64_t bytes = count * kSize[type];
+  uint64_t at = e + 8;  // the value itself, or where it is when it does not fit in 4 bytes
+  if (bytes > 4) {
+    at = read_u32(t + e + 8, le);
+    if (at > tn || tn - at < static_cast<uint64_t>(kSize[type])) return 1;
+  }
+  const uint8_t* v = t + at;
+  double value;
+  switch (type) {
+    case 6: value = static_cast<int8_t>(v[0]); break;
+    case 3: value = read_u16(v, le); break;
+    case 8: value = static_cast<int16_t>(read_u16(v, le)); break;
+    case 4: value = read_u32(v, le); break;
+    case 9: value = static_cast<int32_t>(read_u32(v, le)); break;
+    case 5: case 10: {
+      const uint32_t num = read_u32(v, le), den = read_u32(v + 4, le);
+      if (den == 0) return 1;
+      value = type == 5 ? static_cast<double>(num) / den
+                        : static_cast<double>(static_cast<int32_t>(num)) / static_cast<int32_t>(den);
+      break;
+    }
+    case 11: {
+      const uint32_t bits = read_u32(v, le);
+      float f;
+      std::memcpy(&f, &bits, 4);
+      value = f;
+      break;
+    }
+    default: {
+      const uint64_t bits = le ? (static_cast<uint64_t>(read_u32(v + 4, le)) << 32 | read_u32(v, le))
+                               : (static_cast<uint64_t>(read_u32(v, le)) << 32 | read_u32(v + 4, le));
+      std::memcpy(&value, &bits, 8);
+    }
+  }
+  for (int o = 2; o <= 8; ++o)
+    if (value == o) return o;
+  return 1;
+}
+
+}  // namespace
+
 int exif_orientation(const uint8_t* p, size_t n) {
   if (n < 6 || std::memcmp(p, "Exif\0\0", 6) != 0) return 0;
   if (n < 14) return 1;
@@ -98,13 +151,27 @@ int exif_orientation(const uint8_t* p, size_t n) {
   for (uint32_t i = 0; i < count; ++i) {
     const uint64_t e = ifd + 2 + 12ull * i;
     if (e > tn || tn - e < 12) break;
-    if (read_u16(t + e, le) == 0x0112) {
-      if (read_u16(t + e + 2, le) != 3) return 1;  // must be SHORT
-      const uint32_t v = read_u16(t + e + 8, le);
-      return v >= 1 && v <= 8 ? static_cast<int>(v) : 1;
-    }
+    if (read_u16(t + e, le) == 0x0112) return orientation_value(t, tn, e, le);
   }
-  return 1;
+  return kNoOrientationTag;
+}
+
+int xmp_orientation(const uint8_t* p, size_t n) {
+  static constexpr char kXmp[] = "http://ns.adobe.com/xap/1.0/";  // then a NUL
+  static constexpr char kTag[] = "tiff:Orientation";
+  const size_t head = sizeof(kXmp);  // the name and its NUL
+  if (n < head || std::memcmp(p, kXmp, head) != 0) return kNotXmp;
+  const size_t tag = sizeof(kTag) - 1;
+  // Pillow's search: tiff:Orientation(="|>)([0-9]), its first match in the packet
+  for (size_t i = head; i + tag + 2 <= n; ++i) {
+    if (std::memcmp(p + i, kTag, tag) != 0) continue;
+    const uint8_t* q = p + i + tag;
+    size_t at = 0;
+    if (q[0] == '>') at = 1;
+    else if (q[0] == '=' && i + tag + 3 <= n && q[1] == '"') at = 2;
+    if (at && i + tag + at < n && q[at] >= '0' && q[at] <= '9') return q[at] - '0';
+  }
+  return kNoOrientationTag;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -482,12 +549,18 @@ JpegInfo Decoder::read_header(const uint8_t* data, size_t size) {
   info.arithmetic = c.arith_code != 0;
   info.restart_interval = static_cast<int>(c.restart_interval);
   info.precision = c.data_precision;
-  // The first APP1 that is EXIF (an XMP APP1 may come before it), as Pillow reads it.
+  // As Pillow's exif_transpose finds it: the first APP1 that is EXIF; where it has no Orientation
+  // tag (or there is none), tiff:Orientation in the last XMP APP1 (Image.getexif's fallback).
+  int exif = 0, xmp = -1;
   for_each_header_segment(data, size, [&](const Segment& seg) {
-    const int o = seg.marker == JPEG_APP0 + 1 ? exif_orientation(seg.payload, seg.size) : 0;
-    if (o > 0) info.orientation = o;
-    return o == 0;
+    if (seg.marker != JPEG_APP0 + 1) return true;
+    if (exif == 0) exif = exif_orientation(seg.payload, seg.size);
+    const int x = xmp_orientation(seg.payload, seg.size);
+    if (x != kNotXmp) xmp = x;  // (the last XMP packet: Pillow keeps the last)
+    return true;
   });
+  const int o = exif > 0 ? exif : xmp;
+  info.orientation = o >= 1 && o <= 8 ? o : 1;
   return info;
 }
 

@@ -91,9 +91,17 @@ struct DecodeResult {
 // both sides; 8 (no scaling) otherwise. Safe for any int64 inputs.
 int choose_scale_num(int64_t box_h, int64_t box_w, int out_h, int out_w);
 
-// The EXIF orientation (1..8) in an APP1 payload; 0 when the payload is not "Exif", 1 when the
-// tag is absent or malformed. Checks every offset against the payload's length.
+// The EXIF orientation (1..8) in an APP1 payload, as Pillow reads the tag and exif_transpose
+// applies it (its first value, of any numeric type, equal to one of 2..8): 0 when the payload is
+// not "Exif", kNoOrientationTag when its first IFD has no Orientation tag, 1 when it is malformed
+// or orients nothing. Checks every offset against the payload's length.
+inline constexpr int kNoOrientationTag = -1;
 int exif_orientation(const uint8_t* payload, size_t size);
+
+// The digit after the first `tiff:Orientation="` or `tiff:Orientation>` of an XMP APP1 payload
+// (Pillow's pattern): 0..9; kNotXmp when the payload is not XMP, kNoOrientationTag without one.
+inline constexpr int kNotXmp = -2;
+int xmp_orientation(const uint8_t* payload, size_t size);
 
 class Decoder {
  public:

@@ -116,6 +116,32 @@ def probe(buffers: Sequence, indices, jpeg_messages: dict, orientation: bool = F
     return found, failed
 
 
+def _readable_exif(img) -> bool:
+    try:
+        img.getexif()
+    except Exception:  # a malformed EXIF block: Pillow's exif_transpose would raise reading it
+        return False
+    return True
+
+
+def _window(img, box: tuple, oh: int, ow: int):
+    """The ``oh x ow`` window ``box`` (top, left, height, width) of the whole image resized, as the
+    CPU core computes it: the image resized to ``(round(W * ow / w), round(H * oh / h))`` (torchvision's
+    ``Resize``), then cropped at the box's place there when it falls on whole pixels (a
+    ``ResizeCenterCrop`` box: torchvision's ``Resize`` + ``CenterCrop`` exactly). Elsewhere Pillow's
+    ``resize(box=...)``, which takes its pass order from the box's size (within a level or two)."""
+    from PIL import Image
+
+    t, l, h, w = box
+    W, H = img.size
+    rw, rh = round(W * ow / w), round(H * oh / h)
+    x, y = l * rw / W, t * rh / H  # the box in the resized frame (the boxes' float64 edges: within ulps)
+    if all(abs(v - round(v)) < 1e-6 for v in (x, y, x + w * rw / W, y + h * rh / H)):
+        x, y = int(round(x)), int(round(y))
+        return img.resize((rw, rh), Image.BILINEAR, reducing_gap=None).crop((x, y, x + ow, y + oh))
+    return img.resize((ow, oh), Image.BILINEAR, box=(l, t, l + w, t + h), reducing_gap=None)
+
+
 def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions,
            sizes: Sequence[tuple[int, int]]) -> BatchStatus:
     """Decodes each file with Pillow into its slot of ``out`` (uint8 NHWC, any device); ``sizes``
@@ -139,13 +165,13 @@ def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Dec
         try:
             with _quiet_pillow(), _quiet(buffers[i]) as messages:
                 img = _open(buffers[i])
-                if options.apply_exif_orientation:
+                if options.apply_exif_orientation and _readable_exif(img):  # (unreadable: orientation 1, as probe())
                     img = ImageOps.exif_transpose(img)
                 img = img.convert("RGB" if options.mode == "rgb" else "L")
                 if not options.resize:
                     img = img.crop((int(l), int(t), int(l + w), int(t + h)))
                 elif options.window:  # the filter reads around the box, up to the image's edges
-                    img = img.resize((ow, oh), Image.BILINEAR, box=(l, t, l + w, t + h), reducing_gap=None)
+                    img = _window(img, (t, l, h, w), oh, ow)
                 else:  # crop the whole pixels covering the box, then resample the box from them
                     x0, y0 = math.floor(l), math.floor(t)
                     img = img.crop((x0, y0, math.ceil(l + w), math.ceil(t + h)))

@@ -36,6 +36,8 @@ def files() -> dict:
     jpeg = out["ycbcr-4:2:0"]
     out["truncated"] = jpeg[: len(jpeg) * 2 // 3]
     out["xmp-then-exif"] = crafted.with_app1s(jpeg, crafted.xmp_app1(), crafted.exif_app1(6))
+    out["xmp-orientation"] = crafted.with_app1s(jpeg, crafted.xmp_app1(8))
+    out["exif-values-after-the-ifd"] = crafted.with_app1s(jpeg, crafted.exif_app1_values_after(3))
     out["progressive-large"] = encode(photo(96, 128, "coffee"), progressive=True)
     out["progressive-missing-scans"] = crafted.incomplete_progressive(out["progressive-large"])
     out["no-huffman-tables"] = crafted.without_segments(jpeg, 0xC4)
