@@ -43,7 +43,8 @@ def main(argv=None) -> int:
         report = prepare(src, dst, restart_rows=args.restart_rows, restart_mcus=args.restart_mcus,
                          num_threads=args.threads, verify=not args.no_verify)
     except (OSError, ValueError) as e:  # a missing source, a destination that is the source
-        print(f"python -m gpupipe prepare: {e}", file=sys.stderr)
+        message = str(e)
+        print(f"python -m gpupipe prepare: {message.removeprefix('prepare: ')}", file=sys.stderr)
         return 2
     print(report)
     for path, reason in report.copied:

@@ -31,6 +31,7 @@ import torch
 from gpupipe import _C
 from gpupipe.limits import get_limits
 from gpupipe.sources import member_refusal, read_file
+from gpupipe.sources import walk_following_links as _walk
 
 _JPEG = b"\xff\xd8"
 
@@ -98,23 +99,26 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
         ValueError: ``dst`` is ``src``, or a shard's output would be the shard itself or another
             shard's output (two shards of one name): a source would be overwritten or lost.
     """
+    for name, value, low in (("restart_rows", restart_rows, 1), ("restart_mcus", restart_mcus, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 65535:
+            raise ValueError(f"{name} must be an int in [{low}, 65535], got {value!r}")
     dst = Path(dst)
     report = PrepareReport()
     lock = threading.Lock()
     threads = num_threads or _C.default_num_threads()
-    shards = [Path(src)] if str(src).endswith(".tar") else ([Path(p) for p in src] if isinstance(src, (list, tuple)) else None)
+    shards = [Path(src)] if _is_shard(src) else ([Path(p) for p in src] if isinstance(src, (list, tuple)) else None)
     for shard in shards or [Path(src)]:
         if not (shard.is_file() if shards else shard.is_dir()):
             raise FileNotFoundError(f"prepare: {'shard' if shards else 'source folder'} {str(shard)!r} does not exist")
     if shards is None and dst.resolve() == Path(src).resolve():
         raise ValueError(f"prepare: the destination {str(dst)!r} is the source folder: its files would be overwritten")
     if shards is not None:
-        names = [s.name for s in shards]
+        names = [_output_name(s) for s in shards]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise ValueError(f"prepare: shards of the same name ({', '.join(twice)}) would write the same output in "
                              f"{str(dst)!r}")
-        same = [str(s) for s in shards if (dst / s.name).resolve() == s.resolve()]
+        same = [str(s) for s in shards if (dst / _output_name(s)).resolve() == s.resolve()]
         if same:
             raise ValueError(f"prepare: the output of {same[0]} would be the shard itself: choose another destination")
 
@@ -168,7 +172,7 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
         dst.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(threads) as pool:
             for shard in shards:
-                target = dst / shard.name
+                target = dst / _output_name(shard)
                 try:
                     if target.exists() and target.stat().st_mtime >= shard.stat().st_mtime:
                         report.skipped_existing += 1
@@ -184,14 +188,31 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
     return report
 
 
+_SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
+
+
+def _is_shard(src) -> bool:
+    return isinstance(src, (str, os.PathLike)) and str(src).lower().endswith(_SHARD_SUFFIXES)
+
+
+def _output_name(shard: Path) -> str:
+    """A shard's output name: the prepared shard is a plain tar (``a.tar.gz`` -> ``a.tar``)."""
+    lower = shard.name.lower()
+    for suffix in _SHARD_SUFFIXES[1:]:
+        if lower.endswith(suffix):
+            return shard.name[: -len(suffix)] + ".tar"
+    return shard.name
+
+
 def _source_files(root: Path, dst: Path, fail) -> list:
     """The files under ``root`` to prepare, sorted: regular files (symlinks to them too), never those
     under ``dst`` (a destination inside the source: its outputs are not sources). Symlinked folders
-    are not followed (as rglob); a folder that cannot be listed, a broken or looping link and other
-    kinds (FIFOs, devices) are reported failed."""
+    are followed, as ImageFolder follows them (a link to a folder above it is not: a loop); a folder
+    that cannot be listed, a broken or looping link and other kinds (FIFOs, devices) are reported
+    failed."""
     skip = os.path.realpath(dst)
     files = []
-    for dirpath, dirnames, filenames in os.walk(root, onerror=lambda e: fail(str(e.filename), e)):
+    for dirpath, dirnames, filenames in _walk(root, lambda e: fail(str(e.filename), e)):
         dirnames[:] = sorted(d for d in dirnames if os.path.realpath(os.path.join(dirpath, d)) != skip)
         for name in sorted(filenames):
             p = Path(dirpath) / name

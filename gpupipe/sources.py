@@ -67,6 +67,46 @@ def indented(text: str) -> str:
     return "\n".join("    " + line for line in text.splitlines())
 
 
+class KeyList(list):
+    """A source's keys: a list that counts its changes, so that the read stage's encoded paths
+    (made once per list) follow a key set in place (``src.keys[i] = path``)."""
+
+    def __init__(self, items=()):
+        super().__init__(items)
+        self.changes = 0
+
+
+def _counting(name: str):
+    method = getattr(list, name)
+
+    def changed(self, *args, **kwargs):
+        self.changes += 1
+        return method(self, *args, **kwargs)
+
+    changed.__name__ = name
+    return changed
+
+
+for _name in ("__setitem__", "__delitem__", "__iadd__", "__imul__", "append", "extend", "insert", "pop", "remove",
+              "clear", "sort", "reverse"):
+    setattr(KeyList, _name, _counting(_name))
+
+
+def walk_following_links(root, onerror=None) -> Iterator[tuple]:
+    """``os.walk(root, followlinks=True)`` (torchvision's listing), without the loops a link to a
+    folder above it makes: such a link is not entered (os.walk would go round until the path is too
+    long, listing each file again each time, and never return with two such links)."""
+    for dirpath, dirnames, filenames in os.walk(root, onerror=onerror, followlinks=True):
+        here = os.path.realpath(dirpath)
+        keep = []
+        for d in dirnames:
+            real = os.path.realpath(os.path.join(dirpath, d))
+            if not (here == real or here.startswith(real.rstrip(os.sep) + os.sep)):
+                keep.append(d)
+        dirnames[:] = keep
+        yield dirpath, dirnames, filenames
+
+
 class MapSource:
     """Random access to keys, labels and bytes; ordered per epoch as DistributedSampler."""
 
@@ -114,10 +154,11 @@ class MapSource:
         """The keys as file paths (bytes), or the ValueError open() would raise, in an object array
         (a batch's are taken in one indexing), and whether all are paths; made once per list of keys."""
         cached = getattr(self, "_paths_cache", None)
-        if cached is None or cached[0] is not self.keys or len(cached[1]) != len(self.keys):
+        changes = getattr(self.keys, "changes", None)  # (a KeyList's: a custom source's list is read once)
+        if cached is None or cached[0] is not self.keys or cached[3] != changes or len(cached[1]) != len(self.keys):
             paths = np.empty(len(self.keys), dtype=object)
             paths[:] = [call_or_error(_file_path, k) for k in self.keys]
-            cached = (self.keys, paths, all(type(p) is bytes for p in paths))
+            cached = (self.keys, paths, all(type(p) is bytes for p in paths), changes)
             self._paths_cache = cached
         return cached[1], cached[2]
 
@@ -241,25 +282,30 @@ class ImageFolder(MapSource):
     """torchvision's ``ImageFolder`` layout (``root/<class>/<image>``): the same ``classes``,
     ``class_to_idx`` and sample order (sorted classes, sorted files, followed symlinks)."""
 
-    def __init__(self, root: str | os.PathLike, extensions: Sequence[str] = IMG_EXTENSIONS):
-        self.root = Path(root)
+    def __init__(self, root: str | os.PathLike, extensions: str | Sequence[str] = IMG_EXTENSIONS, *,
+                 allow_empty: bool = False):
+        self.root = Path(os.path.expanduser(root))
         if not self.root.is_dir():
             raise FileNotFoundError(f"ImageFolder root {str(self.root)!r} is not a directory")
         self.classes = sorted(e.name for e in os.scandir(self.root) if e.is_dir())
         if not self.classes:
             raise FileNotFoundError(f"no class folders in {str(self.root)!r}")
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
-        exts = tuple(e.lower() for e in extensions)
+        exts = tuple(e.lower() for e in ((extensions,) if isinstance(extensions, str) else extensions))  # as torchvision
         keys, labels = [], []
         for c in self.classes:
-            for dirpath, _, files in sorted(os.walk(self.root / c, followlinks=True)):
+            listed = len(keys)
+            for dirpath, _, files in sorted(walk_following_links(self.root / c)):
                 for name in sorted(files):
                     if name.lower().endswith(exts):
                         keys.append(os.path.join(dirpath, name))
                         labels.append(self.class_to_idx[c])
+            if len(keys) == listed and not allow_empty:  # torchvision's DatasetFolder raises too
+                raise FileNotFoundError(f"found no valid file for the class {c} (extensions {', '.join(exts)}; a "
+                                        "folder that cannot be listed counts as empty): allow_empty=True keeps it")
         if not keys:
             raise FileNotFoundError(f"no images with extensions {exts} under {str(self.root)!r}")
-        self.keys = keys
+        self.keys = KeyList(keys)
         self.labels = np.asarray(labels, dtype=np.int64)
 
     def _repr_lines(self) -> list:
@@ -272,25 +318,32 @@ class FileList(MapSource):
     def __init__(self, paths: Sequence[str | os.PathLike], labels: Sequence[int]):
         if len(paths) != len(labels):
             raise ValueError(f"{len(paths)} paths but {len(labels)} labels")
-        self.keys = [os.fspath(p) for p in paths]
+        self.keys = KeyList(os.fspath(p) for p in paths)
         self.labels = labels_array(labels, self.keys)
 
     @classmethod
     def from_csv(cls, path: str | os.PathLike, *, path_column: str = "path", label_column: str = "label",
                  root: Optional[str | os.PathLike] = None) -> "FileList":
-        """Reads ``path,label`` rows (a header row naming the columns); relative paths are taken
-        from ``root`` (default: the CSV's folder)."""
-        base = Path(root) if root is not None else Path(path).parent
+        """Reads ``path,label`` rows (a header row naming the columns, spaces around the names and a
+        UTF-8 byte-order mark allowed); relative paths are taken from ``root`` (default: the CSV's
+        folder, made absolute). A row without a path, or whose label is not a decimal integer, is a
+        ``ValueError`` naming the line."""
+        base = Path(root) if root is not None else Path(path).parent.absolute()
         paths, labels = [], []
-        with open(path, newline="") as f:
-            for line, row in enumerate(csv.DictReader(f), 2):
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.DictReader(f)
+            reader.fieldnames = [name.strip() for name in reader.fieldnames or []]
+            missing = [c for c in (path_column, label_column) if c not in reader.fieldnames]
+            if missing:
+                raise ValueError(f"{os.fspath(path)}: no column {', '.join(map(repr, missing))} in the header row "
+                                 f"(its columns: {reader.fieldnames})")
+            for row in reader:
+                where = f"{os.fspath(path)}, line {reader.line_num}"
+                if not row[path_column]:
+                    raise ValueError(f"{where}: the path is empty")
                 p = Path(row[path_column])
                 paths.append(p if p.is_absolute() else base / p)
-                try:
-                    labels.append(int(row[label_column]))
-                except (TypeError, ValueError):
-                    raise ValueError(f"{os.fspath(path)}, line {line}: the label {row[label_column]!r} is not an "
-                                     "integer") from None
+                labels.append(decimal_label(row[label_column], where))
         return cls(paths, labels)
 
 
@@ -311,7 +364,8 @@ class TarShards:
 
     def __init__(self, paths: Sequence[str | os.PathLike], shuffle_buffer: int = 1000,
                  samples_per_rank: Optional[int] = None):
-        self.paths = [os.fspath(p) for p in paths]
+        one = isinstance(paths, (str, bytes)) or isinstance(paths, os.PathLike)  # a shard, as WebDataset takes it
+        self.paths = [os.fspath(paths)] if one else [os.fspath(p) for p in paths]
         if not self.paths:
             raise ValueError("no shards given")
         self.shuffle_buffer = int(shuffle_buffer)
@@ -325,6 +379,9 @@ class TarShards:
                 f"{per_rank})")
 
     def shards_for(self, *, epoch: int, seed: int, rank: int, world_size: int, shuffle: bool) -> list:
+        if len(self.paths) < world_size:  # a rank without a shard has no samples: the others would wait for it
+            raise ValueError(f"{len(self.paths)} shards for {world_size} ranks: rank {rank} would have none (shards "
+                             "are split across ranks whole); write at least as many shards as ranks")
         order = list(range(len(self.paths)))
         if shuffle:
             order = list(np.random.default_rng([seed, epoch, 0x5A4D]).permutation(len(self.paths)))
@@ -351,7 +408,7 @@ class TarShards:
                         yield from TarShards._sample(current, parts, refused, path)
                         parts, refused = {}, []
                     current = key
-                    image = ext in _SHARD_IMAGE_EXTS and not any(e in _SHARD_IMAGE_EXTS for e in parts)
+                    image = _shard_image(ext) and not any(map(_shard_image, parts))
                     if not (image or ext == "cls"):
                         continue  # never read: a key's other members (metadata, a second image) cost nothing
                     why = member_refusal(member, max_size)
@@ -362,9 +419,12 @@ class TarShards:
         except (tarfile.TarError, OSError, EOFError) as e:
             yield f"{path}", -1, None, f"unreadable shard ({type(e).__name__}: {e}); the rest of it is skipped"
             return
-        if current is not None:
+        whole = TarShards._ends_properly(path)  # (tarfile takes a cut-off header for the archive's end)
+        if current is not None and whole:
             yield from TarShards._sample(current, parts, refused, path)
-        if not TarShards._ends_properly(path):  # tarfile takes a cut-off header for the end: say so
+        elif current is not None:  # its members may go on past the cut (its .cls): never delivered unlabelled
+            yield f"{path}:{current}", -1, None, "the shard is truncated right after this sample's members: some may be lost"
+        if not whole:
             yield f"{path}", -1, None, ("unreadable shard (truncated: no end-of-archive blocks); the samples after "
                                         "the damage are lost")
 
@@ -389,11 +449,14 @@ class TarShards:
         if refused:  # it may have been the image or the label: the sample fails, named
             yield f"{shard}:{key}", -1, None, "; ".join(refused)
             return
-        image = next((parts[e] for e in parts if e in _SHARD_IMAGE_EXTS), None)
+        image = next((parts[e] for e in parts if _shard_image(e)), None)
         if image is None:
-            return  # a key without an image (e.g. metadata only) is not a sample
+            if "cls" in parts:  # labelled, so meant as a sample: say why it is not one
+                yield f"{shard}:{key}", -1, None, (f"no image member for {key} (images are the members with an "
+                                                   f"extension of {', '.join(_SHARD_IMAGE_EXTS)})")
+            return  # a key without an image or a label (e.g. metadata only) is not a sample
         try:
-            label = int(parts["cls"].decode().strip()) if "cls" in parts else -1
+            label = decimal_label(parts["cls"].decode(), "") if "cls" in parts else -1
         except (ValueError, UnicodeDecodeError):
             yield f"{shard}:{key}", -1, None, f"the label {parts['cls'][:32]!r} in {key}.cls is not an integer"
             return
@@ -442,7 +505,22 @@ class TarShards:
 
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-_SHARD_IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "ppm", "bmp")  # a sample's image: its first member of these
+# a sample's image: its first member of these (the last part of a dotted extension: c.left.jpg is an image of c)
+_SHARD_IMAGE_EXTS = tuple(e[1:] for e in IMG_EXTENSIONS) + ("gif",)
+
+
+def _shard_image(ext: str) -> bool:
+    return ext.rsplit(".", 1)[-1] in _SHARD_IMAGE_EXTS
+
+
+def decimal_label(text: str, where: str) -> int:
+    """A label written as a decimal integer (ASCII digits, a sign, spaces around); ValueError naming
+    ``where`` for anything else (``int`` would also take ``1_000`` and other scripts' digits)."""
+    t = text.strip()
+    digits = t[1:] if t[:1] in "+-" else t
+    if not (digits.isascii() and digits.isdigit()):
+        raise ValueError(f"{where}: the label {text!r} is not an integer")
+    return int(t)
 
 
 def labels_array(labels: Any, keys: Sequence) -> np.ndarray:

@@ -1,0 +1,188 @@
+"""The sources' listings and records where a user's data is messy (found by an audit of the sources):
+ImageFolder as torchvision's DatasetFolder, CSV lists as spreadsheets write them, tar shards cut or
+keyed unusually, keys changed in place, and prepare over symlinked trees and compressed shards.
+Each case names the sample or fails loudly; none is lost, mislabelled or hangs."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import gpupipe
+import gpupipe.__main__
+from gpupipe import crops
+from gpupipe.prepare import prepare
+from gpupipe.sources import FileList, ImageFolder, TarShards, write_tar_shards
+
+
+def jpeg(value: int, size: int = 24) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(np.full((size, size, 3), value, np.uint8)).save(buf, "JPEG", quality=95)
+    return buf.getvalue()
+
+
+def tree(root, layout: dict) -> None:
+    """``{relative path: bytes}`` written under ``root``."""
+    for rel, data in layout.items():
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+
+
+def records(shards: TarShards, **kw) -> list:
+    return list(shards.epoch_samples(epoch=0, seed=0, shuffle=False, rank=kw.get("rank", 0),
+                                     world_size=kw.get("world_size", 1), drop_last=False))
+
+
+# --- ImageFolder -------------------------------------------------------------------------------------
+
+
+def test_image_folder_takes_a_string_extension_and_refuses_empty_classes_as_torchvision(tmp_path):
+    from torchvision.datasets import DatasetFolder
+
+    tree(tmp_path, {f"a/x.{e}": jpeg(1) for e in ("jpg", "png", "tmp", "jpeg", "svg", "zip")})
+    ours = ImageFolder(tmp_path, extensions=".jpg")
+    theirs = DatasetFolder(str(tmp_path), loader=lambda p: p, extensions=".jpg")
+    assert list(ours.keys) == [p for p, _ in theirs.samples] == [str(tmp_path / "a" / "x.jpg")]
+    os.makedirs(tmp_path / "b")  # a class without an image: torchvision raises, naming it
+    with pytest.raises(FileNotFoundError, match="no valid file for the class b"):
+        ImageFolder(tmp_path)
+    kept = ImageFolder(tmp_path, allow_empty=True)
+    assert kept.classes == ["a", "b"] and kept.labels.tolist() == [0, 0, 0]  # x.jpeg, x.jpg, x.png
+
+
+def test_image_folder_never_loops_through_a_link_to_a_folder_above(tmp_path):
+    tree(tmp_path, {f"cat/{i}.jpg": jpeg(i) for i in range(3)})
+    os.symlink(tmp_path / "cat", tmp_path / "cat" / "again")  # os.walk would go round until ENAMETOOLONG
+    os.symlink(tmp_path, tmp_path / "cat" / "up")  # with two, it would never return
+    os.makedirs(tmp_path / "elsewhere")
+    tree(tmp_path, {"elsewhere/e.jpg": jpeg(9)})
+    os.symlink(tmp_path / "elsewhere", tmp_path / "cat" / "linked")  # not a loop: followed, as torchvision
+    src = ImageFolder(tmp_path)
+    assert sorted(os.path.relpath(k, tmp_path) for k in src.keys if "cat" in os.path.relpath(k, tmp_path).split(os.sep)[0]) \
+        == ["cat/0.jpg", "cat/1.jpg", "cat/2.jpg", "cat/linked/e.jpg"]
+
+
+def test_a_key_set_in_place_is_read_from_its_new_file(tmp_path):
+    tree(tmp_path, {"c/black.jpg": jpeg(0), "c/white.jpg": jpeg(255)})
+    src = ImageFolder(tmp_path)
+    assert src.read_many([0], 1)[0] == jpeg(0)  # (the encoded paths are made now)
+    src.keys[0] = str(tmp_path / "c" / "white.jpg")
+    assert bytes(src.read_many([0], 1)[0]) == src.read(0) == jpeg(255)
+    src.keys.append(str(tmp_path / "c" / "black.jpg"))
+    src.labels = np.append(src.labels, 0)
+    assert bytes(src.read_many([2], 1)[0]) == jpeg(0)
+    assert src.keys == [str(tmp_path / "c" / n) for n in ("white.jpg", "white.jpg", "black.jpg")]  # still a list
+
+
+# --- FileList.from_csv -------------------------------------------------------------------------------
+
+
+def test_csv_lists_as_spreadsheets_write_them(tmp_path):
+    tree(tmp_path, {"img/a.jpg": jpeg(1), "img/b.jpg": jpeg(2)})
+    (tmp_path / "bom.csv").write_text("\ufeffpath , label\nimg/a.jpg,1\n\n\"img/b.jpg\",2\n", encoding="utf-8")
+    fl = FileList.from_csv(tmp_path / "bom.csv")
+    assert list(fl.keys) == [str(tmp_path / "img" / "a.jpg"), str(tmp_path / "img" / "b.jpg")]
+    assert fl.labels.tolist() == [1, 2]
+    for name, text, match in (
+            ("missing.csv", "file,label\na.jpg,1\n", r"no column 'path' in the header row \(its columns: \['file', 'label'\]\)"),
+            ("late.csv", "path,label\nimg/a.jpg,1\n\n\n\"img/\nb.jpg\",x\n", r"late.csv, line 6: the label 'x' is not an integer"),
+            ("underscore.csv", "path,label\nimg/a.jpg,1_000\n", r"line 2: the label '1_000' is not an integer"),
+            ("digits.csv", "path,label\nimg/a.jpg,\u0663\n", r"line 2: the label '\u0663' is not an integer"),
+            ("empty.csv", "path,label\n,3\n", r"line 2: the path is empty")):
+        (tmp_path / name).write_text(text, encoding="utf-8")
+        with pytest.raises(ValueError, match=match):
+            FileList.from_csv(tmp_path / name)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:  # a relative CSV path: keys made absolute, so a later chdir changes nothing
+        keys = list(FileList.from_csv("bom.csv").keys)
+    finally:
+        os.chdir(cwd)
+    assert keys == list(fl.keys)
+
+
+# --- TarShards ---------------------------------------------------------------------------------------
+
+
+def test_a_shard_cut_after_a_samples_image_fails_that_sample_never_unlabelled(tmp_path):
+    [path] = write_tar_shards([(f"s{i}", 7, jpeg(40 * i), "jpg") for i in range(3)], tmp_path, samples_per_shard=10)
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(data[:data.index(b"s1.cls")])  # an interrupted copy: s1's label lost with the rest
+    got = records(TarShards(path))
+    assert [(r.key.rsplit(":", 1)[-1], r.label, r.error is None) for r in got[:1]] == [("s0", 7, True)]
+    assert "truncated right after this sample" in got[1].error and got[1].key.endswith(":s1")
+    assert "truncated" in got[2].error and all(r.label == -1 for r in got[1:])
+    loader = gpupipe.Loader(TarShards(path), batch_size=8, crop=crops.CenterCrop(16), shuffle=False, num_threads=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        labels = torch.cat([y for _, y in loader])
+    assert labels.tolist() == [7]
+
+
+def test_shard_images_of_every_image_extension_and_labelled_keys_without_one_are_named(tmp_path):
+    path = tmp_path / "s.tar"
+    with tarfile.open(path, "w") as t:
+        for name, data in (("a.tiff", b"II*\0"), ("a.cls", b"1"), ("b.gif", b"GIF89a"), ("b.cls", b"2"),
+                           ("c.left.jpg", jpeg(3)), ("c.cls", b"3"), ("d.json", b"{}"), ("d.cls", b"4"),
+                           ("e.json", b"{}"), ("f.jpg", jpeg(6)), ("f.cls", b" 6\n")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    got = {r.key.rsplit(":", 1)[-1]: r for r in records(TarShards(str(path)))}  # a str: one shard, as WebDataset
+    assert {k: (r.label, r.error is None) for k, r in got.items()} == \
+        {"a": (1, True), "b": (2, True), "c": (3, True), "d": (-1, False), "f": (6, True)}
+    assert "no image member for d" in got["d"].error  # e (metadata only, no label) is not a sample
+
+
+def test_fewer_shards_than_ranks_is_an_error_on_every_rank(tmp_path):
+    paths = write_tar_shards([(f"s{i}", i, jpeg(i), "jpg") for i in range(6)], tmp_path, samples_per_shard=2)
+    shards = TarShards(paths, samples_per_rank=2)
+    for rank in range(4):  # a rank without a shard would deliver nothing while the others wait for it
+        with pytest.raises(ValueError, match="3 shards for 4 ranks"):
+            records(shards, rank=rank, world_size=4)
+    assert [len(records(shards, rank=r, world_size=3)) for r in range(3)] == [2, 2, 2]
+
+
+# --- prepare ----------------------------------------------------------------------------------------
+
+
+def test_prepare_follows_symlinked_class_folders_as_image_folder_does(tmp_path):
+    tree(tmp_path, {"store/banana/0.jpg": jpeg(10), "store/banana/1.jpg": jpeg(20), "train/apple/0.jpg": jpeg(30),
+                    "train/cherry/0.jpg": jpeg(40)})
+    os.symlink(tmp_path / "store" / "banana", tmp_path / "train" / "banana")
+    report = prepare(tmp_path / "train", tmp_path / "prepared", progress=False)
+    assert report.failed == [] and report.files == 4
+    before, after = ImageFolder(tmp_path / "train"), ImageFolder(tmp_path / "prepared")
+    assert after.class_to_idx == before.class_to_idx and after.labels.tolist() == before.labels.tolist()
+
+
+def test_prepare_checks_its_restart_arguments_and_names_compressed_shards_as_tars(tmp_path, capsys):
+    tree(tmp_path, {"src/a/0.jpg": jpeg(1)})
+    for rows, mcus in ((0, 0), (-1, 0), (70000, 8), (1, -1), (1, 70000), (1.5, 8)):
+        with pytest.raises(ValueError, match="restart_(rows|mcus) must be an int"):
+            prepare(tmp_path / "src", tmp_path / "out", restart_rows=rows, restart_mcus=mcus, progress=False)
+    assert not (tmp_path / "out").exists()
+    assert gpupipe.__main__.main(["prepare", str(tmp_path / "src"), str(tmp_path / "out"), "--restart-rows", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m gpupipe prepare: restart_rows must be") and "prepare: prepare:" not in err
+    [plain] = write_tar_shards([("k", 1, jpeg(5), "jpg")], tmp_path / "shards", samples_per_shard=4)
+    packed = tmp_path / "shards" / "s.tar.gz"
+    with tarfile.open(plain) as tin, tarfile.open(packed, "w:gz") as tout:
+        for m in tin:
+            tout.addfile(m, tin.extractfile(m))
+    report = prepare(packed, tmp_path / "prepared", progress=False)
+    assert report.failed == [] and report.transcoded == 1
+    out = tmp_path / "prepared" / "s.tar"  # a plain tar, named as one
+    assert out.is_file() and not (tmp_path / "prepared" / "s.tar.gz").exists()
+    assert [(r.label, r.error) for r in records(TarShards(out))] == [(1, None)]
