@@ -382,6 +382,26 @@ def test_drawn_params_pack_from_their_blocks_in_one_call(monkeypatch):
         aug(x, params=dict(p))
 
 
+def test_a_replayed_call_checks_drawn_params_once_as_the_template_would(monkeypatch):
+    """forward's path for drawn parameters: the blocks checked once (the template checks them in
+    check_params and again in pack_params), with the template's results, last_params and errors."""
+    from gpupipe.augment import batch_augment
+
+    aug = BatchAugment(**FULL)
+    x = photo_batch(6, 20, 24, seed=4)
+    p = aug.sample_params(6, seed=3)
+    expected = aug._forward((x,), dict(p))
+    checks = []
+    intact = batch_augment.DrawnParams.intact_blocks
+    monkeypatch.setattr(batch_augment.DrawnParams, "intact_blocks", lambda self: checks.append(1) or intact(self))
+    assert torch.equal(aug(x, params=p), expected) and len(checks) == 1
+    assert aug.last_params is p and aug.last_path == "cpu-kernel"
+    with pytest.raises(ValueError, match="for a batch of 5"):
+        aug(x[:5], params=p)
+    for other in (BatchAugment(**FULL, engine="kornia"), BatchAugment(**FULL, color="linear")):
+        assert other(x, params=p).shape == expected.shape  # the template, its own checks
+
+
 def test_drawn_params_changed_in_place_replaced_or_repointed():
     """A tensor changed in place (values or metadata), replaced or re-pointed takes the general
     path and its checks, with the results of a plain dict of the same tensors; copies are plain
