@@ -37,6 +37,9 @@ class DecodeCropDataset(torch.utils.data.Dataset):
 
     def __init__(self, source, crop: CropSampler, *, seed: int = 0, on_error: str = "skip",
                  apply_exif_orientation: bool = False, backend: str = "cpu"):
+        if not all(hasattr(source, a) for a in ("keys", "labels", "read", "__len__")):
+            raise TypeError(f"DecodeCropDataset needs a map-style source (keys, labels, read, len: ImageFolder, "
+                            f"FileList), got {type(source).__name__}; stream TarShards with gpupipe.Loader")
         self.source = source
         self.crop = crop
         self.seed = int(seed)

@@ -42,7 +42,8 @@ from gpupipe._read_pool import ReadPool
 from gpupipe.engine import Closed, Engine, HostClock, Many, StageTimes
 from gpupipe.error_policy import apply_policy, check_on_error
 from gpupipe.routing import decode_into, plan_batch, straight
-from gpupipe.sources import Arenas, MapSource, Source, distributed_indices, indented, labels_of, read_result
+from gpupipe.sources import (Arenas, MapSource, Source, TarShards, distributed_indices, indented, labels_of,
+                             read_result)
 
 STAGES = ("read", "plan", "decode", "collect", "transfer", "augment")
 
@@ -744,6 +745,8 @@ class Loader:
                                       "next": self._next_shares.as_dict() if self._next_shares else None}
         if self.backend == "hybrid":  # the epoch's split: its routes (hybrid.SPLIT)
             state["hybrid_split"] = self._splits.get(epoch, hybrid.SPLIT)
+        if isinstance(self.source, TarShards):  # what orders a stream's samples besides its shards
+            state["stream"] = f"shuffle_buffer={self.source.shuffle_buffer}, samples_per_rank={self.source.samples_per_rank}"
         return state
 
     def _source_fingerprint(self) -> str:
@@ -764,7 +767,8 @@ class Loader:
             raise ValueError(f"a Loader state is the dict state_dict() returns, got {type(state).__name__}")
         mine = self.state_dict()
         # (a state of before the hybrid backend, or of before its split: the keyed split)
-        missing = [k for k in mine if k not in state and k not in ("decode_shares", "hybrid_split")]
+        # (a state of before the stream's settings were recorded: taken as this Loader's)
+        missing = [k for k in mine if k not in state and k not in ("decode_shares", "hybrid_split", "stream")]
         if missing:
             raise ValueError(f"the Loader state lacks {', '.join(missing)}")
         for k in mine:
@@ -772,8 +776,8 @@ class Loader:
                 raise ValueError(f"the Loader state's {k}={state[k]!r} is not a {type(mine[k]).__name__}")
         if state["version"] != 1:
             raise ValueError(f"unknown Loader state version {state['version']!r}")
-        for k in ("seed", "shuffle", "batch_size", "drop_last", "rank", "world_size", "crop", "source"):
-            if state[k] != mine[k]:
+        for k in ("seed", "shuffle", "batch_size", "drop_last", "rank", "world_size", "crop", "source", "stream"):
+            if k in mine and state.get(k, mine[k]) != mine[k]:
                 raise ValueError(f"the state was taken with {k}={state[k]!r}, this Loader has {k}={mine[k]!r}")
         epoch, batches = int(state["epoch"]), int(state["batches"])
         if epoch < 0:

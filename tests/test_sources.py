@@ -18,6 +18,7 @@ from PIL import Image
 import gpupipe
 import gpupipe.__main__
 from gpupipe import crops
+from gpupipe.data import DecodeCropDataset
 from gpupipe.prepare import prepare
 from gpupipe.sources import FileList, ImageFolder, TarShards, write_tar_shards
 
@@ -186,3 +187,30 @@ def test_prepare_checks_its_restart_arguments_and_names_compressed_shards_as_tar
     out = tmp_path / "prepared" / "s.tar"  # a plain tar, named as one
     assert out.is_file() and not (tmp_path / "prepared" / "s.tar.gz").exists()
     assert [(r.label, r.error) for r in records(TarShards(out))] == [(1, None)]
+
+
+def test_a_stream_state_records_its_shuffle_buffer_and_samples_per_rank(tmp_path):
+    """Either orders the stream's samples: a state of other settings is refused (one without them,
+    saved before they were recorded, is taken as this Loader's)."""
+    paths = write_tar_shards([(f"s{i}", i, jpeg(i), "jpg") for i in range(8)], tmp_path, samples_per_shard=4)
+
+    def loader(**kw):
+        return gpupipe.Loader(TarShards(paths, **kw), batch_size=2, crop=crops.CenterCrop(16), num_threads=1)
+
+    first = loader(shuffle_buffer=4)
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    assert state["stream"] == "shuffle_buffer=4, samples_per_rank=None"
+    for other in (dict(shuffle_buffer=8), dict(shuffle_buffer=4, samples_per_rank=6)):
+        with pytest.raises(ValueError, match="the state was taken with stream="):
+            loader(**other).load_state_dict(state)
+    del state["stream"]
+    loader(shuffle_buffer=8).load_state_dict(state)
+    it.close()
+
+
+def test_decode_crop_dataset_refuses_a_streamed_source_at_once(tmp_path):
+    paths = write_tar_shards([("s", 1, jpeg(1), "jpg")], tmp_path, samples_per_shard=4)
+    with pytest.raises(TypeError, match="needs a map-style source .* got TarShards"):
+        DecodeCropDataset(TarShards(paths), crops.CenterCrop(16))
