@@ -47,8 +47,12 @@ def main(argv=None) -> int:
         print(f"python -m gpupipe prepare: {message.removeprefix('prepare: ')}", file=sys.stderr)
         return 2
     print(report)
-    for path, reason in report.copied:
-        print(f"  copied unchanged: {path} ({reason})")
+    by_reason: dict = {}
+    for path, reason in report.copied:  # (a shard's labels are each "not a JPEG": a count, a few examples)
+        by_reason.setdefault(reason, []).append(path)
+    for reason, paths in by_reason.items():
+        shown = ", ".join(paths[:3]) + (f", ... ({len(paths) - 3} more)" if len(paths) > 3 else "")
+        print(f"  copied unchanged ({reason}): {len(paths)}: {shown}")
     for path, reason in report.failed:
         print(f"  failed, not in the output: {path} ({reason})")
     return 1 if report.failed else 0

@@ -154,7 +154,8 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
         def one(path: Path):
             target = dst / path.relative_to(root)
             try:
-                if target.exists() and target.stat().st_mtime >= path.stat().st_mtime and target.stat().st_size > 0:
+                if target.exists() and target.stat().st_mtime >= path.stat().st_mtime and \
+                        (target.stat().st_size > 0 or path.stat().st_size == 0):  # (an empty file: copied once)
                     with lock:
                         report.skipped_existing += 1
                 else:
@@ -246,6 +247,8 @@ def _copy_shard(shard: Path, tout: tarfile.TarFile, pool, threads: int, convert,
                 else:
                     info = tarfile.TarInfo(m.name)
                     info.size, info.mtime, info.mode = len(data), m.mtime, m.mode
+                    info.uid, info.gid, info.uname, info.gname = m.uid, m.gid, m.uname, m.gname
+                    info.pax_headers = {k: v for k, v in m.pax_headers.items() if k != "size"}  # (its size is new)
                     tout.addfile(info, io.BytesIO(data))
                     copied += 1
             chunk.clear()

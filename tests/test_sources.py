@@ -214,3 +214,22 @@ def test_decode_crop_dataset_refuses_a_streamed_source_at_once(tmp_path):
     paths = write_tar_shards([("s", 1, jpeg(1), "jpg")], tmp_path, samples_per_shard=4)
     with pytest.raises(TypeError, match="needs a map-style source .* got TarShards"):
         DecodeCropDataset(TarShards(paths), crops.CenterCrop(16))
+
+
+def test_prepare_keeps_tar_owners_copies_an_empty_file_once_and_counts_what_it_copied(tmp_path, capsys):
+    plain = tmp_path / "s.tar"
+    with tarfile.open(plain, "w") as t:
+        for i in range(5):
+            for name, data in ((f"k{i}.jpg", jpeg(10 * i)), (f"k{i}.cls", b"%d" % i)):
+                info = tarfile.TarInfo(name)
+                info.size, info.uid, info.uname, info.gid, info.gname = len(data), 1001, "bob", 1002, "staff"
+                t.addfile(info, io.BytesIO(data))
+    assert gpupipe.__main__.main(["prepare", str(plain), str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "copied unchanged (not a JPEG): 5: " in out and "(2 more)" in out and out.count("k3.cls") == 0
+    with tarfile.open(tmp_path / "out" / "s.tar") as t:
+        assert {(m.uid, m.uname, m.gid, m.gname) for m in t} == {(1001, "bob", 1002, "staff")}
+    tree(tmp_path, {"src/a/empty.jpg": b"", "src/a/0.jpg": jpeg(1)})
+    first = prepare(tmp_path / "src", tmp_path / "dst", progress=False)
+    again = prepare(tmp_path / "src", tmp_path / "dst", progress=False)
+    assert len(first.copied) == 1 and again.copied == [] and again.skipped_existing == 2

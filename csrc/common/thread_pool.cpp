@@ -72,8 +72,14 @@ std::shared_ptr<ThreadPool::Loop> ThreadPool::start(size_t n, std::function<void
   loop->fn = std::move(fn);
   loop->done_callback = std::move(done);
   loop->participants = static_cast<int>(std::min<size_t>(n, workers_.size()));
-  if (loop->participants == 0) {  // nothing to run: finished already
-    if (loop->done_callback) loop->done_callback();
+  if (loop->participants == 0) {  // nothing to run: finished already (done's error for wait, as a worker keeps it)
+    if (loop->done_callback) {
+      try {
+        loop->done_callback();
+      } catch (...) {
+        loop->error = std::current_exception();
+      }
+    }
     return loop;
   }
   {
