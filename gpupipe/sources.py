@@ -364,7 +364,7 @@ class TarShards:
 
     def __init__(self, paths: Sequence[str | os.PathLike], shuffle_buffer: int = 1000,
                  samples_per_rank: Optional[int] = None):
-        one = isinstance(paths, (str, bytes)) or isinstance(paths, os.PathLike)  # a shard, as WebDataset takes it
+        one = isinstance(paths, (str, bytes, os.PathLike))  # a shard, as WebDataset takes it
         self.paths = [os.fspath(paths)] if one else [os.fspath(p) for p in paths]
         if not self.paths:
             raise ValueError("no shards given")

@@ -108,7 +108,7 @@ def draw_uniforms(n: int, count: int, *, stream: int, owner: GeneratorOwner, see
 def key_int(value: Any, name: str) -> int:
     """A seed or epoch: an int (numpy's too; taken modulo 2**64 by the hash), never a float or text
     that would key the draws of another value silently."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    if not is_int(value):
         raise TypeError(f"{name} must be an int, got {value!r}")
     return int(value)
 
