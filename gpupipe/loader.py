@@ -632,13 +632,14 @@ class Loader:
         earlier epochs' of an engine given too few samples to be measured on one)."""
         if self.decode_shares is None:
             measured = self._measured(st)
-            self._next_shares = st.shares.retuned(measured, ["cpu", *self._gpu_engines()], self._decode_threads())
+            self._next_shares = self._retuned(st, measured)
             self._unmeasured = {e: m for e, m in measured.items() if m[1] < hybrid.MIN_MEASURED}
 
-    def _retuned(self, st: "_Stats") -> "hybrid.Shares":
+    def _retuned(self, st: "_Stats", measured: Optional[dict] = None) -> "hybrid.Shares":
         """Shares from the engine rates of the batches ``st`` collected (the epoch's own: the next
-        epoch's first batches may be decoding already, lookahead)."""
-        return st.shares.retuned(self._measured(st), ["cpu", *self._gpu_engines()], self._decode_threads())
+        epoch's first batches may be decoding already, lookahead), or from ``measured``."""
+        measured = self._measured(st) if measured is None else measured
+        return st.shares.retuned(measured, ["cpu", *self._gpu_engines()], self._decode_threads())
 
     def _measured(self, st: "_Stats") -> dict:
         """``{engine: (decoded, given, seconds)}`` of the batches ``st`` collected, with what earlier

@@ -29,6 +29,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from gpupipe import _C
+from gpupipe._args import is_python_int
 from gpupipe.limits import get_limits
 from gpupipe.sources import member_refusal, read_file
 from gpupipe.sources import walk_following_links as _walk
@@ -100,7 +101,7 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
             shard's output (two shards of one name): a source would be overwritten or lost.
     """
     for name, value, low in (("restart_rows", restart_rows, 1), ("restart_mcus", restart_mcus, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 65535:
+        if not is_python_int(value) or not low <= value <= 65535:
             raise ValueError(f"{name} must be an int in [{low}, 65535], got {value!r}")
     dst = Path(dst)
     report = PrepareReport()

@@ -168,7 +168,7 @@ int xmp_orientation(const uint8_t* p, size_t n) {
     const uint8_t* q = p + i + tag;
     size_t at = 0;
     if (q[0] == '>') at = 1;
-    else if (q[0] == '=' && i + tag + 3 <= n && q[1] == '"') at = 2;
+    else if (q[0] == '=' && q[1] == '"') at = 2;  // (q[1] is inside: the loop's bound)
     if (at && i + tag + at < n && q[at] >= '0' && q[at] <= '9') return q[at] - '0';
   }
   return kNoOrientationTag;

@@ -136,9 +136,9 @@ class RandomErasing(KeyedModule):
         params = super()._checked_params(params, n)
         if not torch.compiler.is_compiling():  # values no draw gives: a box outside the image, or none at all
             for k in ("area", "top", "left"):
-                v = params[k]
-                if v.numel() and not bool(((v >= 0) & (v <= 1)).all()):
-                    raise ValueError(f"params[{k!r}] must be uniforms within [0, 1], got {v[~((v >= 0) & (v <= 1))][0]}")
+                outside = ~((params[k] >= 0) & (params[k] <= 1))
+                if bool(outside.any()):
+                    raise ValueError(f"params[{k!r}] must be uniforms within [0, 1], got {params[k][outside][0]}")
             if not bool(torch.isfinite(params["log_ratio"]).all()):
                 raise ValueError("params['log_ratio'] must be finite")
         return params
