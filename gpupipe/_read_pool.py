@@ -5,8 +5,9 @@ A read that does not return within the timeout fails its sample (``TimeoutError`
 and is left to its thread, which stops when the read returns; a new thread takes its place, so the
 reads after it go on. The threads are daemons: a read that never returns does not hold the process
 at exit (a ``ThreadPoolExecutor``'s threads are joined then). Threads left in reads are bounded
-for the pool's life (:data:`MAX_STUCK`): past that, reads fail at once, naming how many are stuck,
-instead of starting more threads. A ``map`` whose caller gives up (its ``cancel`` event set: an
+for the pool's life: once :data:`MAX_STUCK` are, no thread takes their place (those running may
+still be left so, up to ``threads - 1`` more), and reads not started fail at once, naming how many
+are stuck. A ``map`` whose caller gives up (its ``cancel`` event set: an
 epoch closed) or a pool shut down returns at once, its reads not started failed and those running
 left to their threads as above.
 """
@@ -20,7 +21,7 @@ import time
 import weakref
 from typing import Any, Callable, Optional, Sequence
 
-MAX_STUCK = 32  # threads left in reads past the timeout, at most; then reads fail at once
+MAX_STUCK = 32  # threads left in reads past the timeout before none takes their place and reads fail at once
 _POLL = 0.05  # seconds between looks at a map's cancel event and the pool's shutdown while waiting
 
 _QUEUED, _RUNNING, _DONE, _ABANDONED = range(4)

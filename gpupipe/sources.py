@@ -189,7 +189,14 @@ class Arenas:
     the Loader's threads ~1.1 ms of GIL time per batch (glibc returns such chunks to the system one
     by one), a reused buffer nothing. At most ``keep`` buffers are kept (the batches in flight).
     A Loader keeps one across its epochs (a new buffer's first touch costs page faults, and a short
-    epoch would otherwise never reuse one); a lock makes each buffer go to one taker."""
+    epoch would otherwise never reuse one); a lock makes each buffer go to one taker.
+
+    A take gets the smallest free buffer that fits, and drops each free buffer more than
+    :data:`OVERSIZE` times the request and over :data:`SHRINK_BYTES`: a batch that once held a few
+    huge files does not keep its buffers alive for the Loader's life."""
+
+    OVERSIZE = 4
+    SHRINK_BYTES = 64 << 20
 
     def __init__(self, keep: int = 8):
         self.keep = keep
@@ -198,16 +205,22 @@ class Arenas:
 
     def take(self, nbytes: int) -> np.ndarray:
         """A uint8 buffer of at least ``nbytes`` that nothing else references."""
+        want = nbytes + nbytes // 4  # room for the next batch's larger files
+        too_large = max(self.OVERSIZE * want, self.SHRINK_BYTES)
         with self._lock:
-            free = [i for i in range(len(self.buffers)) if sys.getrefcount(self.buffers[i]) == 2]  # the list's and the argument's
-            for i in free:
-                if self.buffers[i].nbytes >= nbytes:
-                    return self.buffers[i]
-            fresh = np.empty(nbytes + nbytes // 4, dtype=np.uint8)  # room for the next batch's larger files
-            if free:  # replace a free buffer that is too small
-                self.buffers[free[0]] = fresh
-            elif len(self.buffers) < self.keep:
-                self.buffers.append(fresh)
+            taken, free = [], []
+            for b in self.buffers:  # free: referenced by the list, b and the argument only
+                if sys.getrefcount(b) > 3:
+                    taken.append(b)
+                elif b.nbytes <= too_large:  # (one far too large is dropped)
+                    free.append(b)
+            fits = [b for b in free if b.nbytes >= nbytes]
+            if fits:
+                self.buffers = taken + free
+                return min(fits, key=lambda b: b.nbytes)
+            fresh = np.empty(want, dtype=np.uint8)
+            kept = taken + free[1:]  # a free buffer that is too small gives its place
+            self.buffers = kept + [fresh] if len(kept) < self.keep else kept
             return fresh
 
 
