@@ -71,21 +71,23 @@ def plan_random_resized_crops(
     """read_header_infos, then, when every header was read, RandomResizedCrop's int64 [N, 4]
     boxes from the stored sizes, in one GIL-free call."""
 
-def gpu_eligible(table: NDArray[np.int64], boxes: Buffer, window: bool, strict: bool, colorspaces: int, max_pixels: int,
-                 max_scans: int) -> NDArray[np.bool_]:
-    """bool [N]: the samples a GPU decoder may take; ``colorspaces`` a bit mask of COLORSPACES indices."""
+def gpu_refusals(table: NDArray[np.int64], boxes: Buffer, window: bool, strict: bool, colorspaces: int, max_pixels: int,
+                 max_scans: int, box_height: int = 0, box_width: int = 0) -> NDArray[np.int8]:
+    """int8 [N]: why each sample may not go to a GPU decoder (0: it may); ``colorspaces`` a bit mask of
+    COLORSPACES indices; ``box_height``, ``box_width`` > 0: only boxes of that size (no resize)."""
 
 def hybrid_routes(table: NDArray[np.int64], boxes: Buffer, indices: ArrayLike, seed: int, epoch: int, stream: int,
                   cpu: float, hardware: float, has_hardware: bool, has_cuda: bool, window: bool, strict: bool,
-                  colorspaces: int, max_pixels: int, max_scans: int) -> tuple[NDArray[np.int64], NDArray[np.int8]]:
+                  colorspaces: int, max_pixels: int, max_scans: int, box_height: int = 0,
+                  box_width: int = 0) -> tuple[NDArray[np.int64], NDArray[np.int8]]:
     """(route int64 [N]: 0 CPU core, 1 hardware, 2 CUDA decoder; reason int8 [N]: 0 share, 1 no GPU
     decoder may take it, 2 progressive, drawn for the hardware decoder) of a hybrid batch."""
 
 def hybrid_ranked_routes(datas: Sequence[Buffer], table: NDArray[np.int64], boxes: Buffer, indices: ArrayLike,
                          groups: ArrayLike, seed: int, epoch: int, stream: int, cpu: float, hardware: float,
                          has_hardware: bool, has_cuda: bool, out_height: int, out_width: int, dct_scaling: bool,
-                         window: bool, strict: bool, colorspaces: int, max_pixels: int,
-                         max_scans: int) -> tuple[NDArray[np.int64], NDArray[np.int8]]:
+                         window: bool, strict: bool, colorspaces: int, max_pixels: int, max_scans: int,
+                         box_height: int = 0, box_width: int = 0) -> tuple[NDArray[np.int64], NDArray[np.int8]]:
     """(route, reason) as hybrid_routes, by the ranked split (hybrid.assign_ranked's definition)."""
 
 def hybrid_cost_estimates(table: NDArray[np.int64], boxes: Buffer, nbytes: ArrayLike, out_height: int,

@@ -881,6 +881,15 @@ class Loader:
                 "lane_failures": workers.lane_failures() if workers is not None else []}
 
 
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory of ``a``'s storage and ``b``'s overlap (a view through DLPack or numpy
+    has a storage of its own over the same bytes)."""
+    if a.device != b.device:
+        return False
+    sa, sb = a.untyped_storage(), b.untyped_storage()
+    return sa.data_ptr() < sb.data_ptr() + sb.nbytes() and sb.data_ptr() < sa.data_ptr() + sa.nbytes()
+
+
 def _same_kind(value, reference) -> bool:
     """A state field of the type state_dict() gives it: bool for bool, an integer (not a bool) for int."""
     if isinstance(reference, bool):
@@ -1284,8 +1293,8 @@ class _Epoch:
         """augment (keyed when it follows the protocol) of ``batch``'s images (or rows of them)."""
         l = self.l
         out = l.augment(images, params=params) if self.augment_keyed else l.augment(images)
-        if batch.slot is not None and out.untyped_storage().data_ptr() == batch.images.untyped_storage().data_ptr():
-            out = out.clone()  # the module handed back the ring slot itself
+        if batch.slot is not None and _overlaps(out, batch.images):
+            out = out.clone()  # the module handed back (part of) the ring slot, maybe through another storage
         return out
 
     def _augment_only(self, batch: Batch, images, params):

@@ -35,7 +35,7 @@ from gpupipe.keyed import _MASK
 
 def as_buffers(datas: Sequence[Any]) -> list:
     """Buffer-protocol views of the encoded samples (no copy); TypeError/ValueError naming the sample."""
-    if all(type(d) is bytes or type(d) is memoryview for d in datas):  # the Loader's reads: nothing to convert
+    if all(type(d) is bytes or (type(d) is memoryview and d.contiguous) for d in datas):  # the Loader's reads
         return datas if isinstance(datas, list) else list(datas)
     return [as_buffer(d, f"datas[{i}]") for i, d in enumerate(datas)]
 

@@ -46,6 +46,28 @@ def test_crops_match_the_cpu_core(photos, backend, device, mode):
     assert_close_to_core(got.images, ref.images, backend, device)
 
 
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICES)
+def test_boxes_not_of_the_output_size_without_a_resize_fail_per_sample(photos, backend, device):
+    """An 8x32 box holds as many pixels as a 16x16 output: DALI delivered it reshaped, silently, and
+    the nvImageCodec engines failed the whole batch. Every backend leaves it to the CPU core, which
+    fails that sample alone."""
+    from gpupipe import routing
+    from gpupipe._backends import gpu_fallback
+    from gpupipe.decode_types import DecodeOptions
+
+    datas = photos[:3]
+    boxes = np.array([[0, 0, 16, 16], [0, 0, 8, 32], [10, 10, 16, 16]])
+    options = DecodeOptions(size=(16, 16), resize=False, backend=backend, device=torch.device(device))
+    infos = routing.probe(routing.as_buffers(datas), options)
+    infos.count_scans(datas)  # (a CPU-backend probe does not count them)
+    assert gpu_fallback.gpu_eligible(infos, boxes, options).tolist() == [True, False, True]
+    out = torch.full((3, 16, 16, 3), 7, dtype=torch.uint8, device=device)
+    status = routing.decode_into(datas, boxes, out, options)
+    assert status.kind.tolist()[1] == gpupipe.ErrorKind.INVALID_ARGUMENT and status.kind[[0, 2]].tolist() == [0, 0]
+    ref = gpupipe.decode_crop_jpegs([datas[0], datas[2]], boxes[[0, 2]], backend="cpu").images.permute(0, 2, 3, 1)
+    assert_close_to_core(out[[0, 2]].cpu().permute(0, 3, 1, 2), ref.permute(0, 3, 1, 2), backend, device)
+
+
 @pytest.mark.parametrize("backend,device", CASES)
 def test_resized_crops_are_close_to_the_cpu_core(photos, backend, device):
     rng = np.random.default_rng(1)

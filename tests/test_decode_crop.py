@@ -104,6 +104,10 @@ def test_bad_arguments(jpeg):
         gpupipe.decode_crop_jpeg("a string", 0, 0, 8, 8)
     with pytest.raises(ValueError, match="CPU tensor|1-D uint8"):
         gpupipe.decode_crop_jpeg(torch.zeros(3, 3, dtype=torch.uint8), 0, 0, 8, 8)
+    strided = memoryview(np.frombuffer(jpeg, np.uint8).repeat(2))[::2]  # the file's bytes, not contiguous
+    for first in (jpeg, memoryview(jpeg), bytearray(jpeg)):  # (bytes and memoryviews: the Loader's fast path)
+        with pytest.raises(ValueError, match=r"datas\[1\] must be a contiguous memoryview"):
+            gpupipe.decode_crop_jpegs([first, strided], np.array([[0, 0, 8, 8]] * 2), size=(8, 8))
 
 
 @pytest.mark.parametrize("data,match", [

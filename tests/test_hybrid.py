@@ -154,6 +154,17 @@ def test_shares_from_rates_that_are_not_finite_are_valid_shares(rates):
 def test_shares_from_a_damaged_state_are_refused(bad):
     with pytest.raises(ValueError, match="decode share"):
         hybrid.Shares.from_dict(bad)
+    if isinstance(bad, dict) and len(bad) == 3:  # made directly (decode_into(shares=...)) as well
+        with pytest.raises(ValueError, match="decode share"):
+            hybrid.Shares(**bad)
+
+
+@pytest.mark.parametrize("bad", [(float("nan"), 0.5, 0.5), (0.3, 0.3, 0.0), (-1.0, 2.0, 0.0)])
+def test_shares_made_directly_are_checked(bad):
+    """Unchecked, NaN sent every sample to the CUDA decoder, and shares summing to 0.6 gave it 41%
+    although its share was 0 (the native routes give it the rest)."""
+    with pytest.raises(ValueError, match="decode share"):
+        hybrid.Shares(*bad)
 
 
 def test_routes_are_a_function_of_seed_epoch_index_and_shares():
@@ -171,18 +182,29 @@ def test_routes_are_a_function_of_seed_epoch_index_and_shares():
 
 
 
-def eligible_reference(table: np.ndarray, boxes: np.ndarray, window: bool, strict: bool, colorspaces: tuple,
-                       max_pixels: int, max_scans: int) -> np.ndarray:
-    """gpu_fallback.gpu_eligible's definition in numpy (the native pass is tested against it)."""
+def refusal_reference(table: np.ndarray, boxes: np.ndarray, window: bool, strict: bool, colorspaces: tuple,
+                      max_pixels: int, max_scans: int, box_height: int = 0, box_width: int = 0) -> np.ndarray:
+    """_C.gpu_refusals' definition in numpy: each sample's first refusal (gpu_fallback.REFUSALS), 0 for none."""
     col = {c: table[:, k] for k, c in enumerate(_C.INFO_COLUMNS)}
     if window or strict:
-        return np.zeros(len(boxes), bool)
+        return np.ones(len(boxes), np.int8)
     h, w = col["height"], col["width"]
     t, l, bh, bw = np.asarray(boxes, dtype=np.float64).T
     inside = (t >= 0) & (l >= 0) & (bh >= 1) & (bw >= 1) & (t + bh <= h) & (l + bw <= w)
     whole = (np.floor(boxes) == boxes).all(axis=1)
-    return ((h > 0) & (w > 0) & np.isin(col["colorspace"], colorspaces) & (h.astype(np.float64) * w <= max_pixels)
-            & (col["scans"] >= 0) & (col["scans"] <= max_scans) & (col["eoi"] == 1) & inside & whole)
+    if box_height > 0:  # no resize: only boxes of the output's size
+        inside &= (bh == box_height) & (bw == box_width)
+    checks = [(h > 0) & (w > 0), np.isin(col["colorspace"], colorspaces), h.astype(np.float64) * w <= max_pixels,
+              (col["scans"] >= 0) & (col["scans"] <= max_scans), col["eoi"] == 1, inside & whole]
+    codes = np.zeros(len(boxes), np.int8)
+    for code, passed in reversed(list(enumerate(checks, 2))):  # the first that fails wins
+        codes[~passed] = code
+    return codes
+
+
+def eligible_reference(*args) -> np.ndarray:
+    """gpu_fallback.gpu_eligible's definition in numpy (the native pass is tested against it)."""
+    return refusal_reference(*args) == 0
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.float64])
@@ -197,15 +219,18 @@ def test_the_native_routes_equal_their_numpy_definition(dtype):
     for shares in (hybrid.Shares(0.3, 0.5, 0.2), hybrid.Shares(1.0, 0.0, 0.0), hybrid.Shares(0.0, 1.0, 0.0),
                    hybrid.Shares(0.1, 0.0, 0.9)):
         for engines in (("hardware", "cuda"), ("hardware",), ("cuda",), ()):
-            for window, strict, cs, max_pixels, max_scans in ELIGIBILITY_CASES:
+            for window, strict, cs, max_pixels, max_scans, box_h, box_w in ELIGIBILITY_CASES:
                 mask = sum(1 << c for c in cs)
                 route, reason = _C.hybrid_routes(table, boxes, indices, 11, 2**64 - 3, hybrid.ROUTE_STREAM,
                                                  shares.cpu, shares.hardware, "hardware" in engines, "cuda" in engines,
-                                                 window, strict, mask, max_pixels, max_scans)
-                eligible = eligible_reference(table, boxes, window, strict, cs, max_pixels, max_scans)
-                assert window or strict or 0.2 < eligible.mean() < 0.7  # both kinds of rows, plenty of each
-                assert np.array_equal(_C.gpu_eligible(table, boxes, window, strict, mask, max_pixels, max_scans),
-                                      eligible)
+                                                 window, strict, mask, max_pixels, max_scans, box_h, box_w)
+                eligible = eligible_reference(table, boxes, window, strict, cs, max_pixels, max_scans, box_h, box_w)
+                assert window or strict or box_h or 0.2 < eligible.mean() < 0.7  # both kinds of rows, plenty of each
+                assert not box_h or 0 < eligible.sum() < (boxes[:, 2] == box_h).sum()
+                refusals = _C.gpu_refusals(table, boxes, window, strict, mask, max_pixels, max_scans, box_h, box_w)
+                assert np.array_equal(refusals, refusal_reference(table, boxes, window, strict, cs, max_pixels,
+                                                                  max_scans, box_h, box_w))
+                assert window or strict or set(np.unique(refusals)) == set(range(8)) - {1}  # each reason met
                 expected = hybrid.assign(11, -3, indices, shares, eligible)
                 for k, kind in enumerate(hybrid.ENGINES[1:], 1):
                     if kind not in engines:
@@ -215,13 +240,14 @@ def test_the_native_routes_equal_their_numpy_definition(dtype):
                 assert np.array_equal(route, expected)
                 assert np.array_equal(reason, np.where(~eligible, 1, np.where(declines, 2, 0)))
     with pytest.raises(ValueError, match="table"):
-        _C.gpu_eligible(table[:, :4], boxes, False, False, 3, 10, 10)
+        _C.gpu_refusals(table[:, :4], boxes, False, False, 3, 10, 10)
     with pytest.raises(ValueError, match="indices"):
         _C.hybrid_routes(table, boxes, indices[:3], 0, 0, 0, 0.5, 0.5, True, True, False, False, 3, 10, 10)
 
 
-ELIGIBILITY_CASES = ((False, False, (0, 1), 10**6, 100), (False, False, (0, 1, 2), 89_478_485, 100),
-                     (True, False, (0, 1), 10**6, 100), (False, True, (0, 1), 10**6, 100))
+ELIGIBILITY_CASES = ((False, False, (0, 1), 10**6, 100, 0, 0), (False, False, (0, 1, 2), 89_478_485, 100, 0, 0),
+                     (True, False, (0, 1), 10**6, 100, 0, 0), (False, True, (0, 1), 10**6, 100, 0, 0),
+                     (False, False, (0, 1), 10**6, 100, 7, 9))  # (the last: no resize, boxes of 7x9 only)
 
 
 def random_route_inputs(rng, n: int, dtype):
@@ -242,6 +268,7 @@ def random_route_inputs(rng, n: int, dtype):
     table[:, col["eoi"]] = mostly(1, [-1, 0])
     h, w = table[:, col["height"]], table[:, col["width"]]
     bh, bw = rng.integers(1, 65, n), rng.integers(1, 65, n)
+    bh[::5], bw[::5] = 7, 9  # the output's size in ELIGIBILITY_CASES' case without a resize
     fractions = dtype == np.float64  # (int64 boxes: whole edges only)
     boxes = np.stack([mostly(rng.integers(0, np.maximum(h - bh, 0) + 1), [-1, 3.5 if fractions else 3, 10**4]),
                       mostly(rng.integers(0, np.maximum(w - bw, 0) + 1), [-2, 0.25 if fractions else 0, 10**4]),
@@ -304,15 +331,16 @@ def test_the_native_ranked_routes_equal_their_numpy_definition(dtype):
     for shares in (hybrid.Shares(0.3, 0.7, 0.0), hybrid.Shares(0.3, 0.5, 0.2), hybrid.Shares(1.0, 0.0, 0.0),
                    hybrid.Shares(0.0, 1.0, 0.0), hybrid.Shares(0.45, 0.0, 0.55)):
         for engines in (("hardware", "cuda"), ("hardware",), ("cuda",), ()):
-            for (window, strict, cs, max_pixels, max_scans), (out_h, out_w, dct) in zip(
-                    ELIGIBILITY_CASES, ((224, 224, True), (24, 32, True), (224, 224, True), (0, 0, False))):
+            for (window, strict, cs, max_pixels, max_scans, box_h, box_w), (out_h, out_w, dct) in zip(
+                    ELIGIBILITY_CASES, ((224, 224, True), (24, 32, True), (224, 224, True), (0, 0, False),
+                                        (0, 0, False))):
                 mask = sum(1 << c for c in cs)
                 route, reason = _C.hybrid_ranked_routes(
                     datas, table, boxes, indices, groups, 11, 2**64 - 3, hybrid.ROUTE_STREAM, shares.cpu,
                     shares.hardware, "hardware" in engines, "cuda" in engines, out_h, out_w, dct, window, strict,
-                    mask, max_pixels, max_scans)
-                eligible = eligible_reference(table, boxes, window, strict, cs, max_pixels, max_scans)
-                assert window or strict or 0.15 < eligible.mean() < 0.85  # both kinds of rows
+                    mask, max_pixels, max_scans, box_h, box_w)
+                eligible = eligible_reference(table, boxes, window, strict, cs, max_pixels, max_scans, box_h, box_w)
+                assert window or strict or box_h or 0.15 < eligible.mean() < 0.85  # both kinds of rows
                 declines = eligible & (table[:, col["progressive"]] == 1) & ("hardware" in engines) & (shares.hardware > 0)
                 rankable = eligible & ~declines
                 with np.errstate(all="ignore"):  # (the rows no GPU decoder may take have no costs)
@@ -446,7 +474,8 @@ def test_declined_and_ineligible_samples_go_to_the_cpu_core_and_are_reported():
     out = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
     status = hybrid.decode(datas, boxes, out, options(), infos, shares=hybrid.Shares(0.0, 0.5, 0.5), engines=eng)
     assert status.route[-2] == Route.CPU_FALLBACK and status.route[-1] == Route.CPU_FALLBACK  # not eligible
-    assert "not decodable by the GPU decoders" in status.fallback[10]
+    assert "not decodable by the GPU decoders with gpupipe's semantics: its color space" in status.fallback[10]
+    assert "no EOI marker at the end of the file" in status.fallback[11]
     assert status.route[2] == Route.CPU_FALLBACK and "declined by the GPU's" in status.fallback[2]
     assert set(status.route[:-2].tolist()) - {Route.CPU_FALLBACK} <= {Route.GPU_HARDWARE, Route.GPU_CUDA}
     assert status.ok.all() and list(status.warnings) == [11]  # the CPU core's word for the missing end

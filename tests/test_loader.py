@@ -307,6 +307,27 @@ def test_augment_stage_and_stats(folder):
     assert st["decode_pool"]["busy_s"] > 0 and 0 < st["decode_pool"]["utilisation"] <= 1
 
 
+class _ViewThroughDLPack(torch.nn.Module):
+    """An augment that hands back part of its input through a storage of its own (as another array
+    library's transform may)."""
+
+    def forward(self, x):
+        return torch.from_dlpack(x[:, :, 1:])
+
+
+@pytest.mark.parametrize("module", [lambda x: x[:, :, 1:], _ViewThroughDLPack()], ids=["view", "dlpack"])
+def test_batches_an_augment_hands_back_as_views_of_the_ring_are_never_overwritten(folder, monkeypatch, module):
+    root, _ = folder
+    monkeypatch.setattr(gpupipe.loader, "CHUNK_IMAGES", 0)  # a ring slot a batch: reused within the epoch
+    ld = gpupipe.Loader(sources.ImageFolder(root), batch_size=4, crop=crops.RandomResizedCrop(24), num_threads=2,
+                        seed=3, augment=module, prefetch=1)
+    kept, copies = [], []
+    for x, _ in ld:
+        kept.append(x)
+        copies.append(x.clone())
+    assert len(kept) >= 6 and all(torch.equal(k, c) for k, c in zip(kept, copies))
+
+
 def test_argument_validation(folder):
     root, _ = folder
     src = sources.ImageFolder(root)

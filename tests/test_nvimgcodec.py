@@ -741,7 +741,7 @@ def test_nvjpeg_chains_the_engines_then_the_cpu_core(jpegs, monkeypatch):
     assert status.route.tolist() == [Route.GPU_HARDWARE, Route.GPU_HARDWARE, Route.GPU_CUDA, Route.GPU_HARDWARE,
                                      Route.CPU_FALLBACK, Route.GPU_HARDWARE, Route.CPU_FALLBACK]
     assert sorted(status.fallback) == [4, 6] and "declined by stand-in gpu-cuda (declined in the test)" in status.fallback[4]
-    assert "not decodable by nvJPEG" in status.fallback[6]  # CMYK never reaches an engine
+    assert "not decodable by nvJPEG with gpupipe's semantics: its color space" in status.fallback[6]  # CMYK: no engine
     assert len(cuda.calls[0]) == 2  # only what the hardware declined
 
 

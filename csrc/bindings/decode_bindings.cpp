@@ -137,33 +137,37 @@ RoutedBatch routed_batch(py::handle table, py::handle boxes) {
   return b;
 }
 
-GpuEligibility eligibility(bool window, bool strict, uint32_t colorspaces, int64_t max_pixels, int64_t max_scans) {
-  return GpuEligibility{window, strict, colorspaces, max_pixels, max_scans};
+GpuEligibility eligibility(bool window, bool strict, uint32_t colorspaces, int64_t max_pixels, int64_t max_scans,
+                           int64_t box_height, int64_t box_width) {
+  return GpuEligibility{window, strict, colorspaces, max_pixels, max_scans, box_height, box_width};
 }
 
 }  // namespace
 
 void register_routes(py::module_& m) {
   m.def(
-      "gpu_eligible",
+      "gpu_refusals",
       [](py::object table, py::object boxes, bool window, bool strict, uint32_t colorspaces, int64_t max_pixels,
-         int64_t max_scans) {
+         int64_t max_scans, int64_t box_height, int64_t box_width) {
         const RoutedBatch b = routed_batch(table, boxes);
-        const GpuEligibility e = eligibility(window, strict, colorspaces, max_pixels, max_scans);
-        py::array_t<bool> out(static_cast<py::ssize_t>(b.boxes.size()));
-        bool* o = out.mutable_data();
-        for (size_t i = 0; i < b.boxes.size(); ++i) o[i] = gpu_eligible(b.table.data() + kInfoWidth * i, b.boxes[i], e);
+        const GpuEligibility e = eligibility(window, strict, colorspaces, max_pixels, max_scans, box_height, box_width);
+        py::array_t<int8_t> out(static_cast<py::ssize_t>(b.boxes.size()));
+        int8_t* o = out.mutable_data();
+        for (size_t i = 0; i < b.boxes.size(); ++i)
+          o[i] = static_cast<int8_t>(gpu_refusal(b.table.data() + kInfoWidth * i, b.boxes[i], e));
         return out;
       },
       py::arg("table"), py::arg("boxes"), py::arg("window"), py::arg("strict"), py::arg("colorspaces"),
-      py::arg("max_pixels"), py::arg("max_scans"),
-      "bool [N]: the samples a GPU decoder may take (gpupipe._backends.gpu_fallback.gpu_eligible); colorspaces "
-      "is a bit mask of COLORSPACES indices.");
+      py::arg("max_pixels"), py::arg("max_scans"), py::arg("box_height") = 0, py::arg("box_width") = 0,
+      "int8 [N]: why each sample may not go to a GPU decoder (0: it may: gpupipe._backends.gpu_fallback.gpu_eligible; "
+      "REFUSALS words the others); colorspaces is a bit mask of COLORSPACES indices; box_height, box_width > 0: "
+      "only boxes of that size (no resize).");
   m.def(
       "hybrid_routes",
       [](py::object table, py::object boxes, py::array_t<int64_t, py::array::c_style | py::array::forcecast> indices,
          uint64_t seed, uint64_t epoch, uint64_t stream, double cpu, double hardware, bool has_hardware, bool has_cuda,
-         bool window, bool strict, uint32_t colorspaces, int64_t max_pixels, int64_t max_scans) {
+         bool window, bool strict, uint32_t colorspaces, int64_t max_pixels, int64_t max_scans, int64_t box_height,
+         int64_t box_width) {
         const RoutedBatch b = routed_batch(table, boxes);
         const auto n = static_cast<py::ssize_t>(b.boxes.size());
         if (indices.size() != n) throw std::invalid_argument("indices must have one entry per sample");
@@ -171,13 +175,14 @@ void register_routes(py::module_& m) {
         py::array_t<int8_t> reason(n);
         hybrid_routes(b.table.data(), b.boxes, indices.data(), seed, epoch, stream,
                       RouteShares{cpu, hardware, has_hardware, has_cuda},
-                      eligibility(window, strict, colorspaces, max_pixels, max_scans), route.mutable_data(),
+                      eligibility(window, strict, colorspaces, max_pixels, max_scans, box_height, box_width), route.mutable_data(),
                       reason.mutable_data());
         return py::make_tuple(route, reason);
       },
       py::arg("table"), py::arg("boxes"), py::arg("indices"), py::arg("seed"), py::arg("epoch"), py::arg("stream"),
       py::arg("cpu"), py::arg("hardware"), py::arg("has_hardware"), py::arg("has_cuda"), py::arg("window"),
-      py::arg("strict"), py::arg("colorspaces"), py::arg("max_pixels"), py::arg("max_scans"),
+      py::arg("strict"), py::arg("colorspaces"), py::arg("max_pixels"), py::arg("max_scans"), py::arg("box_height") = 0,
+      py::arg("box_width") = 0,
       "(route int64 [N]: 0 CPU core, 1 hardware decoder, 2 CUDA decoder; reason int8 [N]: 0 its share, 1 no GPU "
       "decoder may take it, 2 progressive, drawn for the hardware decoder) of a hybrid batch: gpu_eligible, then "
       "each sample's keyed draw against the shares (seed, epoch, stream mod 2**64).");
@@ -187,7 +192,8 @@ void register_routes(py::module_& m) {
          py::array_t<int64_t, py::array::c_style | py::array::forcecast> indices,
          py::array_t<int64_t, py::array::c_style | py::array::forcecast> groups, uint64_t seed, uint64_t epoch,
          uint64_t stream, double cpu, double hardware, bool has_hardware, bool has_cuda, int out_h, int out_w,
-         bool dct_scaling, bool window, bool strict, uint32_t colorspaces, int64_t max_pixels, int64_t max_scans) {
+         bool dct_scaling, bool window, bool strict, uint32_t colorspaces, int64_t max_pixels, int64_t max_scans,
+         int64_t box_height, int64_t box_width) {
         const RoutedBatch b = routed_batch(table, boxes);
         const auto n = static_cast<py::ssize_t>(b.boxes.size());
         if (static_cast<py::ssize_t>(py::len(datas)) != n || indices.size() != n || groups.size() != n)
@@ -199,7 +205,7 @@ void register_routes(py::module_& m) {
         py::array_t<int8_t> reason(n);
         hybrid_ranked_routes(b.table.data(), b.boxes, indices.data(), seed, epoch, stream,
                              RouteShares{cpu, hardware, has_hardware, has_cuda},
-                             eligibility(window, strict, colorspaces, max_pixels, max_scans),
+                             eligibility(window, strict, colorspaces, max_pixels, max_scans, box_height, box_width),
                              RankInputs{nbytes.data(), groups.data(), out_h, out_w, dct_scaling}, route.mutable_data(),
                              reason.mutable_data());
         return py::make_tuple(route, reason);
@@ -207,7 +213,8 @@ void register_routes(py::module_& m) {
       py::arg("datas"), py::arg("table"), py::arg("boxes"), py::arg("indices"), py::arg("groups"), py::arg("seed"),
       py::arg("epoch"), py::arg("stream"), py::arg("cpu"), py::arg("hardware"), py::arg("has_hardware"),
       py::arg("has_cuda"), py::arg("out_height"), py::arg("out_width"), py::arg("dct_scaling"), py::arg("window"),
-      py::arg("strict"), py::arg("colorspaces"), py::arg("max_pixels"), py::arg("max_scans"),
+      py::arg("strict"), py::arg("colorspaces"), py::arg("max_pixels"), py::arg("max_scans"), py::arg("box_height") = 0,
+      py::arg("box_width") = 0,
       "(route, reason) as hybrid_routes gives them, by the ranked split: in each run of equal groups, the "
       "samples a GPU decoder may take are ranked by their estimated CPU-to-GPU cost ratio (the file's size in "
       "bytes, header, box, output size, DCT scaling) and the CPU core takes its share of them from the cheapest "

@@ -83,7 +83,8 @@ GPUPIPE_HD void coeff_entry(const CropResizeArgs& a, const CropResizeSample& s, 
   const resample::Axis axis = h ? horizontal_axis(s, a.out_w) : vertical_axis(s, a.out_h);
   int32_t* bounds = h ? c.h_bounds : c.v_bounds;
   int32_t* weights = (h ? c.h_weights : c.v_weights) + static_cast<int64_t>(k) * axis.ksize;
-  resample::output_taps(axis, k, &bounds[2 * k], &bounds[2 * k + 1], weights);
+  const int64_t at = 2 * static_cast<int64_t>(k);  // (int64: 2 * k passes int32 for a side past 2^30)
+  resample::output_taps(axis, k, &bounds[at], &bounds[at + 1], weights);
 }
 
 // One pass of a sample, resolved: where it reads and writes, and with which coefficients.
@@ -137,14 +138,17 @@ GPUPIPE_HD PassView pass_view(const CropResizeArgs& a, const CropResizeSample& s
 GPUPIPE_HD uint8_t pass_value(const PassView& v, int32_t r, int32_t b) {
   if (v.kind == CropPass::kHorizontal) {
     const int32_t x = b / v.channels, c = b - x * v.channels;
+    const int64_t at = 2 * static_cast<int64_t>(x);  // (int64: 2 * x passes int32 for a side past 2^30)
     return resample::horizontal_value(v.in + static_cast<int64_t>(r + v.row_shift) * v.in_stride, v.channels, c,
-                                      v.bounds[2 * x], v.bounds[2 * x + 1],
+                                      v.bounds[at], v.bounds[at + 1],
                                       v.weights + static_cast<int64_t>(x) * v.ksize);
   }
-  if (v.kind == CropPass::kVertical)
-    return resample::vertical_value(v.in + static_cast<int64_t>(v.bounds[2 * r] + v.row_shift) * v.in_stride + b,
-                                    static_cast<size_t>(v.in_stride), v.bounds[2 * r + 1],
+  if (v.kind == CropPass::kVertical) {
+    const int64_t at = 2 * static_cast<int64_t>(r);
+    return resample::vertical_value(v.in + (static_cast<int64_t>(v.bounds[at]) + v.row_shift) * v.in_stride + b,
+                                    static_cast<size_t>(v.in_stride), v.bounds[at + 1],
                                     v.weights + static_cast<int64_t>(r) * v.ksize);
+  }
   return v.in[static_cast<int64_t>(r) * v.in_stride + b];  // a copy
 }
 

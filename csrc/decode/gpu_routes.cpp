@@ -19,17 +19,22 @@ bool whole(double v) { return std::floor(v) == v; }
 
 }  // namespace
 
-bool gpu_eligible(const int64_t* row, const Box& box, const GpuEligibility& e) {
-  if (e.window || e.strict) return false;
+GpuRefusal gpu_refusal(const int64_t* row, const Box& box, const GpuEligibility& e) {
+  if (e.window || e.strict) return GpuRefusal::kWindowOrStrict;
   const int64_t h = row[kHeight], w = row[kWidth], cs = row[kColorSpace], scans = row[kScans];
-  if (h <= 0 || w <= 0 || cs < 0 || cs >= 32 || !((e.colorspaces >> cs) & 1u)) return false;
+  if (h <= 0 || w <= 0) return GpuRefusal::kHeader;
+  if (cs < 0 || cs >= 32 || !((e.colorspaces >> cs) & 1u)) return GpuRefusal::kColorSpace;
   int64_t pixels = 0;  // (a JPEG's sides are at most 65535; a crafted table's are not)
-  if (__builtin_mul_overflow(h, w, &pixels) || pixels > e.max_pixels) return false;
-  if (scans < 0 || scans > e.max_scans || row[kEoi] != 1) return false;
+  if (__builtin_mul_overflow(h, w, &pixels) || pixels > e.max_pixels) return GpuRefusal::kPixels;
+  if (scans < 0 || scans > e.max_scans) return GpuRefusal::kScans;
+  if (row[kEoi] != 1) return GpuRefusal::kNoEoi;
   const double t = box.top, l = box.left, bh = box.height, bw = box.width;
   const bool inside = t >= 0 && l >= 0 && bh >= 1 && bw >= 1 && t + bh <= static_cast<double>(h) &&
                       l + bw <= static_cast<double>(w);
-  return inside && whole(t) && whole(l) && whole(bh) && whole(bw);
+  const bool sized = e.box_height <= 0 || (bh == static_cast<double>(e.box_height) &&
+                                           bw == static_cast<double>(e.box_width));
+  const bool ok = inside && sized && whole(t) && whole(l) && whole(bh) && whole(bw);
+  return ok ? GpuRefusal::kNone : GpuRefusal::kBox;
 }
 
 void hybrid_routes(const int64_t* table, const std::vector<Box>& boxes, const int64_t* indices, uint64_t seed,

@@ -18,12 +18,30 @@ struct GpuEligibility {
   uint32_t colorspaces = 0;     // bit c set: ColorSpace c allowed
   int64_t max_pixels = 0;       // gpupipe's limits: the CPU core reports what exceeds them
   int64_t max_scans = 0;
+  int64_t box_height = 0;       // without a resize, the output's size: a box of another size is the
+  int64_t box_width = 0;        // CPU core's to report (0: any size)
+};
+
+// Why a sample may not go to a GPU decoder (the first that holds, in this order), or kNone.
+// gpupipe._backends.gpu_fallback.REFUSALS words each.
+enum class GpuRefusal : int8_t {
+  kNone = 0,
+  kWindowOrStrict = 1,  // a window resize, or a strict decode
+  kHeader = 2,          // no readable header (not a JPEG, corrupt, ...)
+  kColorSpace = 3,      // a colour space not allowed (CMYK, YCCK, coded as RGB, ...)
+  kPixels = 4,          // over max_pixels
+  kScans = 5,           // scans not counted, or over max_scans
+  kNoEoi = 6,           // the file does not end with its EOI marker (truncated, or bytes after it)
+  kBox = 7,             // the box: outside the image, fractional, or not the output's size without a resize
 };
 
 // Whether the sample of header-table row `row` (kInfoColumns) and `box` may go to a GPU decoder: a
 // readable header of an allowed colour space within the limits, its scans counted, ending with its
-// EOI marker, the box whole and inside the image.
-bool gpu_eligible(const int64_t* row, const Box& box, const GpuEligibility& e);
+// EOI marker, the box whole and inside the image (and of the output's size without a resize).
+GpuRefusal gpu_refusal(const int64_t* row, const Box& box, const GpuEligibility& e);
+inline bool gpu_eligible(const int64_t* row, const Box& box, const GpuEligibility& e) {
+  return gpu_refusal(row, box, e) == GpuRefusal::kNone;
+}
 
 // The engines of a hybrid batch, in the order of gpupipe._backends.hybrid.ENGINES.
 enum class Engine : int64_t { kCpu = 0, kHardware = 1, kCuda = 2 };

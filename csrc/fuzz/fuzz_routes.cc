@@ -56,6 +56,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* input, size_t size) {
   e.max_pixels = int64_t{1} << 26;
   e.max_scans = 100;
   e.window = p[13] & 1;
+  if (p[13] & 2) e.box_height = 1, e.box_width = p[14];  // no resize: boxes of the output's size only
   RankInputs rank{nbytes.data(), groups.data(), p[14] % 3 ? 224 : 0, p[14] % 3 == 2 ? 24 : 224, (p[15] & 1) != 0};
   std::vector<int64_t> route(n);
   std::vector<int8_t> reason(n);

@@ -143,6 +143,8 @@ def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Dec
 
 def _copy_out(images, out_nhwc: torch.Tensor, idx: np.ndarray) -> None:
     dense = images.as_tensor()
+    if tuple(dense.shape()) != (len(idx), *out_nhwc.shape[1:]):  # (never reshaped into place: wrong pixels)
+        raise RuntimeError(f"DALI gave images of shape {tuple(dense.shape())}, not {(len(idx), *out_nhwc.shape[1:])}")
     if out_nhwc.is_cuda:
         from nvidia.dali.plugin.pytorch import feed_ndarray
 

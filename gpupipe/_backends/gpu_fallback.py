@@ -36,23 +36,25 @@ class GpuOutcome(NamedTuple):
 def gpu_eligible(infos: HeaderInfos, boxes: np.ndarray, options: DecodeOptions) -> np.ndarray:
     """bool [N]: samples a GPU decoder can take with our semantics. The rest (unreadable headers,
     CMYK/YCCK, images over max_pixels or with more scans than max_scans (or scans not counted),
-    boxes outside the image or fractional, files that do not end with their EOI marker: nvJPEG
+    boxes outside the image or fractional, boxes not of the output's size without a resize (the
+    CPU core reports each), files that do not end with their EOI marker: nvJPEG
     decodes a truncated file without a word) go to the CPU core, which gives each its exact result
     or its exact error: gpupipe's limits hold whatever the backend. So does every sample of a
     ``window`` resize (the GPU resizers crop first) and of a ``strict`` decode (nvJPEG does not
     report recoverable corruption). Files coded as RGB (not YCbCr) stay on the CPU core too for GPU
     outputs (the GPU decoders convert them as YCbCr) and in gray mode (libjpeg computes their luma
-    from R, G and B). One native pass over the header table (``_C.gpu_eligible``); rows whose
+    from R, G and B). One native pass over the header table (``_C.gpu_refusals``); rows whose
     scans were not counted (a CPU-backend probe: :meth:`HeaderInfos.count_scans`) are refused."""
-    return _C.gpu_eligible(infos.table, native_boxes(boxes), *eligibility_args(options))
+    return _C.gpu_refusals(infos.table, native_boxes(boxes), *eligibility_args(options)) == 0
 
 
 def eligibility_args(options: DecodeOptions) -> tuple:
-    """(window, strict, colour-space mask, max_pixels, max_scans): what ``_C.gpu_eligible`` and
-    ``_C.hybrid_routes`` take of the options and the limits."""
+    """(window, strict, colour-space mask, max_pixels, max_scans, box height, box width): what
+    ``_C.gpu_refusals`` and ``_C.hybrid_routes`` take of the options and the limits."""
     limits = get_limits()
     mask = HOST_COLORSPACE_MASK if options.mode == "rgb" and options.device.type == "cpu" else GPU_COLORSPACE_MASK
-    return options.window, options.strict, mask, limits.max_pixels, limits.max_scans
+    box = (0, 0) if options.resize or options.size is None else (int(options.size[0]), int(options.size[1]))
+    return options.window, options.strict, mask, limits.max_pixels, limits.max_scans, *box
 
 
 def native_boxes(boxes: Any) -> np.ndarray:
@@ -61,10 +63,21 @@ def native_boxes(boxes: Any) -> np.ndarray:
     return boxes if boxes.dtype in (np.int64, np.float64) else np.ascontiguousarray(boxes, dtype=np.float64)
 
 
-def ineligible_reason(name: str) -> str:
-    """The fallback reason of a sample :func:`gpu_eligible` keeps from the GPU decoder ``name``."""
-    return (f"not decodable by {name} with gpupipe's semantics (header, color space, a limit, the box, no EOI "
-            "marker at the end, a window resize or strict)")
+# _C.gpu_refusals' codes (csrc/decode/gpu_routes.h GpuRefusal), in words
+REFUSALS = {1: "a window resize or a strict decode", 2: "no readable JPEG header",
+            3: "its color space (CMYK, YCCK, or coded as RGB)", 4: "over max_pixels",
+            5: "its scans (over max_scans, or not counted)",
+            6: "no EOI marker at the end of the file (truncated, or bytes after it)",
+            7: "the box (outside the image, fractional, or not the output's size without a resize)"}
+
+
+def ineligible_reasons(name: str, infos: HeaderInfos, boxes: np.ndarray, options: DecodeOptions,
+                       rows: np.ndarray) -> dict:
+    """``{row: why}`` of the samples ``rows`` that :func:`gpu_eligible` keeps from the GPU decoder
+    ``name``: each one's first refusal, in words."""
+    codes = _C.gpu_refusals(infos.table[rows], native_boxes(boxes)[rows], *eligibility_args(options))
+    return {int(i): f"not decodable by {name} with gpupipe's semantics: {REFUSALS.get(c, c)}"
+            for i, c in zip(rows.tolist(), codes.tolist())}
 
 
 def decode_on_cpu(status: BatchStatus, reasons: dict, buffers: Sequence, boxes: np.ndarray, out: torch.Tensor,
@@ -105,7 +118,7 @@ def decode_with_fallback(name: str, gpu_decode: Callable[[np.ndarray], Optional[
     status = BatchStatus.empty(n)
     infos.count_scans(buffers)
     eligible = gpu_eligible(infos, boxes, options)
-    reasons = {int(i): ineligible_reason(name) for i in np.flatnonzero(~eligible)}
+    reasons = ineligible_reasons(name, infos, boxes, options, np.flatnonzero(~eligible))
     gpu_idx = np.flatnonzero(eligible)
     if len(gpu_idx):
         try:

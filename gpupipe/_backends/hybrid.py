@@ -130,11 +130,20 @@ def gpu_engines(device: torch.device) -> dict:
 @dataclasses.dataclass(frozen=True)
 class Shares:
     """The fraction of a batch's samples each engine gets (they sum to 1; an engine that is not
-    there gets 0)."""
+    there gets 0). ValueError naming what is wrong otherwise."""
 
     cpu: float
     hardware: float
     cuda: float
+
+    def __post_init__(self):
+        for e in ENGINES:
+            v = getattr(self, e)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) or not 0 <= v <= 1:
+                raise ValueError(f"decode share {e!r} must be a number within [0, 1], got {v!r}")
+            object.__setattr__(self, e, float(v))
+        if abs(self.cpu + self.hardware + self.cuda - 1.0) > 1e-6:
+            raise ValueError(f"decode shares must sum to 1, got {self.as_dict()}")
 
     @classmethod
     def from_rates(cls, rates: dict, available: Sequence[str]) -> "Shares":
@@ -171,15 +180,7 @@ class Shares:
         """From :meth:`as_dict`'s form; ValueError naming what is wrong."""
         if not isinstance(d, dict) or set(d) != set(ENGINES):
             raise ValueError(f"decode shares are a dict with keys {ENGINES}, got {d!r}")
-        values = {}
-        for e in ENGINES:
-            v = d[e]
-            if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) or not 0 <= v <= 1:
-                raise ValueError(f"decode share {e!r} must be a number within [0, 1], got {v!r}")
-            values[e] = float(v)
-        if abs(sum(values.values()) - 1.0) > 1e-6:
-            raise ValueError(f"decode shares must sum to 1, got {values}")
-        return cls(**values)
+        return cls(**d)  # (each share checked as it is made)
 
     def as_dict(self) -> dict:
         return {e: getattr(self, e) for e in ENGINES}
@@ -657,7 +658,6 @@ class Pending:
         self.gpu.append((kind, rows, future))
 
 
-INELIGIBLE = gpu_fallback.ineligible_reason("the GPU decoders")
 REASON_INELIGIBLE, REASON_HARDWARE_DECLINES = 1, 2  # _C.hybrid_routes' reasons for a sample on the CPU core
 _HEIGHT_WIDTH = [_C.INFO_COLUMNS.index("height"), _C.INFO_COLUMNS.index("width")]
 HARDWARE_DECLINES = ("a progressive JPEG, which the GPU's hardware decoder declines: decoded by the CPU core at once "
@@ -697,7 +697,8 @@ def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Deco
     p.cpu_options = _cpu_options(options, shares, list(engines))
     p.sizes = infos.table[:, _HEIGHT_WIDTH]  # the headers, read once
     if reason.any():
-        p.ineligible = {int(i): INELIGIBLE for i in np.flatnonzero(reason == REASON_INELIGIBLE)}
+        p.ineligible = gpu_fallback.ineligible_reasons("the GPU decoders", infos, boxes, options,
+                                                        np.flatnonzero(reason == REASON_INELIGIBLE))
         p.ineligible.update({int(i): HARDWARE_DECLINES for i in np.flatnonzero(reason == REASON_HARDWARE_DECLINES)})
     p.cpu_rows = np.flatnonzero(route == 0)
     try:
