@@ -39,8 +39,9 @@ class JpegWarning(UserWarning):
 
 class SkippedSamplesWarning(UserWarning):
     """Samples of an epoch a :class:`gpupipe.Loader` could not deliver (``on_error="skip"``) or
-    delivered as zero images (``"replace"``): one warning per epoch, counted by kind, naming the
-    first; ``Loader.stats()`` lists them all. Silence it with ``warnings.filterwarnings``."""
+    delivered as zero images (``"replace"``): one warning per epoch (or per iteration left before
+    its end), counted by kind, naming the first; ``Loader.stats()`` lists them all. A
+    :class:`gpupipe.data.DecodeCropDataset` warns per sample. Silence it with ``warnings.filterwarnings``."""
 
 
 DISTRIBUTION = "torch-gpupipe"  #: the name gpupipe installs under (``gpupipe`` on the index is another project)

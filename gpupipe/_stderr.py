@@ -21,8 +21,13 @@ def captured(is_decoder_message: Callable[[str], bool]):
     other threads) is passed on to what descriptor 2 was: the real stderr, or an enclosing block's file."""
     found: list = []
     with _lock, tempfile.TemporaryFile() as tmp:
-        sys.stderr.flush()
-        saved = os.dup(2)
+        if sys.stderr is not None:  # (None in a process started without one: pythonw, a daemon)
+            sys.stderr.flush()
+        try:
+            saved = os.dup(2)
+        except OSError:  # descriptor 2 is closed (2>&-): nothing to keep from it, nothing to hand on
+            yield found
+            return
         os.dup2(tmp.fileno(), 2)
         try:
             yield found
@@ -37,4 +42,5 @@ def captured(is_decoder_message: Callable[[str], bool]):
                 else:
                     others.append(line)
             if others:
-                os.write(2, "".join(others).encode())
+                with contextlib.suppress(OSError):  # (closed meanwhile: the lines had nowhere to go)
+                    os.write(2, "".join(others).encode())

@@ -5,11 +5,13 @@ error policy, so the same folder gives the same samples."""
 from __future__ import annotations
 
 import collections.abc
+import warnings
 
 import numpy as np
 import torch
 
 from gpupipe import backends
+from gpupipe._errors import SkippedSamplesWarning
 from gpupipe.crops import CropSampler
 from gpupipe.error_policy import apply_policy, check_on_error, warn_corrupt
 from gpupipe.routing import decode_into, plan_batch
@@ -29,8 +31,9 @@ class DecodeCropDataset(torch.utils.data.Dataset):
         on_error: ``"skip"``: a sample that cannot be delivered is a :class:`SkippedSample` (falsy,
             naming the key and the failure, also in ``last_failure``), which :func:`collate` drops;
             ``DataLoader``'s default collate cannot drop samples and raises a ``TypeError`` saying
-            so. ``"replace"``: a zero image, which the default collate takes. ``"raise"``: its
-            error, naming the key.
+            so. ``"replace"``: a zero image, which the default collate takes. Either way a
+            :class:`SkippedSamplesWarning` names the sample (in a ``DataLoader`` worker, on its
+            stderr: ``last_failure`` stays in the worker). ``"raise"``: its error, naming the key.
         apply_exif_orientation: crop in the displayed frame.
         backend: ``"cpu"`` (the C++ core) or ``"dali"`` (DALI's CPU operators); outputs are on the CPU.
     """
@@ -71,8 +74,13 @@ class DecodeCropDataset(torch.utils.data.Dataset):
         failures = apply_policy(status, self.on_error, keys=[key])
         warn_corrupt(status, keys=[key])
         self.last_failure = failures[0] if failures else None
-        if failures and self.on_error == "skip":
-            return SkippedSample(key, failures[0])
+        if failures:
+            f = failures[0]
+            done = "skipped" if self.on_error == "skip" else "replaced by a zero image"
+            warnings.warn(f"DecodeCropDataset sample {i} ({key!r}) {done} (on_error={self.on_error!r}): "
+                          f"{f.kind.name}: {f.message}", SkippedSamplesWarning, stacklevel=2)
+            if self.on_error == "skip":
+                return SkippedSample(key, f)
         return out[0].permute(2, 0, 1), label
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import threading
 import warnings
 from typing import NamedTuple, Optional
 
@@ -40,20 +41,36 @@ def set_limits(
     max_pixels: Optional[int] = None, max_scans: Optional[int] = None, max_memory: Optional[int] = None,
     max_file_size: Optional[int] = None,
 ) -> Limits:
-    """Sets the limits given (the others keep their value) and returns the previous ones.
+    """Sets the limits given (the others keep their value) and returns the previous ones. Each is a
+    positive integer (a float only when integral: ``1e8``); ValueError naming it otherwise.
 
     Defaults: ``max_pixels`` = 89,478,485 (Pillow's ``Image.MAX_IMAGE_PIXELS``), ``max_scans`` =
     100 (as libjpeg-turbo's fuzzers), ``max_memory`` = 1 GiB, ``max_file_size`` = 1 GiB (a sample's
     bytes, checked from the file's or the tar member's size before it is read).
+
+    Calls from several threads are serialised (one's limits never undo another's). A decode running
+    meanwhile checks each limit as it reaches it: it may see some of the new values and not others.
     """
-    old = get_limits()
-    _C.set_limits(
-        int(old.max_pixels if max_pixels is None else max_pixels),
-        int(old.max_scans if max_scans is None else max_scans),
-        int(old.max_memory if max_memory is None else max_memory),
-        int(old.max_file_size if max_file_size is None else max_file_size),
-    )
+    given = {"max_pixels": max_pixels, "max_scans": max_scans, "max_memory": max_memory,
+             "max_file_size": max_file_size}
+    new = {name: _limit_value(name, v) for name, v in given.items() if v is not None}
+    with _set_lock:
+        old = get_limits()
+        _C.set_limits(*(new.get(name, value) for name, value in old._asdict().items()))
     return old
+
+
+_set_lock = threading.Lock()  # set_limits' read of the old values and its write, as one step
+
+
+def _limit_value(name: str, value) -> int:
+    """A limit as an int in its range (max_scans is a C int, the others uint64); ValueError naming it otherwise."""
+    top = 2**31 - 1 if name == "max_scans" else 2**64 - 1
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= top:
+        raise ValueError(f"{name} must be a positive integer (at most {top}), got {value!r}")
+    return int(value)
 
 
 def set_entropy_index_size(max_bytes: int) -> int:

@@ -131,6 +131,7 @@ class _Stats:
         self.batches = self.images = 0
         self.skipped: list = []
         self.replaced: list = []
+        self.losses_reported = False  # _report_losses warned (or raised) for this epoch
         self.warnings: list = []
         self.fallback: list = []
         self.route_counts = np.zeros(len(Route), np.int64)  # samples delivered per Route value
@@ -188,11 +189,16 @@ def _add_engine_seconds(totals: dict, measured: dict) -> None:
             was[k] += v
 
 
-def _report_losses(loader: "Loader", st: _Stats) -> None:
-    """At an epoch's end: one SkippedSamplesWarning counting what was skipped or replaced, by kind;
-    a ValueError when samples were tried and none delivered (a crop larger than every image, an
-    unreadable dataset), which torchvision would have raised at its first sample."""
+def _report_losses(loader: "Loader", st: _Stats, epoch: int, left_after: Optional[int] = None) -> None:
+    """Once an epoch: one SkippedSamplesWarning counting what its delivered batches skipped or
+    replaced, by kind, when it ends, when its last batch is delivered, or when an iteration is left
+    before (``left_after`` batches: a break, an error, a closed iterator); a ValueError when the
+    whole epoch was tried and none delivered (a crop larger than every image, an unreadable
+    dataset), which torchvision would have raised at its first sample."""
     with st.lock:
+        if st.losses_reported:
+            return
+        st.losses_reported = True
         lost, delivered = list(st.skipped if loader.on_error == "skip" else st.replaced), st.images
     if not lost:
         return
@@ -201,12 +207,13 @@ def _report_losses(loader: "Loader", st: _Stats) -> None:
         kinds[f.kind.name] = kinds.get(f.kind.name, 0) + 1
     by_kind = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
     first = f"first: {lost[0].key!r}: {lost[0].message}"
-    if loader.on_error == "skip" and delivered == 0:
-        raise ValueError(f"gpupipe.Loader epoch {loader.epoch} delivered no image: all {len(lost)} samples failed "
+    if loader.on_error == "skip" and delivered == 0 and left_after is None:
+        raise ValueError(f"gpupipe.Loader epoch {epoch} delivered no image: all {len(lost)} samples failed "
                          f"({by_kind}); {first}")
     done = "skipped" if loader.on_error == "skip" else "replaced by zero images"
     tried = delivered + len(lost) if loader.on_error == "skip" else delivered
-    warnings.warn(f"gpupipe.Loader epoch {loader.epoch}: {len(lost)} of {tried} samples {done} (on_error="
+    where = f"epoch {epoch}" if left_after is None else f"epoch {epoch}, left after {left_after} batches"
+    warnings.warn(f"gpupipe.Loader {where}: {len(lost)} of {tried} samples {done} (on_error="
                   f"{loader.on_error!r}): {by_kind}; {first}. Loader.stats() lists them all; on_error='raise' "
                   "stops at the first.", SkippedSamplesWarning, stacklevel=3)
 
@@ -1424,10 +1431,12 @@ class _Ahead:
 
 def _end_iteration(loader: Loader, epoch: _Epoch, outcome: dict) -> None:
     """Stops an iteration's threads; unless it delivered its whole epoch, the next epoch it
-    started ahead too (an error, a break: the next iteration may well be another epoch's)."""
+    started ahead too (an error, a break: the next iteration may well be another epoch's), and
+    what its delivered batches skipped or replaced is reported as it stands."""
     epoch.close()
     if not (outcome["complete"] or outcome["delivered"]):
         loader._drop_ahead(parent=epoch)
+        _report_losses(loader, epoch.stats, epoch.epoch_number, left_after=epoch.stats.batches)
 
 
 class _LoaderIterator:
@@ -1484,7 +1493,7 @@ class _LoaderIterator:
             self.close()
             if self.l.backend == "hybrid":
                 self.l._retune(st)
-            _report_losses(self.l, st)  # (raises when nothing was delivered: then no epoch ahead)
+            _report_losses(self.l, st, self.epoch.epoch_number)  # (raises when none was delivered: no epoch ahead)
             self._look_ahead()
             raise
         except BaseException:
@@ -1495,6 +1504,8 @@ class _LoaderIterator:
         if self._epoch_batches is not None and self.done >= self._epoch_batches:
             self._outcome["delivered"] = True  # (not "complete": the epoch ahead is still re-tuned on it)
         st.record(done.batch, done.images.shape[0], self.l.on_error)  # counted when delivered
+        if self._outcome["delivered"]:  # (the caller may never ask for one more: zip, islice)
+            _report_losses(self.l, st, self.epoch.epoch_number)
         if self._bar is not None:
             self._bar.update(1)
         if self.epoch.read_all:

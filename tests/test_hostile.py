@@ -6,6 +6,7 @@ import gc
 import io
 import os
 import struct
+import sys
 import warnings
 
 import numpy as np
@@ -153,6 +154,48 @@ def test_memory_cap(reference, jpeg):
     still_works(jpeg, reference)
     with pytest.raises(ValueError, match="positive"):
         gpupipe.set_limits(max_pixels=0)
+    before = gpupipe.get_limits()
+    for name, bad in [("max_pixels", -1), ("max_memory", 2**64), ("max_scans", 0.5), ("max_scans", 1.9),
+                      ("max_scans", 2**31), ("max_file_size", True), ("max_pixels", "1000"),
+                      ("max_pixels", np.float32(3.7)), ("max_pixels", float("nan"))]:
+        with pytest.raises(ValueError, match=f"{name} must be a positive integer .*got"):
+            gpupipe.set_limits(**{name: bad})
+    assert gpupipe.get_limits() == before  # (nothing set by a refused call)
+    try:
+        assert gpupipe.set_limits(max_pixels=1e8, max_scans=np.int64(7)) == before
+        assert gpupipe.get_limits()[:2] == (10**8, 7)
+    finally:
+        gpupipe.set_limits(*before)
+
+
+def test_limits_set_from_several_threads_never_undo_each_other():
+    """set_limits read the old values, then wrote all four: a thread setting max_scans could put
+    back the max_pixels another thread had just set."""
+    import threading
+
+    before, interval = gpupipe.get_limits(), sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two bytecodes: the race shows at once
+    try:
+        for trial in range(300):
+            start = threading.Barrier(2)
+
+            def pixels():
+                start.wait()
+                gpupipe.set_limits(max_pixels=1000 + trial)
+
+            def scans():
+                start.wait()
+                gpupipe.set_limits(max_scans=50 + trial)
+
+            threads = [threading.Thread(target=pixels), threading.Thread(target=scans)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert gpupipe.get_limits()[:2] == (1000 + trial, 50 + trial)
+    finally:
+        sys.setswitchinterval(interval)
+        gpupipe.set_limits(*before)
 
 
 @pytest.mark.parametrize("fmt", ["PNG", "GIF", "BMP", "WEBP", "TIFF"])

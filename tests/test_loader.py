@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -164,6 +165,30 @@ def test_on_error_skip_reports_and_continues(messy, backend, device):
     assert sum(st["routes"].get(r, 0) for r in main_routes) == 10, st["routes"]
     assert st["routes"]["pillow"] == 1 and sum(st["routes"].values()) == 11, st["routes"]
     assert len(st["fallback"]) == 1 and st["fallback"][0][0].endswith("d_image.png")
+
+
+@pytest.mark.parametrize("on_error", ["skip", "replace"])
+def test_losses_are_reported_when_an_epoch_is_left_early_or_never_asked_past_its_end(messy, on_error):
+    """A loop that breaks, or that stops at len(loader) (zip, islice), never reaches the epoch's
+    StopIteration: what it skipped was reported nowhere, and the next epoch's stats replaced it."""
+    loader = gpupipe.Loader(sources.ImageFolder(messy), batch_size=4, crop=crops.CenterCrop(32), shuffle=False,
+                            on_error=on_error)
+    with pytest.warns(gpupipe.SkippedSamplesWarning, match=r"epoch 0, left after 3 batches: 2 of 12 samples"):
+        for k, _ in enumerate(loader):  # (the third batch holds samples 10, 11: both fail; the fourth, 13)
+            if k == 2:
+                break
+        gc.collect()
+    loader.set_epoch(1)
+    with pytest.warns(gpupipe.SkippedSamplesWarning, match=r"epoch 1: 3 of 14 samples") as caught:
+        for _ in zip(range(len(loader)), loader):  # never asks for one more
+            pass
+    assert len(caught) == 1  # once an epoch
+    loader.set_epoch(2)
+    it = iter(loader)
+    next(it)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing lost yet: nothing to say
+        it.close()
 
 
 @pytest.mark.filterwarnings("ignore::gpupipe.SkippedSamplesWarning")

@@ -84,7 +84,8 @@ def test_a_read_that_gives_no_bytes_fails_that_sample_alone(files, monkeypatch, 
     with pytest.raises(OSError, match=str(src.keys[1])):  # the first batch holds index 1 (READ: OSError)
         next(it)
     ds = DecodeCropDataset(src, crops.CenterCrop(16), on_error="skip")
-    skipped = ds[4]
+    with pytest.warns(gpupipe.SkippedSamplesWarning, match="sample 4 .* skipped"):
+        skipped = ds[4]
     assert isinstance(skipped, SkippedSample) and skipped.key == src.keys[4] and "got str" in skipped.failure.message
     assert ds[5][1] == 5
 

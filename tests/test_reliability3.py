@@ -218,6 +218,29 @@ def test_special_files_and_oversized_files_fail_their_sample_without_reading(tmp
 
 # --- 6, 7. the Pillow route: stderr, max_memory ---------------------------------------------------
 
+def test_files_decode_in_a_process_without_stderr():
+    """A daemon (or `2>&-`) has no descriptor 2 and sys.stderr None: the capture around Pillow's
+    decoders failed every TIFF, a valid one included, with an AttributeError."""
+    import io
+
+    from PIL import Image
+
+    files = []
+    for fmt in ("TIFF", "PNG"):
+        buf = io.BytesIO()
+        Image.fromarray(np.full((40, 50, 3), 120, np.uint8)).save(buf, fmt)
+        files.append(buf.getvalue())
+    out = run_child(f"""
+        import os, sys
+        import gpupipe
+        os.close(2)
+        sys.stderr = None
+        r = gpupipe.decode_crop_jpegs({files!r}, [[0, 0, 40, 50]] * 2, on_error="skip")
+        print(r.ok.tolist(), r.errors, int(r.images.float().mean().round()))
+        """)
+    assert out.stdout.strip() == "[True, True] {} 120"
+
+
 def test_libtiff_messages_of_every_tiff_magic_stay_off_stderr():
     """A BigTIFF with a damaged strip, and a TIFF with a byte-swapped version (which Pillow opens and
     libtiff refuses), printed libtiff's text on stderr; now it is the sample's error."""
