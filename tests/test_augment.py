@@ -6,6 +6,8 @@ Stated tolerance (color="torchvision", both engines, nearest and bilinear): in 0
 within 2. (Measured: mean ~2e-4 levels for the fused engine; the rest are nearest-neighbour
 rounding-boundary pixels, tests/test_augment_warp.py.)"""
 
+import collections
+import io
 import math
 import shutil
 
@@ -249,6 +251,49 @@ def test_copies_draw_from_their_own_generator():
     assert not torch.equal(twin.generator.get_state(), before)
 
 
+def test_a_model_holding_batch_augment_saves_loads_and_copies_without_its_buffers():
+    """torch.save (pickle protocol 2) could not store the memory format; the output cache's buffers
+    travelled with every pickle and deepcopy (74 MiB after 4 calls at 32x3x224x224)."""
+    import copy
+    import pickle
+
+    aug = BatchAugment(**FULL, out_memory_format=torch.channels_last)
+    x = photo_batch(4, 64, 64, seed=33)
+    p = aug.sample_params(4, seed=8)
+    kept = [aug(x, params=p) for _ in range(3)]
+    model = torch.nn.Sequential(aug, torch.nn.Identity())
+    saved = io.BytesIO()
+    torch.save(model, saved)
+    assert saved.tell() < 64 * 1024
+    loaded = torch.load(io.BytesIO(saved.getvalue()), weights_only=False)
+    for twin in (loaded[0], copy.deepcopy(aug), pickle.loads(pickle.dumps(aug))):
+        assert twin._outputs.buffers == [] and twin.out_memory_format == torch.channels_last
+        y = twin(x, params=p)
+        assert torch.equal(y, kept[0]) and y.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_settings_changed_after_construction_are_checked_as_at_construction():
+    """A schedule setting `aug.rotation = 30` hit a raw pybind error at the next call; `hflip = 2.0`
+    and a reversed range were taken silently."""
+    aug = BatchAugment()
+    x = photo_batch(2, 16, 16, seed=34)
+    aug.rotation, aug.brightness, aug.fill, aug.interpolation = 30, 0.4, 128, "bilinear"
+    assert aug.rotation == (-30.0, 30.0) and aug.brightness == (0.6, 1.4) and aug.interpolation == "bilinear"
+    fresh = BatchAugment(rotation=30, brightness=0.4, fill=128, interpolation="bilinear")
+    assert aug.fill == fresh.fill and repr(aug) == repr(fresh)
+    p = aug.sample_params(2, seed=1)
+    assert torch.equal(aug(x, params=p), fresh(x, params=p))
+    for name, bad, match in [("hflip", 2.0, "hflip"), ("brightness", (1.5, 0.5), "brightness"),
+                             ("rotation", "a", "rotation"), ("hue", 0.7, "hue"), ("std", (1, 0, 1), "std"),
+                             ("mean", (0.5,), "mean"), ("interpolation", "cubic", "interpolation"),
+                             ("out_dtype", torch.int32, "out_dtype"), ("color", "hsv", "color"),
+                             ("engine", "dali", "engine"), ("out_memory_format", torch.preserve_format,
+                                                            "out_memory_format")]:
+        with pytest.raises(ValueError, match=match):
+            setattr(aug, name, bad)
+    assert torch.equal(aug(x, params=p), fresh(x, params=p))  # (a refused value changes nothing)
+
+
 def test_output_does_not_depend_on_the_thread_count():
     x = photo_batch(16, 64, 80, seed=16)
     aug = BatchAugment(**FULL, interpolation="bilinear")
@@ -448,8 +493,11 @@ def test_drawn_params_changed_in_place_replaced_or_repointed():
     p["angle"].as_strided_((4,), (0,))  # the same memory, another view of it: what a plain dict gives
     assert p.intact_blocks() is None and torch.equal(aug(x, params=p), aug(x, params=dict(p)))
     p = aug.sample_params(4, seed=2)
-    for c in (copy.deepcopy(p), pickle.loads(pickle.dumps(p)), copy.copy(p), p.copy()):
-        assert type(c) is dict and c.keys() == p.keys()
+    saved = io.BytesIO()
+    torch.save(p, saved)
+    for c in (copy.deepcopy(p), pickle.loads(pickle.dumps(p)), copy.copy(p), p.copy(),
+              torch.load(io.BytesIO(saved.getvalue()))):  # (weights_only=True: no global but OrderedDict)
+        assert type(c) in (dict, collections.OrderedDict) and list(c.keys()) == list(p.keys())
         assert all(torch.equal(c[k], p[k]) for k in p)
         assert torch.equal(aug(x, params=c), aug(x, params=p))
 
@@ -739,6 +787,48 @@ def test_output_buffers_are_reused_only_when_unreferenced():
     d = aug(x, params=p)  # everything dropped: a cached buffer comes back, correctly refilled
     assert d.data_ptr() in (ptr_a, ptr_b, ptr_c) and torch.equal(d, expected)
     assert BatchAugment(reuse_outputs=False)(x, params=p).data_ptr() != d.data_ptr()
+    storage = d.untyped_storage()  # only its storage's Python object survives
+    ptr_d = d.data_ptr()
+    del d
+    e = aug(x, params=p)
+    assert e.data_ptr() != ptr_d and torch.equal(torch.tensor([], dtype=e.dtype).set_(storage).view_as(e), expected)
+    del storage
+    e.share_memory_()  # sent to another process (a DataLoader worker's collate_fn): never reused
+    ptr_e = e.data_ptr()
+    del e
+    assert aug(x, params=p).data_ptr() != ptr_e
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_batch_augment_runs_under_inference_mode(mode):
+    """An eval loop under torch.inference_mode with the module in the model: its drawn parameters
+    were inference tensors, whose missing version counter the replay check read."""
+    x = photo_batch(4, 16, 16, seed=31)
+    aug = getattr(BatchAugment(**FULL), mode)()
+    p = aug.sample_params(4, seed=5)
+    with torch.no_grad():
+        expected = aug(x, params=p)
+    with torch.inference_mode():
+        assert torch.equal(aug(x, params=p), expected)
+        drawn = aug.sample_params(4, seed=5)
+        aug(x)
+        drawn["hflip"].logical_not_()  # changed in place inside inference mode: still seen
+        changed = aug(x, params=drawn)
+    assert torch.equal(aug(x, params=drawn), changed)  # (replayed outside)
+    assert mode == "eval" or not torch.equal(changed, expected)
+
+
+def test_outputs_of_a_collate_fn_in_a_dataloader_worker_are_never_overwritten():
+    """A batch a worker sends moves its storage to shared memory and the worker drops its own
+    reference: the cache refilled memory the main process held (every batch became the last)."""
+    aug = BatchAugment(mean=(0.0,) * 3, std=(1.0,) * 3)
+
+    def collate(samples):
+        return aug(torch.stack(samples))
+
+    data = [torch.full((3, 4, 4), 8 * k, dtype=torch.uint8) for k in range(8)]
+    loader = torch.utils.data.DataLoader(data, batch_size=1, collate_fn=collate, num_workers=1)
+    assert [round(float(b[0, 0, 0, 0]) * 255) for b in loader] == [8 * k for k in range(8)]
 
 
 def test_replay_takes_parameters_of_any_floating_dtype():

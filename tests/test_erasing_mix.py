@@ -405,6 +405,34 @@ def test_erasing_and_mixup_keep_autograd_as_torchvision(images, value):
     assert torch.allclose(y.grad, torch.ones_like(images))  # lam + (1 - lam), each sample's weight twice
 
 
+@pytest.mark.parametrize("module", ["erasing", "mixup", "cutmix"])
+def test_inplace_changes_after_autograd_saved_the_batch_make_backward_refuse(images, module):
+    """The in-place kernels wrote without a version bump: backward then computed a gradient from
+    the changed batch, silently, where torch's own in-place ops make it raise."""
+    labels = torch.arange(16) % 4
+    apply = {"erasing": lambda x: RandomErasing(p=1.0, inplace=True)(x),
+             "mixup": lambda x: MixUp(num_classes=4, inplace=True)(x, labels),
+             "cutmix": lambda x: CutMix(num_classes=4, inplace=True)(x, labels)}[module]
+    x = images.clone()
+    w = torch.ones_like(x, requires_grad=True)
+    loss = (x * w).sum()  # autograd saves x
+    apply(x)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+def test_an_erase_value_set_after_construction_is_used_and_checked(images):
+    erase = RandomErasing(p=1.0)
+    params = erase.sample_params(16, seed=3)
+    erase.value = 5  # (was ignored: the boxes stayed 0)
+    assert torch.equal(erase(images, params=params), RandomErasing(p=1.0, value=5)(images, params=params))
+    erase.value = "random"
+    assert torch.equal(erase(images, params=params), RandomErasing(p=1.0, value="random")(images, params=params))
+    with pytest.raises(ValueError, match="value must be"):
+        erase.value = "noise"
+    assert erase.value == "random"
+
+
 def test_inplace_erasing_refuses_a_batch_whose_samples_share_memory(images):
     base = images[:1].clone()
     params = RandomErasing(p=1.0).sample_params(4, seed=0)

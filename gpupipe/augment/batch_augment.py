@@ -3,8 +3,9 @@ ToTensor, Normalize) as one batched ``nn.Module``, run by a one-pass engine on t
 
 from __future__ import annotations
 
+import collections
 import operator
-from typing import Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -80,6 +81,46 @@ def _scale_range(value) -> tuple[float, float]:
     return (lo, hi)
 
 
+def _interpolation(value) -> str:
+    mode = interpolation_mode(value)  # torchvision's InterpolationMode too
+    if mode is None:
+        raise ValueError(f"interpolation must be 'nearest' or 'bilinear', got {getattr(value, 'value', value)!r}")
+    return mode
+
+
+def _one_of(name: str, allowed) -> Callable[[Any], Any]:
+    def check(value):
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
+        return value
+    return check
+
+
+_MEMORY_FORMATS = _one_of("out_memory_format", (torch.contiguous_format, torch.channels_last))
+
+
+def _std(value) -> tuple:
+    std = tuple(float(s) for s in finite_numbers(value, "std", (3,)))
+    if min(std) <= 0:
+        raise ValueError(f"std must be positive, got {std}")
+    return std
+
+
+def _setting(name: str, check: Callable[[Any], Any]) -> property:
+    """An attribute checked and normalised as the constructor does, whenever it is set: a schedule
+    (or a user) setting it later gets the constructor's errors, never a value the engine ignores or
+    cannot take. Stored as ``_name``: reads are plain attribute reads."""
+    slot = "_" + name
+
+    def get_value(self):  # (a function: dynamo traces it, not an attrgetter)
+        return getattr(self, slot)
+
+    def set_value(self, value):
+        setattr(self, slot, check(value))
+
+    return property(get_value, set_value, doc=f"{name}, checked when set")
+
+
 def _shear_ranges(value) -> tuple[float, float, float, float]:
     """RandomAffine's shear: s -> x in [-s, s]; (a, b) -> x in [a, b]; (a, b, c, d) -> x, y."""
     if value is None:
@@ -120,12 +161,17 @@ class DrawnParams(dict):
     native blocks (floats, flags, order), which the packing reads in one call while the dict holds
     those very tensors, untouched. A tensor changed in place (its values, or its shape, strides or
     storage: any in-place op counts, as torch's version counter does) or replaced takes the
-    general path, which checks every key's shape, dtype and values; copies are plain dicts."""
+    general path, which checks every key's shape, dtype and values; copies are plain dicts (or
+    OrderedDicts: pickle, deepcopy)."""
 
     __slots__ = ("blocks", "tensors", "pointers")
 
     def __init__(self, arrays: tuple):
-        tensors = tuple(map(torch.from_numpy, arrays))
+        if torch.is_inference_mode_enabled():  # (inference tensors have no version counter to check)
+            with torch.inference_mode(False):
+                tensors = tuple(map(torch.from_numpy, arrays))
+        else:
+            tensors = tuple(map(torch.from_numpy, arrays))
         super().__init__(zip(PARAM_KEYS, tensors))
         self.blocks = (arrays[2].base, arrays[0].base, arrays[10])  # (see _C.augment_params_from_uniforms)
         self.tensors = tensors
@@ -140,8 +186,8 @@ class DrawnParams(dict):
             return self.blocks
         return None
 
-    def __reduce__(self):  # copies (pickle, deepcopy) are plain dicts: their tensors are not views of blocks
-        return (dict, (dict(self),))
+    def __reduce__(self):  # copies (pickle, deepcopy) are OrderedDicts (torch.load(weights_only=True) takes
+        return (collections.OrderedDict, (list(self.items()),))  # them, not dict): their tensors are not views of blocks
 
 
 def _drawn_blocks(params) -> Optional[tuple]:
@@ -266,40 +312,25 @@ class BatchAugment(KeyedModule):
         reuse_outputs: bool = True,
     ):
         super().__init__()
-        if engine not in ("fused", "kornia"):
-            raise ValueError(f"engine must be 'fused' or 'kornia', got {engine!r}")
-        if color not in fused.COLOR_MODELS:
-            raise ValueError(f"color must be 'torchvision' or 'linear', got {color!r}")
-        mode = interpolation_mode(interpolation)  # torchvision's InterpolationMode too
-        if mode is None:
-            raise ValueError(f"interpolation must be 'nearest' or 'bilinear', got "
-                             f"{getattr(interpolation, 'value', interpolation)!r}")
-        if out_dtype not in fused.OUT_DTYPES:
-            raise ValueError(f"out_dtype must be one of {list(fused.OUT_DTYPES)}, got {out_dtype}")
-        if out_memory_format not in (torch.contiguous_format, torch.channels_last):
-            raise ValueError(f"out_memory_format must be torch.contiguous_format or torch.channels_last, got {out_memory_format}")
-        mean, std = finite_numbers(mean, "mean", (3,)), finite_numbers(std, "std", (3,))
-        if min(std) <= 0:
-            raise ValueError(f"std must be positive, got {std}")
-        self.hflip = probability(hflip, "hflip")
-        self.vflip = probability(vflip, "vflip")
-        self.grayscale = probability(grayscale, "grayscale")
-        self.rotation = _symmetric_range(rotation, "rotation")
-        self.translate = _translate_range(translate)
-        self.scale = _scale_range(scale)
-        self.shear = _shear_ranges(shear)
-        self.interpolation = mode
-        self.fill = warp_fill(fill)
-        self.brightness = _factor_range(brightness, "brightness")
-        self.contrast = _factor_range(contrast, "contrast")
-        self.saturation = _factor_range(saturation, "saturation")
-        self.hue = _symmetric_range(hue, "hue", bound=0.5)
-        self.mean = tuple(float(m) for m in mean)
-        self.std = tuple(float(s) for s in std)
+        self.engine = engine  # (each setting checked as it is set: the properties below the class)
+        self.color = color
+        self.interpolation = interpolation
         self.out_dtype = out_dtype
         self.out_memory_format = out_memory_format
-        self.color = color
-        self.engine = engine
+        self.mean = mean
+        self.std = std
+        self.hflip = hflip
+        self.vflip = vflip
+        self.grayscale = grayscale
+        self.rotation = rotation
+        self.translate = translate
+        self.scale = scale
+        self.shear = shear
+        self.fill = fill
+        self.brightness = brightness
+        self.contrast = contrast
+        self.saturation = saturation
+        self.hue = hue
         self._set_generator(generator)
         self.reuse_outputs = reuse_outputs
         self._outputs = fused.OutputCache()
@@ -492,8 +523,36 @@ class BatchAugment(KeyedModule):
         self.__dict__["last_path"] = _KERNEL_PATHS[device.type]
         return fused.augment_batch(x, packed, interpolation=INTERPOLATIONS[self.interpolation], fill=self.fill,
                                    color=fused.COLOR_MODELS[self.color], mean=self.mean, std=self.std,
-                                   out_dtype=self.out_dtype, channels_last=self.out_memory_format == torch.channels_last,
+                                   out_dtype=self.out_dtype, channels_last=self._channels_last,
                                    out=out)
+
+    # the settings, checked whenever set (a schedule may change them between calls)
+    hflip = _setting("hflip", lambda v: probability(v, "hflip"))
+    vflip = _setting("vflip", lambda v: probability(v, "vflip"))
+    grayscale = _setting("grayscale", lambda v: probability(v, "grayscale"))
+    rotation = _setting("rotation", lambda v: _symmetric_range(v, "rotation"))
+    translate = _setting("translate", _translate_range)
+    scale = _setting("scale", _scale_range)
+    shear = _setting("shear", _shear_ranges)
+    interpolation = _setting("interpolation", _interpolation)
+    fill = _setting("fill", warp_fill)
+    brightness = _setting("brightness", lambda v: _factor_range(v, "brightness"))
+    contrast = _setting("contrast", lambda v: _factor_range(v, "contrast"))
+    saturation = _setting("saturation", lambda v: _factor_range(v, "saturation"))
+    hue = _setting("hue", lambda v: _symmetric_range(v, "hue", bound=0.5))
+    mean = _setting("mean", lambda v: tuple(float(m) for m in finite_numbers(v, "mean", (3,))))
+    std = _setting("std", _std)
+    out_dtype = _setting("out_dtype", _one_of("out_dtype", fused.OUT_DTYPES))
+    color = _setting("color", _one_of("color", fused.COLOR_MODELS))
+    engine = _setting("engine", _one_of("engine", ("fused", "kornia")))
+
+    @property
+    def out_memory_format(self) -> torch.memory_format:
+        return torch.channels_last if self._channels_last else torch.contiguous_format
+
+    @out_memory_format.setter
+    def out_memory_format(self, value) -> None:  # (kept as a bool: torch.save's pickle protocol 2 cannot store it)
+        self._channels_last = _MEMORY_FORMATS(value) == torch.channels_last
 
     def extra_repr(self) -> str:
         return (f"engine={self.engine!r}, color={self.color!r}, hflip={self.hflip}, vflip={self.vflip}, "

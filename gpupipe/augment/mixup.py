@@ -70,6 +70,7 @@ class MixUp(BatchTransformBase):
             # one pass, no temporaries, the same rounding as the expressions below (csrc/augment/mix_cpu.cpp)
             if self.inplace:
                 _C.mixup_rolled_inplace(_kernels.buffer(images), lam, _kernels.num_threads())
+                torch.autograd.graph.increment_version(images)  # as torch's in-place ops (a saved x is refused)
                 return images, self.mix_labels(labels, lam)
             mixed = torch.empty_like(images)
             _C.mixup_rolled(_kernels.buffer(images), _kernels.buffer(mixed), lam, _kernels.num_threads())

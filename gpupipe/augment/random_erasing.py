@@ -43,6 +43,23 @@ def _fill(values: list, x: torch.Tensor) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float32).to(x.dtype)
 
 
+def _erase_values(value: Any) -> Optional[list]:
+    """The erase value per channel as floats (None: normal noise, ``"random"``); errors naming it."""
+    if isinstance(value, str):
+        if value != "random":
+            raise ValueError(f"value must be a number, a sequence of numbers or 'random', got {value!r}")
+        return None
+    if is_python_number(value):
+        return [float(value)]
+    try:
+        values = [float(v) for v in value]
+    except (TypeError, ValueError):
+        raise TypeError(f"value must be a number, a sequence of numbers or 'random', got {value!r}") from None
+    if not values:
+        raise ValueError("value must not be empty")
+    return values
+
+
 class RandomErasing(KeyedModule):
     """torchvision's ``RandomErasing``, batched: each sample gets its own box, as torchvision draws it.
 
@@ -99,22 +116,18 @@ class RandomErasing(KeyedModule):
         self.ratio = bounded_pair(ratio, "ratio", 0.0, math.inf)
         if self.ratio[0] <= 0:
             raise ValueError(f"ratio must be positive, got {ratio!r}")
-        if isinstance(value, str):
-            if value != "random":
-                raise ValueError(f"value must be a number, a sequence of numbers or 'random', got {value!r}")
-            self._values: Optional[list] = None
-        elif is_python_number(value):
-            self._values = [float(value)]
-        else:
-            try:
-                self._values = [float(v) for v in value]
-            except (TypeError, ValueError):
-                raise TypeError(f"value must be a number, a sequence of numbers or 'random', got {value!r}") from None
-            if not self._values:
-                raise ValueError("value must not be empty")
         self.value = value
         self.inplace = bool(inplace)
         self._set_generator(generator)
+
+    @property
+    def value(self) -> Any:
+        return self._value
+
+    @value.setter
+    def value(self, value: Any) -> None:  # (parsed whenever set: a later `erase.value = 5` erases with 5)
+        self._values = _erase_values(value)
+        self._value = value
 
     def _params_from_uniforms(self, u: torch.Tensor) -> dict:
         tries = u[:, 2:].reshape(-1, _TRIES, 4)
@@ -194,6 +207,8 @@ class RandomErasing(KeyedModule):
             fill = _fill(values, x)
             _C.erase_boxes(_kernels.buffer(out), _kernels.buffer(box.contiguous()), _kernels.buffer(fill),
                                     _kernels.num_threads())
+            if self.inplace:  # as torch's in-place ops: autograd then refuses a graph that saved x
+                torch.autograd.graph.increment_version(out)
             return out
         # [N, 1, H, W], broadcast over channels: rows and columns inside each sample's box
         top, left, h, w = (v[:, None, None, None] for v in box.unbind(1))
