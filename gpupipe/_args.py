@@ -9,7 +9,7 @@ it accepts, and the docstrings say how they differ.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -39,11 +39,6 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 
 
-def is_python_number(value: Any) -> bool:
-    """A Python int or float (numpy's float64, a float subclass, too; not a bool, not other numpy numbers)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 # --- numbers ---------------------------------------------------------------------------------------
 
 
@@ -66,10 +61,9 @@ def finite_numbers(value: Any, name: str, counts: Sequence[int]) -> tuple:
     return tuple(finite_number(v, name) for v in values)
 
 
-def probability(p: Any, name: str, *, number: Callable[[Any], bool] = is_number) -> float:
-    """A number in [0, 1]; ``number`` says which types count as numbers (:func:`is_number` or, for
-    the modules that take Python numbers only, :func:`is_python_number`)."""
-    if not number(p) or not 0.0 <= p <= 1.0:
+def probability(p: Any, name: str) -> float:
+    """A number in [0, 1] (:func:`is_number`: numpy's too, not a bool)."""
+    if not is_number(p) or not 0.0 <= p <= 1.0:
         raise ValueError(f"{name} must be a probability in [0, 1], got {p!r}")
     return float(p)
 
@@ -127,18 +121,19 @@ def interpolation_mode(value: Any) -> Optional[str]:
     """The key of :data:`INTERPOLATIONS` a string or a torchvision ``InterpolationMode`` names, None
     for any other value (the caller raises, naming what it accepts)."""
     value = getattr(value, "value", value)
-    return value if value in INTERPOLATIONS else None  # an unhashable value: TypeError
+    return value if isinstance(value, str) and value in INTERPOLATIONS else None  # (a list is unhashable)
 
 
 def warp_fill(fill: Any) -> Optional[list]:
-    """``warp_affine``'s and BatchAugment's fill: None, a Python int or float (a bool too) for all
-    channels, or exactly 3 values ``float()`` converts (numpy numbers, numeric strings), within
+    """``warp_affine``'s and BatchAugment's fill: None, an int or float (numpy's too, a bool too) for
+    all channels, or exactly 3 values ``float()`` converts (numpy numbers, numeric strings), within
     [0, 255], as 3 floats. Unlike :func:`policy_fill`: a 1-entry sequence is refused, and the
     entries of a sequence need only convert."""
     if fill is None:
         return None
     try:
-        values = [float(fill)] * 3 if isinstance(fill, (int, float)) else [float(v) for v in fill]
+        one = isinstance(fill, (int, float, np.integer, np.floating))
+        values = [float(fill)] * 3 if one else [float(v) for v in fill]
     except (TypeError, ValueError):
         values = []
     if len(values) != 3 or isinstance(fill, (str, bytes)):
@@ -149,16 +144,17 @@ def warp_fill(fill: Any) -> Optional[list]:
 
 
 def policy_fill(fill: Union[None, float, Sequence[float]]) -> Optional[list]:
-    """The policies' fill, as torchvision's: None, a :func:`is_python_number` or a sequence of 1 or 3
-    of them, within [0, 255], as 3 floats (None stays None). Unlike :func:`warp_fill`, numpy
-    numbers other than float64 are refused and a 1-entry sequence is accepted."""
+    """The policies' fill, as torchvision's: None, an :func:`is_number` or a sequence of 1 or 3 of
+    them, within [0, 255], as 3 floats (None stays None). Unlike :func:`warp_fill`, a 1-entry
+    sequence is accepted, and bools and numeric strings are refused. (torchvision's check takes a
+    numpy scalar as a number; only its conversion then fails, iterating it.)"""
     if fill is None:
         return None
     try:  # (a bool is not a number here, as everywhere in gpupipe's arguments)
-        values = [fill] if is_python_number(fill) else list(fill)
+        values = [fill] if is_number(fill) else list(fill)
     except TypeError:
         values = []
-    if len(values) not in (1, 3) or not all(is_python_number(v) for v in values):
+    if len(values) not in (1, 3) or not all(is_number(v) for v in values):
         raise ValueError(f"fill must be None, a number or a sequence of 1 or 3 numbers, got {fill!r}")
     if not all(0 <= v <= 255 for v in values):
         raise ValueError(f"fill must lie in [0, 255] for uint8 images, got {fill!r}")

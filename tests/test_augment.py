@@ -47,6 +47,39 @@ def test_matches_torchvision_per_sample(device, engine, interpolation, fill):
     assert_within_tolerance(out, ref)
 
 
+@pytest.mark.parametrize("older_kornia", [False, True], ids=["align_corners=False", "older-kornia-padded"])
+@pytest.mark.parametrize("interpolation", ["nearest", "bilinear"])
+def test_kornia_engine_on_images_one_pixel_high_or_wide(monkeypatch, older_kornia, interpolation):
+    """align_corners=True collapses an axis of one pixel (every coordinate lands on that pixel, none
+    outside): ~170 levels off torchvision with a rotation. A Kornia whose warp normalises for
+    align_corners=True only gets that axis zero-padded to 2 instead."""
+    pytest.importorskip("kornia", reason="engine='kornia' needs kornia")
+    from gpupipe.augment import kornia_engine
+
+    if older_kornia:
+        monkeypatch.setattr(kornia_engine, "_honours_align_corners", lambda normalize_homography: False)
+    g = torch.Generator().manual_seed(0)
+    for h, w in ((1, 7), (6, 1), (1, 1), (5, 7)):
+        x = torch.randint(0, 256, (8, 3, h, w), dtype=torch.uint8, generator=g)
+        for fill in (0, None, (30, 200, 90)):
+            aug = BatchAugment(**FULL, interpolation=interpolation, fill=fill, engine="kornia")
+            p = aug.sample_params(8, seed=h * 10 + w)
+            ref = torchvision_chain(x, p, interpolation=interpolation, fill=fill, mean=aug.mean, std=aug.std)
+            assert levels(aug(x, params=p), ref, aug.std).max() < 0.05, (h, w, fill)
+
+
+def test_kornia_engine_computes_in_float32_under_autocast():
+    """Under torch.autocast Kornia's warp ran in bfloat16 (mean 4.9, max 110 levels off torchvision)."""
+    pytest.importorskip("kornia", reason="engine='kornia' needs kornia")
+    x = photo_batch(4, 33, 41, seed=40)
+    aug = BatchAugment(**FULL, interpolation="bilinear", engine="kornia")
+    p = aug.sample_params(4, seed=41)
+    plain = aug(x, params=p)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under = aug(x, params=p)
+    assert under.dtype == torch.float32 and torch.equal(under, plain)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_matches_torchvision_at_the_benchmark_size(device):
     """The benchmark's chain (rotation 25 bilinear, both flips, jitter with hue) at 256x256."""
@@ -708,6 +741,15 @@ def test_bad_inputs_name_the_argument():
     from torchvision.transforms import InterpolationMode
 
     assert BatchAugment(interpolation=InterpolationMode.BILINEAR).interpolation == "bilinear"
+
+
+def test_numpy_fill_and_an_interpolation_that_is_no_mode():
+    """fill=np.uint8(7) was "fill must be a number"; interpolation=[...] an "unhashable type"."""
+    for fill in (np.uint8(7), np.float32(7.0), np.int64(7)):
+        assert BatchAugment(fill=fill).fill == [7.0, 7.0, 7.0]
+    for bad in (["nearest"], {"bilinear": 1}):
+        with pytest.raises(ValueError, match="interpolation must be 'nearest' or 'bilinear'"):
+            BatchAugment(interpolation=bad)
 
 
 def test_binding_validates_buffers():

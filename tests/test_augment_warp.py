@@ -13,6 +13,7 @@ Tolerances (stated, and why):
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torchvision.transforms.v2.functional as F
@@ -259,6 +260,15 @@ def test_bad_inputs_name_the_argument():
         affine_matrices(torch.zeros(2), (0, 0), 1.0, (0, 0))
     with pytest.raises(ValueError, match="translate must broadcast"):
         affine_matrices(torch.zeros(2), torch.zeros(3, 2), 1.0, (0, 0), size=(8, 8))
+
+
+def test_a_numpy_fill_is_a_number():
+    """fill=np.uint8(7) was refused as "fill must be a number" (numpy numbers only passed inside a sequence)."""
+    x = photo_batch(2, 8, 8, seed=12)
+    m = torch.tensor([[1.0, 0.0, 3.0], [0.0, 1.0, 0.0]]).expand(2, 2, 3)  # a shift: 3 columns of fill
+    want = warp_affine(x, m, fill=7)
+    for fill in (np.uint8(7), np.float32(7.0), np.int64(7)):
+        assert torch.equal(warp_affine(x, m, fill=fill), want)
 
 
 def test_binding_validates_buffers():

@@ -9,8 +9,8 @@ import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from gpupipe.augment import (BatchAugment, Compose, CutMix, MixUp, RandAugment, RandomChoice, RandomErasing,
-                             TrivialAugmentWide)
+from gpupipe.augment import (AutoAugment, BatchAugment, Compose, CutMix, MixUp, RandAugment, RandomChoice,
+                             RandomErasing, TrivialAugmentWide)
 from helpers import DEVICES
 
 
@@ -252,13 +252,31 @@ def test_random_choice_frequencies_keys_and_replay(images):
     out, soft = choose(images, labels, params=params)
     again, soft_again = choose(images, labels, params=choose.last_params)
     assert torch.equal(out, again) and torch.equal(soft, soft_again)
-    child = choose._transforms[int(params["choice"])]
+    child = choose.transforms[int(params["choice"])]
     direct, _ = child(images, labels, params=params["params"])
     assert torch.equal(out, direct)
     with pytest.raises(ValueError, match="p has"):
         RandomChoice([MixUp(num_classes=2)], p=[0.5, 0.5])
     with pytest.raises(ValueError, match="transforms"):
         RandomChoice([])
+
+
+def test_random_choice_in_eval_records_what_it_applied():
+    """eval() recorded parameters drawn for the chosen child but never applied: replaying
+    last_params did not give the eval output. Now the child's own record (its identity), in
+    either mode."""
+    x = torch.randint(0, 256, (8, 3, 24, 24), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    choose = RandomChoice([TrivialAugmentWide(), RandomErasing(p=1.0, value=0)], generator=0).eval()
+    seen = set()
+    for _ in range(8):
+        out = choose(x)
+        p = choose.last_params
+        seen.add(int(p["choice"]))
+        assert torch.equal(out, x) and int(p["n"]) == 8
+        assert torch.equal(choose(x, params=p), out)
+        assert torch.equal(choose.train()(x, params=p), out)
+        choose.eval()
+    assert seen == {0, 1}
 
 
 # --- Compose ----------------------------------------------------------------------------------------
@@ -315,6 +333,73 @@ def test_compose_calls_plain_callables():
     assert p["0"] is None
     y = chain(x, params=p)
     assert ((y == 2) | (y == 0)).all() and (y == 0).any()
+
+
+def test_containers_run_the_children_they_hold():
+    """One list: a child replaced through ``transforms`` (by index, or by name as tools that swap
+    submodules do) is the child that runs, not a stale private copy; a plain callable is an entry
+    shown as itself that adds no state."""
+    x = torch.randint(0, 256, (2, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    chain = Compose([TrivialAugmentWide(), BatchAugment(hflip=0.0)]).eval()
+    unnormalised = BatchAugment(hflip=0.0, mean=(0, 0, 0), std=(1, 1, 1))
+    chain.transforms[1] = unnormalised
+    assert torch.equal(chain(x), unnormalised.eval()(x))
+    setattr(chain.transforms, "1", torch.nn.Identity())
+    assert torch.equal(chain(x), x) and "Identity" in repr(chain)
+    choose = RandomChoice([TrivialAugmentWide(), AutoAugment()])
+    choose.transforms[0] = choose.transforms[1] = torch.nn.Identity()
+    assert torch.equal(choose(x), x)
+    plain = Compose([lambda t: t + 1, TrivialAugmentWide()])
+    assert "(0): <function" in repr(plain) and "(1): TrivialAugmentWide" in repr(plain)
+    assert plain.state_dict() == {} and len(plain.transforms) == 2
+    plain.transforms[0] = torch.nn.Identity()
+    assert torch.equal(plain.eval()(x), x)
+
+
+def test_compose_passes_several_inputs_through_as_torchvision():
+    """Compose(images, labels) took labels for params ("params must be a dict ... got Tensor"):
+    torchvision's v2 Compose passes every input on; a child that takes the images alone gets those."""
+    g = torch.Generator().manual_seed(2)
+    images, labels = torch.rand(4, 3, 8, 8, generator=g), torch.tensor([0, 1, 2, 0])
+    chain = Compose([RandomErasing(p=1.0, value=0), lambda t: t * 2, MixUp(num_classes=3)])
+    p = chain.sample_params(4, seed=5)
+    out, soft = chain(images, labels, params=p)
+    want, want_soft = MixUp(num_classes=3)(RandomErasing(p=1.0, value=0)(images, params=p["0"]) * 2, labels,
+                                           params=p["2"])
+    assert torch.equal(out, want) and torch.equal(soft, want_soft)
+    drawn = chain(images, labels)
+    assert all(torch.equal(a, b) for a, b in zip(chain(images, labels, params=chain.last_params), drawn))
+    with pytest.raises(TypeError, match="params is keyword-only"):
+        chain(images, p)
+    with pytest.raises(TypeError, match="takes neither the images alone nor the 2 inputs"):
+        Compose([lambda a, b, c: a])(images, labels)
+    with pytest.raises(TypeError, match="did not return 2 outputs"):
+        Compose([lambda a, b: a])(images, labels)
+
+
+def test_containers_read_one_shot_indices_once():
+    """indices given as a generator went whole to the first child, the next got none."""
+    for container in (Compose([TrivialAugmentWide(), RandomErasing()]),
+                      RandomChoice([Compose([TrivialAugmentWide(), RandomErasing()])])):
+        want = container.sample_params(4, seed=0, epoch=2, indices=[10, 11, 12, 13])
+        got = container.sample_params(4, seed=0, epoch=2, indices=(i for i in range(10, 14)))
+        inner = (lambda p: p) if isinstance(container, Compose) else (lambda p: p["params"])
+        for k in ("0", "1"):
+            assert all(torch.equal(inner(got)[k][key], v) for key, v in inner(want)[k].items()), k
+
+
+def test_numpy_numbers_are_numbers():
+    """RandomErasing(p=np.float32(0.5)) and MixUp(alpha=np.float32(0.2)) were refused; torchvision
+    takes them (bools stay refused: not numbers in gpupipe's arguments)."""
+    assert RandomErasing(p=np.float32(0.5)).p == 0.5
+    assert RandomErasing(value=np.float32(0.5))._values == [0.5]
+    for cls in (MixUp, CutMix):
+        module = cls(alpha=np.float32(0.25), num_classes=np.int64(3))
+        assert module.alpha == 0.25 and module.num_classes == 3 and type(module.num_classes) is int
+    with pytest.raises(ValueError, match="probability"):
+        RandomErasing(p=True)
+    with pytest.raises(ValueError, match="alpha"):
+        MixUp(alpha=np.float32("nan"))
 
 
 def test_erasing_select_path_equals_the_kernel(images):

@@ -121,6 +121,22 @@ def test_native_uniforms_equal_their_numpy_definition(seed, epoch, stream):
     assert np.array_equal(keyed.uniforms(seed, epoch, indices[3:5], 5, stream=stream), got[3:5, :5])  # no batch effect
 
 
+def test_indices_of_any_size_and_sign_are_taken_modulo_2_64():
+    """Like seeds: [-1, 2**63] (which numpy holds as float64) was "indices must be integers, got
+    float64", while [2**63, ...] alone (uint64) was taken modulo 2**64."""
+    module, mix = TrivialAugmentWide(), MixUp(num_classes=2)
+    want = module.sample_params(4, seed=0, indices=np.array([-1, -2**63, 0, 1], dtype=np.int64))
+    for idx in ([-1, 2**63, 0, 1], [2**64 - 1, 2**63, 2**64, 2**64 + 1],
+                np.array([-1, 2**63, 0, 2**128 + 1], dtype=object)):
+        got = module.sample_params(4, seed=0, indices=idx)
+        assert all(torch.equal(got[k], v) for k, v in want.items()), idx
+    lam = mix.sample_params(2, seed=0, indices=[-1, 2**63])["lam"]  # keyed by the first index
+    assert lam == mix.sample_params(2, seed=0, indices=[2**64 - 1, 0])["lam"]
+    for bad in ([-1, 2**63, 0.5, 1], [-1, 2**63, "0", 1]):
+        with pytest.raises(TypeError, match="indices must be integers"):
+            module.sample_params(4, seed=0, indices=bad)
+
+
 def test_a_subclass_forwarding_sample_params_stays_keyed():
     """sample_params(self, n, **kw) that forwards to the base class takes keys: the Loader keys it."""
 

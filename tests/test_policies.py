@@ -462,6 +462,39 @@ def test_compiles_drawing_from_its_generator(batch, cls):
         assert torch.equal(compiled(batch), eager(batch))
 
 
+def test_compiled_policies_take_every_image_size_in_one_or_two_graphs():
+    """Progressive resizing under torch.compile(fullgraph=True): a size's SlotTable is built in the
+    graph and never stored on the module there (a per-size entry written inside the compiled region
+    was state dynamo guards on: two graphs a size, the recompile limit hit at the fifth size)."""
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    module, eager = RandAugment(generator=1), RandAugment(generator=1)
+    compiled = torch.compile(module, backend=counting, fullgraph=True)
+    for size in (12, 14, 16, 18, 20, 22):
+        g = torch.Generator().manual_seed(size)
+        x = torch.randint(0, 256, (2, 3, size, size + 3), dtype=torch.uint8, generator=g)
+        assert torch.equal(compiled(x), eager(x)), size
+    assert len(graphs) <= 2 and module._tables == {}
+
+
+def test_each_policy_compiles_as_its_own_code_object():
+    """torch.compile keeps a compiled forward's graphs per code object, at most recompile_limit:
+    one forward shared by the three policies made the third fail to compile in a process that
+    compiles all three (KeyedModule's docstring); here a limit of 1 shows it with one call each."""
+    assert len({cls.forward.__code__ for cls in (TrivialAugmentWide, RandAugment, AutoAugment)}) == 3
+    x = torch.randint(0, 256, (2, 3, 16, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for cls in (TrivialAugmentWide, RandAugment, AutoAugment):
+            compiled = torch.compile(cls(generator=2), fullgraph=True, backend="eager")
+            assert torch.equal(compiled(x), cls(generator=2)(x)), cls.__name__
+
+
 # --- bad input -------------------------------------------------------------------------------------
 
 
@@ -627,6 +660,29 @@ def test_rand_augment_checks_magnitude_and_num_ops_whenever_they_are_set():
 
 
 def test_a_fill_that_is_not_a_number_is_named():
-    for fill in (True, np.float32(5.0), "white"):
+    for fill in (True, "white", [True], ["5"]):
         with pytest.raises(ValueError, match="fill must be None, a number or a sequence"):
             TrivialAugmentWide(fill=fill)
+
+
+def test_numpy_numbers_and_bad_interpolations():
+    """A numpy number is a number (torchvision's check takes it as one), alone or in a sequence; an
+    interpolation that is not a mode is named (a list was an "unhashable type" TypeError)."""
+    for fill in (np.uint8(7), np.float32(7.0), np.int64(7), [np.float32(7.0)], (np.uint8(7), 7, 7.0)):
+        assert TrivialAugmentWide(fill=fill)._fill == [7.0, 7.0, 7.0], fill
+    for bad in (["nearest"], {"nearest": 1}, 2):
+        with pytest.raises(ValueError, match="interpolation must be 'nearest' or 'bilinear'"):
+            RandAugment(interpolation=bad)
+
+
+@pytest.mark.parametrize("cls", [TrivialAugmentWide, RandAugment, AutoAugment])
+def test_a_fill_set_after_construction_is_used_and_checked(cls):
+    """`policy.fill = 128` was ignored (the parsed fill stayed the constructor's)."""
+    x = torch.randint(0, 256, (8, 3, 24, 24), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    policy = cls()
+    params = policy.sample_params(8, seed=4)
+    policy.fill = 128
+    assert torch.equal(policy(x, params=params), cls(fill=128)(x, params=params))
+    with pytest.raises(ValueError, match="fill"):
+        policy.fill = 300
+    assert policy.fill == 128

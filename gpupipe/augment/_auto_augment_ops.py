@@ -183,7 +183,10 @@ class PolicyBase(KeyedModule):
 
     A subclass sets ``_space`` (its ops in torchvision's order), ``_stream_name``, ``_num_bins``,
     ``_draws`` (uniforms per sample) and implements ``_params_from_uniforms``, ``_param_spec`` and
-    ``_slot_rows`` (per slot, the :class:`SlotTable` row of each sample).
+    ``_slot_rows`` (per slot, the :class:`SlotTable` row of each sample), and writes its own
+    ``forward`` (``return self._forward((x,), params)``: one code object per class, as
+    :class:`~gpupipe.augment._keyed_module.KeyedModule` says, so that compiling the three policies
+    in one process stays within torch.compile's per-code-object recompile limit).
     """
 
     _space: dict
@@ -193,13 +196,25 @@ class PolicyBase(KeyedModule):
         super().__init__()
         self.interpolation = parse_interpolation(interpolation)
         self.fill = fill
-        self._fill = policy_fill(fill)
         self._set_generator(generator)
         self._op_ids = torch.tensor([_OP[name] for name in self._space], dtype=torch.int64)
         self._signed = torch.tensor([signed for _, signed in self._space.values()])
         self._tables: dict = {}
 
+    @property
+    def fill(self) -> Any:
+        return self._given_fill
+
+    @fill.setter
+    def fill(self, fill: Any) -> None:  # (checked whenever set: a later `policy.fill = 128` fills with 128)
+        self._fill = policy_fill(fill)
+        self._given_fill = fill
+
     def _table(self, height: int, width: int) -> SlotTable:
+        if torch.compiler.is_compiling():
+            # built in the graph, never stored: a per-size entry written to the module inside the
+            # compiled region is module state dynamo guards on, a recompile per image size
+            return SlotTable(self._space, self._num_bins, height, width, self._op_ids)
         key = (height, width)
         if key not in self._tables:
             if len(self._tables) > 16:
@@ -210,14 +225,6 @@ class PolicyBase(KeyedModule):
     def _row(self, op_index: torch.Tensor, bins: torch.Tensor, negate: torch.Tensor) -> torch.Tensor:
         """The SlotTable row of (op, bin, sign) draws (the sign counts for signed ops only)."""
         return (op_index * self._num_bins + bins) * 2 + (negate & self._signed[op_index]).to(torch.int64)
-
-    def forward(self, x: torch.Tensor, params: Optional[dict] = None) -> torch.Tensor:
-        """Augments a batch: uint8 ``[N, 3, H, W]`` -> uint8 ``[N, 3, H, W]``, same device and memory format.
-
-        ``params=None`` draws new parameters in ``train()`` mode and applies none in ``eval()``
-        mode (x is returned as is); ``params=p`` (e.g. ``last_params``) replays exactly.
-        """
-        return self._forward((x,), params)
 
     def _check_inputs(self, x: Any) -> int:
         return check_images(x).shape[0]

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from gpupipe import keyed
-from gpupipe._args import is_python_int, is_python_number
+from gpupipe._args import is_int, is_number
 from gpupipe.augment._keyed_module import KeyedModule
 from gpupipe.augment._keyed_params import GeneratorLike, check_count, key_indices, key_int
 
@@ -43,7 +43,7 @@ def batch_rng(stream: int, n: int, generator: Optional[torch.Generator], seed: O
 
 
 def check_alpha(alpha: Any) -> float:
-    if not is_python_number(alpha) or not 0 < alpha < float("inf"):
+    if not is_number(alpha) or not 0 < alpha < float("inf"):
         raise ValueError(f"alpha must be a positive finite number (the Beta(alpha, alpha) parameter), got {alpha!r}")
     return float(alpha)
 
@@ -51,9 +51,9 @@ def check_alpha(alpha: Any) -> float:
 def check_num_classes(num_classes: Any) -> Optional[int]:
     if num_classes is None:
         return None
-    if not is_python_int(num_classes) or num_classes < 1:
+    if not is_int(num_classes) or num_classes < 1:
         raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
-    return num_classes
+    return int(num_classes)
 
 
 def _check_unit(value: Any, name: str, count: int) -> None:

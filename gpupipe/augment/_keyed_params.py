@@ -114,14 +114,19 @@ def key_int(value: Any, name: str) -> int:
 
 
 def key_indices(indices: Any) -> np.ndarray:
-    """Sample indices as int64: integers only (a float index would be truncated to another sample's)."""
+    """Sample indices as int64: integers only (a float index would be truncated to another sample's),
+    any int taken modulo 2**64 as seeds are (the hash reads the int64's bits: -1 is 2**64 - 1)."""
     if isinstance(indices, torch.Tensor):
         indices = indices.cpu()
     elif not isinstance(indices, np.ndarray):
         indices = list(indices)  # any iterable: a range, a generator
     arr = np.asarray(indices)
     if arr.size and arr.dtype.kind not in "iu":
-        raise TypeError(f"indices must be integers, got {arr.dtype}")
+        # Python ints numpy holds in no integer dtype: [-1, 2**63] becomes float64, 2**64 object
+        values = indices if isinstance(indices, list) else arr.tolist() if arr.dtype == object else None
+        if values is None or not all(is_int(v) for v in values):
+            raise TypeError(f"indices must be integers, got {arr.dtype}")
+        arr = np.array([int(v) % 2**64 for v in values], dtype=np.uint64)
     return arr.astype(np.int64, copy=False)
 
 

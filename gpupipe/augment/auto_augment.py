@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -149,6 +149,14 @@ class AutoAugment(PolicyBase):
         signs = torch.tensor([False, True])
         self._step_rows = self._row(self._step_op[:, :, None], self._step_bin[:, :, None], signs)  # [25, 2, 2]
         self._not_applied = len(self._space) * self._num_bins * 2
+
+    def forward(self, x: torch.Tensor, params: Optional[dict] = None) -> torch.Tensor:
+        """Augments a batch: uint8 ``[N, 3, H, W]`` -> uint8 ``[N, 3, H, W]``, same device and memory format.
+
+        ``params=None`` draws new parameters in ``train()`` mode and applies none in ``eval()``
+        mode (x is returned as is); ``params=p`` (e.g. ``last_params``) replays exactly.
+        """
+        return self._forward((x,), params)  # this class's own code object (see PolicyBase)
 
     def _params_from_uniforms(self, u: torch.Tensor) -> dict:
         policy = uniform_index(u[:, 0], len(self._step_op))

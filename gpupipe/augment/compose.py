@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Optional, Sequence
 
 from torch import nn
 
 from gpupipe import keyed
+from gpupipe.augment._containers import container_entries, unwrap
+from gpupipe.augment._keyed_params import key_indices
 
 
 class Compose(nn.Module):
@@ -18,10 +21,14 @@ class Compose(nn.Module):
     ``sample_params`` takes no keys (e.g. a ``BatchAugment(...).sample_params(n)`` of the first
     engine) is sampled plainly from its own generator and replayed from what it drew; a child without
     ``sample_params`` is simply called. The Loader takes a Compose as its ``augment``:
-    ``Compose([TrivialAugmentWide(), BatchAugment(...), RandomErasing(0.1)])``.
+    ``Compose([TrivialAugmentWide(), BatchAugment(...), RandomErasing(0.1)])``. Called with several
+    inputs (``chain(images, labels)``), it passes them through as torchvision's v2 ``Compose`` does
+    (see :meth:`forward`).
 
     Args:
-        transforms: the modules (or callables), applied in order.
+        transforms: the modules (or callables), applied in order; held in ``self.transforms``, an
+            ``nn.ModuleList`` (a plain callable wrapped, shown as itself), which is what runs:
+            ``chain.transforms[k] = other`` replaces child ``k``.
 
     Shapes:
         whatever the chain maps: e.g. uint8 ``[N, 3, H, W]`` in, normalised float out.
@@ -40,19 +47,19 @@ class Compose(nn.Module):
 
     def __init__(self, transforms: Sequence[Any]):
         super().__init__()
-        if isinstance(transforms, nn.Module) or not isinstance(transforms, Sequence) or not transforms:
-            raise ValueError("transforms must be a non-empty sequence of modules")
-        if not all(callable(t) for t in transforms):
-            raise TypeError("every entry of transforms must be callable")
-        self._transforms = list(transforms)
-        self.transforms = nn.ModuleList([t for t in transforms if isinstance(t, nn.Module)])
+        self.transforms = container_entries(transforms, "modules")  # what runs (see _containers)
         self.last_params: Optional[dict] = None
+
+    def _children(self) -> list:
+        return [unwrap(t) for t in self.transforms]
 
     def sample_params(self, n: int, *, seed: Optional[int] = None, epoch: Optional[int] = None,
                       indices: Any = None) -> dict:
         """``{str(k): child k's parameters}`` (None for a child without ``sample_params``)."""
+        if indices is not None:
+            indices = key_indices(indices)  # once: a one-shot iterable would go to the first child alone
         params = {}
-        for k, child in enumerate(self._transforms):
+        for k, child in enumerate(self._children()):
             if seed is None and (epoch is not None or indices is not None) and hasattr(child, "sample_params"):
                 raise ValueError("epoch and indices key the draws to a seed: pass seed as well")
             params[str(k)] = keyed.child_params(child, k, n, seed=seed, epoch=epoch, indices=indices)
@@ -61,23 +68,58 @@ class Compose(nn.Module):
     @property
     def samples_independent(self) -> bool:
         """Each sample mapped on its own when every module of the chain does (:func:`gpupipe.keyed.samples_independent`)."""
-        return all(keyed.samples_independent(t) for t in self._transforms)
+        return all(keyed.samples_independent(t) for t in self._children())
 
-    def forward(self, x: Any, params: Optional[dict] = None) -> Any:
-        """Applies the chain; ``params=None`` lets each child draw (or not, in ``eval()``) itself."""
+    def forward(self, *inputs: Any, params: Optional[dict] = None) -> Any:
+        """Applies the chain; ``params=None`` lets each child draw (or not, in ``eval()``) itself.
+
+        ``chain(images)`` returns the images; ``chain(images, labels, ...)`` returns every input, as
+        torchvision's v2 ``Compose``: a child whose ``forward`` takes all the inputs (``MixUp``,
+        ``CutMix``, ``RandomChoice``, a ``Compose``) gets them all and returns them all, a child
+        that takes the images alone (``BatchAugment``, the policies, ``RandomErasing``, a callable
+        of one argument) gets the images and the other inputs pass by it.
+        """
+        children = self._children()
+        if not inputs:
+            raise TypeError("Compose takes the batch: chain(images) or chain(images, labels), params= by keyword")
         if params is not None:
-            if not isinstance(params, dict) or set(params) != {str(k) for k in range(len(self._transforms))}:
-                raise ValueError(f"params must be a dict with keys '0'..'{len(self._transforms) - 1}' "
+            if not isinstance(params, dict) or set(params) != {str(k) for k in range(len(children))}:
+                raise ValueError(f"params must be a dict with keys '0'..'{len(children) - 1}' "
                                  f"(from sample_params), got {type(params).__name__}")
+        if any(isinstance(v, dict) for v in inputs[1:]):
+            raise TypeError("params is keyword-only: chain(images, params=p) (or chain(images, labels, params=p))")
         drawn = {}
-        for k, child in enumerate(self._transforms):
+        for k, child in enumerate(children):
             p = None if params is None else params[str(k)]
-            x = child(x) if p is None else child(x, params=p)
+            kwargs = {} if p is None else {"params": p}
+            if len(inputs) == 1:
+                inputs = (child(*inputs, **kwargs),)
+            elif _takes(child, len(inputs)):
+                out = child(*inputs, **kwargs)
+                if not isinstance(out, (tuple, list)) or len(out) != len(inputs):
+                    raise TypeError(f"transform {k} ({type(child).__name__}) took the {len(inputs)} inputs but "
+                                    f"did not return {len(inputs)} outputs")
+                inputs = tuple(out)
+            elif _takes(child, 1):
+                inputs = (child(inputs[0], **kwargs), *inputs[1:])
+            else:
+                raise TypeError(f"transform {k} ({type(child).__name__}) takes neither the images alone nor "
+                                f"the {len(inputs)} inputs chain(images, labels, ...) passes")
             drawn[str(k)] = getattr(child, "last_params", None) if params is None else p
         self.last_params = drawn
-        return x
-
-    def extra_repr(self) -> str:
-        return "\n".join(f"({k}): {t!r}" for k, t in enumerate(self._transforms) if not isinstance(t, nn.Module))
+        return inputs[0] if len(inputs) == 1 else inputs
 
 
+def _takes(child: Any, count: int) -> bool:
+    """Whether ``child`` is called with ``count`` positional inputs (``params`` not among them): its
+    ``forward`` (a compiled module's: the module it compiles) or its signature binds them; True
+    where Python cannot tell (a builtin), as torchvision hands every input to every transform."""
+    fn = getattr(child, "_orig_mod", child)
+    fn = fn.forward if isinstance(fn, nn.Module) else fn
+    try:
+        bound = inspect.signature(fn).bind(*range(count))
+    except TypeError:
+        return False
+    except ValueError:
+        return True
+    return "params" not in bound.arguments

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from gpupipe import _C, keyed
-from gpupipe._args import bounded_pair, is_python_number, probability
+from gpupipe._args import bounded_pair, is_number, probability
 from gpupipe._transfer import to_device
 from gpupipe.augment import _kernels
 from gpupipe.augment._keyed_module import KeyedModule
@@ -49,7 +49,7 @@ def _erase_values(value: Any) -> Optional[list]:
         if value != "random":
             raise ValueError(f"value must be a number, a sequence of numbers or 'random', got {value!r}")
         return None
-    if is_python_number(value):
+    if is_number(value):
         return [float(value)]
     try:
         values = [float(v) for v in value]
@@ -111,7 +111,7 @@ class RandomErasing(KeyedModule):
                  value: Union[float, str, Sequence[float]] = 0.0, inplace: bool = False,
                  generator: GeneratorLike = None):
         super().__init__()
-        self.p = probability(p, "p", number=is_python_number)
+        self.p = probability(p, "p")
         self.scale = bounded_pair(scale, "scale", 0.0, 1.0)
         self.ratio = bounded_pair(ratio, "ratio", 0.0, math.inf)
         if self.ratio[0] <= 0:

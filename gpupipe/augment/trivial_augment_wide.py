@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -66,6 +66,14 @@ class TrivialAugmentWide(PolicyBase):
     @property
     def num_magnitude_bins(self) -> int:
         return self._num_bins
+
+    def forward(self, x: torch.Tensor, params: Optional[dict] = None) -> torch.Tensor:
+        """Augments a batch: uint8 ``[N, 3, H, W]`` -> uint8 ``[N, 3, H, W]``, same device and memory format.
+
+        ``params=None`` draws new parameters in ``train()`` mode and applies none in ``eval()``
+        mode (x is returned as is); ``params=p`` (e.g. ``last_params``) replays exactly.
+        """
+        return self._forward((x,), params)  # this class's own code object (see PolicyBase)
 
     def _params_from_uniforms(self, u: torch.Tensor) -> dict:
         return {"op": uniform_index(u[:, 0], len(self._space)), "bin": uniform_index(u[:, 1], self._num_bins),
