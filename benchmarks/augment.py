@@ -73,8 +73,11 @@ def _chain_methods(x: torch.Tensor, rotation: bool) -> tuple[dict, dict, dict]:
     rot = [v2.RandomRotation(25, interpolation=InterpolationMode.BILINEAR)] if rotation else []
     tv = v2.Compose(rot + [v2.RandomHorizontalFlip(), v2.RandomVerticalFlip(), v2.ColorJitter(b, c, s, h),
                            v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
-    methods["torchvision v2 per sample"] = lambda: torch.stack([tv(img) for img in x])
-    notes["torchvision v2 per sample"] = "uint8 tensors, Compose per image"
+    # per-sample tensors as a Dataset hands them over: contiguous CHW (x[i] of the channels-last batch
+    # is a strided view, on which torchvision's per-sample chain without rotation ran 22% slower)
+    planar = x.contiguous()
+    methods["torchvision v2 per sample"] = lambda: torch.stack([tv(img) for img in planar])
+    notes["torchvision v2 per sample"] = "contiguous uint8 CHW tensors, Compose per image"
 
     from torchvision import transforms as T
 

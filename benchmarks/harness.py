@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from gpupipe.bench.report import environment  # noqa: F401  (re-exported: the benchmarks save it)
+from gpupipe.bench.report import write_json
+from gpupipe.bench.run import one_line
 
 
 @dataclass
@@ -48,19 +50,33 @@ def run_side_by_side(
     skipped: Optional[dict[str, str]] = None,
     notes: Optional[dict[str, str]] = None,
 ) -> list[Row]:
-    """Times each callable (one call processes ``unit_items`` items) ``repeats`` times, round robin."""
+    """Times each callable (one call processes ``unit_items`` items) ``repeats`` times, round robin.
+    A method that raises is reported in its row (``skipped``: "failed: ..."), not fatal: the
+    others go on."""
     rows = {name: Row(workload, name, unit_items, note=(notes or {}).get(name, "")) for name in methods}
     for name, reason in (skipped or {}).items():
         rows[name] = Row(workload, name, unit_items, skipped=reason)
     live = {k: v for k, v in methods.items() if v is not None}
-    for fn in live.values():
+
+    def call(name: str, fn: Callable) -> Optional[float]:
+        t0 = time.perf_counter()
+        try:
+            fn()
+        except Exception as e:  # a broken peer (an install, an input it cannot take)
+            rows[name].skipped, rows[name].times = f"failed: {one_line(e)}", []
+            del live[name]
+            return None
+        return time.perf_counter() - t0
+
+    for name, fn in list(live.items()):
         for _ in range(warmup):
-            fn()
+            if call(name, fn) is None:
+                break
     for _ in range(repeats):
-        for name, fn in live.items():
-            t0 = time.perf_counter()
-            fn()
-            rows[name].times.append(time.perf_counter() - t0)
+        for name, fn in list(live.items()):
+            seconds = call(name, fn)
+            if seconds is not None:
+                rows[name].times.append(seconds)
     return list(rows.values())
 
 
@@ -89,6 +105,8 @@ def table(rows: list[Row], reference: str, baseline_note: str = "") -> str:
 
 
 def save(rows: list[Row], env: dict, out_dir: Path, title: str, reference: str) -> Path:
+    """results.json (strict JSON), results.md and results.png in ``out_dir`` (checked before the
+    run: ``gpupipe.bench.report.output_folder``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     data = {
         "title": title,
@@ -99,7 +117,7 @@ def save(rows: list[Row], env: dict, out_dir: Path, title: str, reference: str) 
             for r in rows
         ],
     }
-    (out_dir / "results.json").write_text(json.dumps(data, indent=2))
+    write_json(out_dir / "results.json", data)
     (out_dir / "results.md").write_text(f"# {title}\n" + table(rows, reference) + "\n")
     plot(rows, out_dir / "results.png", title)
     return out_dir

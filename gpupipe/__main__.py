@@ -18,12 +18,13 @@ def main(argv=None) -> int:
     ap.add_argument("--version", action="version", version=f"gpupipe {__version__} (distribution torch-gpupipe)")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="transcode a dataset (folder or tar shards) with restart markers, losslessly")
-    p.add_argument("src", help="folder, .tar shard, or several shards")
-    p.add_argument("dst")
-    p.add_argument("more", nargs="*", help=argparse.SUPPRESS)
+    # src takes one or more paths, dst the last: "prepare a.tar b.tar out"
+    p.add_argument("src", nargs="+", help="a folder, a .tar shard, or several shards")
+    p.add_argument("dst", help="the output folder (created)")
     p.add_argument("--restart-rows", type=int, default=1)
     p.add_argument("--restart-mcus", type=int, default=8, help="target MCUs per interval inside rows (0: rows only)")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None,
+                   help="files transcoded in parallel (default, or 0: the default decode thread count)")
     p.add_argument("--no-verify", action="store_true")
     sub.add_parser("bench", help="images/s of a recipe on your data: the gpupipe Loader vs DataLoader "
                                  "(python -m gpupipe bench --help)")
@@ -35,10 +36,15 @@ def main(argv=None) -> int:
 
         print(info())
         return 0
+    from gpupipe import _C
     from gpupipe.prepare import prepare
 
-    src = [args.src, args.dst, *args.more][:-1] if args.more else args.src
-    dst = args.more[-1] if args.more else args.dst
+    src = args.src[0] if len(args.src) == 1 else args.src
+    dst = args.dst
+    if args.threads is not None and not 0 <= args.threads <= _C.MAX_THREADS:  # before any progress bar
+        print(f"python -m gpupipe prepare: --threads must be within 0..{_C.MAX_THREADS} (0: the default), got "
+              f"{args.threads}", file=sys.stderr)
+        return 2
     try:
         report = prepare(src, dst, restart_rows=args.restart_rows, restart_mcus=args.restart_mcus,
                          num_threads=args.threads, verify=not args.no_verify)
@@ -46,6 +52,9 @@ def main(argv=None) -> int:
         message = str(e)
         print(f"python -m gpupipe prepare: {message.removeprefix('prepare: ')}", file=sys.stderr)
         return 2
+    if report.files == 0 and not report.skipped_existing and not report.failed:
+        print(f"python -m gpupipe prepare: no files to prepare in {', '.join(args.src)}", file=sys.stderr)
+        return 1
     print(report)
     by_reason: dict = {}
     for path, reason in report.copied:  # (a shard's labels are each "not a JPEG": a count, a few examples)

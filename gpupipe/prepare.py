@@ -21,6 +21,7 @@ import secrets
 import shutil
 import stat
 import tarfile
+import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -89,7 +90,8 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
         dst: the output folder (created); the same relative layout / shard names.
         restart_rows: MCU rows per restart interval when a row cannot be split.
         restart_mcus: target MCUs per interval inside rows (0: rows only).
-        num_threads: parallel files (the transcode releases the GIL).
+        num_threads: parallel files (the transcode releases the GIL); None or 0: the default
+            decode thread count (:func:`gpupipe.cpu_share`).
         verify: decode source and result and require identical pixels.
         progress: a tqdm bar, where tqdm is installed (``pip install 'torch-gpupipe[progress]'``).
 
@@ -97,20 +99,25 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
 
     Raises:
         FileNotFoundError: ``src`` (a folder or a shard) does not exist.
-        ValueError: ``dst`` is ``src``, or a shard's output would be the shard itself or another
-            shard's output (two shards of one name): a source would be overwritten or lost.
+        ValueError: ``src`` is a file but not a shard, a folder among several sources, or
+            ``num_threads`` is out of range; ``dst`` is ``src``, or a shard's output would be the
+            shard itself or another shard's output (two shards of one name): a source would be
+            overwritten or lost.
+        OSError: ``dst`` cannot be created or written in (checked before any file is read).
     """
     for name, value, low in (("restart_rows", restart_rows, 1), ("restart_mcus", restart_mcus, 0)):
         if not is_python_int(value) or not low <= value <= 65535:
             raise ValueError(f"{name} must be an int in [{low}, 65535], got {value!r}")
+    if num_threads is not None and (not is_python_int(num_threads) or not 0 <= num_threads <= _C.MAX_THREADS):
+        raise ValueError(f"num_threads must be an int within 0..{_C.MAX_THREADS} (None or 0: the default), got "
+                         f"{num_threads!r}")
+    threads = num_threads or _C.default_num_threads()
     dst = Path(dst)
     report = PrepareReport()
     lock = threading.Lock()
-    threads = num_threads or _C.default_num_threads()
     shards = [Path(src)] if _is_shard(src) else ([Path(p) for p in src] if isinstance(src, (list, tuple)) else None)
-    for shard in shards or [Path(src)]:
-        if not (shard.is_file() if shards else shard.is_dir()):
-            raise FileNotFoundError(f"prepare: {'shard' if shards else 'source folder'} {str(shard)!r} does not exist")
+    for path in shards or [Path(src)]:
+        _check_source(path, shard=shards is not None)
     if shards is None and dst.resolve() == Path(src).resolve():
         raise ValueError(f"prepare: the destination {str(dst)!r} is the source folder: its files would be overwritten")
     if shards is not None:
@@ -122,23 +129,28 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
         same = [str(s) for s in shards if (dst / _output_name(s)).resolve() == s.resolve()]
         if same:
             raise ValueError(f"prepare: the output of {same[0]} would be the shard itself: choose another destination")
+    _check_destination(dst)
 
-    def convert(name: str, data: bytes) -> bytes:
+    def convert(name: str, data: bytes) -> tuple:
+        """(the bytes to write, what they are: the source's size for a transcode, or why they are
+        copied unchanged); counted by ``record`` once written."""
         if data[:2] != _JPEG:
-            with lock:
-                report.copied.append((name, "not a JPEG"))
-            return data
+            return data, "not a JPEG"
         try:
-            out = prepare_bytes(data, restart_rows=restart_rows, restart_mcus=restart_mcus, verify=verify)
+            return prepare_bytes(data, restart_rows=restart_rows, restart_mcus=restart_mcus, verify=verify), len(data)
         except Exception as e:  # unreadable: kept unchanged, reported
-            with lock:
-                report.copied.append((name, f"{type(e).__name__}: {e}"))
-            return data
+            return data, f"{type(e).__name__}: {e}"
+
+    def record(outcomes: list) -> None:
+        """Counts ``(name, written bytes, what convert said)`` once the files are in the output."""
         with lock:
-            report.transcoded += 1
-            report.bytes_in += len(data)
-            report.bytes_out += len(out)
-        return out
+            for name, out, what in outcomes:
+                if isinstance(what, str):
+                    report.copied.append((name, what))
+                else:
+                    report.transcoded += 1
+                    report.bytes_in += what
+                    report.bytes_out += len(out)
 
     def fail(name: str, error: BaseException) -> None:
         with lock:
@@ -161,8 +173,9 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
                         report.skipped_existing += 1
                 else:
                     data = read_file(path)  # regular files within max_file_size only
-                    out = convert(str(path), data)
+                    out, what = convert(str(path), data)
                     _write_atomically(target, out, stat_from=path if out is data else None)
+                    record([(str(path), out, what)])
             except OSError as e:  # removed after the listing, unreadable, not writable: this file only
                 fail(str(path), e)
             if bar is not None:
@@ -171,7 +184,6 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
         with ThreadPoolExecutor(threads) as pool:
             list(pool.map(one, files))
     else:
-        dst.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(threads) as pool:
             for shard in shards:
                 target = dst / _output_name(shard)
@@ -180,7 +192,9 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
                         report.skipped_existing += 1
                         continue
                     with _AtomicFile(target) as out, tarfile.open(fileobj=out, mode="w") as tout:
-                        report.files += _copy_shard(shard, tout, pool, threads, convert, fail)
+                        outcomes = _copy_shard(shard, tout, pool, threads, convert, fail)
+                    report.files += len(outcomes)  # the shard is in place: its members count
+                    record(outcomes)
                 except (tarfile.TarError, OSError, EOFError) as e:  # an unreadable shard, a failed write: the others go on
                     fail(str(shard), e)
                 if bar is not None:
@@ -195,6 +209,33 @@ _SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".
 
 def _is_shard(src) -> bool:
     return isinstance(src, (str, os.PathLike)) and str(src).lower().endswith(_SHARD_SUFFIXES)
+
+
+def _check_source(path: Path, shard: bool) -> None:
+    """A clear error for a source that is missing or of the wrong kind: one folder tree, or shards."""
+    if not path.exists():
+        raise FileNotFoundError(f"prepare: {'shard' if shard else 'source folder'} {str(path)!r} does not exist")
+    if shard and not path.is_file():
+        raise ValueError(f"prepare: {str(path)!r} is not a .tar shard (a folder is prepared on its own, as the "
+                         "only source)")
+    if not shard and not path.is_dir():
+        raise ValueError(f"prepare: {str(path)!r} is not a folder or a .tar shard ({', '.join(_SHARD_SUFFIXES)})")
+
+
+def _check_destination(dst: Path) -> None:
+    """Creates ``dst`` and checks that files can be written in it, once, before any file is read:
+    not one failure per file."""
+    try:
+        dst.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise NotADirectoryError(f"prepare: the destination {str(dst)!r} is a file, not a folder") from None
+    except OSError as e:  # a file above it, no permission, a read-only file system
+        raise type(e)(f"prepare: cannot create the destination folder {str(dst)!r}: {e.strerror or e}") from None
+    try:
+        with tempfile.TemporaryFile(dir=dst):
+            pass
+    except OSError as e:
+        raise type(e)(f"prepare: cannot write in the destination folder {str(dst)!r}: {e.strerror or e}") from None
 
 
 def _output_name(shard: Path) -> str:
@@ -230,28 +271,29 @@ def _source_files(root: Path, dst: Path, fail) -> list:
     return sorted(files)
 
 
-def _copy_shard(shard: Path, tout: tarfile.TarFile, pool, threads: int, convert, fail) -> int:
+def _copy_shard(shard: Path, tout: tarfile.TarFile, pool, threads: int, convert, fail) -> list:
     """Writes ``shard``'s members to ``tout`` in order, its JPEGs transcoded ``4 * threads`` at a time
     (memory: that many members, never the shard), leaving out (reported failed) the members a Loader
-    refuses to read: sparse, over ``max_file_size``. Returns the regular members copied."""
+    refuses to read: sparse, over ``max_file_size``. Returns ``(name, bytes, what convert said)`` of
+    each regular member copied, for the caller to count once the shard is in place."""
     max_size = get_limits().max_file_size
-    copied = 0
+    copied: list = []
     with tarfile.open(shard, "r|*") as tin:
         chunk: list = []
 
         def flush():
-            nonlocal copied
             converted = pool.map(lambda mp: convert(f"{shard}:{mp[0].name}", mp[1]) if mp[1] is not None else None, chunk)
-            for (m, _), data in zip(chunk, list(converted)):
-                if data is None:
+            for (m, _), result in zip(chunk, list(converted)):
+                if result is None:
                     tout.addfile(m)
                 else:
+                    data, what = result
                     info = tarfile.TarInfo(m.name)
                     info.size, info.mtime, info.mode = len(data), m.mtime, m.mode
                     info.uid, info.gid, info.uname, info.gname = m.uid, m.gid, m.uname, m.gname
                     info.pax_headers = {k: v for k, v in m.pax_headers.items() if k != "size"}  # (its size is new)
                     tout.addfile(info, io.BytesIO(data))
-                    copied += 1
+                    copied.append((f"{shard}:{m.name}", data, what))
             chunk.clear()
 
         for m in tin:

@@ -8,6 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 ROOT = Path(__file__).resolve().parent.parent
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -85,3 +88,99 @@ def test_the_huffman_workload_times_the_reader_beside_libjpegs_decoder_and_resto
         (f"Huffman reader, {what}", m) for what in ("RandomResizedCrop 32", "whole image")
         for m in ("gpupipe", "libjpeg's Huffman decoder")]
     assert all(len(r.times) == 1 and r.times[0] > 0 and r.unit_items == 4 for r in rows)
+
+
+def _benchmarks():
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks import augment, datasets, harness, main, policies
+
+    return augment, datasets, harness, main, policies
+
+
+def strict_json(path: Path):
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_a_failing_peer_is_a_failed_row_not_the_end_of_the_job(tmp_path):
+    _, _, harness, _, _ = _benchmarks()
+    calls = []
+
+    def broken():
+        calls.append(1)
+        raise RuntimeError("simplejpeg: unsupported color space\nmore")
+
+    rows = harness.run_side_by_side("decode", {"gpupipe": lambda: None, "simplejpeg": broken}, 4, repeats=3)
+    ours, peer = rows
+    assert ours.skipped is None and len(ours.times) == 3
+    assert peer.skipped == "failed: RuntimeError: simplejpeg: unsupported color space" and peer.times == []
+    assert calls == [1]  # dropped at its first failure (the warm-up)
+    rows.append(harness.Row("decode", "never timed", 4, times=[float("nan")]))
+    harness.save(rows, {"torch": "x"}, tmp_path, "title", "gpupipe")
+    data = strict_json(tmp_path / "results.json")  # no NaN in the file
+    assert [r["skipped"] for r in data["results"]][:2] == [None, peer.skipped]
+    assert data["results"][2]["times"] == [None] and "| simplejpeg | skipped: failed:" in (tmp_path / "results.md").read_text()
+
+
+def test_the_job_saves_after_each_workload_and_goes_on_past_a_failed_one(tmp_path, monkeypatch, capsys):
+    augment, datasets, harness, main, policies = _benchmarks()
+    out = tmp_path / "out"
+    monkeypatch.setattr(datasets, "SETS", {})  # (no embedded sets made)
+    monkeypatch.setattr(augment, "run", lambda threads, repeats: [harness.Row(f"augment, {threads} threads", "gpupipe fused",
+                                                                              4, times=[0.1])])
+
+    def policies_fail(repeats):
+        saved = strict_json(out / "results.json")  # the rows before this workload are on disk already
+        assert [r["workload"] for r in saved["results"]] == ["augment, 1 threads", "augment, 2 threads"]
+        raise RuntimeError("a peer's install is broken")
+
+    monkeypatch.setattr(policies, "run", policies_fail)
+    with pytest.raises(SystemExit) as e:
+        main.main(["--quick", "--workloads", "augment", "policies", "--out", str(out)])
+    assert e.value.code == 1
+    rows = strict_json(out / "results.json")["results"]
+    assert [(r["workload"], r["skipped"]) for r in rows] == [
+        ("augment, 1 threads", None), ("augment, 2 threads", None),
+        ("policies", "failed: RuntimeError: a peer's install is broken")]
+    assert "workloads failed: policies" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_a_bad_out_folder_stops_the_job_before_it_measures(tmp_path, monkeypatch, capsys, where):
+    augment, datasets, _, main, _ = _benchmarks()
+    monkeypatch.setattr(datasets, "load_set", lambda name: pytest.fail("ran before --out was checked"))
+    monkeypatch.setattr(augment, "run", lambda **kw: pytest.fail("ran before --out was checked"))
+    (tmp_path / "afile").write_text("")
+    out = tmp_path / "afile" if where == "a file" else tmp_path / "afile" / "out"
+    with pytest.raises(SystemExit) as e:
+        main.main(["--quick", "--workloads", "augment", "--out", str(out)])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(lines) == 1 and lines[0].startswith(f"python -m benchmarks.main: --out {out}: ")
+
+
+def test_per_sample_torchvision_gets_contiguous_images(monkeypatch):
+    """x[i] of the channels-last batch is a strided view, on which torchvision's per-sample ops are
+    up to 22% slower than on the contiguous CHW images a Dataset hands over (as the policies' rows
+    give them): the ratio was inflated."""
+    augment, _, _, _, _ = _benchmarks()
+    from torchvision.transforms import v2
+
+    seen = []
+
+    class Recording:
+        def __init__(self, ops):
+            pass
+
+        def __call__(self, img):
+            seen.append(img.is_contiguous())
+            return img
+
+    monkeypatch.setattr(v2, "Compose", Recording)
+    x = torch.zeros((3, 24, 24, 3), dtype=torch.uint8).permute(0, 3, 1, 2)  # channels-last, as gpupipe decodes
+    for rotation in (True, False):
+        methods, _, _ = augment._chain_methods(x, rotation)
+        methods["torchvision v2 per sample"]()
+    assert seen == [True] * 6

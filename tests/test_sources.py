@@ -233,3 +233,67 @@ def test_prepare_keeps_tar_owners_copies_an_empty_file_once_and_counts_what_it_c
     first = prepare(tmp_path / "src", tmp_path / "dst", progress=False)
     again = prepare(tmp_path / "src", tmp_path / "dst", progress=False)
     assert len(first.copied) == 1 and again.copied == [] and again.skipped_existing == 2
+
+
+def test_prepare_counts_a_file_only_once_it_is_written(tmp_path):
+    """A file that could not be written was counted transcoded (or copied) and failed."""
+    tree(tmp_path, {"src/a/0.jpg": jpeg(1), "src/b/1.jpg": jpeg(2), "src/b/notes.txt": b"x"})
+    (tmp_path / "dst").mkdir()
+    (tmp_path / "dst" / "b").write_text("a file where the folder b goes")
+    report = prepare(tmp_path / "src", tmp_path / "dst", progress=False)
+    assert report.files == 3 and report.transcoded == 1 and report.copied == []
+    assert sorted(os.path.basename(p) for p, _ in report.failed) == ["1.jpg", "notes.txt"]
+    assert report.bytes_in == len(jpeg(1))
+    [shard] = write_tar_shards([("k", 1, jpeg(5), "jpg")], tmp_path / "shards", samples_per_shard=4)
+    blocked = tmp_path / "out" / os.path.basename(shard)
+    blocked.mkdir(parents=True)  # the shard's output cannot be put in place
+    os.utime(blocked, (0, 0))  # (older than the shard: not taken for its output)
+    report = prepare(shard, tmp_path / "out", progress=False)
+    assert report.files == 0 and report.transcoded == 0 and report.copied == [] and len(report.failed) == 1
+
+
+@pytest.mark.parametrize("case", ["a file", "under a file"])
+def test_prepare_checks_the_destination_once_before_it_starts(tmp_path, capsys, case):
+    tree(tmp_path, {f"src/a/{i}.jpg": jpeg(i) for i in range(6)})
+    (tmp_path / "afile").write_text("")
+    dst = tmp_path / "afile" if case == "a file" else tmp_path / "afile" / "out"
+    with pytest.raises(OSError, match="is a file, not a folder" if case == "a file" else "cannot create the destination"):
+        prepare(tmp_path / "src", dst, progress=False)
+    assert gpupipe.__main__.main(["prepare", str(tmp_path / "src"), str(dst)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("python -m gpupipe prepare: "), err
+
+
+def test_prepare_says_what_is_wrong_with_a_source(tmp_path, capsys):
+    tree(tmp_path, {"notes.txt": b"x", "one/a/0.jpg": jpeg(1), "two/a/0.jpg": jpeg(2)})
+    main = gpupipe.__main__.main
+    for args, said in (([tmp_path / "notes.txt"], "'" + str(tmp_path / "notes.txt") + "' is not a folder or a .tar shard"),
+                       ([tmp_path / "one", tmp_path / "two"], f"'{tmp_path / 'one'}' is not a .tar shard"),
+                       ([tmp_path / "none"], "does not exist")):
+        assert main(["prepare", *map(str, args), str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and said in err, err
+
+
+def test_prepare_command_line_arguments(tmp_path, capsys):
+    """--threads is checked before the progress bar starts (0: the default); a missing destination
+    names dst, not a hidden argument; an empty source is an error (exit 1), not "0 files"."""
+    tree(tmp_path, {"src/a/0.jpg": jpeg(1)})
+    main = gpupipe.__main__.main
+    assert main(["prepare", str(tmp_path / "src"), str(tmp_path / "out"), "--threads", "-2"]) == 2
+    assert capsys.readouterr().err == "python -m gpupipe prepare: --threads must be within 0..1024 (0: the default), got -2\n"
+    with pytest.raises(ValueError, match="num_threads must be an int within 0..1024"):
+        prepare(tmp_path / "src", tmp_path / "out", num_threads=-2, progress=False)
+    assert main(["prepare", str(tmp_path / "src"), str(tmp_path / "out"), "--threads", "0"]) == 0
+    assert "1 JPEGs transcoded" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["prepare", str(tmp_path / "src")])
+    err = capsys.readouterr().err
+    assert "the following arguments are required: dst\n" in err and "more" not in err
+    with pytest.raises(SystemExit):
+        main(["prepare", "--help"])
+    assert "(default, or 0: the default decode thread count)" in " ".join(capsys.readouterr().out.split())
+    (tmp_path / "empty").mkdir()
+    assert main(["prepare", str(tmp_path / "empty"), str(tmp_path / "out2")]) == 1
+    out, err = capsys.readouterr()  # (after the progress bar's lines)
+    assert out == "" and err.splitlines()[-1] == f"python -m gpupipe prepare: no files to prepare in {tmp_path / 'empty'}"

@@ -17,7 +17,7 @@ import torch
 import gpupipe
 from gpupipe.bench import recipes
 from gpupipe.sources import write_tar_shards
-from loader_data import make_image_folder
+from loader_data import jpeg_bytes, make_image_folder
 
 # `python -m gpupipe ...` with the checkout's `benchmarks` made unimportable, as after `pip install .`
 # (the editable install puts the checkout on sys.path).
@@ -227,6 +227,12 @@ def test_unusable_data_is_a_one_line_error(tmp_path, case, capsys):
 
 @pytest.mark.parametrize("args, message", [(["--batch-size", "0"], "--batch-size must be >= 1"),
                                            (["--steps", "0"], "--steps must be >= 1"),
+                                           (["--step-ms", "-5"], "--step-ms must be a finite number"),
+                                           (["--step-ms", "nan"], "--step-ms must be a finite number"),
+                                           (["--step-ms", "inf"], "--step-ms must be a finite number"),
+                                           (["--seed", "-1"], "--seed must be within 0 .. 2**63 - 1"),
+                                           (["--seed", str(2**63)], "--seed must be within 0 .. 2**63 - 1"),
+                                           (["--seed", str(10**20)], "--seed must be within 0 .. 2**63 - 1"),
                                            (["--device", "tpu"], "--device must be cpu or cuda"),
                                            (["--backend", "nvjpeg"], "nvjpeg"),
                                            (["--batch-size", "13"], "--batch-size 13 is larger than the data set")])
@@ -344,3 +350,240 @@ def test_sync_probe_says_it_needs_cuda(capsys):
 
     assert main([]) == 2
     assert "no CUDA device" in capsys.readouterr().out
+
+
+# --- what the numbers count (found by an audit of the bench) ----------------------------------------
+
+BAD_JPEG = b"\xff\xd8\xff" + bytes(50)  # a JPEG marker, then nothing readable: fails its header
+
+
+@pytest.fixture(scope="module")
+def half_corrupt(tmp_path_factory):
+    """16 files, 8 of them failing to decode."""
+    root = tmp_path_factory.mktemp("half_corrupt")
+    make_image_folder(str(root), classes=("cat", "dog"), per_class=4)
+    for i in range(8):
+        (root / "cat" / f"bad{i}.jpg").write_bytes(BAD_JPEG)
+    return root
+
+
+def in_process_bench(args) -> int:
+    from gpupipe.bench import main
+
+    threads = torch.get_num_threads()
+    try:
+        return main(args)
+    finally:
+        torch.set_num_threads(threads)  # main() sets the process's torch threads, as a CLI does
+
+
+def test_failed_samples_are_not_counted_as_images(half_corrupt, tmp_path):
+    """The raw row decoded with on_error="replace" and counted every slot: a folder of corrupt files
+    reported thousands of images/s. Both rows now count the samples that decoded, report those that
+    failed, and give ms per full batch (seconds per image x batch size), not per shortened batch."""
+    out = tmp_path / "out"
+    r = gpupipe_cli(["bench", *QUICK, "--data", half_corrupt, "--methods", "gpupipe", "raw", "--out", out], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads((out / "results.json").read_text())
+    gp, raw = data["results"]
+    assert gp["method"] == "gpupipe Loader" and raw["method"] == "raw decode_crop_jpegs"
+    # the same samples in the same order: the same failures, the same images
+    assert gp["failed_samples"] == raw["failed_samples"] and gp["images"] == raw["images"]
+    assert gp["failed_samples"][0] > 0 and gp["images"][0] + gp["failed_samples"][0] == 8  # 2 timed batches of 4
+    for row in (gp, raw):
+        assert row["ms_per_batch"] == pytest.approx(1e3 * 4 / row["images_per_s"])
+    assert data["gpu_fed_down_to_ms_per_step"] == pytest.approx(gp["ms_per_batch"])
+    assert r.stdout.count(f"{gp['failed_samples'][0]} samples failed to decode, not counted") == 2
+    assert f"({gp['failed_samples'][0]} samples failed to decode and were skipped)" in r.stdout
+
+
+def test_a_folder_of_corrupt_files_measures_nothing_and_exits_1(tmp_path):
+    data = tmp_path / "corrupt"
+    (data / "a").mkdir(parents=True)
+    for i in range(8):
+        (data / "a" / f"{i}.jpg").write_bytes(BAD_JPEG)
+    r = gpupipe_cli(["bench", *QUICK, "--data", data, "--methods", "gpupipe", "raw", "--out", tmp_path / "out"], tmp_path)
+    assert r.returncode == 1, r.stdout[-3000:]
+    rows = {row["method"]: row for row in json.loads((tmp_path / "out" / "results.json").read_text())["results"]}
+    assert rows["raw decode_crop_jpegs"]["skipped"].startswith("failed: RuntimeError: raw decode_crop_jpegs decoded "
+                                                                "no image in epoch 0: all 8 samples failed")
+    assert rows["gpupipe Loader"]["skipped"].startswith("failed:")
+    assert "no pipeline was measured" in r.stderr
+
+
+def test_loader_stats_add_up_the_timed_batches_of_every_epoch_and_repeat(folder, tmp_path, capsys):
+    """The stage table and loader_stats described the Loader's last epoch only (often a partial
+    one, or one decoded ahead): they now add up the timed batches of every epoch and repeat, and
+    agree with the timed rows. DALI's note on its semantics is printed only where DALI ran."""
+    out = tmp_path / "out"
+    # 12 images, batch 4: 3 batches an epoch; 5 timed after 1 warm-up cross into a third epoch
+    assert in_process_bench([*QUICK, "--data", str(folder), "--methods", "gpupipe", "--steps", "5", "--warmup", "1",
+                             "--repeats", "2", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    data = json.loads((out / "results.json").read_text())
+    (row,) = data["results"]
+    stats = data["loader_stats"]
+    assert row["images"] == [20, 20] and stats["images"] == 40 and stats["batches"] == 10
+    assert stats["wall_s"] > 0 and stats["images_per_s"] == pytest.approx(40 / stats["wall_s"])
+    assert 0 < stats["decode_pool"]["utilisation"] <= 1 and stats["routes"]["cpu"] == 40
+    assert "the Loader's stages over its timed batches (10 in 2 repeat(s), added up):" in text
+    assert "note: DALI" not in text
+
+
+def test_add_stats_adds_epochs_and_takes_a_snapshot_away():
+    from gpupipe.bench.run import add_stats
+
+    def epoch(images, wall, skipped, share):
+        return {"images": images, "batches": images // 4, "wall_s": wall, "wait_s": wall / 2,
+                "busy_s": {"decode": wall / 4}, "host_s": {"plan": 1e-4 * images}, "routes": {"cpu": images},
+                "skipped": skipped, "images_per_s": images / wall, "host_us_per_image": 100.0,
+                "decode_pool": {"threads": 2, "busy_s": wall, "utilisation": 0.5, "decoding_s": wall},
+                "shares": share}
+
+    first, second = epoch(8, 1.0, ["a"], {"cpu": 0.5}), epoch(4, 3.0, ["b", "c"], {"cpu": 0.7})
+    both = add_stats(second, first)
+    assert both["images"] == 12 and both["batches"] == 3 and both["wall_s"] == 4.0 and both["wait_s"] == 2.0
+    assert both["busy_s"] == {"decode": 1.0} and both["routes"] == {"cpu": 12} and both["skipped"] == ["a", "b", "c"]
+    assert both["images_per_s"] == 3.0 and both["host_us_per_image"] == pytest.approx(100.0)
+    assert both["decode_pool"]["utilisation"] == pytest.approx(4.0 / (2 * 4.0)) and both["shares"] == {"cpu": 0.7}
+    since = add_stats(both, first, sign=-1)  # what the second epoch added
+    assert since["images"] == 4 and since["skipped"] == ["b", "c"] and since["wall_s"] == 3.0
+    assert since["decode_pool"]["utilisation"] == pytest.approx(0.5) and since["images_per_s"] == pytest.approx(4 / 3)
+    assert add_stats({}, {}) == {} and add_stats(first, {}) == first
+
+
+def test_raw_row_decodes_with_the_loaders_backend_and_device(folder, monkeypatch):
+    """It always decoded with the CPU core: on a CUDA host the default hybrid Loader was compared
+    with a CPU-only "ceiling"."""
+    from types import SimpleNamespace
+
+    from gpupipe.bench.dataset import open_data
+    from gpupipe.bench.run import RawDecodeRun
+
+    calls = []
+    real = gpupipe.decode_crop_jpegs
+
+    def spy(*a, **kw):
+        calls.append((kw["backend"], kw["device"]))
+        return real(*a, **{**kw, "backend": "cpu"})  # (DALI need not be installed)
+
+    monkeypatch.setattr(gpupipe, "decode_crop_jpegs", spy)
+    data = open_data(str(folder))
+    parts = recipes.get("crop").build(data.num_classes)
+    args = SimpleNamespace(batch_size=4, threads=2, seed=0, backend="dali", lookahead=True)
+    run = RawDecodeRun(data, parts, args, torch.device("cpu"))
+    it = run.batches()
+    next(it)
+    it.close()
+    assert calls == [("dali", torch.device("cpu"))]
+
+
+def test_every_row_starts_with_an_empty_entropy_index(folder, tmp_path, monkeypatch):
+    """The raw row ran right after the Loader on the same bytes and started from the rows the
+    Loader's epoch had put in the entropy index (1.13x)."""
+    from gpupipe.bench import run
+
+    seen = []
+    measure = run.measure
+
+    def spy(runner, **kw):
+        seen.append((type(runner).__name__, gpupipe.entropy_index_stats()["files"]))
+        return measure(runner, **kw)
+
+    monkeypatch.setattr(run, "measure", spy)
+    assert in_process_bench([*QUICK, "--data", str(folder), "--methods", "gpupipe", "raw", "--repeats", "2",
+                             "--out", str(tmp_path / "out")]) == 0
+    assert seen == [("LoaderRun", 0), ("RawDecodeRun", 0)] * 2
+    assert gpupipe.entropy_index_stats()["files"] > 0  # (the rows do fill it)
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_a_bad_out_folder_is_a_one_line_error_before_anything_is_measured(folder, tmp_path, capsys, monkeypatch, where):
+    from gpupipe.bench import run
+
+    monkeypatch.setattr(run, "measure", lambda *a, **k: pytest.fail("measured before --out was checked"))
+    (tmp_path / "afile").write_text("")
+    out = tmp_path / "afile" if where == "a file" else tmp_path / "afile" / "out"
+    assert in_process_bench([*QUICK, "--data", str(folder), "--out", str(out)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    expected = "is a file, not a folder" if where == "a file" else "cannot create the folder"
+    assert len(lines) == 1 and lines[0].startswith(f"gpupipe bench: --out {out}: {expected}"), lines
+
+
+def test_peer_seeds_stay_within_int64(folder):
+    """--seed 1e17 made the DataLoader row fail ("Overflow when unpacking long long" from
+    seed * 1000 + epoch); seeds at or over 2**63 are refused up front (test_bad_arguments_exit_2)."""
+    from types import SimpleNamespace
+
+    from gpupipe.bench import run
+    from gpupipe.bench.dataset import open_data
+
+    data = open_data(str(folder))
+    args = SimpleNamespace(batch_size=4, threads=0, seed=10**17)
+    run.DataLoaderRun(data, recipes.get("crop").build(data.num_classes), args, torch.device("cpu"), epoch=1).close()
+    assert run.peer_seed(0, 3) == 3 and run.peer_seed(10**17, 1) == (10**20 + 1) % 2**63
+
+
+def test_results_json_is_strict_json(tmp_path):
+    from gpupipe.bench import report
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    gp = report.Result("gpupipe Loader", seconds=[1.0], images=[8], waited=[0.0], batches=2, batch_size=4)
+    path = tmp_path / "results.json"
+    report.save_json(path, args={"step_ms": float("nan")}, env={}, data={}, recipe={}, results=[gp], baseline=None,
+                     loader_stats={"wall_s": float("nan")}, fed_ms=float("inf"), batch_size=4)
+    doc = json.loads(path.read_text(), parse_constant=refuse)
+    assert doc["args"]["step_ms"] is None and doc["gpu_fed_down_to_ms_per_step"] is None
+    assert doc["loader_stats"] == {"wall_s": None} and doc["results"][0]["ms_per_batch"] == 500.0
+
+
+def test_no_measured_row_exits_1(tmp_path, capsys):
+    """--methods raw on tar shards measured nothing (the raw row needs files in a folder) and
+    exited 0."""
+    samples = [(f"s{i}", i % 2, jpeg_bytes(i, i % 2, 64, 80), "jpg") for i in range(8)]
+    write_tar_shards(samples, tmp_path / "shards", samples_per_shard=4)
+    assert in_process_bench([*QUICK, "--data", str(tmp_path / "shards"), "--methods", "raw",
+                             "--out", str(tmp_path / "out")]) == 1
+    out, err = capsys.readouterr()
+    assert "skipped: failed: ValueError: the raw decode row needs a folder or file list" in out
+    assert "no pipeline was measured" in err and "note: DALI" not in out
+
+
+def test_dali_failure_names_the_operator_the_cause_and_what_dali_printed():
+    from gpupipe.bench.run import one_line
+
+    said = ("Critical error in pipeline:\nCritical error in pipeline:\nError in CPU operator "
+            "`nvidia.dali.fn.decoders.image_random_crop`,\nwhich was used in the pipeline definition with the "
+            "following traceback:\n\n  File \"run.py\", line 251, in pipe\n    return parts.dali(fn)\n\nencountered:"
+            "\n\nnvImageCodec failure: '#3'\nCurrent pipeline object is no longer valid.\nCurrent pipeline object is "
+            "no longer valid.\nDALI printed: [ERROR] [jpeg_parser] Invalid marker")
+    assert one_line(RuntimeError(said)) == ("RuntimeError: Error in CPU operator `nvidia.dali.fn.decoders."
+                                            "image_random_crop`: nvImageCodec failure: '#3'; DALI printed: [ERROR] "
+                                            "[jpeg_parser] Invalid marker")
+    assert one_line(ValueError("one\ntwo")) == "ValueError: one"
+
+
+def test_what_dali_prints_while_running_goes_into_the_failure_and_the_report(half_corrupt, capfd):
+    """DALI's decoders print what is wrong with a file ("[ERROR] [jpeg_parser] Invalid marker") from
+    their threads, to stderr, while the pipeline runs; the exception says only "Critical error in
+    pipeline". Caught while the pipeline is iterated, they go into the row's failure."""
+    from types import SimpleNamespace
+
+    from gpupipe.bench import run
+    from gpupipe.bench.dataset import open_data
+
+    if run.dali_missing():
+        pytest.skip(run.dali_missing())
+    data = open_data(str(half_corrupt))
+    args = SimpleNamespace(batch_size=4, threads=2, seed=0)
+    run.DALI_RUN_PRINTED.clear()
+    cpu = torch.device("cpu")
+    with pytest.raises(RuntimeError) as e:
+        run.measure(run.DaliRun(data, recipes.get("crop").build(data.num_classes), args, cpu), warmup=1, steps=3,
+                    step_s=0.0, device=cpu)
+    cell = run.one_line(e.value)
+    assert cell.startswith("RuntimeError: Error in ") and "DALI printed: " in cell, cell
+    assert run.DALI_RUN_PRINTED and all(line in cell for line in run.DALI_RUN_PRINTED)
+    assert "[ERROR]" not in capfd.readouterr().err

@@ -43,6 +43,7 @@ class RecipeParts:
         dali: ``dali(fn, types, jpegs, decoder_device) -> images`` builds the recipe in a DALI
             pipeline (``decoder_device`` is ``"cpu"`` or ``"mixed"``), or None when DALI lacks an op.
         notes: where the pipelines differ from the torchvision original.
+        dali_notes: where the DALI pipeline differs (reported only where it ran).
     """
 
     crop: crops.CropSampler
@@ -52,6 +53,7 @@ class RecipeParts:
     torchvision_collate: Optional[Callable] = None
     dali: Optional[Callable] = None
     notes: list = field(default_factory=list)
+    dali_notes: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -134,8 +136,8 @@ def train(num_classes: int) -> RecipeParts:
         torchvision=T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ColorJitter(0.4, 0.4, 0.4),
                                T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]),
         dali=dali,
-        notes=["DALI applies the color jitter as one color matrix per sample, without torchvision's clamps "
-               "between the ops or its random op order; gpupipe follows torchvision's (docs/semantics.md)"],
+        dali_notes=["DALI applies the color jitter as one color matrix per sample, without torchvision's clamps "
+                    "between the ops or its random op order; gpupipe follows torchvision's (docs/semantics.md)"],
     )
 
 
@@ -208,8 +210,8 @@ def forum(num_classes: int) -> RecipeParts:
                                T.ColorJitter(0.2, 0.1, 0.05, 0.02), T.ToTensor(), T.Normalize(half, half)]),
         dali=dali,
         notes=["gpupipe decodes the crop straight to 512 (no 1024 intermediate) and rotates the 512 crop "
-               "(bilinear), where the chain rotates the whole image first (nearest)",
-               "DALI: random_resized_crop's area is capped at 1 (the chain's scale goes to 1.5)"],
+               "(bilinear), where the chain rotates the whole image first (nearest)"],
+        dali_notes=["DALI: random_resized_crop's area is capped at 1 (the chain's scale goes to 1.5)"],
     )
 
 

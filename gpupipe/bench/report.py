@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import statistics
 import sys
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -134,7 +136,9 @@ def info() -> str:
 
 @dataclass
 class Result:
-    """One pipeline's timed repeats: ``seconds[r]`` for ``images[r]`` images in ``batches`` batches."""
+    """One pipeline's timed repeats: ``seconds[r]`` for ``images[r]`` images in ``batches`` batches
+    of ``batch_size``; ``failed_samples[r]``: the samples of those batches that failed to decode and
+    were left out of ``images[r]`` (None where the pipeline does not say)."""
 
     method: str
     note: str = ""
@@ -143,6 +147,8 @@ class Result:
     waited: list = field(default_factory=list)  # seconds the consumer waited for batches, per repeat
     batches: int = 0
     skipped: Optional[str] = None
+    batch_size: int = 0
+    failed_samples: list = field(default_factory=list)
 
     def rates(self) -> list:
         return [n / s for n, s in zip(self.images, self.seconds) if s > 0]
@@ -153,7 +159,16 @@ class Result:
 
     @property
     def ms_per_batch(self) -> float:
-        return 1e3 * statistics.median(self.seconds) / self.batches
+        """Milliseconds per full batch: seconds per delivered image times the batch size, so that
+        batches shortened by failed samples (or a stream's partial batches) do not look faster."""
+        if not self.batch_size:
+            return 1e3 * statistics.median(self.seconds) / self.batches
+        return 1e3 * self.batch_size / self.images_per_s
+
+    @property
+    def failed(self) -> int:
+        """Samples that failed to decode in the timed batches, all repeats (0 where unknown)."""
+        return sum(n for n in self.failed_samples if n)
 
     @property
     def wait_fraction(self) -> float:
@@ -176,7 +191,9 @@ def table(results: list, baseline: Optional[Result], step_ms: float = 0.0) -> st
         head, rule = head + " step waits for data |", rule + "---:|"
     out = [head, rule]
     for r in results:
-        name = f"{r.method} ({r.note})" if r.note else r.method
+        failed = f"{r.failed} samples failed to decode, not counted" if r.failed else ""
+        note = "; ".join(filter(None, [r.note, failed]))
+        name = f"{r.method} ({note})" if note else r.method
         if r.skipped:
             out.append(f"| {name} | skipped: {r.skipped} | | | |" + (" |" if step_ms else ""))
             continue
@@ -210,7 +227,7 @@ def stage_table(stats: dict, batches: int) -> str:
         rates = ", ".join(f"{k} {float(e.get('images_per_s', 0)):.0f} img/s" for k, e in (stats.get("engines") or {}).items())
         lanes = ", ".join(f"{k} {v}" for k, v in (stats.get("calls_in_flight") or {}).items() if v != 1)
         failed = "; ".join(stats.get("lane_failures") or [])
-        out.append(f"\nhybrid shares of the epoch: {split}; samples by route: {took}" + (f"; GPU engines alone: {rates}" if rates else "")
+        out.append(f"\nhybrid shares of the last epoch: {split}; samples by route: {took}" + (f"; GPU engines alone: {rates}" if rates else "")
                    + (f"; calls in flight: {lanes}" if lanes else "") + (f"; {failed}" if failed else "") + _engine_apis())
     return "\n".join(out)
 
@@ -235,21 +252,48 @@ def save_json(path: Path, *, args: dict, env: dict, data: dict, recipe: dict, re
         "args": args, "environment": env, "data": data, "recipe": recipe,
         "baseline": baseline.method if baseline else None,
         "results": [row(r) for r in results],
-        "loader_stats": _jsonable(loader_stats),
+        "loader_stats": loader_stats,  # the Loader's timed batches, every repeat's added up
         "gpu_fed_down_to_ms_per_step": fed_ms, "batch_size": batch_size,
     }
-    path.write_text(json.dumps(doc, indent=2))
+    write_json(path, doc)
 
 
-def _jsonable(x):
-    """Loader.stats() as JSON: unknown value types become strings rather than failing the run."""
+def write_json(path: Path, doc) -> None:
+    """``doc`` as strict JSON (no NaN or Infinity, which most JSON readers refuse): non-finite
+    numbers become null, unknown value types strings."""
+    path.write_text(json.dumps(jsonable(doc), indent=2, allow_nan=False))
+
+
+def jsonable(x):
+    """``x`` (Loader.stats(), results) as JSON values: unknown value types become strings rather
+    than failing the run, non-finite floats None."""
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
     if x is None or isinstance(x, (bool, int, float, str)):
         return x
     return str(x)
+
+
+def output_folder(path: Path, option: str = "--out") -> Path:
+    """Creates ``path`` (a folder, parents too) and checks that files can be written in it, before
+    anything is measured: a run must not end in a traceback after its measurements. Raises
+    ValueError with one line naming ``option`` otherwise."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ValueError(f"{option} {path}: is a file, not a folder") from None
+    except OSError as e:  # a file above it, no permission, a read-only file system
+        raise ValueError(f"{option} {path}: cannot create the folder ({e.strerror or e})") from None
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise ValueError(f"{option} {path}: cannot write in the folder ({e.strerror or e})") from None
+    return path
 
 
 def plot(path: Path, results: list, baseline: Optional[Result], title: str, loader_stats: Optional[dict]) -> Optional[str]:
@@ -288,4 +332,5 @@ def plot(path: Path, results: list, baseline: Optional[Result], title: str, load
     return None
 
 
-__all__ = ["Result", "environment", "info", "libjpeg_turbo_version", "plot", "ratio", "save_json", "stage_table", "table"]
+__all__ = ["Result", "environment", "info", "jsonable", "libjpeg_turbo_version", "output_folder", "plot", "ratio",
+           "save_json", "stage_table", "table", "write_json"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import os
 import re
 import sys
@@ -23,12 +24,22 @@ import numpy as np
 import torch
 
 import gpupipe
+from gpupipe import _C
 from gpupipe.bench import recipes, report
 from gpupipe.bench.dataset import DEFAULT_IMAGES, BenchData, DataError, PilDataset, PilTarDataset, open_data
+from gpupipe.error_policy import SampleFailure
 from gpupipe.routing import probe
 from gpupipe.sources import TarShards
 
 METHODS = ("gpupipe", "raw", "dataloader", "dali")
+# Seeds below 2**63: DALI's pipeline seed and torch.Generator's take an int64 (the Loader's are keyed
+# modulo 2**64, so any of these is its own).
+SEED_LIMIT = 2**63
+
+
+def peer_seed(seed: int, epoch: int) -> int:
+    """The DataLoader's and DALI's seed for an epoch: one per (seed, epoch), always an int64."""
+    return (seed * 1000 + epoch) % SEED_LIMIT
 
 
 def _cores() -> int:
@@ -66,8 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="simulate a training step of this many ms per batch (sleep) and report how long it waits for data")
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS, help="pipelines to run")
     ap.add_argument("--images", type=int, default=DEFAULT_IMAGES, help="size of the default data set (without --data)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=None, help="output folder (default ./gpupipe-bench/<timestamp>)")
+    ap.add_argument("--seed", type=int, default=0, help="0 .. 2**63 - 1 (default 0)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="output folder, created and checked before anything is measured (default "
+                         "./gpupipe-bench/<timestamp>)")
     return ap
 
 
@@ -90,6 +103,7 @@ class LoaderRun:
         # as the next epoch of a training run does (runs of this Loader back to back).
         self.keep_ahead = keep_ahead
         self._it = None
+        self._ended: dict = {}  # the stats of the epochs this run has left, added up
 
     def batches(self):
         try:
@@ -102,24 +116,94 @@ class LoaderRun:
                     yield batch
                 if not got:
                     raise RuntimeError(f"the Loader delivered no batch: {_skipped(self.loader.stats())}")
+                self._end_epoch()
                 self.epoch += 1
         finally:  # a caller done with these batches: the epoch's stage threads stop now
             self.close()
 
     def stats(self) -> dict:
-        return self.loader.stats()
+        """``Loader.stats()`` of every epoch this run has iterated, added up (``add_stats``): the
+        Loader's own covers only the epoch it is in, which the timed batches may cross."""
+        return self._ended if self._it is None else add_stats(_epoch_stats(self.loader), self._ended)
+
+    def _end_epoch(self):
+        self._ended = add_stats(_epoch_stats(self.loader), self._ended)
+        self._it = None
 
     def close(self):
-        if self._it is not None and hasattr(self._it, "close"):
-            self._it.close()
+        if self._it is not None:
+            it = self._it
+            self._end_epoch()
+            if hasattr(it, "close"):
+                it.close()
         if not self.keep_ahead:
             self.loader._drop_ahead()
 
 
+def _epoch_stats(loader: gpupipe.Loader) -> dict:
+    """``loader.stats()`` with the decode pool's thread-seconds over the epoch's wall time
+    (``decoding_s``, what its utilisation is of), so that utilisations of several epochs add up."""
+    stats = loader.stats()
+    pool = stats.get("decode_pool")
+    if isinstance(pool, dict) and "utilisation" in pool:
+        stats["decode_pool"] = {**pool, "decoding_s": pool["utilisation"] * pool["threads"] * stats["wall_s"]}
+    return stats
+
+
+# Loader.stats() keys that add up over epochs and repeats; the others (shares, threads, the process's
+# entropy index) describe the latest one.
+_ADDED = ("images", "batches", "wall_s", "wait_s")
+_ADDED_MAPS = ("busy_s", "host_s", "routes", "failures")
+_LISTS = ("skipped", "replaced", "fallback", "warnings")
+
+
+def add_stats(newer: dict, older: dict, sign: int = 1) -> dict:
+    """``older + newer`` (``sign`` 1) or ``newer - older`` (``sign`` -1: ``older`` an earlier
+    snapshot of what became ``newer``) of ``Loader.stats()`` records: counts, seconds and lists
+    added up, rates recomputed, other keys ``newer``'s."""
+    if not older:
+        return dict(newer)
+    if not newer:
+        return dict(older) if sign > 0 else {}
+    out = {**older, **newer}
+    for key in _ADDED:
+        if key in out:
+            out[key] = newer.get(key, 0) + sign * older.get(key, 0)
+    for key in _ADDED_MAPS:
+        if key in out:
+            a, b = newer.get(key) or {}, older.get(key) or {}
+            out[key] = {k: a.get(k, 0) + sign * b.get(k, 0) for k in {**b, **a}}
+    for key in _LISTS:
+        if key in out:
+            a, b = list(newer.get(key) or []), list(older.get(key) or [])
+            out[key] = b + a if sign > 0 else a[len(b):]
+    wall, images = out.get("wall_s", 0.0), out.get("images", 0)
+    if "images_per_s" in out:
+        out["images_per_s"] = images / wall if wall > 0 else 0.0
+    if "host_us_per_image" in out:
+        out["host_us_per_image"] = 1e6 * sum(out["host_s"].values()) / images if images else 0.0
+    a, b = newer.get("decode_pool"), older.get("decode_pool")
+    if isinstance(a, dict) and isinstance(b, dict) and "decoding_s" in a and "decoding_s" in b:
+        pool = {**a, "busy_s": a["busy_s"] + sign * b["busy_s"], "decoding_s": a["decoding_s"] + sign * b["decoding_s"]}
+        pool["utilisation"] = min(pool["decoding_s"] / (pool["threads"] * wall), 1.0) if wall > 0 else 0.0
+        out["decode_pool"] = pool
+    a, b = newer.get("engines"), older.get("engines")
+    if isinstance(a, dict) and isinstance(b, dict):
+        engines = {}
+        for name in {**b, **a}:
+            e, f = a.get(name, {}), b.get(name, {})
+            n, g, t = (e.get(k, 0) + sign * f.get(k, 0) for k in ("images", "given", "seconds"))
+            engines[name] = {"images": n, "given": g, "seconds": t, "images_per_s": n / t if t > 0 else 0.0}
+        out["engines"] = engines
+    return out
+
+
 class RawDecodeRun:
     """The Loader's ceiling: ``decode_crop_jpegs`` on the same files already in memory, the same
-    boxes (the recipe's crop sampler, keyed as the Loader's), the same threads, into one reused
-    buffer; no read, no augmentation. Boxes are drawn before the timed loop, from headers read once."""
+    boxes (the recipe's crop sampler, keyed as the Loader's), the same threads, backend and device,
+    into one reused buffer; no read, no augmentation. Boxes are drawn before the timed loop, from
+    headers read once. Samples that fail are left out of the batch, as the Loader's ``on_error="skip"``
+    does, and counted in ``stats()["skipped"]``."""
 
     def __init__(self, data: BenchData, parts: recipes.RecipeParts, args, device: torch.device, epoch: int = 0):
         if not isinstance(data.source, gpupipe.sources.MapSource):
@@ -132,7 +216,13 @@ class RawDecodeRun:
         infos = probe(self.datas)
         self.heights, self.widths = infos.sizes(displayed=False)
         h, w = parts.crop.size
-        self.out = torch.empty((args.batch_size, h, w, 3), dtype=torch.uint8, pin_memory=device.type == "cuda")
+        # where the Loader decodes: its host buffers (pinned, then copied) for the CPU core, the device
+        # for a GPU backend
+        if gpupipe.backends.resolve(args.backend, device) == "cpu":
+            self.out = torch.empty((args.batch_size, h, w, 3), dtype=torch.uint8, pin_memory=device.type == "cuda")
+        else:
+            self.out = torch.empty((args.batch_size, h, w, 3), dtype=torch.uint8, device=device)
+        self.images, self.batches_done, self.skipped = 0, 0, []
 
     def _epoch(self, epoch: int):
         order = gpupipe.sources.distributed_indices(len(self.source), epoch=epoch, seed=self.args.seed, shuffle=True,
@@ -146,20 +236,35 @@ class RawDecodeRun:
     def batches(self):
         bs, size = self.args.batch_size, self.crop.size if self.crop.resize else None
         labels = torch.from_numpy(self.source.labels)
-        order, boxes = self._epoch(self.epoch)
         while True:
+            order, boxes = self._epoch(self.epoch)
+            decoded = 0
             for first in range(0, len(order), bs):
                 rows = order[first:first + bs]
                 batch = gpupipe.decode_crop_jpegs([self.datas[i] for i in rows], boxes[first:first + bs], size=size,
-                                                  out=self.out, num_threads=self.args.threads, on_error="replace",
-                                                  window=self.crop.window, dct_scaling=self.crop.dct_scaling)
-                images = batch.images.to(self.device, non_blocking=True) if self.device.type == "cuda" else batch.images
-                yield images, labels[rows]
+                                                  out=self.out, num_threads=self.args.threads, on_error="skip",
+                                                  window=self.crop.window, dct_scaling=self.crop.dct_scaling,
+                                                  backend=self.args.backend, device=self.out.device)
+                images, batch_labels = batch.images, labels[rows]
+                if batch.kinds:  # only where samples failed: the good ones, as the Loader delivers them
+                    self.skipped += [SampleFailure(self.source.keys[rows[i]], kind, batch.errors[i])
+                                     for i, kind in batch.kinds.items()]
+                    images, batch_labels = images[batch.ok.to(images.device)], batch_labels[batch.ok]
+                if images.device != self.device:
+                    images = images.to(self.device, non_blocking=True)
+                self.images += images.shape[0]
+                self.batches_done += 1
+                decoded += images.shape[0]
+                yield images, batch_labels
+            if not decoded:
+                first = self.skipped[-len(order)]
+                raise RuntimeError(f"raw decode_crop_jpegs decoded no image in epoch {self.epoch}: all {len(order)} "
+                                   f"samples failed; first: {first.key!r}: {first.message}")
             self.epoch += 1
-            order, boxes = self._epoch(self.epoch)
 
     def stats(self) -> dict:
-        return {}
+        """What it decoded in the batches so far, as ``Loader.stats()`` names it."""
+        return {"images": self.images, "batches": self.batches_done, "skipped": list(self.skipped)}
 
     def close(self):
         self.datas = None
@@ -167,7 +272,11 @@ class RawDecodeRun:
 
 def _skipped(stats: dict) -> str:
     skipped = stats.get("skipped") or []
-    return f"{len(skipped)} samples skipped, first: {skipped[0]}" if skipped else "no sample decoded"
+    if not skipped:
+        return "no sample decoded"
+    first = skipped[0]
+    said = f"{first.key!r}: {first.message}" if isinstance(first, SampleFailure) else str(first)
+    return f"{len(skipped)} samples skipped, first: {said}"
 
 
 class DataLoaderRun:
@@ -182,7 +291,7 @@ class DataLoaderRun:
             num_workers=workers,
             collate_fn=parts.torchvision_collate, pin_memory=device.type == "cuda", persistent_workers=workers > 0,
             drop_last=True,
-            generator=torch.Generator().manual_seed(args.seed * 1000 + epoch))
+            generator=torch.Generator().manual_seed(peer_seed(args.seed, epoch)))
         self.device = device
 
     @staticmethod
@@ -225,6 +334,11 @@ def dali_missing() -> Optional[str]:
 
 
 DALI_PRINTED: set = set()  # what DALI's pipelines printed while being built (its bundled nvImageCodec's lines)
+DALI_RUN_PRINTED: set = set()  # what they printed while running (its decoders' complaints about the data)
+
+
+def _without_colours(lines) -> set:
+    return {re.sub(r"\x1b\[[0-9;]*m", "", line) for line in lines}
 
 
 class DaliRun:
@@ -239,7 +353,7 @@ class DaliRun:
         cuda = device.type == "cuda"
         src = data.source
 
-        @pipeline_def(batch_size=args.batch_size, num_threads=args.threads, seed=args.seed * 1000 + epoch,
+        @pipeline_def(batch_size=args.batch_size, num_threads=args.threads, seed=peer_seed(args.seed, epoch),
                       device_id=(device.index or 0) if cuda else None, exec_dynamic=True)
         def pipe():
             if isinstance(src, TarShards):
@@ -253,15 +367,33 @@ class DaliRun:
         from gpupipe._backends import dali as dali_backend
 
         self.pipe = pipe()
-        with dali_backend._stderr_captured() as printed:  # its start-up lines go into the report, not to stderr
+        self._captured = dali_backend._stderr_captured
+        with self._captured() as printed:  # its start-up lines go into the report, not to stderr
             self.pipe.build()
-        DALI_PRINTED.update(re.sub(r"\x1b\[[0-9;]*m", "", line) for line in printed)  # without colour codes
+        DALI_PRINTED.update(_without_colours(printed))
         self.device = device
 
     def batches(self):
-        while True:
-            images, labels = self.pipe.run()
-            yield self.to_torch(images), labels
+        # Its decoders' complaints about the data ("[ERROR] [jpeg_parser] Invalid marker") come from
+        # its own threads, during and between runs (it works ahead): caught while it is iterated, into
+        # the report and the error of a run that fails, which says what went wrong only there. Other
+        # lines written meanwhile (the progress bar) reach stderr when the iteration ends.
+        printed: list = []
+        try:
+            with self._captured() as printed:
+                try:
+                    while True:
+                        images, labels = self.pipe.run()
+                        yield self.to_torch(images), labels
+                except Exception:
+                    self.close()  # a failed pipeline is done: its threads stop (and print) before the capture ends
+                    raise
+        except Exception as e:
+            if printed:
+                raise RuntimeError(f"{e}\n{_PRINTED} {' | '.join(sorted(_without_colours(printed)))}") from e
+            raise
+        finally:
+            DALI_RUN_PRINTED.update(_without_colours(printed))
 
     def to_torch(self, images) -> torch.Tensor:
         """One batch of the pipeline's images as a tensor on the device (on the CPU, DALI's buffer)."""
@@ -292,7 +424,8 @@ def _sync(device: torch.device):
 
 def measure(run, *, warmup: int, steps: int, step_s: float, device: torch.device, bar=None,
             keep_open: bool = False) -> tuple:
-    """(seconds, images, seconds waited, stats) of ``steps`` timed batches after ``warmup``; the run
+    """(seconds, images, seconds waited, stats) of ``steps`` timed batches after ``warmup``: stats
+    of the timed batches alone (``add_stats``: what the run's ``stats()`` gained meanwhile). The run
     is closed after, unless ``keep_open`` (a caller measuring it again: its iteration is closed, the
     pipeline kept, as a training run keeps its Loader)."""
     it = None
@@ -303,6 +436,7 @@ def measure(run, *, warmup: int, steps: int, step_s: float, device: torch.device
             if bar is not None:
                 bar.update(1)
         _sync(device)
+        before = run.stats()
         images, waited = 0, 0.0
         t0 = time.perf_counter()
         for _ in range(steps):
@@ -316,13 +450,12 @@ def measure(run, *, warmup: int, steps: int, step_s: float, device: torch.device
                 bar.update(1)
         _sync(device)
         seconds = time.perf_counter() - t0
-        return seconds, images, waited, run.stats()
+        return seconds, images, waited, add_stats(run.stats(), before, sign=-1)
     finally:
-        if keep_open:
-            if it is not None:
-                it.close()
-        else:
+        if not keep_open:
             run.close()
+        if it is not None:  # now, not when collected: an iteration may hold threads or stderr (DALI's)
+            it.close()
 
 
 def _progress(total: int, quiet: bool):
@@ -356,6 +489,10 @@ def _check_args(args) -> None:
             raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.warmup is not None and args.warmup < 0:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+    if not math.isfinite(args.step_ms) or args.step_ms < 0:
+        raise ValueError(f"--step-ms must be a finite number of milliseconds >= 0, got {args.step_ms}")
+    if not 0 <= args.seed < SEED_LIMIT:
+        raise ValueError(f"--seed must be within 0 .. 2**63 - 1, got {args.seed}")
 
 
 def _schedule(args, images: int) -> tuple[int, int, int]:
@@ -375,7 +512,8 @@ def _pipelines(args, device: torch.device, parts, steps: int) -> tuple[list, lis
     """The asked-for pipelines: their result records (skipped where they cannot run) and classes."""
     kinds = {"gpupipe": ("gpupipe Loader", LoaderRun, None, "threads, ROI decode, batched augment"),
              "raw": ("raw decode_crop_jpegs", RawDecodeRun, None,
-                     "the same files in memory, same boxes and threads; no read, no augment: the Loader's ceiling"),
+                     "the same files in memory, same boxes, threads, backend and device; no read, no augment: the "
+                     "Loader's ceiling"),
              "dataloader": (f"DataLoader ({args.threads} workers)", DataLoaderRun, None, "PIL + torchvision transforms"),
              "dali": ("DALI " + ("GPU" if device.type == "cuda" else "CPU"), DaliRun,
                       dali_missing() or (None if parts.dali else "this recipe has no DALI version"),
@@ -384,45 +522,73 @@ def _pipelines(args, device: torch.device, parts, steps: int) -> tuple[list, lis
     for key in METHODS:
         if key in args.methods:
             name, cls, missing, note = kinds[key]
-            results.append(report.Result(name, note, batches=steps, skipped=missing))
+            results.append(report.Result(name, note, batches=steps, batch_size=args.batch_size, skipped=missing))
             runners.append(cls)
     return results, runners
+
+
+# DALI's lines that say nothing of the cause: its error's first line repeats, its last says the
+# pipeline is now unusable
+_DALI_NOISE = ("Critical error in pipeline", "Current pipeline object is no longer valid")
+_PRINTED = "DALI printed:"  # the line DaliRun adds to a failed run's error: what DALI's decoders printed
 
 
 def one_line(e: BaseException, limit: int = 200) -> str:
     """An exception as one table cell: its type and first line; for an error re-raised from a
     DataLoader worker ("Caught X in DataLoader worker process 0. Original Traceback ..."), the
-    original's last line, which names the file."""
+    original's last line, which names the file; for a DALI pipeline's ("Critical error in
+    pipeline: Error in CPU operator ... encountered: <cause>"), the operator and the cause."""
     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    printed = [line for line in lines if line.startswith(_PRINTED)]
+    lines = [line for line in lines if not line.startswith(_PRINTED)]
     if len(lines) > 1 and any(line.startswith("Original Traceback") for line in lines):
         text = f"{lines[-1]} (in a DataLoader worker)"
+    elif lines and lines[0].startswith(_DALI_NOISE):
+        said = [line for line in lines if not line.startswith(_DALI_NOISE)]
+        operator = next((line.rstrip(",") for line in said if line.startswith("Error in ")), None)
+        cause = said[said.index("encountered:") + 1:] if "encountered:" in said else said[-1:]
+        text = f"{type(e).__name__}: " + ": ".join(filter(None, [operator, " ".join(cause)]))
     else:
         text = f"{type(e).__name__}: {lines[0] if lines else ''}"
+    text = "; ".join([text, *printed])
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _run_all(results, runners, data, parts, args, device, warmup: int, repeats: int, steps: int):
-    """Every live pipeline, ``repeats`` times in turn; returns the last Loader run's stats."""
+    """Every live pipeline, ``repeats`` times in turn; returns the Loader's stats over its timed
+    batches, every repeat's added up (None when it did not run)."""
     bar = _progress(repeats * sum(not r.skipped for r in results) * (warmup + steps), quiet=args.quick)
     loader_stats = None
     for rep in range(repeats):
         for result, cls in zip(results, runners):
             if result.skipped:
                 continue
+            # Every pipeline starts with an empty entropy index: the Loader and the raw decode read the
+            # same bytes, and one timed after the other would start from the rows it learned (1.13x).
+            _C.clear_entropy_index()
             try:
                 seconds, images, waited, stats = measure(cls(data, parts, args, device, epoch=rep), warmup=warmup,
                                                          steps=steps, step_s=args.step_ms / 1e3, device=device, bar=bar)
+                if not images:
+                    raise RuntimeError(f"no image in the {steps} timed batches: {_skipped(stats)}")
             except Exception as e:  # reported in the table, the other pipelines still run
                 result.skipped = f"failed: {one_line(e)}"
                 continue
             result.seconds.append(seconds)
             result.images.append(images)
             result.waited.append(waited)
+            result.failed_samples.append(len(stats["skipped"]) if "skipped" in stats else None)
             if cls is LoaderRun:
-                loader_stats = stats
+                loader_stats = add_stats(stats, loader_stats or {})
     if bar is not None:
         bar.close()
     return loader_stats
+
+
+def _notes(parts: recipes.RecipeParts, results: list) -> list:
+    """The recipe's notes that apply to what ran (its DALI notes only where DALI ran)."""
+    dali_ran = any(r.method.startswith("DALI") and not r.skipped for r in results)
+    return list(parts.notes) + (list(parts.dali_notes) if dali_ran else [])
 
 
 def _print_summary(results, baseline, loader_stats, parts, args, batches: int) -> Optional[float]:
@@ -437,29 +603,35 @@ def _print_summary(results, baseline, loader_stats, parts, args, batches: int) -
             print(f"\ngpupipe Loader / raw decode_crop_jpegs on the same bytes in memory: "
                   f"{gp.images_per_s / raw.images_per_s:.2f}x")
         if loader_stats:
-            print()
-            print(report.stage_table(loader_stats, int(loader_stats.get("batches") or batches)))
+            timed = int(loader_stats.get("batches") or batches)
+            print(f"\nthe Loader's stages over its timed batches ({timed} in {len(gp.seconds)} repeat(s), added up):")
+            print(report.stage_table(loader_stats, timed))
             print("(stages overlap: busy times add up to more than the wall time when they run in parallel)")
         print()
         if args.step_ms:
             print(f"with a {args.step_ms:g} ms training step at batch {args.batch_size}, the step waits for the Loader "
                   f"{100 * gp.wait_fraction:.0f}% of the time")
         else:
+            # per full batch: seconds per delivered image times the batch size (failed samples skipped)
             fed_ms = gp.ms_per_batch
             others = [f"{r.method}: {r.ms_per_batch:.1f} ms" for r in results[1:] if not r.skipped]
             print(f"gpupipe keeps a GPU fed down to {fed_ms:.1f} ms/step at batch {args.batch_size}"
                   + (f" ({', '.join(others)})" if others else "")
-                  + "; a slower training step never waits for data")
-    for note in parts.notes:
+                  + "; a slower training step never waits for data"
+                  + (f" ({gp.failed} samples failed to decode and were skipped)" if gp.failed else ""))
+    for note in _notes(parts, results):
         print(f"note: {note}")
     if DALI_PRINTED:
         print(f"note: DALI printed while building its pipeline: {' | '.join(sorted(DALI_PRINTED))[:400]}")
+    if DALI_RUN_PRINTED:
+        print(f"note: DALI printed while running: {' | '.join(sorted(DALI_RUN_PRINTED))[:400]}")
     return fed_ms
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     DALI_PRINTED.clear()  # this run's lines only (a process may run the bench more than once)
+    DALI_RUN_PRINTED.clear()
     try:
         _check_args(args)
         device = _device(args.device)
@@ -469,6 +641,7 @@ def main(argv=None) -> int:
         recipe = recipes.get(args.recipe)
         parts = recipe.build(data.num_classes)
         LoaderRun(data, parts, args, device)  # a clear error now for a backend that cannot run here
+        out = report.output_folder(args.out or Path("gpupipe-bench") / time.strftime("%Y%m%d-%H%M%S"))
     except (DataError, ValueError, RuntimeError) as e:
         print(f"gpupipe bench: {e}", file=sys.stderr)
         return 2
@@ -487,13 +660,11 @@ def main(argv=None) -> int:
     baseline = next((r for r in results if r.method.startswith("DataLoader") and not r.skipped), None)
     fed_ms = _print_summary(results, baseline, loader_stats, parts, args, warmup + steps)
 
-    out = args.out or Path("gpupipe-bench") / time.strftime("%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
     arg_dict = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     arg_dict.update(warmup=warmup, repeats=repeats, steps=steps, backend_resolved=backend)
     report.save_json(out / "results.json", args=arg_dict, env=report.environment(args.threads),
                      data={"kind": data.kind, "path": data.path, "images": data.images, "classes": data.classes},
-                     recipe={"name": recipe.name, "summary": recipe.summary, "notes": parts.notes,
+                     recipe={"name": recipe.name, "summary": recipe.summary, "notes": _notes(parts, results),
                              "gpupipe": {"crop": repr(parts.crop), "augment": repr(parts.augment),
                                          "batch_transform": repr(parts.batch_transform)},
                              "torchvision": repr(parts.torchvision)},
@@ -503,7 +674,11 @@ def main(argv=None) -> int:
     why_no_plot = report.plot(out / "results.png", results, baseline, title, loader_stats)
     print(f"\nwrote {out / 'results.json'}" + (f"; {why_no_plot}" if why_no_plot else f", {out / 'results.png'}"))
     gp = results[0] if results and results[0].method == "gpupipe Loader" else None
-    return 1 if gp is not None and gp.skipped else 0
+    measured = any(not r.skipped for r in results)
+    if not measured:
+        print("gpupipe bench: no pipeline was measured (see the table)", file=sys.stderr)
+    return 1 if not measured or (gp is not None and gp.skipped) else 0
 
 
-__all__ = ["DaliRun", "DataLoaderRun", "LoaderRun", "RawDecodeRun", "build_parser", "main", "measure"]
+__all__ = ["DaliRun", "DataLoaderRun", "LoaderRun", "RawDecodeRun", "add_stats", "build_parser", "main", "measure",
+           "peer_seed"]
