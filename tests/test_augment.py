@@ -922,3 +922,19 @@ def test_native_rows_refuse_arrays_of_the_wrong_size_or_kind():
         bad[i] = wrong  # a float where a flag or an op index belongs: refused, not cast
         with pytest.raises(TypeError):
             _C.pack_augment_params(*bad, 8, 8)
+
+
+def test_a_tv_tensors_image_comes_back_an_image_as_from_torchvision():
+    from torchvision import tv_tensors
+
+    from gpupipe.augment import RandomErasing, TrivialAugmentWide
+
+    x = photo_batch(4, 16, 16, seed=35)
+    image = tv_tensors.Image(x)
+    for module in (BatchAugment(**FULL), TrivialAugmentWide(), RandomErasing(p=1.0)):
+        p = module.sample_params(4, seed=2)
+        for mode in ("train", "eval"):
+            getattr(module, mode)()
+            got = module(image, params=p) if mode == "train" else module(image)
+            want = module(x, params=p) if mode == "train" else module(x)
+            assert type(got) is tv_tensors.Image and torch.equal(got.as_subclass(torch.Tensor), want)

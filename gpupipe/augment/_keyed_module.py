@@ -18,6 +18,15 @@ from gpupipe import keyed
 from gpupipe.augment._keyed_params import GeneratorOwner, check_params, draw_uniforms
 
 
+def like_input(out: Any, x: Any) -> Any:
+    """``out`` as a ``tv_tensors.Image`` when ``x`` is one (torchvision v2's transforms keep it), else as is."""
+    if type(x) is torch.Tensor or type(out) is not torch.Tensor:  # (the usual case: one check)
+        return out
+    from torchvision import tv_tensors
+
+    return tv_tensors.wrap(out, like=x) if isinstance(x, tv_tensors.Image) else out
+
+
 class KeyedModule(GeneratorOwner, nn.Module):
     """A module whose per-sample parameters are drawn, kept and replayed.
 
@@ -81,12 +90,12 @@ class KeyedModule(GeneratorOwner, nn.Module):
         if params is None:
             if not self.training:
                 self.last_params = self.identity_params(n)
-                return self._transform_identity(*inputs, self.last_params)
+                return like_input(self._transform_identity(*inputs, self.last_params), inputs[0])
             params = self.sample_params(n)
         else:
             params = self._checked_params(params, n)
         self.last_params = params
-        return self._transform(*inputs, params)
+        return like_input(self._transform(*inputs, params), inputs[0])
 
     def _checked_params(self, params: Any, n: int) -> dict:
         """A caller's ``params`` checked against :meth:`_param_spec` (a clear error otherwise)."""

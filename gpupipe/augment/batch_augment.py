@@ -14,7 +14,7 @@ from gpupipe import _C, keyed
 from gpupipe._args import (INTERPOLATIONS, finite_number, finite_numbers, interpolation_mode, is_number, probability,
                            warp_fill)
 from gpupipe.augment import fused
-from gpupipe.augment._keyed_module import KeyedModule
+from gpupipe.augment._keyed_module import KeyedModule, like_input
 from gpupipe.augment._keyed_params import check_count
 from gpupipe.augment.affine_matrix import affine_matrices
 from gpupipe.augment.color_linear import linear_color_params
@@ -482,8 +482,8 @@ class BatchAugment(KeyedModule):
                 n = self._check_inputs(x)
                 if blocks[2].shape[0] == n:
                     self.__dict__["last_params"] = params  # (nn.Module.__setattr__'s checks: a plain value)
-                    return self._run_kernel(x, torch.from_numpy(_C.pack_drawn_augment_params(*blocks, x.shape[2],
-                                                                                             x.shape[3])))
+                    return like_input(self._run_kernel(x, torch.from_numpy(_C.pack_drawn_augment_params(
+                        *blocks, x.shape[2], x.shape[3]))), x)
         return self._forward((x,), params)
 
     def _check_inputs(self, x: torch.Tensor) -> int:
