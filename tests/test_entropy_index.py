@@ -378,6 +378,8 @@ def test_coded_rows_that_no_append_made_are_refused_whole():
     assert _C._expand_entropy_rows(row[:1], 1, 1) is None  # truncated
     assert _C._expand_entropy_rows(row + b"\x00", 1, 1) is None  # a byte left over
     assert _C._expand_entropy_rows(row, 2, 1) is None  # a row missing
+    for count in (2**24, 2**32 - 1):  # more rows than the bytes can code: refused before 256 MiB or 64 GiB is asked for
+        assert _C._expand_entropy_rows(b"\x00\x00\x00", count, 3) is None
     assert _C._expand_entropy_rows(row, 1, 5) is None  # more predictions than a scan has
     assert _C._expand_entropy_rows(bytes([0x80, 0x00, 0x0A]), 1, 1).tolist() == [[0, 0, 5, 0, 0, 0]]  # (overlong: same value)
     rng = np.random.default_rng(3)
@@ -492,3 +494,36 @@ def test_a_bad_size_in_the_environment_is_an_error_naming_it_until_a_size_is_set
         print(gpupipe.entropy_index_stats()["max_bytes"])
         """, env={"GPUPIPE_ENTROPY_INDEX_MB": "3"})
     assert out.stdout.strip() == str(3 << 20)
+
+
+def test_a_buffer_refilled_during_a_decode_teaches_the_index_nothing():
+    """A caller refilling its bytearray (the same size, other bytes) while a decode of it ran: the
+    rows of the new bytes were learned under the old bytes' key, and every later decode of the old
+    bytes, even from an immutable copy, gave other pixels. (Once in about 8 tries here, before.)"""
+    import threading
+    import time
+
+    h, w = 1600, 2400
+    x = encode(photo(h, w, "astronaut"), quality=95)
+    sos = x.index(b"\xff\xda")
+    start = sos + 2 + int.from_bytes(x[sos + 2:sos + 4], "big")
+    y = bytearray(x)
+    y[start + (len(x) - start) // 8] ^= 0x10  # an eighth into the entropy-coded data
+    y = bytes(y)
+    box = np.array([[h // 2, 0, 16, w]], dtype=np.int64)
+
+    def crop(data):
+        return gpupipe.decode_crop_jpegs([data], box, num_threads=1).images[0]
+
+    with paused_index():
+        want = crop(x)
+    rng = np.random.default_rng(0)
+    for attempt in range(120):
+        _C.clear_entropy_index()
+        buf = bytearray(x)
+        delay = float(rng.uniform(0.0002, 0.0015))
+        refill = threading.Thread(target=lambda: (time.sleep(delay), buf.__setitem__(slice(None), y)))
+        refill.start()
+        crop(buf)  # (its own pixels are the caller's race)
+        refill.join()
+        assert torch.equal(crop(x), want), f"attempt {attempt}: the index holds another file's rows for these bytes"

@@ -195,6 +195,10 @@ const Secrets& secrets() {
   return s;
 }
 
+// Drawn at load, as index() is made: a fork() during a first, lazy draw would leave the child's
+// guard of the static held, and its first hash waiting forever.
+const Secrets& g_secrets_drawn = secrets();
+
 }  // namespace
 
 bool EntropyRows::append(const EntropyCheckpoint* rows, size_t n) {
@@ -218,6 +222,10 @@ bool EntropyRows::append(const EntropyCheckpoint* rows, size_t n) {
 }
 
 bool EntropyRows::expand(std::vector<EntropyCheckpoint>* out) const {
+  if (count > coded.size() / (1 + comps)) {  // (each row takes 1 + comps bytes at least: refused before allocating)
+    out->clear();
+    return false;
+  }
   out->resize(count);
   EntropyCheckpoint* row = out->data();
   if (walk(*this, [&](const EntropyCheckpoint& c) { *row++ = c; })) return true;
