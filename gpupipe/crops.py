@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from gpupipe import _C
+from gpupipe import _C, keyed
 from gpupipe._args import Size, is_int, positive_pair, size_pair
 from gpupipe.decode_types import DecodeOptions
 from gpupipe.keyed import _MASK, uniforms
@@ -78,7 +78,7 @@ class CropSampler:
     def _indices(self, indices: Any, n: int) -> np.ndarray:
         if indices is None:
             return np.arange(n, dtype=np.int64)
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = keyed.key_indices(indices).reshape(-1)  # (a float index would be truncated to another sample's)
         if idx.shape[0] != n:
             raise ValueError(f"indices has {idx.shape[0]} entries for {n} images")
         return idx

@@ -21,8 +21,10 @@ import zlib
 from typing import Any
 
 import numpy as np
+import torch
 
 from gpupipe import _C
+from gpupipe._args import is_int
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MASK = 2**64 - 1
@@ -35,16 +37,33 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+def key_indices(indices: Any) -> np.ndarray:
+    """Sample indices as int64: integers only (a float index would be truncated to another sample's),
+    any int taken modulo 2**64 as seeds are (the hash reads the int64's bits: -1 is 2**64 - 1)."""
+    if isinstance(indices, torch.Tensor):
+        indices = indices.cpu()
+    elif not isinstance(indices, np.ndarray):
+        indices = list(indices)  # any iterable: a range, a generator
+    arr = np.asarray(indices)
+    if arr.size and arr.dtype.kind not in "iu":
+        # Python ints numpy holds in no integer dtype: [-1, 2**63] becomes float64, 2**64 object
+        values = indices if isinstance(indices, list) else arr.tolist() if arr.dtype == object else None
+        if values is None or not all(is_int(v) for v in values):
+            raise TypeError(f"indices must be integers, got {arr.dtype}")
+        arr = np.array([int(v) % 2**64 for v in values], dtype=np.uint64)
+    return arr.astype(np.int64, copy=False)
+
+
 def uniforms(seed: int, epoch: int, indices: Any, count: int, *, stream: int = 0) -> np.ndarray:
     """float64 ``[N, count]`` uniform draws in [0, 1), a pure function of (seed, epoch, index, stream).
 
     Args:
         seed, epoch: integers (any sign; taken modulo 2**64).
-        indices: ``N`` sample indices (the dataset index of each sample).
+        indices: ``N`` sample indices (the dataset index of each sample): integers (:func:`key_indices`).
         count: draws per sample; draw ``k`` of a sample does not depend on ``count``.
         stream: an independent sequence per consumer (0, modulo 2**64: the crop samplers).
     """
-    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    idx = key_indices(indices).reshape(-1)
     # The hash in native code (csrc/common/keyed_uniforms.h): a batch's draws in microseconds, where
     # the same as numpy passes cost ~0.1 ms. Its definition in numpy: tests/test_keyed.py.
     return _C.keyed_uniforms(int(seed) & _MASK, int(epoch) & _MASK, int(stream) & _MASK, idx, int(count))

@@ -137,6 +137,29 @@ def test_indices_of_any_size_and_sign_are_taken_modulo_2_64():
             module.sample_params(4, seed=0, indices=bad)
 
 
+
+@pytest.mark.parametrize("draw", ["uniforms", "crops"])
+def test_the_crop_samplers_and_keyed_uniforms_take_indices_as_the_modules_do(draw):
+    """keyed.uniforms and the crop samplers truncated a float index to another sample's draws
+    ([1.7] drew sample 1's) and overflowed on [-1, 2**63]."""
+    from gpupipe import crops
+
+    sampler = crops.RandomResizedCrop(16)
+    size = np.full(4, 100)
+
+    def drawn(indices):
+        if draw == "uniforms":
+            return keyed.uniforms(3, 1, indices, 5)
+        return sampler.boxes(size, size, seed=3, epoch=1, indices=indices)
+
+    want = drawn(np.array([-1, -2**63, 0, 1], dtype=np.int64))
+    for idx in ([-1, 2**63, 0, 1], [2**64 - 1, 2**63, 2**64, 2**64 + 1], torch.tensor([-1, -2**63, 0, 1])):
+        assert np.array_equal(drawn(idx), want)
+    for bad in ([1.7, 0, 1, 2], np.array([0.0, 1, 2, 3]), ["0", "1", "2", "3"]):
+        with pytest.raises(TypeError, match="indices must be integers"):
+            drawn(bad)
+
+
 def test_a_subclass_forwarding_sample_params_stays_keyed():
     """sample_params(self, n, **kw) that forwards to the base class takes keys: the Loader keys it."""
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from gpupipe import keyed
+from gpupipe.keyed import key_indices  # (the augment modules take it from here)
 from gpupipe._args import is_int
 
 GeneratorLike = Union[torch.Generator, int, None]
@@ -111,23 +112,6 @@ def key_int(value: Any, name: str) -> int:
     if not is_int(value):
         raise TypeError(f"{name} must be an int, got {value!r}")
     return int(value)
-
-
-def key_indices(indices: Any) -> np.ndarray:
-    """Sample indices as int64: integers only (a float index would be truncated to another sample's),
-    any int taken modulo 2**64 as seeds are (the hash reads the int64's bits: -1 is 2**64 - 1)."""
-    if isinstance(indices, torch.Tensor):
-        indices = indices.cpu()
-    elif not isinstance(indices, np.ndarray):
-        indices = list(indices)  # any iterable: a range, a generator
-    arr = np.asarray(indices)
-    if arr.size and arr.dtype.kind not in "iu":
-        # Python ints numpy holds in no integer dtype: [-1, 2**63] becomes float64, 2**64 object
-        values = indices if isinstance(indices, list) else arr.tolist() if arr.dtype == object else None
-        if values is None or not all(is_int(v) for v in values):
-            raise TypeError(f"indices must be integers, got {arr.dtype}")
-        arr = np.array([int(v) % 2**64 for v in values], dtype=np.uint64)
-    return arr.astype(np.int64, copy=False)
 
 
 def check_params(params: Any, n: int, shapes: Mapping[str, tuple], dtypes: Mapping[str, torch.dtype]) -> dict:
