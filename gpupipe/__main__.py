@@ -36,15 +36,10 @@ def main(argv=None) -> int:
 
         print(info())
         return 0
-    from gpupipe import _C
     from gpupipe.prepare import prepare
 
     src = args.src[0] if len(args.src) == 1 else args.src
     dst = args.dst
-    if args.threads is not None and not 0 <= args.threads <= _C.MAX_THREADS:  # before any progress bar
-        print(f"python -m gpupipe prepare: --threads must be within 0..{_C.MAX_THREADS} (0: the default), got "
-              f"{args.threads}", file=sys.stderr)
-        return 2
     try:
         report = prepare(src, dst, restart_rows=args.restart_rows, restart_mcus=args.restart_mcus,
                          num_threads=args.threads, verify=not args.no_verify)

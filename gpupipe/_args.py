@@ -124,6 +124,15 @@ def interpolation_mode(value: Any) -> Optional[str]:
     return value if isinstance(value, str) and value in INTERPOLATIONS else None  # (a list is unhashable)
 
 
+def parse_interpolation(interpolation: Any) -> str:
+    """"nearest" or "bilinear" from a string or a torchvision ``InterpolationMode``; ValueError otherwise."""
+    value = interpolation_mode(interpolation)
+    if value is None:
+        raise ValueError(f"interpolation must be 'nearest' or 'bilinear' (or the InterpolationMode of one), "
+                         f"got {interpolation!r}")
+    return value
+
+
 def warp_fill(fill: Any) -> Optional[list]:
     """``warp_affine``'s and BatchAugment's fill: None, an int or float (numpy's too, a bool too) for
     all channels, or exactly 3 values ``float()`` converts (numpy numbers, numeric strings), within

@@ -53,7 +53,8 @@ def check_thread_count(name: str, value: Any, *, default_ok: bool = False) -> in
     ``default_ok``). TypeError / ValueError naming ``name`` otherwise."""
     value = as_int(name, value)
     if not (0 if default_ok else 1) <= value <= _C.MAX_THREADS:
-        raise ValueError(f"{name} must be within 1..{_C.MAX_THREADS}, got {value}")
+        allowed = f"0..{_C.MAX_THREADS} (0: the default)" if default_ok else f"1..{_C.MAX_THREADS}"
+        raise ValueError(f"{name} must be within {allowed}, got {value}")
     return value
 
 

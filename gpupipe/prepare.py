@@ -31,6 +31,7 @@ import torch
 
 from gpupipe import _C
 from gpupipe._args import is_python_int
+from gpupipe.decode_types import check_thread_count
 from gpupipe.limits import get_limits
 from gpupipe.sources import member_refusal, read_file
 from gpupipe.sources import walk_following_links as _walk
@@ -108,9 +109,8 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
     for name, value, low in (("restart_rows", restart_rows, 1), ("restart_mcus", restart_mcus, 0)):
         if not is_python_int(value) or not low <= value <= 65535:
             raise ValueError(f"{name} must be an int in [{low}, 65535], got {value!r}")
-    if num_threads is not None and (not is_python_int(num_threads) or not 0 <= num_threads <= _C.MAX_THREADS):
-        raise ValueError(f"num_threads must be an int within 0..{_C.MAX_THREADS} (None or 0: the default), got "
-                         f"{num_threads!r}")
+    if num_threads is not None:  # (before any progress bar)
+        check_thread_count("num_threads", num_threads, default_ok=True)
     threads = num_threads or _C.default_num_threads()
     dst = Path(dst)
     report = PrepareReport()
@@ -129,7 +129,7 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
         same = [str(s) for s in shards if (dst / _output_name(s)).resolve() == s.resolve()]
         if same:
             raise ValueError(f"prepare: the output of {same[0]} would be the shard itself: choose another destination")
-    _check_destination(dst)
+    writable_folder(dst, "prepare: the destination")
 
     def convert(name: str, data: bytes) -> tuple:
         """(the bytes to write, what they are: the source's size for a transcode, or why they are
@@ -142,15 +142,15 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
             return data, f"{type(e).__name__}: {e}"
 
     def record(outcomes: list) -> None:
-        """Counts ``(name, written bytes, what convert said)`` once the files are in the output."""
+        """Counts ``(name, bytes written, what convert said)`` once the files are in the output."""
         with lock:
-            for name, out, what in outcomes:
+            for name, written, what in outcomes:
                 if isinstance(what, str):
                     report.copied.append((name, what))
                 else:
                     report.transcoded += 1
                     report.bytes_in += what
-                    report.bytes_out += len(out)
+                    report.bytes_out += written
 
     def fail(name: str, error: BaseException) -> None:
         with lock:
@@ -175,7 +175,7 @@ def prepare(src: Union[str, os.PathLike, Sequence], dst: Union[str, os.PathLike]
                     data = read_file(path)  # regular files within max_file_size only
                     out, what = convert(str(path), data)
                     _write_atomically(target, out, stat_from=path if out is data else None)
-                    record([(str(path), out, what)])
+                    record([(str(path), len(out), what)])
             except OSError as e:  # removed after the listing, unreadable, not writable: this file only
                 fail(str(path), e)
             if bar is not None:
@@ -222,20 +222,22 @@ def _check_source(path: Path, shard: bool) -> None:
         raise ValueError(f"prepare: {str(path)!r} is not a folder or a .tar shard ({', '.join(_SHARD_SUFFIXES)})")
 
 
-def _check_destination(dst: Path) -> None:
-    """Creates ``dst`` and checks that files can be written in it, once, before any file is read:
-    not one failure per file."""
+def writable_folder(path: Path, what: str) -> Path:
+    """Creates ``path`` (parents too) and checks that files can be written in it, once, before any
+    work: not one failure per file, nor a traceback after a benchmark's measurements. An OSError of
+    one line naming ``what`` otherwise (NotADirectoryError: it is a file)."""
     try:
-        dst.mkdir(parents=True, exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise NotADirectoryError(f"prepare: the destination {str(dst)!r} is a file, not a folder") from None
+        raise NotADirectoryError(f"{what} {str(path)!r}: is a file, not a folder") from None
     except OSError as e:  # a file above it, no permission, a read-only file system
-        raise type(e)(f"prepare: cannot create the destination folder {str(dst)!r}: {e.strerror or e}") from None
+        raise type(e)(f"{what} {str(path)!r}: cannot create the folder ({e.strerror or e})") from None
     try:
-        with tempfile.TemporaryFile(dir=dst):
+        with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as e:
-        raise type(e)(f"prepare: cannot write in the destination folder {str(dst)!r}: {e.strerror or e}") from None
+        raise type(e)(f"{what} {str(path)!r}: cannot write in the folder ({e.strerror or e})") from None
+    return path
 
 
 def _output_name(shard: Path) -> str:
@@ -274,7 +276,7 @@ def _source_files(root: Path, dst: Path, fail) -> list:
 def _copy_shard(shard: Path, tout: tarfile.TarFile, pool, threads: int, convert, fail) -> list:
     """Writes ``shard``'s members to ``tout`` in order, its JPEGs transcoded ``4 * threads`` at a time
     (memory: that many members, never the shard), leaving out (reported failed) the members a Loader
-    refuses to read: sparse, over ``max_file_size``. Returns ``(name, bytes, what convert said)`` of
+    refuses to read: sparse, over ``max_file_size``. Returns ``(name, bytes written, what convert said)`` of
     each regular member copied, for the caller to count once the shard is in place."""
     max_size = get_limits().max_file_size
     copied: list = []
@@ -293,7 +295,7 @@ def _copy_shard(shard: Path, tout: tarfile.TarFile, pool, threads: int, convert,
                     info.uid, info.gid, info.uname, info.gname = m.uid, m.gid, m.uname, m.gname
                     info.pax_headers = {k: v for k, v in m.pax_headers.items() if k != "size"}  # (its size is new)
                     tout.addfile(info, io.BytesIO(data))
-                    copied.append((f"{shard}:{m.name}", data, what))
+                    copied.append((f"{shard}:{m.name}", len(data), what))  # (its size: never the shard's bytes)
             chunk.clear()
 
         for m in tin:

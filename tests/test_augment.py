@@ -839,6 +839,13 @@ def test_output_buffers_are_reused_only_when_unreferenced():
     ptr_e = e.data_ptr()
     del e
     assert aug(x, params=p).data_ptr() != ptr_e
+    for _ in range(2 * aug._outputs.capacity):  # every output sent: the moved buffers give their places
+        aug(x, params=p).share_memory_()
+    assert sum(b.is_shared() for b in aug._outputs.buffers) == 1  # (the latest, still referenced when made)
+    f = aug(x, params=p)
+    ptr_f = f.data_ptr()
+    del f
+    assert aug(x, params=p).data_ptr() == ptr_f  # and the cache still reuses what is free
 
 
 @pytest.mark.parametrize("mode", ["train", "eval"])

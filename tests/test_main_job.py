@@ -158,7 +158,7 @@ def test_a_bad_out_folder_stops_the_job_before_it_measures(tmp_path, monkeypatch
     with pytest.raises(SystemExit) as e:
         main.main(["--quick", "--workloads", "augment", "--out", str(out)])
     lines = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and len(lines) == 1 and lines[0].startswith(f"python -m benchmarks.main: --out {out}: ")
+    assert e.value.code == 2 and len(lines) == 1 and lines[0].startswith(f"python -m benchmarks.main: --out {str(out)!r}: ")
 
 
 def test_per_sample_torchvision_gets_contiguous_images(monkeypatch):

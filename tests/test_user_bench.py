@@ -507,7 +507,7 @@ def test_a_bad_out_folder_is_a_one_line_error_before_anything_is_measured(folder
     assert in_process_bench([*QUICK, "--data", str(folder), "--out", str(out)]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     expected = "is a file, not a folder" if where == "a file" else "cannot create the folder"
-    assert len(lines) == 1 and lines[0].startswith(f"gpupipe bench: --out {out}: {expected}"), lines
+    assert len(lines) == 1 and lines[0].startswith(f"gpupipe bench: --out {str(out)!r}: {expected}"), lines
 
 
 def test_peer_seeds_stay_within_int64(folder):

@@ -40,10 +40,7 @@ DecodeResult decode_indexed(const uint8_t* data, size_t size, DecodeRequest req,
     req.entropy = &entropy;
   }
   DecodeResult r = thread_decoder().decode(data, size, req, out, out_stride);
-  // (warned: not learned from; nor when the bytes changed under the decode, a caller refilling its
-  // buffer meanwhile: the rows of other bytes would stand for these in every later decode of them)
-  if (r.warning.empty() && (!entropy.looked_up || entropy.learned.empty() || file_key(data, size) == entropy.key))
-    learn_entropy_rows(std::move(entropy));
+  if (r.warning.empty()) learn_entropy_rows(std::move(entropy));  // (warned: not learned from)
   return r;
 }
 

@@ -341,6 +341,10 @@ static void learn(EntropyIndexUse&& use) {
   if (use.found && (use.known.mcus_per_row != use.mcus_per_row || use.known.blocks_in_mcu != use.blocks_in_mcu ||
                     use.known.comps != use.comps))
     return;  // (the same bytes give the same layout: never, unless the key collided)
+  // Nor when the bytes changed under the decode (a caller refilling its buffer meanwhile): the rows
+  // of other bytes would stand for these in every later decode of them. One more pass over the file,
+  // only where rows are learned.
+  if (!(file_key(use.data, use.size) == use.key)) return;
   EntropyRows rows;
   if (use.found) rows = std::move(use.known);
   rows.mcus_per_row = use.mcus_per_row;

@@ -43,9 +43,14 @@ def gpu_eligible(infos: HeaderInfos, boxes: np.ndarray, options: DecodeOptions) 
     ``window`` resize (the GPU resizers crop first) and of a ``strict`` decode (nvJPEG does not
     report recoverable corruption). Files coded as RGB (not YCbCr) stay on the CPU core too for GPU
     outputs (the GPU decoders convert them as YCbCr) and in gray mode (libjpeg computes their luma
-    from R, G and B). One native pass over the header table (``_C.gpu_refusals``); rows whose
+    from R, G and B). One native pass over the header table (:func:`refusals`); rows whose
     scans were not counted (a CPU-backend probe: :meth:`HeaderInfos.count_scans`) are refused."""
-    return _C.gpu_refusals(infos.table, native_boxes(boxes), *eligibility_args(options)) == 0
+    return refusals(infos, boxes, options) == 0
+
+
+def refusals(infos: HeaderInfos, boxes: np.ndarray, options: DecodeOptions) -> np.ndarray:
+    """int8 [N]: why each sample may not go to a GPU decoder (:data:`REFUSALS`), 0 where it may."""
+    return _C.gpu_refusals(infos.table, native_boxes(boxes), *eligibility_args(options))
 
 
 def eligibility_args(options: DecodeOptions) -> tuple:
@@ -71,13 +76,12 @@ REFUSALS = {1: "a window resize or a strict decode", 2: "no readable JPEG header
             7: "the box (outside the image, fractional, or not the output's size without a resize)"}
 
 
-def ineligible_reasons(name: str, infos: HeaderInfos, boxes: np.ndarray, options: DecodeOptions,
-                       rows: np.ndarray) -> dict:
-    """``{row: why}`` of the samples ``rows`` that :func:`gpu_eligible` keeps from the GPU decoder
+def ineligible_reasons(name: str, codes: np.ndarray) -> dict:
+    """``{row: why}`` of the samples :func:`refusals` (``codes``) keeps from the GPU decoder
     ``name``: each one's first refusal, in words."""
-    codes = _C.gpu_refusals(infos.table[rows], native_boxes(boxes)[rows], *eligibility_args(options))
+    rows = np.flatnonzero(codes)
     return {int(i): f"not decodable by {name} with gpupipe's semantics: {REFUSALS.get(c, c)}"
-            for i, c in zip(rows.tolist(), codes.tolist())}
+            for i, c in zip(rows.tolist(), codes[rows].tolist())}
 
 
 def decode_on_cpu(status: BatchStatus, reasons: dict, buffers: Sequence, boxes: np.ndarray, out: torch.Tensor,
@@ -117,8 +121,9 @@ def decode_with_fallback(name: str, gpu_decode: Callable[[np.ndarray], Optional[
     n = len(buffers)
     status = BatchStatus.empty(n)
     infos.count_scans(buffers)
-    eligible = gpu_eligible(infos, boxes, options)
-    reasons = ineligible_reasons(name, infos, boxes, options, np.flatnonzero(~eligible))
+    codes = refusals(infos, boxes, options)  # (once: the reasons are worded from the same codes)
+    eligible = codes == 0
+    reasons = ineligible_reasons(name, codes)
     gpu_idx = np.flatnonzero(eligible)
     if len(gpu_idx):
         try:

@@ -697,8 +697,9 @@ def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Deco
     p.cpu_options = _cpu_options(options, shares, list(engines))
     p.sizes = infos.table[:, _HEIGHT_WIDTH]  # the headers, read once
     if reason.any():
-        p.ineligible = gpu_fallback.ineligible_reasons("the GPU decoders", infos, boxes, options,
-                                                        np.flatnonzero(reason == REASON_INELIGIBLE))
+        codes = gpu_fallback.refusals(infos, boxes, options)  # (the words of what the routes refused)
+        p.ineligible = gpu_fallback.ineligible_reasons("the GPU decoders", np.where(reason == REASON_INELIGIBLE,
+                                                                                    codes, 0))
         p.ineligible.update({int(i): HARDWARE_DECLINES for i in np.flatnonzero(reason == REASON_HARDWARE_DECLINES)})
     p.cpu_rows = np.flatnonzero(route == 0)
     try:

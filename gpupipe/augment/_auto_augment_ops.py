@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from gpupipe._args import interpolation_mode, is_python_int, policy_fill
+from gpupipe._args import is_python_int, parse_interpolation, policy_fill
 from gpupipe._transfer import to_device
 from gpupipe.augment._keyed_module import KeyedModule
 from gpupipe.augment.affine_matrix import affine_matrices
@@ -93,15 +93,6 @@ _RAND_AUGMENT_SPACE_BASE: dict = {
 }
 RAND_AUGMENT_SPACE: dict = {"Identity": (_none, False), **_RAND_AUGMENT_SPACE_BASE}
 AUTO_AUGMENT_SPACE: dict = {**_RAND_AUGMENT_SPACE_BASE, "Invert": (_none, False)}
-
-
-def parse_interpolation(interpolation: Any) -> str:
-    """"nearest" or "bilinear" from a string or a torchvision ``InterpolationMode``."""
-    value = interpolation_mode(interpolation)
-    if value is None:
-        raise ValueError(f"interpolation must be 'nearest' or 'bilinear' (or the InterpolationMode of one), "
-                         f"got {interpolation!r}")
-    return value
 
 
 def check_images(x: Any) -> torch.Tensor:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from gpupipe import keyed
 from gpupipe._args import is_int, is_number
 from gpupipe.augment._keyed_module import KeyedModule
-from gpupipe.augment._keyed_params import GeneratorLike, check_count, key_indices, key_int
+from gpupipe.augment._keyed_params import GeneratorLike, check_count, key_int
 
 
 def batch_rng(stream: int, n: int, generator: Optional[torch.Generator], seed: Optional[int], epoch: Optional[int],
@@ -35,7 +35,7 @@ def batch_rng(stream: int, n: int, generator: Optional[torch.Generator], seed: O
     if indices is None:
         first = 0
     else:
-        idx = key_indices(indices).reshape(-1)
+        idx = keyed.key_indices(indices).reshape(-1)
         if idx.shape[0] != n:
             raise ValueError(f"indices has {idx.shape[0]} entries for n={n} samples")
         first = int(idx[0]) if n else 0

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from gpupipe import keyed
-from gpupipe.keyed import key_indices  # (the augment modules take it from here)
+from gpupipe.keyed import key_indices
 from gpupipe._args import is_int
 
 GeneratorLike = Union[torch.Generator, int, None]

@@ -4,6 +4,7 @@ ToTensor, Normalize) as one batched ``nn.Module``, run by a one-pass engine on t
 from __future__ import annotations
 
 import collections
+import contextlib
 import operator
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -11,7 +12,7 @@ import numpy as np
 import torch
 
 from gpupipe import _C, keyed
-from gpupipe._args import (INTERPOLATIONS, finite_number, finite_numbers, interpolation_mode, is_number, probability,
+from gpupipe._args import (INTERPOLATIONS, finite_number, finite_numbers, is_number, parse_interpolation, probability,
                            warp_fill)
 from gpupipe.augment import fused
 from gpupipe.augment._keyed_module import KeyedModule, like_input
@@ -79,13 +80,6 @@ def _scale_range(value) -> tuple[float, float]:
     if not 0 < lo <= hi:
         raise ValueError(f"scale must be a (min, max) range with 0 < min <= max, got {value}")
     return (lo, hi)
-
-
-def _interpolation(value) -> str:
-    mode = interpolation_mode(value)  # torchvision's InterpolationMode too
-    if mode is None:
-        raise ValueError(f"interpolation must be 'nearest' or 'bilinear', got {getattr(value, 'value', value)!r}")
-    return mode
 
 
 def _one_of(name: str, allowed) -> Callable[[Any], Any]:
@@ -167,10 +161,8 @@ class DrawnParams(dict):
     __slots__ = ("blocks", "tensors", "pointers")
 
     def __init__(self, arrays: tuple):
-        if torch.is_inference_mode_enabled():  # (inference tensors have no version counter to check)
-            with torch.inference_mode(False):
-                tensors = tuple(map(torch.from_numpy, arrays))
-        else:
+        # (not inference tensors, which have no version counter to check)
+        with torch.inference_mode(False) if torch.is_inference_mode_enabled() else contextlib.nullcontext():
             tensors = tuple(map(torch.from_numpy, arrays))
         super().__init__(zip(PARAM_KEYS, tensors))
         self.blocks = (arrays[2].base, arrays[0].base, arrays[10])  # (see _C.augment_params_from_uniforms)
@@ -534,7 +526,7 @@ class BatchAugment(KeyedModule):
     translate = _setting("translate", _translate_range)
     scale = _setting("scale", _scale_range)
     shear = _setting("shear", _shear_ranges)
-    interpolation = _setting("interpolation", _interpolation)
+    interpolation = _setting("interpolation", parse_interpolation)
     fill = _setting("fill", warp_fill)
     brightness = _setting("brightness", lambda v: _factor_range(v, "brightness"))
     contrast = _setting("contrast", lambda v: _factor_range(v, "contrast"))

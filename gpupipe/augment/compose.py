@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, Optional, Sequence
 
@@ -9,7 +10,6 @@ from torch import nn
 
 from gpupipe import keyed
 from gpupipe.augment._containers import container_entries, unwrap
-from gpupipe.augment._keyed_params import key_indices
 
 
 class Compose(nn.Module):
@@ -57,7 +57,7 @@ class Compose(nn.Module):
                       indices: Any = None) -> dict:
         """``{str(k): child k's parameters}`` (None for a child without ``sample_params``)."""
         if indices is not None:
-            indices = key_indices(indices)  # once: a one-shot iterable would go to the first child alone
+            indices = keyed.key_indices(indices)  # once: a one-shot iterable would go to the first child alone
         params = {}
         for k, child in enumerate(self._children()):
             if seed is None and (epoch is not None or indices is not None) and hasattr(child, "sample_params"):
@@ -115,7 +115,17 @@ def _takes(child: Any, count: int) -> bool:
     ``forward`` (a compiled module's: the module it compiles) or its signature binds them; True
     where Python cannot tell (a builtin), as torchvision hands every input to every transform."""
     fn = getattr(child, "_orig_mod", child)
-    fn = fn.forward if isinstance(fn, nn.Module) else fn
+    if isinstance(fn, nn.Module):  # its class's forward, self first: one answer per class (cached)
+        fn, count = type(fn).forward, count + 1
+    try:
+        return _binds(fn, count)
+    except TypeError:  # (an unhashable callable: asked each time)
+        return _binds.__wrapped__(fn, count)
+
+
+@functools.lru_cache(maxsize=256)
+def _binds(fn: Any, count: int) -> bool:
+    """:func:`_takes` of a function: inspect.signature costs tens of microseconds, every batch."""
     try:
         bound = inspect.signature(fn).bind(*range(count))
     except TypeError:

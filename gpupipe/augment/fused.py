@@ -117,9 +117,9 @@ class OutputCache:
     A fresh 50 MB float batch costs ~20 ms of page faults on every call (large allocations come
     straight from mmap); a buffer the caller has dropped is refilled instead. A buffer is reused
     only when no Python reference, no view (storage use count), no DLPack/ATen reference (tensor
-    use count) and no Python object of its storage beyond the cache's own remains, and never once
-    its storage was moved to shared memory (sent to another process: a DataLoader worker's
-    collate_fn), so a batch the user keeps is never touched.
+    use count) and no Python object of its storage beyond the cache's own remains, so a batch the
+    user keeps is never touched. One moved to shared memory (sent to another process: a DataLoader
+    worker's collate_fn) is another process's: the cache lets go of it.
     """
 
     def __init__(self, capacity: int = 8):
@@ -129,6 +129,10 @@ class OutputCache:
 
     def get(self, shape, dtype, memory_format=torch.contiguous_format) -> torch.Tensor:
         if _BASELINE is not None:
+            if any(self._moved(i) for i in range(len(self.buffers))):  # sent away: let go of its shared memory
+                kept = [i for i in range(len(self.buffers)) if not self._moved(i)]
+                self.buffers = [self.buffers[i] for i in kept]
+                self.pointers = [self.pointers[i] for i in kept]
             for i in range(len(self.buffers)):  # (no local name for a buffer: it would count as a reference)
                 if self._unreferenced(i) and self._fits(i, shape, dtype, memory_format):
                     return self.buffers[i]
@@ -150,10 +154,13 @@ class OutputCache:
         return (self.buffers[i].shape == shape and self.buffers[i].dtype == dtype
                 and self.buffers[i].is_contiguous(memory_format=memory_format))
 
-    def _unreferenced(self, i: int) -> bool:
+    def _moved(self, i: int) -> bool:
         # (a storage sent to another process was moved to shared memory: its pointer changed; cheaper
         # than is_shared(), 1.7 us a buffer)
-        return self.buffers[i].data_ptr() == self.pointers[i] and _counts(self.buffers, i) == _BASELINE
+        return self.buffers[i].data_ptr() != self.pointers[i]
+
+    def _unreferenced(self, i: int) -> bool:
+        return _counts(self.buffers, i) == _BASELINE
 
 
 def _counts(buffers: list, i: int):

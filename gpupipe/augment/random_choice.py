@@ -12,7 +12,7 @@ from torch import nn
 from gpupipe import keyed
 from gpupipe.augment._batch_transform import batch_rng
 from gpupipe.augment._containers import container_entries, unwrap
-from gpupipe.augment._keyed_params import GeneratorLike, as_generator, key_indices
+from gpupipe.augment._keyed_params import GeneratorLike, as_generator
 
 
 class RandomChoice(nn.Module):
@@ -74,7 +74,7 @@ class RandomChoice(nn.Module):
                       indices: Any = None) -> dict:
         """The batch's choice and the chosen transform's parameters."""
         if indices is not None:
-            indices = key_indices(indices)  # once: the choice and the child both read them
+            indices = keyed.key_indices(indices)  # once: the choice and the child both read them
         k = self._choose(n, seed, epoch, indices)
         child_params = keyed.child_params(self._children()[k], k, n, seed=seed, epoch=epoch, indices=indices)
         return {"n": torch.tensor(n, dtype=torch.int64), "choice": torch.tensor(k, dtype=torch.int64),

@@ -10,7 +10,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -282,18 +281,12 @@ def output_folder(path: Path, option: str = "--out") -> Path:
     """Creates ``path`` (a folder, parents too) and checks that files can be written in it, before
     anything is measured: a run must not end in a traceback after its measurements. Raises
     ValueError with one line naming ``option`` otherwise."""
+    from gpupipe.prepare import writable_folder
+
     try:
-        path.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise ValueError(f"{option} {path}: is a file, not a folder") from None
-    except OSError as e:  # a file above it, no permission, a read-only file system
-        raise ValueError(f"{option} {path}: cannot create the folder ({e.strerror or e})") from None
-    try:
-        with tempfile.TemporaryFile(dir=path):
-            pass
+        return writable_folder(path, option)
     except OSError as e:
-        raise ValueError(f"{option} {path}: cannot write in the folder ({e.strerror or e})") from None
-    return path
+        raise ValueError(str(e)) from None
 
 
 def plot(path: Path, results: list, baseline: Optional[Result], title: str, loader_stats: Optional[dict]) -> Optional[str]:
