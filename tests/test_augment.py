@@ -318,7 +318,7 @@ def test_settings_changed_after_construction_are_checked_as_at_construction():
     assert torch.equal(aug(x, params=p), fresh(x, params=p))
     for name, bad, match in [("hflip", 2.0, "hflip"), ("brightness", (1.5, 0.5), "brightness"),
                              ("rotation", "a", "rotation"), ("hue", 0.7, "hue"), ("std", (1, 0, 1), "std"),
-                             ("mean", (0.5,), "mean"), ("interpolation", "cubic", "interpolation"),
+                             ("mean", (0.5, 0.5), "mean"), ("interpolation", "cubic", "interpolation"),
                              ("out_dtype", torch.int32, "out_dtype"), ("color", "hsv", "color"),
                              ("engine", "dali", "engine"), ("out_memory_format", torch.preserve_format,
                                                             "out_memory_format")]:
@@ -945,3 +945,13 @@ def test_a_tv_tensors_image_comes_back_an_image_as_from_torchvision():
             got = module(image, params=p) if mode == "train" else module(image)
             want = module(x, params=p) if mode == "train" else module(x)
             assert type(got) is tv_tensors.Image and torch.equal(got.as_subclass(torch.Tensor), want)
+
+
+def test_one_mean_and_std_for_every_channel_as_torchvision_normalize():
+    from torchvision.transforms import v2
+
+    x = photo_batch(2, 8, 8, seed=36)
+    aug = BatchAugment(hflip=0.0, mean=[0.5], std=[0.25])
+    assert aug.mean == (0.5,) * 3 and aug.std == (0.25,) * 3
+    want = v2.Normalize(mean=[0.5], std=[0.25])(x.float() / 255)
+    assert torch.allclose(aug(x), want, atol=1e-5)

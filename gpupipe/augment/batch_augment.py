@@ -93,8 +93,14 @@ def _one_of(name: str, allowed) -> Callable[[Any], Any]:
 _MEMORY_FORMATS = _one_of("out_memory_format", (torch.contiguous_format, torch.channels_last))
 
 
+def _per_channel(value, name: str) -> tuple:
+    """3 floats from 3 numbers, or from 1 for every channel (torchvision's Normalize broadcasts it)."""
+    values = finite_numbers(value, name, (1, 3))
+    return tuple(float(v) for v in values * (3 // len(values)))
+
+
 def _std(value) -> tuple:
-    std = tuple(float(s) for s in finite_numbers(value, "std", (3,)))
+    std = _per_channel(value, "std")
     if min(std) <= 0:
         raise ValueError(f"std must be positive, got {std}")
     return std
@@ -232,7 +238,8 @@ class BatchAugment(KeyedModule):
         brightness, contrast, saturation: ColorJitter ranges (``v`` -> [max(0, 1 - v), 1 + v]).
         hue: turns, ``v`` -> [-v, v], v <= 0.5.
         grayscale: probability of converting a sample to gray (three equal channels).
-        mean, std: normalisation per channel on the [0, 1] scale.
+        mean, std: normalisation per channel on the [0, 1] scale (3 values, or 1 for all, as
+            torchvision's ``Normalize`` broadcasts it).
         out_dtype: float32, bfloat16 or float16.
         out_memory_format: ``torch.contiguous_format`` or ``torch.channels_last``.
         color: ``"torchvision"``: torchvision v2's float ops (clamps between ops, HSV hue,
@@ -532,7 +539,7 @@ class BatchAugment(KeyedModule):
     contrast = _setting("contrast", lambda v: _factor_range(v, "contrast"))
     saturation = _setting("saturation", lambda v: _factor_range(v, "saturation"))
     hue = _setting("hue", lambda v: _symmetric_range(v, "hue", bound=0.5))
-    mean = _setting("mean", lambda v: tuple(float(m) for m in finite_numbers(v, "mean", (3,))))
+    mean = _setting("mean", lambda v: _per_channel(v, "mean"))
     std = _setting("std", _std)
     out_dtype = _setting("out_dtype", _one_of("out_dtype", fused.OUT_DTYPES))
     color = _setting("color", _one_of("color", fused.COLOR_MODELS))
