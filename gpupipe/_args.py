@@ -117,19 +117,26 @@ def size_pair(size: Size, name: str = "size") -> tuple[int, int]:
     return int(pair[0]), int(pair[1])
 
 
+_PILLOW_CODES = {0: "nearest", 2: "bilinear"}  # Image.Resampling's codes, which torchvision also takes
+
+
 def interpolation_mode(value: Any) -> Optional[str]:
-    """The key of :data:`INTERPOLATIONS` a string or a torchvision ``InterpolationMode`` names, None
-    for any other value (the caller raises, naming what it accepts)."""
+    """The key of :data:`INTERPOLATIONS` a string, a torchvision ``InterpolationMode`` or a Pillow
+    integer code (0 nearest, 2 bilinear, as torchvision takes them) names, None for any other value
+    (the caller raises, naming what it accepts)."""
+    if is_int(value):  # (Image.Resampling's members are ints)
+        return _PILLOW_CODES.get(int(value))
     value = getattr(value, "value", value)
     return value if isinstance(value, str) and value in INTERPOLATIONS else None  # (a list is unhashable)
 
 
 def parse_interpolation(interpolation: Any) -> str:
-    """"nearest" or "bilinear" from a string or a torchvision ``InterpolationMode``; ValueError otherwise."""
+    """"nearest" or "bilinear" from a string, a torchvision ``InterpolationMode`` or a Pillow code;
+    ValueError otherwise."""
     value = interpolation_mode(interpolation)
     if value is None:
-        raise ValueError(f"interpolation must be 'nearest' or 'bilinear' (or the InterpolationMode of one), "
-                         f"got {interpolation!r}")
+        raise ValueError(f"interpolation must be 'nearest' or 'bilinear' (or the InterpolationMode or Pillow code "
+                         f"of one), got {interpolation!r}")
     return value
 
 

@@ -17,7 +17,7 @@ import torch
 
 from augment_helpers import levels, torchvision_chain
 from gpupipe import _C, keyed
-from gpupipe.augment import IMAGENET_MEAN, IMAGENET_STD, BatchAugment
+from gpupipe.augment import IMAGENET_MEAN, IMAGENET_STD, BatchAugment, affine_matrices, warp_affine
 from gpupipe.augment import fused as fused_mod
 from helpers import DEVICES, photo_batch
 
@@ -750,6 +750,27 @@ def test_numpy_fill_and_an_interpolation_that_is_no_mode():
     for bad in (["nearest"], {"bilinear": 1}):
         with pytest.raises(ValueError, match="interpolation must be 'nearest' or 'bilinear'"):
             BatchAugment(interpolation=bad)
+
+
+def test_pillow_interpolation_codes_and_a_negative_std_as_torchvision_takes_them():
+    """torchvision takes Pillow's integer codes for interpolation (0 nearest, 2 bilinear) and any
+    nonzero std; both were refused."""
+    from PIL import Image
+    from torchvision.transforms.v2 import functional as F
+
+    for code, name in ((0, "nearest"), (2, "bilinear"), (np.int64(2), "bilinear"), (Image.Resampling.BILINEAR, "bilinear")):
+        assert BatchAugment(interpolation=code).interpolation == name
+    x = torch.randint(0, 256, (2, 3, 8, 8), dtype=torch.uint8)
+    m = affine_matrices(torch.tensor([30.0, -20.0]), (0, 0), 1.0, (0, 0), size=(8, 8))
+    assert torch.equal(warp_affine(x, m, interpolation=2), warp_affine(x, m, interpolation="bilinear"))
+    for bad in (1, 3, True, "bicubic"):
+        with pytest.raises(ValueError, match="interpolation must be 'nearest' or 'bilinear'"):
+            warp_affine(x, m, interpolation=bad)
+    mean, std = (0.5, 0.4, 0.3), (0.25, -0.5, 1.0)
+    got = BatchAugment(hflip=0, mean=mean, std=std)(x)
+    torch.testing.assert_close(got, F.normalize(x.float() / 255, list(mean), list(std)), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="std must not be 0"):
+        BatchAugment(std=(0.2, 0.0, 0.2))
 
 
 def test_binding_validates_buffers():

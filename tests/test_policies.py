@@ -670,9 +670,10 @@ def test_numpy_numbers_and_bad_interpolations():
     interpolation that is not a mode is named (a list was an "unhashable type" TypeError)."""
     for fill in (np.uint8(7), np.float32(7.0), np.int64(7), [np.float32(7.0)], (np.uint8(7), 7, 7.0)):
         assert TrivialAugmentWide(fill=fill)._fill == [7.0, 7.0, 7.0], fill
-    for bad in (["nearest"], {"nearest": 1}, 2):
+    for bad in (["nearest"], {"nearest": 1}, 3, True, 2.0):  # (3 is Pillow's bicubic)
         with pytest.raises(ValueError, match="interpolation must be 'nearest' or 'bilinear'"):
             RandAugment(interpolation=bad)
+    assert RandAugment(interpolation=2).interpolation == "bilinear"  # Pillow's code, as torchvision takes it
 
 
 @pytest.mark.parametrize("cls", [TrivialAugmentWide, RandAugment, AutoAugment])

@@ -72,8 +72,8 @@ inline void check_normalization(const std::vector<double>& mean, const std::vect
                                 float* inv_std) {
   if (mean.size() != 3 || std_dev.size() != 3) throw InvalidArgument("mean and std must have 3 values");
   for (int c = 0; c < 3; ++c) {
-    if (!isfinite(mean[c]) || !(std_dev[c] > 0.0) || !isfinite(std_dev[c]))
-      throw InvalidArgument("mean must be finite and std finite and > 0");
+    if (!isfinite(mean[c]) || std_dev[c] == 0.0 || !isfinite(std_dev[c]))  // a negative std as torchvision's
+      throw InvalidArgument("mean must be finite and std finite and not 0");
     m[c] = static_cast<float>(mean[c]);
     inv_std[c] = static_cast<float>(1.0 / std_dev[c]);
   }

@@ -101,8 +101,8 @@ def _per_channel(value, name: str) -> tuple:
 
 def _std(value) -> tuple:
     std = _per_channel(value, "std")
-    if min(std) <= 0:
-        raise ValueError(f"std must be positive, got {std}")
+    if 0.0 in std:  # (a negative one is taken, as torchvision's Normalize takes it)
+        raise ValueError(f"std must not be 0 (a division by zero), got {std}")
     return std
 
 

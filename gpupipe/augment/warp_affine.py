@@ -11,7 +11,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from gpupipe import _C
-from gpupipe._args import INTERPOLATIONS, warp_fill
+from gpupipe._args import INTERPOLATIONS, parse_interpolation, warp_fill
 from gpupipe.augment import _kernels
 
 
@@ -105,8 +105,7 @@ def warp_affine(
         (True, True)
     """
     _check(x, matrix)
-    if interpolation not in INTERPOLATIONS:
-        raise ValueError(f"interpolation must be 'nearest' or 'bilinear', got {interpolation!r}")
+    interpolation = parse_interpolation(interpolation)
     if out_dtype not in (torch.uint8, torch.float32):
         raise TypeError(f"out_dtype must be torch.uint8 or torch.float32, got {out_dtype}")
     fill = warp_fill(fill)
