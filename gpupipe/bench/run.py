@@ -219,9 +219,13 @@ class RawDecodeRun:
         # where the Loader decodes: its host buffers (pinned, then copied) for the CPU core, the device
         # for a GPU backend
         if gpupipe.backends.resolve(args.backend, device) == "cpu":
-            self.out = torch.empty((args.batch_size, h, w, 3), dtype=torch.uint8, pin_memory=device.type == "cuda")
+            # two pinned buffers, each decoded into again once its copy to the device is done (the
+            # Loader's ring does the same): one buffer was overwritten while its copy could still run
+            self.outs = [torch.empty((args.batch_size, h, w, 3), dtype=torch.uint8, pin_memory=device.type == "cuda")
+                         for _ in range(2 if device.type == "cuda" else 1)]
         else:
-            self.out = torch.empty((args.batch_size, h, w, 3), dtype=torch.uint8, device=device)
+            self.outs = [torch.empty((args.batch_size, h, w, 3), dtype=torch.uint8, device=device)]
+        self.copied: list = [None] * len(self.outs)  # the CUDA event after each buffer's last copy
         self.images, self.batches_done, self.skipped = 0, 0, []
 
     def _epoch(self, epoch: int):
@@ -241,10 +245,14 @@ class RawDecodeRun:
             decoded = 0
             for first in range(0, len(order), bs):
                 rows = order[first:first + bs]
+                slot = self.batches_done % len(self.outs)
+                if self.copied[slot] is not None:
+                    self.copied[slot].synchronize()
+                out = self.outs[slot]
                 batch = gpupipe.decode_crop_jpegs([self.datas[i] for i in rows], boxes[first:first + bs], size=size,
-                                                  out=self.out, num_threads=self.args.threads, on_error="skip",
+                                                  out=out, num_threads=self.args.threads, on_error="skip",
                                                   window=self.crop.window, dct_scaling=self.crop.dct_scaling,
-                                                  backend=self.args.backend, device=self.out.device)
+                                                  backend=self.args.backend, device=out.device)
                 images, batch_labels = batch.images, labels[rows]
                 if batch.kinds:  # only where samples failed: the good ones, as the Loader delivers them
                     self.skipped += [SampleFailure(self.source.keys[rows[i]], kind, batch.errors[i])
@@ -252,6 +260,8 @@ class RawDecodeRun:
                     images, batch_labels = images[batch.ok.to(images.device)], batch_labels[batch.ok]
                 if images.device != self.device:
                     images = images.to(self.device, non_blocking=True)
+                    self.copied[slot] = torch.cuda.Event()
+                    self.copied[slot].record(torch.cuda.current_stream(self.device))
                 self.images += images.shape[0]
                 self.batches_done += 1
                 decoded += images.shape[0]
