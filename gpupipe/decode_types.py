@@ -201,8 +201,9 @@ class HeaderInfos:
 
     Attributes:
         table: int64 ``[N, len(_C.INFO_COLUMNS)]``: height, width, colorspace, channels,
-            orientation, progressive, scans, eoi (1: the file ends with its EOI marker), error
-            (``-1`` fields where unreadable).
+            orientation, progressive, scans, trailing (the bytes after the EOI marker that ends the
+            JPEG, which libjpeg never reads: 0 for most files, -1 without one), error (``-1``
+            fields where unreadable; scans and trailing where not counted).
         messages: ``{index: message}`` for unreadable headers.
         pillow: ``{index: (height, width, orientation)}`` of non-JPEG files Pillow reads.
     """
@@ -237,11 +238,13 @@ class HeaderInfos:
         return h, w
 
     def count_scans(self, buffers: Sequence) -> None:
-        """Fills in the scans of the readable JPEG headers a CPU-backend probe left uncounted (-1):
-        GPU decoders need them (``gpu_eligible``), the CPU core does not."""
+        """Fills in the scans and trailing bytes of the readable JPEG headers a CPU-backend probe
+        left uncounted (-1): GPU decoders need them (``gpu_eligible``), the CPU core does not."""
         rows = np.flatnonzero((self.table[:, _COLUMNS["scans"]] < 0) & (self.table[:, _COLUMNS["error"]] == _NONE))
         if len(rows):
-            self.table[rows, _COLUMNS["scans"]] = read_infos([buffers[i] for i in rows]).column("scans")
+            counted = read_infos([buffers[i] for i in rows]).table
+            for name in ("scans", "trailing"):
+                self.table[rows, _COLUMNS[name]] = counted[:, _COLUMNS[name]]
 
     def fail(self, i: int, kind: int, message: str) -> None:
         """Marks sample i as failed before decoding (a read error, a box that cannot be drawn)."""
@@ -258,7 +261,7 @@ class HeaderInfos:
 
 def read_infos(buffers: Sequence, scans: bool = True) -> HeaderInfos:
     """Reads every JPEG header of a batch once, in C++ with the GIL released. ``scans=False``
-    leaves the scans column -1 (counting them reads each whole file; the GPU decoders' eligibility
+    leaves the scans and trailing columns -1 (counting them reads each whole file; the GPU decoders' eligibility
     needs them, the CPU core enforces ``max_scans`` itself)."""
     table = np.empty((len(buffers), len(_C.INFO_COLUMNS)), dtype=np.int64)
     failures = _C.read_header_infos(buffers, table.ctypes.data, table.nbytes, scans) if len(buffers) else []

@@ -184,26 +184,111 @@ def test_what_gpu_decoders_cannot_honour_goes_to_the_cpu_core(photos, backend, d
     assert set(strict.routes) == {route}
 
 
-def test_gpu_decoders_get_only_files_that_end_with_their_eoi(photos):
-    """nvJPEG decodes a truncated file without a word: such files (and any without EOI at the end)
-    are the CPU core's, which reports them. Runs without a GPU: the routing decision itself."""
-    from gpupipe._backends import gpu_fallback
-    from gpupipe.decode_types import DecodeOptions
+def jpeg_extent_reference(data: bytes) -> tuple:
+    """(scans, bytes after the EOI that ends the JPEG, or -1) by a plain walk of the markers, as
+    libjpeg reads them: segments with a length skipped whole, FF 00 and RSTn not markers."""
+    scans, p = 0, 2
+    while p < len(data) - 1:
+        if data[p] != 0xFF:
+            p += 1
+            continue
+        while p < len(data) and data[p] == 0xFF:
+            p += 1
+        if p >= len(data):
+            break
+        marker, p = data[p], p + 1
+        if marker == 0xD9:
+            return scans, len(data) - p
+        if marker in (0x00, 0x01) or 0xD0 <= marker <= 0xD8:
+            continue
+        if len(data) - p < 2 or int.from_bytes(data[p:p + 2], "big") > len(data) - p:
+            break
+        scans += marker == 0xDA
+        p += max(int.from_bytes(data[p:p + 2], "big"), 2)
+    return scans, -1
+
+
+def trailed_variants():
+    """(name, jpeg, what follows it) for every JPEG variant of the suite, each with bytes after its
+    EOI (a trailer holding markers, an appended JPEG as Multi-Picture files have, an EXIF
+    thumbnail's SOS and EOI inside APP1) and without."""
+    from crafted import with_app1s
+    from helpers import make_variants
+
+    variants = make_variants(photo(64, 80))
+    thumbnail = variants["ycbcr-4:2:0"]
+    app1 = b"\xff\xe1" + (len(thumbnail) + 8).to_bytes(2, "big") + b"Exif\0\0" + thumbnail
+    trailers = {"none": b"", "zeros": b"\0" * 8, "markers": b"\xff\xd9\xff\xda\x00\x08junk\xff",
+                "appended-jpeg": variants["ycbcr-4:4:4-progressive"]}
+    cases = [(f"{name}+{t}", jpeg, trailer) for name, jpeg in variants.items() for t, trailer in trailers.items()]
+    return cases + [("thumbnail-in-app1+" + t, with_app1s(thumbnail, app1), trailer) for t, trailer in trailers.items()]
+
+
+def test_the_header_table_finds_the_eoi_that_ends_the_jpeg():
+    """The trailing column: the bytes after the EOI marker that ends the JPEG (libjpeg never reads
+    them), -1 for a truncated file; scans counted up to it. Held to a plain walk of the markers,
+    and to libjpeg: the CPU core decodes the file cut there bit for bit as the whole file."""
     from gpupipe.routing import probe
 
-    datas = list(photos[:4])
-    datas[1] = datas[1][: len(datas[1]) // 2]
-    datas[2] = datas[2] + b"\0" * 8  # data after EOI: libjpeg ignores it; the CPU core takes it all the same
-    infos = probe(datas)  # (as a GPU backend probes: the scans counted)
-    assert infos.column("eoi").tolist() == [1, 0, 0, 1]
-    eligible = gpu_fallback.gpu_eligible(infos, edge_boxes(datas, 16, 16), DecodeOptions(size=None))
-    assert eligible.tolist() == [True, False, False, True]
+    cases = trailed_variants()
+    datas = [jpeg + trailer for _, jpeg, trailer in cases]
+    infos = probe(datas)
+    for (name, jpeg, trailer), scans, trailing, data in zip(cases, infos.column("scans"), infos.column("trailing"), datas):
+        assert (scans, trailing) == jpeg_extent_reference(data), name
+        assert trailing == len(trailer) and scans == jpeg_extent_reference(jpeg)[0] >= 1, name
+    cut = [d[:len(d) - t] for d, t in zip(datas, infos.column("trailing").tolist())]
+    boxes = [(0, 0, 64, 80)] * len(datas)
+    whole, trimmed = (gpupipe.decode_crop_jpegs(d, boxes, on_error="skip") for d in (datas, cut))
+    assert torch.equal(whole.ok, trimmed.ok) and whole.ok.sum() >= len(datas) - 8  # (CMYK/YCCK fail in rgb)
+    assert torch.equal(whole.images, trimmed.images) and whole.warnings == trimmed.warnings
+    # truncated anywhere before its EOI, a file has none (its scans counted up to the cut)
+    data = datas[0][:-2]
+    truncated = probe([data[:k] for k in range(len(data) - 1, 600, -97)])
+    assert (truncated.column("trailing") == -1).all()
+
+
+BUFFER_KINDS = {"bytes": bytes, "bytearray": bytearray, "memoryview": memoryview,
+                "numpy": lambda d: np.frombuffer(d, np.uint8), "tensor": lambda d: torch.frombuffer(bytearray(d), dtype=torch.uint8)}
+
+
+@pytest.mark.parametrize("kind", BUFFER_KINDS)
+def test_gpu_decoders_are_given_each_file_up_to_its_eoi(photos, kind):
+    """nvJPEG decodes a truncated file without a word: a file without an EOI ending it is the CPU
+    core's, which reports it. One with bytes after its EOI goes to the GPU decoders cut there, as
+    a view of the caller's buffer. Runs without a GPU: the routing decision and the inputs."""
+    from gpupipe._backends import gpu_fallback
+    from gpupipe.decode_types import DecodeOptions
+    from gpupipe.routing import as_buffers, probe
+
+    jpegs = list(photos[:4])
+    datas = [jpegs[0], jpegs[1][: len(jpegs[1]) // 2], jpegs[2] + b"\0" * 8, jpegs[3] + jpegs[0]]
+    typed = as_buffers([BUFFER_KINDS[kind](d) for d in datas])  # (as every decode call takes them)
+    infos = probe(typed)  # (as a GPU backend probes: the scans counted)
+    assert infos.column("trailing").tolist() == [0, -1, 8, len(jpegs[0])]
+    assert gpu_fallback.refusals(infos, edge_boxes(datas, 16, 16), DecodeOptions(size=None)).tolist() == [0, 6, 0, 0]
+    given = gpu_fallback.gpu_inputs(typed, infos)
+    assert [bytes(g) for g in given] == [jpegs[0], datas[1], jpegs[2], jpegs[3]]
+    assert given[0] is typed[0] and given[1] is typed[1]  # (only the files with bytes after them are views)
+    untouched = typed[:2]
+    assert gpu_fallback.gpu_inputs(untouched, infos.select([0, 1])) is untouched
     # the CPU backend's probe does not count scans (it reads each whole file): no GPU decoder may take such a row
-    cpu_infos = probe(datas, DecodeOptions(size=None, backend="cpu"))
-    assert (cpu_infos.column("scans") == -1).all() and (infos.column("scans") >= 1).all()
+    cpu_infos = probe(typed, DecodeOptions(size=None, backend="cpu"))
+    assert (cpu_infos.column("scans") == -1).all() and (cpu_infos.column("trailing") == -1).all()
     assert not gpu_fallback.gpu_eligible(cpu_infos, edge_boxes(datas, 16, 16), DecodeOptions(size=None)).any()
-    cpu_infos.count_scans(datas)  # what a GPU backend handed them does first
+    cpu_infos.count_scans(typed)  # what a GPU backend handed them does first
     assert np.array_equal(cpu_infos.table, infos.table)
+
+
+@pytest.mark.parametrize("backend,device", CASES)
+def test_files_with_bytes_after_their_eoi_are_decoded_by_the_gpu_decoders(photos, backend, device):
+    """Bytes after the EOI (a trailer, an appended image) no longer send a file to the CPU core:
+    the GPU decoder is given the JPEG up to its EOI and decodes it as the file without them."""
+    datas = [d + trailer for d, trailer in zip(photos, [b"", b"\0" * 8, photos[0], b"\xff\xd9junk", b"", b"\xff"])]
+    boxes = edge_boxes(photos, 48, 64)
+    ref = gpupipe.decode_crop_jpegs(photos, boxes, backend=backend, device=device)
+    got = gpupipe.decode_crop_jpegs(datas, boxes, backend=backend, device=device)
+    assert got.routes == ref.routes and "cpu-fallback" not in got.routes and not got.fallback
+    assert torch.equal(got.images, ref.images)
 
 
 def test_plan_batch_needs_no_read_errors(photos):

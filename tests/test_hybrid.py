@@ -195,7 +195,7 @@ def refusal_reference(table: np.ndarray, boxes: np.ndarray, window: bool, strict
     if box_height > 0:  # no resize: only boxes of the output's size
         inside &= (bh == box_height) & (bw == box_width)
     checks = [(h > 0) & (w > 0), np.isin(col["colorspace"], colorspaces), h.astype(np.float64) * w <= max_pixels,
-              (col["scans"] >= 0) & (col["scans"] <= max_scans), col["eoi"] == 1, inside & whole]
+              (col["scans"] >= 0) & (col["scans"] <= max_scans), col["trailing"] >= 0, inside & whole]
     codes = np.zeros(len(boxes), np.int8)
     for code, passed in reversed(list(enumerate(checks, 2))):  # the first that fails wins
         codes[~passed] = code
@@ -265,7 +265,7 @@ def random_route_inputs(rng, n: int, dtype):
     table[:, col["orientation"]] = 1
     table[:, col["progressive"]] = rng.integers(0, 2, n)
     table[:, col["scans"]] = mostly(rng.integers(1, 10, n), [-1, 0, 99, 100, 101])
-    table[:, col["eoi"]] = mostly(1, [-1, 0])
+    table[:, col["trailing"]] = mostly(rng.integers(0, 3, n), [-1, -2])
     h, w = table[:, col["height"]], table[:, col["width"]]
     bh, bw = rng.integers(1, 65, n), rng.integers(1, 65, n)
     bh[::5], bw[::5] = 7, 9  # the output's size in ELIGIBILITY_CASES' case without a resize
@@ -475,7 +475,7 @@ def test_declined_and_ineligible_samples_go_to_the_cpu_core_and_are_reported():
     status = hybrid.decode(datas, boxes, out, options(), infos, shares=hybrid.Shares(0.0, 0.5, 0.5), engines=eng)
     assert status.route[-2] == Route.CPU_FALLBACK and status.route[-1] == Route.CPU_FALLBACK  # not eligible
     assert "not decodable by the GPU decoders with gpupipe's semantics: its color space" in status.fallback[10]
-    assert "no EOI marker at the end of the file" in status.fallback[11]
+    assert "no EOI marker ends the JPEG" in status.fallback[11]
     assert status.route[2] == Route.CPU_FALLBACK and "declined by the GPU's" in status.fallback[2]
     assert set(status.route[:-2].tolist()) - {Route.CPU_FALLBACK} <= {Route.GPU_HARDWARE, Route.GPU_CUDA}
     assert status.ok.all() and list(status.warnings) == [11]  # the CPU core's word for the missing end
@@ -824,6 +824,28 @@ def test_decode_into_keys_follow_every_sub_batch(host_engines):
     jpeg = [0, 1, 2, 3, 6, 7, 8, 9]
     assert status.route[jpeg].tolist() == expected_routes(3, 2, keys.indices[jpeg], shares, read_infos([datas[i] for i in jpeg]))
     assert status.route[4] == Route.PILLOW and not status.ok[5]
+
+
+def test_the_gpu_engines_are_given_each_file_up_to_its_eoi(host_engines):
+    """A file with bytes after its EOI (a trailer, an appended image) is the GPU decoders' as any
+    other, cut at its EOI; one without an EOI (truncated) is the CPU core's, reported."""
+    datas, _, boxes = batch(12)
+    jpegs = list(datas)
+    datas = [d + [b"", b"\0" * 9, jpegs[0], b"\xff\xd9\xff"][k % 4] for k, d in enumerate(jpegs)]
+    datas[5] = jpegs[5][:-2]
+    given = []
+    for eng in host_engines.values():
+        def recording(buffers, *a, _decode=eng.decode, **kw):
+            given.extend(bytes(b) for b in buffers)
+            return _decode(buffers, *a, **kw)
+        eng.decode = recording
+    shares = hybrid.Shares(0.0, 0.5, 0.5)
+    out, ref = (torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8) for _ in range(2))
+    status = routing.decode_into(datas, boxes, out, options(), shares=shares)
+    routing.decode_into([jpegs[k] if k != 5 else datas[5] for k in range(len(datas))], boxes, ref, options(), shares=shares)
+    assert given and all(g in jpegs for g in given) and len(given) >= 8
+    assert status.route[5] == Route.CPU_FALLBACK and "no EOI marker ends the JPEG" in status.fallback[5]
+    assert torch.equal(out, ref) and status.ok.all()
 
 
 def loader(root, **kw):

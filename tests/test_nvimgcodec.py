@@ -749,7 +749,7 @@ def test_engine_errors_fail_the_batch_torchvision_errors_fall_back(jpegs):
     boxes = np.array([[0, 0, 16, 16]] * len(jpegs), dtype=np.float64)
     ref, opts = _core(jpegs, boxes, (16, 16))
 
-    def device_error(idx):
+    def device_error(idx, datas):
         raise RuntimeError("nvImageCodec's cuda decoder on cuda:0: decode failed (CUDA error)")
 
     with pytest.raises(RuntimeError, match="cuda decoder on cuda:0"):

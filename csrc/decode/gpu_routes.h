@@ -31,13 +31,13 @@ enum class GpuRefusal : int8_t {
   kColorSpace = 3,      // a colour space not allowed (CMYK, YCCK, coded as RGB, ...)
   kPixels = 4,          // over max_pixels
   kScans = 5,           // scans not counted, or over max_scans
-  kNoEoi = 6,           // the file does not end with its EOI marker (truncated, or bytes after it)
+  kNoEoi = 6,           // no EOI marker ends the JPEG (a truncated file)
   kBox = 7,             // the box: outside the image, fractional, or not the output's size without a resize
 };
 
 // Whether the sample of header-table row `row` (kInfoColumns) and `box` may go to a GPU decoder: a
-// readable header of an allowed colour space within the limits, its scans counted, ending with its
-// EOI marker, the box whole and inside the image (and of the output's size without a resize).
+// readable header of an allowed colour space within the limits, its scans counted, an EOI marker
+// ending it (the bytes after it are not given to the decoder), the box whole and inside the image (and of the output's size without a resize).
 GpuRefusal gpu_refusal(const int64_t* row, const Box& box, const GpuEligibility& e);
 inline bool gpu_eligible(const int64_t* row, const Box& box, const GpuEligibility& e) {
   return gpu_refusal(row, box, e) == GpuRefusal::kNone;

@@ -5,28 +5,46 @@
 namespace gpupipe {
 namespace {
 
-// SOS markers in a file (a scan bomb, progressive or not, has thousands); FF DA cannot occur inside
-// entropy-coded data (FF is stuffed), so counting marker pairs counts scans.
-int64_t count_scans(const uint8_t* d, size_t n) {
+// A JPEG's scans and the bytes after the EOI marker that ends it, found as libjpeg's marker reader
+// finds them: from SOI, every marker after its FF (fill bytes skipped); a segment with a length is
+// skipped whole (an EXIF thumbnail's SOS and EOI are inside APP1's), FF 00 and RSTn inside
+// entropy-coded data are not markers. The first EOI found ends the JPEG: libjpeg stops there and
+// never reads what follows (an appended image, a vendor's trailer), so a GPU decoder is given the
+// bytes up to it (gpu_fallback.gpu_inputs). -1 bytes after it: no EOI (a truncated file, or a
+// segment whose length runs past the data). A scan bomb's thousands of SOS are counted here too.
+struct JpegExtent {
   int64_t scans = 0;
-  for (size_t p = 0; p + 1 < n;) {
+  int64_t trailing = -1;
+};
+
+JpegExtent jpeg_extent(const uint8_t* d, size_t n) {
+  JpegExtent e;
+  size_t p = 2;  // after SOI (read_header checked it)
+  while (p + 1 < n) {
     const void* hit = std::memchr(d + p, 0xFF, n - p - 1);
     if (!hit) break;
-    p = static_cast<const uint8_t*>(hit) - d;
-    scans += d[p + 1] == 0xDA;
-    ++p;
+    p = static_cast<size_t>(static_cast<const uint8_t*>(hit) - d) + 1;
+    while (p < n && d[p] == 0xFF) ++p;  // fill bytes
+    if (p >= n) break;
+    const uint8_t marker = d[p++];
+    if (marker == 0x00 || marker == 0x01 || (marker >= 0xD0 && marker <= 0xD8)) continue;  // no length
+    if (marker == 0xD9) {
+      e.trailing = static_cast<int64_t>(n - p);
+      return e;
+    }
+    if (n - p < 2) break;
+    const size_t length = static_cast<size_t>(d[p]) << 8 | d[p + 1];
+    if (length > n - p) break;
+    e.scans += marker == 0xDA;
+    p += length < 2 ? 2 : length;  // (a length below 2 carries nothing, as for_each_header_segment reads it)
   }
-  return scans;
+  return e;
 }
-
-// Whether the file ends with its EOI marker: a truncated file does not. GPU decoders decode such
-// a file without a word, so the GPU backends leave it to the CPU core (which reports it).
-int64_t ends_with_eoi(const uint8_t* d, size_t n) { return n >= 2 && d[n - 2] == 0xFF && d[n - 1] == 0xD9; }
 
 constexpr size_t kHeight = info_column("height"), kWidth = info_column("width"),
                  kColorspace = info_column("colorspace"), kChannels = info_column("channels"),
                  kOrientation = info_column("orientation"), kProgressive = info_column("progressive"),
-                 kScans = info_column("scans"), kEoi = info_column("eoi"), kError = info_column("error");
+                 kScans = info_column("scans"), kTrailing = info_column("trailing"), kError = info_column("error");
 
 }  // namespace
 
@@ -51,8 +69,9 @@ std::vector<IndexedError> read_header_table(const std::vector<ByteSpan>& inputs,
       row[kProgressive] = info.progressive;
       // every file: a baseline file may also hold many scans (one component each). The whole file is
       // read for it (~12 us for 300 KB): only where a GPU decoder may take the file
-      row[kScans] = scans ? count_scans(inputs[i].data, inputs[i].size) : -1;
-      row[kEoi] = ends_with_eoi(inputs[i].data, inputs[i].size);
+      const JpegExtent extent = scans ? jpeg_extent(inputs[i].data, inputs[i].size) : JpegExtent{-1, -1};
+      row[kScans] = extent.scans;
+      row[kTrailing] = extent.trailing;
       row[kError] = static_cast<int64_t>(ErrorKind::kNone);
     } catch (const DecodeError& e) {
       for (size_t c = 0; c < kInfoWidth; ++c) row[c] = -1;

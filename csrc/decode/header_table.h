@@ -23,9 +23,10 @@ inline const char* colorspace_name(ColorSpace c) { return kColorSpaceNames[stati
 inline const char* subsampling_name(Subsampling s) { return kSubsamplingNames[static_cast<int>(s)]; }
 
 // Columns of a header table row (exported as _C.INFO_COLUMNS). Where a header cannot be read,
-// height..eoi are -1 and `error` is its ErrorKind.
+// height..trailing are -1 and `error` is its ErrorKind. `trailing`: the bytes after the EOI marker
+// that ends the JPEG (0 for most files), -1 without one (truncated) or where scans were not counted.
 inline constexpr const char* kInfoColumns[] = {"height", "width", "colorspace", "channels", "orientation",
-                                               "progressive", "scans", "eoi", "error"};
+                                               "progressive", "scans", "trailing", "error"};
 inline constexpr size_t kInfoWidth = std::size(kInfoColumns);
 
 // A column's index by name; consteval in effect: every call names a constant (a name that is not a
@@ -45,8 +46,8 @@ constexpr size_t info_column(const char* name) {
 int64_t* header_table_output(const std::vector<ByteSpan>& inputs, uintptr_t address, size_t given);
 
 // Reads every header into `out` (row i: inputs[i]) with the calling thread's decoder; returns the
-// unreadable ones, (index, kind, message). Without `scans`, the scans column is -1 (not counted: the
-// CPU core enforces max_scans as it decodes; gpu_eligible() refuses such a row).
+// unreadable ones, (index, kind, message). Without `scans`, the scans and trailing columns are -1 (not
+// counted: the CPU core enforces max_scans as it decodes; gpu_eligible() refuses such a row).
 std::vector<IndexedError> read_header_table(const std::vector<ByteSpan>& inputs, int64_t* out, bool scans = true);
 
 }  // namespace gpupipe

@@ -122,11 +122,11 @@ def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Dec
         raise RuntimeError(reason)
     threads = options.num_threads or _C.default_num_threads()
 
-    def gpu_decode(idx: np.ndarray) -> None:
+    def gpu_decode(idx: np.ndarray, datas: Sequence) -> None:
         pipe, lock = _pipeline(_bucket(len(idx)), out.shape[1:3], options.resize, options.mode, out.device, threads)
         with lock:
             try:
-                pipe.feed_input("data", [np.frombuffer(buffers[i], dtype=np.uint8) for i in idx])
+                pipe.feed_input("data", [np.frombuffer(datas[i], dtype=np.uint8) for i in idx])
                 pipe.feed_input("anchor", [np.array([boxes[i, 1], boxes[i, 0]], dtype=np.int64) for i in idx])  # (x, y)
                 pipe.feed_input("shape", [np.array([boxes[i, 3], boxes[i, 2]], dtype=np.int64) for i in idx])  # (w, h)
                 with _stderr_captured() as messages:

@@ -37,7 +37,7 @@ def gpu_eligible(infos: HeaderInfos, boxes: np.ndarray, options: DecodeOptions) 
     """bool [N]: samples a GPU decoder can take with our semantics. The rest (unreadable headers,
     CMYK/YCCK, images over max_pixels or with more scans than max_scans (or scans not counted),
     boxes outside the image or fractional, boxes not of the output's size without a resize (the
-    CPU core reports each), files that do not end with their EOI marker: nvJPEG
+    CPU core reports each), files without an EOI marker ending the JPEG: nvJPEG
     decodes a truncated file without a word) go to the CPU core, which gives each its exact result
     or its exact error: gpupipe's limits hold whatever the backend. So does every sample of a
     ``window`` resize (the GPU resizers crop first) and of a ``strict`` decode (nvJPEG does not
@@ -62,6 +62,22 @@ def eligibility_args(options: DecodeOptions) -> tuple:
     return options.window, options.strict, mask, limits.max_pixels, limits.max_scans, *box
 
 
+def gpu_inputs(buffers: Sequence, infos: HeaderInfos) -> Sequence:
+    """The files as a GPU decoder is given them: each up to the EOI marker that ends its JPEG
+    (``infos``' trailing column, counted). libjpeg never reads what follows (an appended image, a
+    vendor's trailer); a GPU decoder is not asked to agree. ``buffers`` (``routing.as_buffers``)
+    itself where no file has such bytes; the others are memoryviews of theirs, never copies."""
+    trailing = infos.column("trailing")
+    rows = np.flatnonzero(trailing > 0)
+    if not len(rows):
+        return buffers
+    trimmed = list(buffers)
+    for i, extra in zip(rows.tolist(), trailing[rows].tolist()):
+        view = memoryview(buffers[i]).cast("B")
+        trimmed[i] = view[:len(view) - extra]
+    return trimmed
+
+
 def native_boxes(boxes: Any) -> np.ndarray:
     """Boxes as the native calls read them: C-contiguous int64 or float64 [N, 4]."""
     boxes = np.ascontiguousarray(boxes)
@@ -72,7 +88,7 @@ def native_boxes(boxes: Any) -> np.ndarray:
 REFUSALS = {1: "a window resize or a strict decode", 2: "no readable JPEG header",
             3: "its color space (CMYK, YCCK, or coded as RGB)", 4: "over max_pixels",
             5: "its scans (over max_scans, or not counted)",
-            6: "no EOI marker at the end of the file (truncated, or bytes after it)",
+            6: "no EOI marker ends the JPEG (a truncated file)",
             7: "the box (outside the image, fractional, or not the output's size without a resize)"}
 
 
@@ -108,12 +124,13 @@ def scatter(out: torch.Tensor, rows: np.ndarray, host: torch.Tensor) -> None:
     out.index_copy_(0, to_device(rows, out.device), sub)
 
 
-def decode_with_fallback(name: str, gpu_decode: Callable[[np.ndarray], Optional[GpuOutcome]], buffers: Sequence,
-                         boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions, infos: HeaderInfos, *,
-                         device_errors: str = "fallback") -> BatchStatus:
-    """The frame every GPU backend shares: ``gpu_decode(indices)`` decodes the eligible samples into
-    ``out[indices]``; the others are decoded by the CPU core. ``gpu_decode`` returns None (all
-    decoded, route ``Route.GPU``) or a :class:`GpuOutcome` (routes, and samples it declined: to
+def decode_with_fallback(name: str, gpu_decode: Callable[[np.ndarray, Sequence], Optional[GpuOutcome]],
+                         buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions,
+                         infos: HeaderInfos, *, device_errors: str = "fallback") -> BatchStatus:
+    """The frame every GPU backend shares: ``gpu_decode(indices, datas)`` decodes the eligible
+    samples into ``out[indices]`` from ``datas`` (the buffers as :func:`gpu_inputs` gives them);
+    the others are decoded by the CPU core. ``gpu_decode`` returns None (all decoded, route
+    ``Route.GPU``) or a :class:`GpuOutcome` (routes, and samples it declined: to
     the CPU core too). When it raises, ``device_errors="fallback"`` (torchvision's decoder, which
     fails a batch for one bad sample) decodes the whole batch with the CPU core instead;
     ``"raise"`` (nvImageCodec's engines, which decline bad samples and raise only for a device
@@ -127,7 +144,7 @@ def decode_with_fallback(name: str, gpu_decode: Callable[[np.ndarray], Optional[
     gpu_idx = np.flatnonzero(eligible)
     if len(gpu_idx):
         try:
-            outcome = gpu_decode(gpu_idx)
+            outcome = gpu_decode(gpu_idx, gpu_inputs(buffers, infos))
         except Exception as e:  # GPU decoders fail a whole batch for one bad sample
             if device_errors == "raise":
                 raise

@@ -643,6 +643,7 @@ class Pending:
         self.gpu: list = []  # (kind, rows, future), in submission order
         self.cpu_options = options  # the options of the CPU core's work (its pool's threads): start() sets them
         self.buffers: Sequence = ()
+        self.gpu_buffers: Sequence = ()  # what the GPU decoders are given (gpu_fallback.gpu_inputs)
         self.boxes: Optional[np.ndarray] = None
         self.sizes: Optional[np.ndarray] = None
         self.infos: Optional[HeaderInfos] = None
@@ -654,7 +655,7 @@ class Pending:
             stream.wait_stream(torch.cuda.current_stream(self.out.device))
             self.out.record_stream(stream)  # written there: the allocator keeps it until that work is done
         future = self.workers.queues[kind].submit(self.engines[kind], _Job(
-            [self.buffers[i] for i in rows], self.boxes[rows], self.out, rows, self.options, self.sizes[rows]))
+            [self.gpu_buffers[i] for i in rows], self.boxes[rows], self.out, rows, self.options, self.sizes[rows]))
         self.gpu.append((kind, rows, future))
 
 
@@ -692,6 +693,7 @@ def start(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Deco
     workers = workers or Workers(list(engines), out.device)
     p = Pending(n, out, options, engines, workers, own)
     p.buffers, p.boxes, p.infos = buffers, boxes, infos
+    p.gpu_buffers = gpu_fallback.gpu_inputs(buffers, infos)
     # the CPU core's share and every sample it decodes in the GPU decoders' stead: one pool, the
     # budget less what the sharing GPU decoders' host side needs (cpu_pool_threads)
     p.cpu_options = _cpu_options(options, shares, list(engines))

@@ -74,13 +74,13 @@ def _decode_on_engines(chain: list, buffers: Sequence, boxes: np.ndarray, out: t
                        infos: HeaderInfos) -> BatchStatus:
     sizes = np.stack([infos.column("height"), infos.column("width")], axis=1)
 
-    def gpu_decode(idx: np.ndarray) -> gpu_fallback.GpuOutcome:
+    def gpu_decode(idx: np.ndarray, datas: Sequence) -> gpu_fallback.GpuOutcome:
         routes = np.zeros(len(idx), dtype=np.int64)
         pending = np.arange(len(idx))  # positions in idx not decoded yet
         reasons: dict = {}
         for eng in chain:
             rows = idx[pending]
-            declined = eng.decode([buffers[i] for i in rows], boxes[rows], out, rows, options, sizes=sizes[rows])
+            declined = eng.decode([datas[i] for i in rows], boxes[rows], out, rows, options, sizes=sizes[rows])
             taken = np.ones(len(pending), dtype=bool)
             taken[list(declined)] = False
             routes[pending[taken]] = eng.route
@@ -102,8 +102,8 @@ def _decode_with_torchvision(buffers: Sequence, boxes: np.ndarray, out: torch.Te
 
     read_mode = ImageReadMode.RGB if options.mode == "rgb" else ImageReadMode.GRAY
 
-    def gpu_decode(idx: np.ndarray) -> None:
-        tensors = [torch.frombuffer(bytearray(buffers[i]), dtype=torch.uint8) for i in idx]
+    def gpu_decode(idx: np.ndarray, datas: Sequence) -> None:
+        tensors = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in idx]
         with quiet_warnings("torchvision.io", DeprecationWarning):  # its deprecation of decode_jpeg, this thread only
             decoded = decode_jpeg(tensors, mode=read_mode, device=out.device)
         for k, i in enumerate(idx):
