@@ -11,8 +11,10 @@ import numpy as np
 import torch
 
 from gpupipe import backends
+from gpupipe._args import is_int
 from gpupipe._errors import SkippedSamplesWarning
 from gpupipe.crops import CropSampler
+from gpupipe.decode_types import epoch_number, seed_number
 from gpupipe.error_policy import apply_policy, check_on_error, warn_corrupt
 from gpupipe.routing import decode_into, plan_batch
 from gpupipe.sources import call_or_error, indented, read_result
@@ -45,7 +47,7 @@ class DecodeCropDataset(torch.utils.data.Dataset):
                             f"FileList), got {type(source).__name__}; stream TarShards with gpupipe.Loader")
         self.source = source
         self.crop = crop
-        self.seed = int(seed)
+        self.seed = seed_number(seed)  # (the Loader's rule: the same samples for the same arguments)
         self.epoch = 0
         self.on_error = check_on_error(on_error)
         self.options = crop.decode_options(apply_exif_orientation=apply_exif_orientation,
@@ -53,16 +55,27 @@ class DecodeCropDataset(torch.utils.data.Dataset):
         self.last_failure = None
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
+        self.epoch = epoch_number(epoch)
 
     def __len__(self) -> int:
         return len(self.source)
+
+    def _index(self, i) -> int:
+        """``i`` as the sample's index in 0..len-1, a negative one counted from the end as a list
+        does (the crop is keyed by it: ``ds[-1]`` is ``ds[len(ds) - 1]``, box and all)."""
+        if not is_int(i):
+            raise TypeError(f"DecodeCropDataset indices must be integers, got {type(i).__name__}")
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"DecodeCropDataset index {i} is out of range for {n} samples")
+        return int(i) % n
 
     def __repr__(self) -> str:
         return (f"DecodeCropDataset(crop={self.crop!r}, seed={self.seed}, epoch={self.epoch}, "
                 f"on_error={self.on_error!r}, backend={self.options.backend!r})\n{indented(repr(self.source))}")
 
     def __getitem__(self, i: int):
+        i = self._index(i)
         key, label = self.source.keys[i], int(self.source.labels[i])
         out = torch.zeros((1, *self.crop.size, 3), dtype=torch.uint8)
         # any failure of the source (an exception, a result that is not bytes) is this sample's

@@ -48,6 +48,22 @@ def as_int(name: str, value: Any) -> int:
     return int(value)
 
 
+def seed_number(value: Any) -> int:
+    """A Loader's (or DecodeCropDataset's) seed: an int >= 0 (numpy's too)."""
+    seed = as_int("seed", value)
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    return seed
+
+
+def epoch_number(value: Any) -> int:
+    """An epoch for ``set_epoch``: an int >= 0 (numpy's too), as the epoch's order needs it."""
+    epoch = as_int("epoch", value)
+    if epoch < 0:
+        raise ValueError(f"epoch must be >= 0, got {epoch}")
+    return epoch
+
+
 def check_thread_count(name: str, value: Any, *, default_ok: bool = False) -> int:
     """``value`` as a thread count: an int within 1..MAX_THREADS (or 0, the default count, where
     ``default_ok``). TypeError / ValueError naming ``name`` otherwise."""

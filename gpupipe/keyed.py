@@ -37,6 +37,14 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+def key_int(value: Any, name: str) -> int:
+    """A seed, epoch or stream: an int (numpy's too; taken modulo 2**64 by the hash), never a float,
+    bool or text that would key the draws of another value silently."""
+    if not is_int(value):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    return int(value)
+
+
 def key_indices(indices: Any) -> np.ndarray:
     """Sample indices as int64: integers only (a float index would be truncated to another sample's),
     any int taken modulo 2**64 as seeds are (the hash reads the int64's bits: -1 is 2**64 - 1)."""
@@ -66,7 +74,8 @@ def uniforms(seed: int, epoch: int, indices: Any, count: int, *, stream: int = 0
     idx = key_indices(indices).reshape(-1)
     # The hash in native code (csrc/common/keyed_uniforms.h): a batch's draws in microseconds, where
     # the same as numpy passes cost ~0.1 ms. Its definition in numpy: tests/test_keyed.py.
-    return _C.keyed_uniforms(int(seed) & _MASK, int(epoch) & _MASK, int(stream) & _MASK, idx, int(count))
+    return _C.keyed_uniforms(key_int(seed, "seed") & _MASK, key_int(epoch, "epoch") & _MASK,
+                             key_int(stream, "stream") & _MASK, idx, int(count))
 
 
 def normals(keys: np.ndarray, counters: np.ndarray) -> np.ndarray:

@@ -35,7 +35,8 @@ from gpupipe._args import finite_number, is_python_int
 from gpupipe._errors import SkippedSamplesWarning, brief, import_extra
 from gpupipe._backends import cpu, hybrid
 from gpupipe._transfer import to_device
-from gpupipe.decode_types import BatchStatus, HeaderInfos, Route, as_int, check_thread_count
+from gpupipe.decode_types import (BatchStatus, HeaderInfos, Route, as_int, check_thread_count, epoch_number,
+                                  seed_number)
 from gpupipe.crops import CropSampler
 from gpupipe._exit import call_scope
 from gpupipe._read_pool import ReadPool
@@ -471,11 +472,9 @@ class Loader:
                  augment_threads: Optional[int] = None, apply_exif_orientation: bool = False,
                  decode_shares: Optional[dict] = None, lookahead: bool = True,
                  read_timeout: Optional[float] = 60.0):
-        batch_size, seed = as_int("batch_size", batch_size), as_int("seed", seed)
+        batch_size, seed = as_int("batch_size", batch_size), seed_number(seed)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
         if num_threads is not None:
             check_thread_count("num_threads", num_threads)
         if not isinstance(crop, CropSampler):
@@ -714,8 +713,9 @@ class Loader:
     # --- sampling ---------------------------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        """Selects the epoch's order (and each rank's shard), as ``DistributedSampler.set_epoch``."""
-        self.epoch = int(epoch)
+        """Selects the epoch's order (and each rank's shard), as ``DistributedSampler.set_epoch``:
+        an int >= 0 (a float would be truncated to another epoch's samples and draws)."""
+        self.epoch = epoch_number(epoch)
 
     def indices(self) -> np.ndarray:
         """This rank's sample indices for the current epoch, in order (``DistributedSampler``)."""

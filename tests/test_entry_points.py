@@ -123,6 +123,46 @@ def test_failures_reach_the_caller_with_kind_and_key(messy_folder):
     assert image.shape == (3, 40, 48) and not image.any()
 
 
+@pytest.mark.filterwarnings("ignore::gpupipe.SkippedSamplesWarning", "ignore::gpupipe.JpegWarning")
+def test_seeds_epochs_and_indices_are_whole_numbers_everywhere(messy_folder):
+    """A float, text or bool seed or epoch keyed another value's draws silently (1.5 was 1, "3" was
+    3) in the samplers, the native plan, DecodeCropDataset and Loader.set_epoch; ds[-1] was keyed as
+    index 2**64 - 1 (another crop of the last file). Now TypeErrors, negative indices as a list's."""
+    from gpupipe.routing import plan_batch
+
+    src = sources.ImageFolder(messy_folder)
+    from pathlib import Path
+
+    datas = [Path(k).read_bytes() for k in src.keys[:3]]
+    samplers = [CROP, crops.RandomCrop(8), crops.CenterCrop(8), crops.Resize(8), crops.ResizeCenterCrop(8, 10)]
+    for bad in (1.5, "3", True, None):
+        for sampler in samplers[:2]:
+            for kw in ({"seed": bad}, {"epoch": bad}):
+                with pytest.raises(TypeError, match="(seed|epoch) must be an int"):
+                    sampler.boxes([100], [120], **kw)
+                with pytest.raises(TypeError, match="(seed|epoch) must be an int"):
+                    plan_batch(datas, sampler, sampler.decode_options(), indices=[0, 1, 2], **{"seed": 0, "epoch": 0, **kw})
+        with pytest.raises(TypeError, match="seed must be an int"):
+            gpupipe.data.DecodeCropDataset(src, CROP, seed=bad)
+        for epochs in (gpupipe.data.DecodeCropDataset(src, CROP), gpupipe.Loader(src, batch_size=2, crop=CROP)):
+            with pytest.raises(TypeError, match="epoch must be an int"):
+                epochs.set_epoch(bad)
+    for sampler in samplers:  # numpy ints are ints
+        assert np.array_equal(sampler.boxes([100], [120], seed=np.int64(3), epoch=np.uint8(2)),
+                              sampler.boxes([100], [120], seed=3, epoch=2))
+    with pytest.raises(ValueError, match="seed must be >= 0"):
+        gpupipe.data.DecodeCropDataset(src, CROP, seed=-1)  # (as the Loader refuses it)
+    with pytest.raises(ValueError, match="epoch must be >= 0"):
+        gpupipe.Loader(src, batch_size=2, crop=CROP).set_epoch(-1)
+    ds = gpupipe.data.DecodeCropDataset(src, CROP, seed=5)
+    n = len(ds)
+    last = next(k for k in range(n - 1, -1, -1) if ds[k])
+    assert torch.equal(ds[last - n][0], ds[last][0]) and torch.equal(ds[np.int64(last)][0], ds[last][0])
+    for bad, error in ((n, IndexError), (-n - 1, IndexError), (True, TypeError), (1.0, TypeError)):
+        with pytest.raises(error, match="DecodeCropDataset ind"):
+            ds[bad]
+
+
 @pytest.mark.filterwarnings("ignore::gpupipe.SkippedSamplesWarning")
 @pytest.mark.parametrize("position", ["first", "later"])
 def test_default_collate_takes_good_batches_and_names_a_skipped_sample(messy_folder, position):

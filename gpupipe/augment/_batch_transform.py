@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from gpupipe import keyed
 from gpupipe._args import is_int, is_number
 from gpupipe.augment._keyed_module import KeyedModule
-from gpupipe.augment._keyed_params import GeneratorLike, check_count, key_int
+from gpupipe.augment._keyed_params import GeneratorLike, check_count
+from gpupipe.keyed import key_int
 
 
 def batch_rng(stream: int, n: int, generator: Optional[torch.Generator], seed: Optional[int], epoch: Optional[int],

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from gpupipe import keyed
-from gpupipe.keyed import key_indices
 from gpupipe._args import is_int
+from gpupipe.keyed import key_indices, key_int
 
 GeneratorLike = Union[torch.Generator, int, None]
 
@@ -104,14 +104,6 @@ def draw_uniforms(n: int, count: int, *, stream: int, owner: GeneratorOwner, see
             raise ValueError(f"indices must have {n} entries (one per sample), got shape {tuple(idx.shape)}")
     u = keyed.uniforms(seed, epoch, idx, count, stream=stream)
     return torch.from_numpy(u)
-
-
-def key_int(value: Any, name: str) -> int:
-    """A seed or epoch: an int (numpy's too; taken modulo 2**64 by the hash), never a float or text
-    that would key the draws of another value silently."""
-    if not is_int(value):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    return int(value)
 
 
 def check_params(params: Any, n: int, shapes: Mapping[str, tuple], dtypes: Mapping[str, torch.dtype]) -> dict:
