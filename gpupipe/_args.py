@@ -39,6 +39,14 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 
 
+def flag(value: Any, name: str) -> bool:
+    """A yes/no argument: a bool (numpy's too). Anything else is a TypeError naming it: ``None``, 2
+    or ``"no"`` were taken as their truth value (``"no"`` as True)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
 # --- numbers ---------------------------------------------------------------------------------------
 
 

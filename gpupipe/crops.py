@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from gpupipe import _C, keyed
-from gpupipe._args import Size, is_int, positive_pair, size_pair
+from gpupipe._args import Size, flag, is_int, positive_pair, size_pair
 from gpupipe.decode_types import DecodeOptions
 from gpupipe.keyed import _MASK, key_int, uniforms
 
@@ -198,7 +198,7 @@ class ResizeCenterCrop(CropSampler):
 
     def __init__(self, crop_size: Size = 224, resize_size: Size = 256, *, dct_scaling: bool = False):
         self.size = size_pair(crop_size, "crop_size")
-        self.dct_scaling = bool(dct_scaling)
+        self.dct_scaling = flag(dct_scaling, "dct_scaling")
         if is_int(resize_size):
             if resize_size < 1:
                 raise ValueError(f"resize_size must be positive, got {resize_size}")

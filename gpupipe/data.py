@@ -45,6 +45,9 @@ class DecodeCropDataset(torch.utils.data.Dataset):
         if not all(hasattr(source, a) for a in ("keys", "labels", "read", "__len__")):
             raise TypeError(f"DecodeCropDataset needs a map-style source (keys, labels, read, len: ImageFolder, "
                             f"FileList), got {type(source).__name__}; stream TarShards with gpupipe.Loader")
+        if not isinstance(crop, CropSampler):
+            raise TypeError("crop must be a gpupipe.crops sampler (RandomResizedCrop, CenterCrop, ...), got "
+                            f"{type(crop).__name__}")
         self.source = source
         self.crop = crop
         self.seed = seed_number(seed)  # (the Loader's rule: the same samples for the same arguments)
@@ -136,10 +139,20 @@ def collate(batch):
     if not batch:
         return torch.empty((0, 3, 0, 0), dtype=torch.uint8), torch.empty(0, dtype=torch.int64)
     images, labels = zip(*batch)
-    out = torch.empty((len(images), *images[0].shape), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+    shape = tuple(images[0].shape) if isinstance(images[0], torch.Tensor) else None
+    for i, img in enumerate(images):  # (copy_ would cast a float image to uint8 or broadcast a smaller one)
+        if not isinstance(img, torch.Tensor) or img.dtype != torch.uint8 or img.dim() != 3 or tuple(img.shape) != shape:
+            got = f"{img.dtype} {list(img.shape)}" if isinstance(img, torch.Tensor) else type(img).__name__
+            raise ValueError(f"collate stacks uint8 [C, H, W] images of one shape ({list(shape or [])} first); "
+                             f"sample {i} is {got}")
+    label_array = np.asarray(labels)
+    if label_array.dtype.kind not in "iu" or label_array.shape != (len(labels),):
+        raise ValueError(f"collate takes one integer label per sample, got {label_array.dtype} "
+                         f"{list(label_array.shape)}")
+    out = torch.empty((len(images), *shape), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
     for i, img in enumerate(images):
         out[i].copy_(img)
-    return out, torch.as_tensor(np.asarray(labels, dtype=np.int64))
+    return out, torch.from_numpy(label_array.astype(np.int64))
 
 
 __all__ = ["DecodeCropDataset", "SkippedSample", "collate"]

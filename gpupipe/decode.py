@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
 from gpupipe import backends
-from gpupipe._args import size_pair
+from gpupipe._args import flag, is_number, size_pair
 from gpupipe._backends import cpu
-from gpupipe.decode_types import MODES, DecodeOptions, Route, check_thread_count
+from gpupipe.decode_types import MODES, DecodeOptions, Route, check_non_jpeg, check_thread_count
 from gpupipe._errors import ErrorKind, NotAJpegError
 from gpupipe._exit import call_scope
 from gpupipe.limits import check_output_size
@@ -27,6 +28,11 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"mode must be 'rgb' or 'gray', got {mode!r}")
 
 
+def _flags(strict: Any, dct_scaling: Any, window: Any, apply_exif_orientation: Any) -> tuple:
+    return (flag(strict, "strict"), flag(dct_scaling, "dct_scaling"), flag(window, "window"),
+            flag(apply_exif_orientation, "apply_exif_orientation"))
+
+
 def _output_size(size: Size) -> tuple[int, int]:
     """(height, width): positive ints (:func:`gpupipe._args.size_pair`, the crop samplers' rule:
     ``2.7`` is an error, not 2) within the output limit."""
@@ -37,9 +43,12 @@ def _output_size(size: Size) -> tuple[int, int]:
 
 def _box(top, left, height, width, resize: bool) -> tuple:
     """The box as whole pixels, or as floats when it is resized (a fractional box is resampled
-    exactly); a fractional crop without a resize is an error."""
+    exactly); a fractional crop without a resize is an error, so is a value that is no number."""
     if not resize and type(top) is type(left) is type(height) is type(width) is int:
         return top, left, height, width  # the common case, checked by the decoder
+    for name, v in (("top", top), ("left", left), ("height", height), ("width", width)):
+        if not is_number(v):  # (float("3") and float(True) would decode a box nobody meant)
+            raise TypeError(f"{name} must be a number, got {v!r}")
     box = tuple(float(v) for v in (top, left, height, width))
     if resize:
         return box
@@ -116,11 +125,13 @@ def decode_crop_jpeg(
         torch.Size([3, 20, 30])
     """
     _check_mode(mode)
+    strict, dct_scaling, window, apply_exif_orientation = _flags(strict, dct_scaling, window, apply_exif_orientation)
+    check_non_jpeg(non_jpeg)
     if window and size is None:
         raise ValueError("window=True resamples a box to an output size: pass size=(h, w)")
     box = _box(top, left, height, width, resize=size is not None)
     out_hw = _output_size(size) if size is not None else (box[2], box[3])  # (a crop's is checked when decoded)
-    device = torch.device(device)
+    device = torch.device("cpu" if device is None else device)
     name = backends.resolve(backend, device)
 
     def batch_path():
@@ -218,15 +229,39 @@ class DecodedBatch:
                 f"fallback={len(self.fallback)})")
 
 
-def _boxes_array(boxes: Any, n: int) -> np.ndarray:
-    """int64 [N, 4], or float64 [N, 4] for fractional boxes (resized exactly from the box)."""
+def _boxes_array(boxes: Any, n: int, resize: bool) -> np.ndarray:
+    """int64 [N, 4], or float64 [N, 4] for fractional boxes (resized exactly from the box). A box
+    that is no box whatever the image (not finite, a negative corner, an empty side, fractional
+    without a resize) is the caller's mistake: a ValueError naming it, before anything is decoded."""
     if isinstance(boxes, torch.Tensor):
         boxes = boxes.detach().cpu().numpy()
     arr = np.asarray(boxes)
-    arr = np.ascontiguousarray(arr, dtype=np.float64 if arr.dtype.kind == "f" else np.int64)
+    if n == 0 and arr.size == 0:
+        return np.zeros((0, 4), np.int64)
+    if arr.dtype.kind not in "iuf":  # bools, text, objects (None, ints past 64 bits)
+        raise TypeError(f"boxes must be numbers (top, left, height, width), got an array of {arr.dtype}")
     if arr.shape != (n, 4):
         raise ValueError(f"boxes must have shape [{n}, 4] (top, left, height, width), got {arr.shape}")
+    if arr.dtype.kind == "f":
+        arr = np.ascontiguousarray(arr, dtype=np.float64)
+        _refuse_boxes(arr, ~np.isfinite(arr).all(axis=1), "is not finite")
+        if not resize:
+            _refuse_boxes(arr, (arr != np.floor(arr)).any(axis=1), "is fractional: only a resized box (size=...) may be")
+            arr = arr.astype(np.int64)  # (whole floats are whole pixels)
+    elif arr.dtype.kind == "u":
+        _refuse_boxes(arr, (arr > np.iinfo(np.int64).max).any(axis=1), "is past int64")
+    arr = np.ascontiguousarray(arr, dtype=arr.dtype if arr.dtype == np.float64 else np.int64)
+    _refuse_boxes(arr, (arr[:, :2] < 0).any(axis=1) | (arr[:, 2:] <= 0).any(axis=1),
+                  "has a negative corner or an empty side")
     return arr
+
+
+def _refuse_boxes(boxes: np.ndarray, bad: np.ndarray, why: str) -> None:
+    rows = np.flatnonzero(bad)
+    if len(rows):
+        i = int(rows[0])
+        raise ValueError(f"boxes[{i}] = {boxes[i].tolist()} (top, left, height, width) {why}"
+                         + (f"; {len(rows)} such boxes" if len(rows) > 1 else ""))
 
 
 def _output_buffer(out: Optional[torch.Tensor], n: int, h: int, w: int, c: int, device: torch.device) -> torch.Tensor:
@@ -326,13 +361,20 @@ def decode_crop_jpegs(
     with call_scope():  # an exiting interpreter waits for this call (gpupipe._exit)
         _check_mode(mode)
         check_on_error(on_error)
+        strict, dct_scaling, window, apply_exif_orientation = _flags(strict, dct_scaling, window,
+                                                                     apply_exif_orientation)
         if window and size is None:
             raise ValueError("window=True resamples a box to an output size: pass size=(h, w)")
-        if isinstance(datas, (bytes, bytearray, memoryview)):
+        if isinstance(datas, (bytes, bytearray, memoryview, np.ndarray, torch.Tensor)):
             raise TypeError("datas must be a sequence of encoded images, not a single buffer")
-        datas = datas if isinstance(datas, (list, tuple)) else list(datas)
+        if not isinstance(datas, (list, tuple)):
+            if not isinstance(datas, Iterable):
+                raise TypeError(f"datas must be a sequence of encoded images, got {type(datas).__name__}")
+            datas = list(datas)
         n = len(datas)
-        box_arr = _boxes_array(boxes, n)
+        box_arr = _boxes_array(boxes, n, resize=size is not None)
+        if out is not None and not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor (or None), got {type(out).__name__}")
         if size is None:
             if n and not ((box_arr[:, 2] == box_arr[0, 2]).all() and (box_arr[:, 3] == box_arr[0, 3]).all()):
                 raise ValueError("boxes differ in size: pass size=(h, w) to resize each to one size")

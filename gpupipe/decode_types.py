@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from gpupipe import _C
-from gpupipe._args import is_int
+from gpupipe._args import flag, is_int
 from gpupipe._errors import ErrorKind
 
 MODES = {"rgb": 0, "gray": 1}
@@ -46,6 +46,11 @@ def as_int(name: str, value: Any) -> int:
     if not is_int(value):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     return int(value)
+
+
+def check_non_jpeg(non_jpeg: Any) -> None:
+    if non_jpeg not in ("pillow", "error"):
+        raise ValueError(f"non_jpeg must be 'pillow' or 'error', got {non_jpeg!r}")
 
 
 def seed_number(value: Any) -> int:
@@ -109,10 +114,11 @@ class DecodeOptions:
     device: torch.device = torch.device("cpu")
 
     def __post_init__(self):
+        for name in ("resize", "strict", "dct_scaling", "window", "apply_exif_orientation"):
+            object.__setattr__(self, name, flag(getattr(self, name), name))
         if self.mode not in MODES:
             raise ValueError(f"mode must be 'rgb' or 'gray', got {self.mode!r}")
-        if self.non_jpeg not in ("pillow", "error"):
-            raise ValueError(f"non_jpeg must be 'pillow' or 'error', got {self.non_jpeg!r}")
+        check_non_jpeg(self.non_jpeg)
         check_thread_count("num_threads", self.num_threads, default_ok=True)
 
     @property

@@ -166,6 +166,69 @@ def test_argument_errors(batch):
 def test_empty_batch():
     r = gpupipe.decode_crop_jpegs([], np.zeros((0, 4), np.int64), size=(8, 8))
     assert r.images.shape == (0, 3, 8, 8) and r.ok.shape == (0,)
+    assert gpupipe.decode_crop_jpegs([], [], size=(8, 8)).images.shape == (0, 3, 8, 8)  # (was "shape [0, 4]")
+
+
+def test_arguments_that_are_no_arguments_are_named_before_anything_is_decoded(batch):
+    """API audit: flags took any truth value ("no" was True), boxes of text or bools decoded, a NaN
+    or negative box or a fractional one without a resize failed its sample alone (silently under
+    on_error="skip"), None / numpy outputs were AttributeErrors; each is now a TypeError or
+    ValueError naming the argument, and out is left as it was."""
+    datas, boxes = batch[:4], boxes_for(batch[:4])
+    out = torch.full((4, 64, 80, 3), 7, dtype=torch.uint8)
+
+    def refused(error, match, *args, **kw):
+        with pytest.raises(error, match=match):
+            gpupipe.decode_crop_jpegs(*args, **{"out": out, **kw})
+        assert (out == 7).all()
+
+    for name in ("strict", "dct_scaling", "window", "apply_exif_orientation"):
+        for bad in (None, 2, "no", []):
+            refused(TypeError, f"{name} must be True or False", datas, boxes, **{name: bad})
+            with pytest.raises(TypeError, match=f"{name} must be True or False"):
+                gpupipe.decode_crop_jpeg(datas[0], 0, 0, 8, 8, **{name: bad})
+    assert gpupipe.decode_crop_jpegs(datas, boxes, strict=np.bool_(False)).ok.all()
+    for bad in (boxes.astype(bool), boxes.astype(str), None, (b for b in boxes), [[2**70, 0, 8, 8]] * 4):
+        refused(TypeError, "boxes must be numbers", datas, bad)
+    for k, (value, why) in enumerate([(np.nan, "not finite"), (-1, "negative corner"), (0, "empty side"),
+                                      (0.5, "fractional")]):
+        bad = boxes.astype(np.float64)
+        bad[k % 4, 2 if value == 0 else 0] = value
+        refused(ValueError, rf"boxes\[{k % 4}\] = .*{why}", datas, bad, on_error="skip")
+    bad = boxes.astype(np.uint64)
+    bad[1, 0] = 2**63 + 1
+    refused(ValueError, r"boxes\[1\] .*past int64", datas, bad)
+    whole = boxes.astype(np.float64)  # whole floats are whole pixels
+    assert torch.equal(gpupipe.decode_crop_jpegs(datas, whole).images, gpupipe.decode_crop_jpegs(datas, boxes).images)
+    refused(TypeError, "sequence of encoded images", None, boxes)
+    refused(TypeError, "not a single buffer", np.frombuffer(datas[0], np.uint8), boxes[:1])
+    with pytest.raises(TypeError, match="out must be a torch.Tensor"):
+        gpupipe.decode_crop_jpegs(datas, boxes, out=np.zeros((4, 64, 80, 3), np.uint8))
+    with pytest.raises(TypeError, match="top must be a number"):
+        gpupipe.decode_crop_jpeg(datas[0], "3", True, "8", "8")
+    with pytest.raises(ValueError, match="non_jpeg must be"):
+        gpupipe.decode_crop_jpeg(datas[0], 0, 0, 8, 8, non_jpeg="bogus")
+    assert gpupipe.decode_crop_jpeg(datas[0], 0, 0, 8, 8, device=None).shape == (3, 8, 8)
+    with pytest.raises(TypeError, match="dct_scaling must be True or False"):
+        gpupipe.crops.ResizeCenterCrop(224, 256, dct_scaling="no")
+
+
+def test_collate_and_the_dataset_name_what_they_cannot_take():
+    """data.collate cast a float image to uint8 (zeros for [0, 1) values) and a float label to
+    int64; DecodeCropDataset(crop=None) failed later with an AttributeError."""
+    from gpupipe import data, sources
+
+    good = (torch.zeros((3, 4, 4), dtype=torch.uint8), 1)
+    images, labels = data.collate([good, good])
+    assert images.shape == (2, 3, 4, 4) and labels.tolist() == [1, 1]
+    for bad, match in (((torch.rand(3, 4, 4), 1), "sample 1 is torch.float32"),
+                       ((torch.zeros((3, 2, 4), dtype=torch.uint8), 1), r"sample 1 is torch.uint8 \[3, 2, 4\]"),
+                       ((np.zeros((3, 4, 4), np.uint8), 1), "sample 1 is ndarray"),
+                       ((good[0], 1.5), "one integer label per sample")):
+        with pytest.raises(ValueError, match=match):
+            data.collate([good, bad])
+    with pytest.raises(TypeError, match="crop must be a gpupipe.crops sampler"):
+        data.DecodeCropDataset(sources.FileList(["a.jpg"], [0]), None)
 
 
 def test_pools_are_kept_per_size_and_shut_down(batch):
