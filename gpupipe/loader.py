@@ -190,12 +190,18 @@ def _add_engine_seconds(totals: dict, measured: dict) -> None:
             was[k] += v
 
 
-def _report_losses(loader: "Loader", st: _Stats, epoch: int, left_after: Optional[int] = None) -> None:
+_UNVERIFIED_STREAM = "0:00000000"  # what states of before 2026-11-28 recorded for a custom stream
+
+
+def _report_losses(loader: "Loader", st: _Stats, epoch: int, left_after: Optional[int] = None,
+                   first_batch: int = 0) -> None:
     """Once an epoch: one SkippedSamplesWarning counting what its delivered batches skipped or
     replaced, by kind, when it ends, when its last batch is delivered, or when an iteration is left
     before (``left_after`` batches: a break, an error, a closed iterator); a ValueError when the
     whole epoch was tried and none delivered (a crop larger than every image, an unreadable
-    dataset), which torchvision would have raised at its first sample."""
+    dataset), which torchvision would have raised at its first sample. An iteration resumed at
+    ``first_batch`` > 0 tried only the epoch's rest: its batches before were delivered by another
+    run, so it warns (a rank that raised would leave the others waiting in a collective)."""
     with st.lock:
         if st.losses_reported:
             return
@@ -208,7 +214,7 @@ def _report_losses(loader: "Loader", st: _Stats, epoch: int, left_after: Optiona
         kinds[f.kind.name] = kinds.get(f.kind.name, 0) + 1
     by_kind = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
     first = f"first: {lost[0].key!r}: {lost[0].message}"
-    if loader.on_error == "skip" and delivered == 0 and left_after is None:
+    if loader.on_error == "skip" and delivered == 0 and left_after is None and first_batch == 0:
         raise ValueError(f"gpupipe.Loader epoch {epoch} delivered no image: all {len(lost)} samples failed "
                          f"({by_kind}); {first}")
     done = "skipped" if loader.on_error == "skip" else "replaced by zero images"
@@ -529,8 +535,9 @@ class Loader:
         self.epoch = 0
         self._stats = _Stats()
         self._resume: Optional[tuple[int, int]] = None  # (epoch, first batch) of a restored run
-        self._fingerprint: Optional[str] = None
+        self._fingerprint: Optional[tuple] = None  # (what it was made from, the keys, the text)
         self._done = (0, 0)  # (epoch, batches yielded) of the latest iteration
+        self._position_owner: Any = None  # weakref to the iterator whose batches _done counts (None after a load)
         self._rings: list = []  # host buffers, passed from epoch to epoch (two: an epoch and the one ahead)
         self._recycled: Optional[_Recycled] = None
         self._arenas: Optional[Arenas] = None  # read buffers, kept across epochs
@@ -714,8 +721,11 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Selects the epoch's order (and each rank's shard), as ``DistributedSampler.set_epoch``:
-        an int >= 0 (a float would be truncated to another epoch's samples and draws)."""
+        an int >= 0 (a float would be truncated to another epoch's samples and draws). Another
+        epoch than the position's moves state_dict() to its start, where the next iteration begins."""
         self.epoch = epoch_number(epoch)
+        if self._done[0] != self.epoch:
+            self._done = (self.epoch, 0)
 
     def indices(self) -> np.ndarray:
         """This rank's sample indices for the current epoch, in order (``DistributedSampler``)."""
@@ -746,7 +756,10 @@ class Loader:
         epoch, done = self._done
         state = {"version": 1, "epoch": epoch, "batches": done, "seed": self.seed, "shuffle": self.shuffle,
                  "batch_size": self.batch_size, "drop_last": self.drop_last, "rank": self.rank,
-                 "world_size": self.world_size, "crop": repr(self.crop), "source": self._source_fingerprint()}
+                 "world_size": self.world_size, "crop": repr(self.crop), "source": self._source_fingerprint(),
+                 "apply_exif_orientation": self.options.apply_exif_orientation}
+        if isinstance(self.source, MapSource):  # (the same files with other labels are another dataset)
+            state["labels"] = f"{zlib.crc32(np.ascontiguousarray(labels_of(self.source)).tobytes()):08x}"
         if self.backend == "hybrid" and self.decode_shares is None:
             # every epoch's shares (its routes, when it runs again), and the next epoch's tuning
             state["decode_shares"] = {"epochs": {e: v.as_dict() for e, v in sorted(self._shares.items())},
@@ -758,11 +771,20 @@ class Loader:
         return state
 
     def _source_fingerprint(self) -> str:
-        """What identifies the dataset: its length and a hash of its keys (map-style), its shards."""
-        if self._fingerprint is None:
-            keys = self.source.keys if isinstance(self.source, MapSource) else getattr(self.source, "paths", [])
-            self._fingerprint = f"{len(keys)}:{zlib.crc32(chr(10).join(map(str, keys)).encode()):08x}"
-        return self._fingerprint
+        """What identifies the dataset: its length and a hash of its keys (map-style), its shards; a
+        custom stream: its class and what its ``fingerprint()`` returns, when it has one. Made again
+        when the keys change (a KeyList counts changes in place)."""
+        source = self.source
+        keys = source.keys if isinstance(source, MapSource) else getattr(source, "paths", None)
+        made_from = (id(keys), getattr(keys, "changes", None), None if keys is None else len(keys))
+        if self._fingerprint is None or self._fingerprint[0] != made_from:
+            if keys is None:
+                own = getattr(source, "fingerprint", None)
+                text = f"{type(source).__qualname__}:{own() if callable(own) else ''}"
+            else:
+                text = f"{len(keys)}:{zlib.crc32(chr(10).join(map(str, keys)).encode()):08x}"
+            self._fingerprint = (made_from, keys, text)  # (keys held: their id is not reused meanwhile)
+        return self._fingerprint[2]
 
     def load_state_dict(self, state: dict) -> None:
         """Resumes at the batch after those ``state`` counted, in ``state["epoch"]`` (which
@@ -776,7 +798,9 @@ class Loader:
         mine = self.state_dict()
         # (a state of before the hybrid backend, or of before its split: the keyed split)
         # (a state of before the stream's settings were recorded: taken as this Loader's)
-        missing = [k for k in mine if k not in state and k not in ("decode_shares", "hybrid_split", "stream")]
+        # (a state of before the labels and the orientation were recorded: taken as this Loader's)
+        optional = ("decode_shares", "hybrid_split", "stream", "labels", "apply_exif_orientation")
+        missing = [k for k in mine if k not in state and k not in optional]
         if missing:
             raise ValueError(f"the Loader state lacks {', '.join(missing)}")
         for k in mine:
@@ -784,7 +808,11 @@ class Loader:
                 raise ValueError(f"the Loader state's {k}={state[k]!r} is not a {type(mine[k]).__name__}")
         if state["version"] != 1:
             raise ValueError(f"unknown Loader state version {state['version']!r}")
-        for k in ("seed", "shuffle", "batch_size", "drop_last", "rank", "world_size", "crop", "source", "stream"):
+        if state["source"] == _UNVERIFIED_STREAM and not hasattr(self.source, "paths") and not isinstance(
+                self.source, MapSource):
+            state = {**state, "source": mine["source"]}  # a custom stream's state of before its class was recorded
+        for k in ("seed", "shuffle", "batch_size", "drop_last", "rank", "world_size", "crop", "source", "stream",
+                  "labels", "apply_exif_orientation"):
             if k in mine and state.get(k, mine[k]) != mine[k]:
                 raise ValueError(f"the state was taken with {k}={state[k]!r}, this Loader has {k}={mine[k]!r}")
         epoch, batches = int(state["epoch"]), int(state["batches"])
@@ -820,9 +848,12 @@ class Loader:
             self._shares, self._next_shares, self._unmeasured = history, after, {}
         if "hybrid_split" in mine:
             self._splits = {epoch: split}  # the resumed epoch routes as it did; later ones follow hybrid.SPLIT
+        if isinstance(self.source, MapSource) and batches == total:
+            batches = 0  # a delivered epoch is whole (a state of before this rule): its next iteration starts it
         self.epoch = epoch
         self._resume = (epoch, batches)
         self._done = (epoch, batches)
+        self._position_owner = None  # an iteration still running does not move the loaded position
 
     # --- reporting --------------------------------------------------------------------------------
 
@@ -1455,6 +1486,8 @@ class _LoaderIterator:
             loader._stats.pool_busy_started = _C.decode_busy_seconds()
             self.epoch = _Epoch(loader, first_batch, loader.epoch, loader._stats)
         loader._done = (loader.epoch, first_batch)
+        # (an older iterator still running no longer moves the position; weak: a dropped iterator stops)
+        loader._position_owner = weakref.ref(self)
         self._outcome = {"complete": False, "delivered": False}
         self._finalizer = weakref.finalize(self, _end_iteration, loader, self.epoch, self._outcome)
         self._looked_ahead = False
@@ -1488,29 +1521,39 @@ class _LoaderIterator:
             item = next(self.epoch.engine)
             done = item if isinstance(item, _Finished) else self.epoch.finish(item)
         except StopIteration:
-            self.l._done = (self.epoch.epoch_number, 0)  # the epoch is complete: a restored run starts it over
+            self._set_position(0)  # the epoch is complete: a restored run starts it over
             self._outcome["complete"] = True
             self.close()
             if self.l.backend == "hybrid":
                 self.l._retune(st)
-            _report_losses(self.l, st, self.epoch.epoch_number)  # (raises when none was delivered: no epoch ahead)
+            # (raises when none of a whole epoch was delivered: no epoch ahead)
+            _report_losses(self.l, st, self.epoch.epoch_number, first_batch=self.epoch.first_batch)
             self._look_ahead()
             raise
         except BaseException:
             self.close()
             raise
         self.done += 1
-        self.l._done = (self.epoch.epoch_number, self.done)
         if self._epoch_batches is not None and self.done >= self._epoch_batches:
             self._outcome["delivered"] = True  # (not "complete": the epoch ahead is still re-tuned on it)
+        # a delivered epoch is whole, whether or not the caller asks for one more (zip, islice): a
+        # restored run's next iteration is that epoch from its start, as this Loader's would be
+        self._set_position(0 if self._outcome["delivered"] else self.done)
         st.record(done.batch, done.images.shape[0], self.l.on_error)  # counted when delivered
         if self._outcome["delivered"]:  # (the caller may never ask for one more: zip, islice)
-            _report_losses(self.l, st, self.epoch.epoch_number)
+            _report_losses(self.l, st, self.epoch.epoch_number, first_batch=self.epoch.first_batch)
         if self._bar is not None:
             self._bar.update(1)
         if self.epoch.read_all:
             self._look_ahead()
         return done.images, done.labels
+
+    def _set_position(self, batches: int) -> None:
+        """Where state_dict() says the Loader stands, while this is its latest iteration (a state
+        loaded since, or a newer iteration, owns the position)."""
+        owner = self.l._position_owner
+        if owner is not None and owner() is self:
+            self.l._done = (self.epoch.epoch_number, batches)
 
     def _look_ahead(self) -> None:
         if self._looked_ahead or not self.l.lookahead:

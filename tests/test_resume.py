@@ -221,3 +221,106 @@ def test_a_compiled_augmentation_stays_keyed(folder):
         return next(iter(loader))[0]
 
     assert torch.equal(first_batch(1), first_batch(2))
+
+
+# --- the resume audit's findings (2026-11-28) ------------------------------------------------------
+
+def corrupt_tail_list(root: Path, n: int = 5) -> sources.FileList:
+    from helpers import encode, photo
+
+    paths = []
+    for i in range(n):
+        p = root / f"{i}.jpg"
+        p.write_bytes(b"\xff\xd8\xff\xdb" + bytes(300) if i == n - 1 else encode(photo(40, 40)))
+        paths.append(str(p))
+    return sources.FileList(paths, list(range(n)))
+
+
+@pytest.mark.filterwarnings("ignore::gpupipe.SkippedSamplesWarning")
+def test_a_resumed_epoch_whose_rest_failed_yields_its_empty_batch(tmp_path):
+    """Resumed before a last batch of only failed samples, the Loader raised 'delivered no image'
+    (the earlier batches were another run's): one rank of a gloo job raised, the others hung up."""
+    src = corrupt_tail_list(tmp_path)
+
+    def make():
+        return gpupipe.Loader(src, batch_size=1, crop=crops.CenterCrop(24), shuffle=False, num_threads=1)
+
+    whole = [tuple(x.shape) for x, _ in make()]
+    a = make()
+    it = iter(a)
+    [next(it) for _ in range(4)]
+    state = a.state_dict()
+    it.close()
+    b = make()
+    b.load_state_dict(state)
+    with pytest.warns(gpupipe.SkippedSamplesWarning, match="1 of 1 samples skipped"):
+        rest = [tuple(x.shape) for x, _ in b]
+    assert rest == whole[4:] == [(0, 3, 24, 24)]
+    with pytest.raises(ValueError, match="delivered no image"):  # a whole epoch of failures still raises
+        list(gpupipe.Loader(sources.FileList(src.keys[4:], [0]), batch_size=1, crop=crops.CenterCrop(24)))
+
+
+def test_the_position_follows_the_loaded_state_the_epoch_delivered_and_set_epoch(folder):
+    """A state loaded while an iteration runs is not moved by that iterator; an epoch whose last
+    batch was delivered (zip, islice) is whole; set_epoch to another epoch is its start."""
+    a = make_loader(sources.ImageFolder(folder))
+    it = iter(a)
+    next(it)
+    b = make_loader(sources.ImageFolder(folder))
+    ib = iter(b)
+    [next(ib) for _ in range(5)]
+    a.load_state_dict(b.state_dict())
+    next(it)  # the stale iterator runs on; the position stays the loaded one
+    assert (a.state_dict()["epoch"], a.state_dict()["batches"]) == (0, 5)
+    it.close()
+    ib.close()
+    c = make_loader(sources.ImageFolder(folder))
+    delivered = [x.clone() for _, (x, _) in zip(range(len(c)), c)]  # the caller never asks for one more
+    assert len(delivered) == len(c) and c.state_dict()["batches"] == 0
+    d = make_loader(sources.ImageFolder(folder))
+    d.load_state_dict({**c.state_dict(), "batches": len(c)})  # a state of before: a whole epoch too
+    assert len([x for x, _ in d]) == len(c)
+    c.set_epoch(2)
+    assert (c.state_dict()["epoch"], c.state_dict()["batches"]) == (2, 0)
+    e = make_loader(sources.ImageFolder(folder))
+    e.load_state_dict(c.state_dict())
+    e_first, c_first = next(iter(e))[0], next(iter(c))[0]
+    assert torch.equal(e_first, c_first)
+
+
+def test_the_dataset_check_sees_custom_streams_changed_keys_labels_and_orientation(folder, tmp_path):
+    """A custom stream's fingerprint was '0:00000000' whatever it held; keys changed in place kept
+    the old fingerprint; other labels or apply_exif_orientation were not recorded."""
+    class Stream(sources.Source):
+        def __init__(self, files):
+            self.files = files
+
+        def fingerprint(self):
+            return ",".join(self.files)
+
+        def epoch_samples(self, **kw):
+            yield from ()
+
+    def loader(source, **kw):
+        return gpupipe.Loader(source, batch_size=4, crop=crops.CenterCrop(8), **kw)
+
+    state = loader(Stream(["a", "b"])).state_dict()
+    with pytest.raises(ValueError, match="source"):
+        loader(Stream(["a", "c"])).load_state_dict(state)
+    loader(Stream(["a", "b"])).load_state_dict(state)
+    loader(Stream(["a", "b"])).load_state_dict({**state, "source": "0:00000000"})  # a state of before
+    src = sources.ImageFolder(folder)
+    ld = loader(src)
+    state = ld.state_dict()
+    src.keys.reverse()
+    with pytest.raises(ValueError, match="source"):
+        ld.load_state_dict(state)
+    src.keys.reverse()
+    ld.load_state_dict(state)
+    relabelled = sources.FileList(list(src.keys), [(int(v) + 1) % 3 for v in src.labels])
+    with pytest.raises(ValueError, match="labels"):
+        loader(relabelled).load_state_dict(state)
+    with pytest.raises(ValueError, match="apply_exif_orientation"):
+        loader(src, apply_exif_orientation=True).load_state_dict(state)
+    old = {k: v for k, v in state.items() if k not in ("labels", "apply_exif_orientation")}
+    loader(src).load_state_dict(old)  # a state of before they were recorded
