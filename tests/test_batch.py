@@ -1,11 +1,13 @@
 """decode_crop_jpegs: equal to per-sample decodes, in place, every error policy, any thread count."""
 
+import io
 import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 import gpupipe
 from gpupipe import _C
@@ -211,6 +213,10 @@ def test_arguments_that_are_no_arguments_are_named_before_anything_is_decoded(ba
     assert gpupipe.decode_crop_jpeg(datas[0], 0, 0, 8, 8, device=None).shape == (3, 8, 8)
     with pytest.raises(TypeError, match="dct_scaling must be True or False"):
         gpupipe.crops.ResizeCenterCrop(224, 256, dct_scaling="no")
+    png = io.BytesIO()
+    Image.fromarray(photo(20, 30)).save(png, "PNG")
+    r = gpupipe.decode_crop_jpegs([png.getvalue()], np.array([[60, 0, 5, 5]]), on_error="skip")
+    assert "crop box (60, 0, 5, 5) is not inside the image of 30x20" in r.errors[0]  # (was np.int64(60), ...)
 
 
 def test_collate_and_the_dataset_name_what_they_cannot_take():

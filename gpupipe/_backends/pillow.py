@@ -155,12 +155,12 @@ def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: Dec
         t, l, h, w = (float(v) for v in boxes[i])
         H, W = sizes[i]
         if not (math.isfinite(t + l + h + w) and t >= 0 and l >= 0 and h > 0 and w > 0 and h <= H - t and w <= W - l):
-            status.fail(i, ErrorKind.INVALID_ARGUMENT, f"crop box {tuple(boxes[i])} is not inside the image of {W}x{H} "
-                                                       "(width x height)")
+            status.fail(i, ErrorKind.INVALID_ARGUMENT, f"crop box {tuple(boxes[i].tolist())} is not inside the image "
+                                                       f"of {W}x{H} (width x height)")
             continue
         if not options.resize and not all(v == int(v) for v in (t, l, h, w)):
-            status.fail(i, ErrorKind.INVALID_ARGUMENT, f"crop box {tuple(boxes[i])} is fractional: only a resized box "
-                                                       "(size=...) may be")
+            status.fail(i, ErrorKind.INVALID_ARGUMENT, f"crop box {tuple(boxes[i].tolist())} is fractional: only a "
+                                                       "resized box (size=...) may be")
             continue
         try:
             with _quiet_pillow(), _quiet(buffers[i]) as messages:
