@@ -47,6 +47,7 @@ class CropSampler:
     resize: bool
     window: bool = False
     dct_scaling: bool = True  #: with resize: decode boxes >= 2x the size already downscaled (opt out: False)
+    pads: bool = False  #: an image smaller than the crop is zero-padded (:meth:`placement`), not refused
 
     def boxes(self, heights: Any, widths: Any, *, seed: int = 0, epoch: int = 0, indices: Any = None) -> np.ndarray:
         raise NotImplementedError
@@ -65,7 +66,7 @@ class CropSampler:
         h, w = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (heights, widths))
         known = (h > 0) & (w > 0)
         small = {}
-        if not self.resize:
+        if not self.resize and not self.pads:
             th, tw = self.size
             for i in np.flatnonzero(known & ((h < th) | (w < tw))):
                 small[int(i)] = (f"image {w[i]}x{h[i]} (width x height) is smaller than the {tw}x{th} crop of "
@@ -74,6 +75,11 @@ class CropSampler:
         safe_h = np.where(known, h, max(self.size[0], 1))
         safe_w = np.where(known, w, max(self.size[1], 1))
         return self.boxes(safe_h, safe_w, seed=seed, epoch=epoch, indices=self._indices(indices, len(h))), small
+
+    def placement(self, heights: Any, widths: Any) -> np.ndarray:
+        """int64 ``[N, 2]``: where each box sits in its output slot (top, left), the rest of the
+        slot zeros; (0, 0) where the box fills it (every sampler's box but a padding one's)."""
+        return np.zeros((len(_dims(heights, widths)[0]), 2), np.int64)
 
     def _indices(self, indices: Any, n: int) -> np.ndarray:
         if indices is None:
@@ -132,9 +138,12 @@ class RandomCrop(CropSampler):
 
 
 class CenterCrop(CropSampler):
-    """torchvision's ``CenterCrop(size)`` (no padding): offsets ``round((H - h) / 2)``."""
+    """torchvision's ``CenterCrop(size)``: offsets ``round((H - h) / 2)``. An image smaller than
+    the crop in a dimension is zero-padded as torchvision pads it: its whole extent is the box in
+    that dimension, placed at ``(h - H) // 2`` in the output (:meth:`placement`)."""
 
     resize = False
+    pads = True
 
     def __init__(self, size: Size):
         self.size = size_pair(size)
@@ -142,10 +151,14 @@ class CenterCrop(CropSampler):
     def boxes(self, heights, widths, *, seed=0, epoch=0, indices=None):
         H, W = _dims(heights, widths)
         th, tw = self.size
-        _check_fits(H, W, th, tw, type(self).__name__)
-        top = np.round((H - th) / 2.0).astype(np.int64)
-        left = np.round((W - tw) / 2.0).astype(np.int64)
-        return np.stack([top, left, np.full_like(H, th), np.full_like(W, tw)], axis=1)
+        top = np.where(H < th, 0, np.round((H - th) / 2.0)).astype(np.int64)
+        left = np.where(W < tw, 0, np.round((W - tw) / 2.0)).astype(np.int64)
+        return np.stack([top, left, np.minimum(H, th), np.minimum(W, tw)], axis=1)
+
+    def placement(self, heights, widths):
+        H, W = _dims(heights, widths)
+        th, tw = self.size
+        return np.stack([np.where(H < th, (th - H) // 2, 0), np.where(W < tw, (tw - W) // 2, 0)], axis=1)
 
 
 class Resize(CropSampler):

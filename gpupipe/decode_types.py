@@ -228,11 +228,14 @@ class HeaderInfos:
             fields where unreadable; scans and trailing where not counted).
         messages: ``{index: message}`` for unreadable headers.
         pillow: ``{index: (height, width, orientation)}`` of non-JPEG files Pillow reads.
+        pads: ``{index: (top, left)}``: where a box smaller than the output (``CenterCrop`` of a
+            smaller image) sits in its zero-padded slot.
     """
 
     table: np.ndarray
     messages: dict
     pillow: dict = dataclasses.field(default_factory=dict)
+    pads: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_native(cls, table: np.ndarray, failures: list) -> "HeaderInfos":
@@ -273,12 +276,14 @@ class HeaderInfos:
         self.table[i, _COLUMNS["error"]] = int(kind)
         self.messages[int(i)] = message
         self.pillow.pop(int(i), None)
+        self.pads.pop(int(i), None)
 
     def select(self, indices) -> "HeaderInfos":
         idx = np.asarray(indices, dtype=np.int64)
         where = {int(i): k for k, i in enumerate(idx)}
         return HeaderInfos(self.table[idx], {where[i]: m for i, m in self.messages.items() if i in where},
-                           {where[i]: v for i, v in self.pillow.items() if i in where})
+                           {where[i]: v for i, v in self.pillow.items() if i in where},
+                           {where[i]: v for i, v in self.pads.items() if i in where})
 
 
 def read_infos(buffers: Sequence, scans: bool = True) -> HeaderInfos:

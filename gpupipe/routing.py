@@ -89,6 +89,11 @@ def plan_batch(datas: Sequence[Any], crop, options: DecodeOptions, *, seed: int,
     boxes, small = crop.plan(h, w, seed=seed, epoch=epoch, indices=indices)
     for i, message in small.items():
         infos.fail(i, ErrorKind.INVALID_ARGUMENT, message)
+    if crop.pads and not crop.resize:  # boxes smaller than the output: zero-padded around (CenterCrop)
+        known = np.flatnonzero((h > 0) & (w > 0) & ((boxes[:, 2] != options.size[0]) | (boxes[:, 3] != options.size[1])))
+        if len(known):
+            where = crop.placement(h[known], w[known])
+            infos.pads = {int(i): (int(t), int(l)) for i, (t, l) in zip(known, where)}
     return buffers, infos, boxes
 
 
@@ -162,18 +167,23 @@ class _Keyed:
 
 def straight(infos: HeaderInfos, options: DecodeOptions) -> bool:
     """Whether a batch goes straight to its backend, every sample into its own slot: every header a
-    readable JPEG's, no EXIF orientation to apply (else _decode_mixed sorts it out)."""
-    return not options.apply_exif_orientation and not infos.kind.any()
+    readable JPEG's, no EXIF orientation to apply, no box to pad (else _decode_mixed sorts it out)."""
+    return not options.apply_exif_orientation and not infos.kind.any() and not infos.pads
 
 
 def _decode_mixed(buffers: list, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions, infos: HeaderInfos,
                   backend) -> BatchStatus:
-    """decode_into for a batch with failed headers, Pillow's files or EXIF orientation to apply."""
+    """decode_into for a batch with failed headers, Pillow's files, EXIF orientation to apply or
+    boxes to pad."""
     n = len(buffers)
     status = BatchStatus.empty(n)
-    jpeg = np.flatnonzero(infos.kind == ErrorKind.NONE)
+    padded = np.array(sorted(infos.pads), dtype=np.int64)
+    if len(padded):
+        _decode_padded(padded, buffers, boxes, out, options, infos, backend, status)
+    jpeg = np.setdiff1d(np.flatnonzero(infos.kind == ErrorKind.NONE), padded)
     images = np.array(sorted(infos.pillow), dtype=np.int64) if options.non_jpeg == "pillow" else np.zeros(0, np.int64)
-    for i in np.setdiff1d(np.flatnonzero(infos.kind != ErrorKind.NONE), images):
+    images = np.setdiff1d(images, padded)
+    for i in np.setdiff1d(np.flatnonzero(infos.kind != ErrorKind.NONE), np.union1d(images, padded)):
         status.fail(int(i), int(infos.kind[i]), infos.messages.get(int(i), "unreadable header"))
 
     if len(jpeg) == n and not options.apply_exif_orientation:
@@ -197,6 +207,29 @@ def _decode_mixed(buffers: list, boxes: np.ndarray, out: torch.Tensor, options: 
                                    [(h[i], w[i]) for i in images]), images)
         out[to_device(images, out.device)] = sub_out
     return status
+
+
+def _decode_padded(rows: np.ndarray, buffers: list, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions,
+                   infos: HeaderInfos, backend, status: BatchStatus) -> None:
+    """The samples whose box is smaller than the output: decoded at the box's size (each group of
+    one size and place together, as any batch), then written at their place in zeroed slots, as
+    torchvision's CenterCrop pads."""
+    where = np.array([infos.pads[int(i)] for i in rows], dtype=np.int64).reshape(-1, 2)
+    groups = np.concatenate([boxes[rows][:, 2:].astype(np.int64), where], axis=1)
+    for key in np.unique(groups, axis=0):
+        sel = rows[(groups == key).all(axis=1)]
+        h, w, top, left = (int(v) for v in key)
+        sub_options = dataclasses.replace(options, size=(h, w))
+        sub_infos = infos.select(sel)
+        sub_infos.pads = {}
+        sub_out = torch.zeros((len(sel), h, w, options.channels), dtype=torch.uint8, device=out.device)
+        sub_backend = backend.select(sel) if isinstance(backend, _Keyed) else backend
+        status.merge(_decode_mixed([buffers[i] for i in sel], np.ascontiguousarray(boxes[sel]), sub_out,
+                                   sub_options, sub_infos, sub_backend), sel)
+        slots = to_device(sel, out.device)
+        padded = torch.zeros((len(sel), *out.shape[1:]), dtype=torch.uint8, device=out.device)
+        padded[:, top:top + h, left:left + w] = sub_out
+        out[slots] = padded
 
 
 def _frames(rows: np.ndarray, boxes: np.ndarray, infos: HeaderInfos, options: DecodeOptions):

@@ -116,8 +116,21 @@ def test_center_crop_matches_torchvision(H, W, size):
 def test_too_small_images_name_the_sample():
     with pytest.raises(ValueError, match=r"RandomCrop\(100, 100\) is larger than image 2 .*50x80"):
         crops.RandomCrop(100).boxes([200, 300, 80, 90], [200, 300, 50, 10])
-    with pytest.raises(ValueError, match="CenterCrop"):
-        crops.CenterCrop(100).boxes([20], [200])
+
+
+@pytest.mark.parametrize("H,W,size", [(20, 200, 100), (7, 9, (8, 10)), (50, 40, (51, 3)), (1, 1, 5), (9, 64, (12, 64))])
+def test_center_crop_pads_a_smaller_image_as_torchvision(H, W, size):
+    """torchvision zero-pads an image smaller than the crop: the box is the image's whole extent in
+    that dimension, placed at (h - H) // 2 (it raised here)."""
+    from torchvision.transforms.v2 import functional as F
+
+    img = torch.arange(1, H * W + 1, dtype=torch.int64).reshape(1, H, W)
+    tv = F.center_crop(img, list(size) if isinstance(size, tuple) else [size, size])[0]
+    sampler = crops.CenterCrop(size)
+    (t, l, h, w), (dy, dx) = sampler.boxes([H], [W])[0], sampler.placement([H], [W])[0]
+    ours = torch.zeros_like(tv)
+    ours[dy:dy + h, dx:dx + w] = img[0, t:t + h, l:l + w]
+    assert torch.equal(ours, tv)
 
 
 def test_argument_validation():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -131,8 +132,6 @@ def test_seeds_epochs_and_indices_are_whole_numbers_everywhere(messy_folder):
     from gpupipe.routing import plan_batch
 
     src = sources.ImageFolder(messy_folder)
-    from pathlib import Path
-
     datas = [Path(k).read_bytes() for k in src.keys[:3]]
     samplers = [CROP, crops.RandomCrop(8), crops.CenterCrop(8), crops.Resize(8), crops.ResizeCenterCrop(8, 10)]
     for bad in (1.5, "3", True, None):
@@ -185,13 +184,41 @@ def test_default_collate_takes_good_batches_and_names_a_skipped_sample(messy_fol
 
 
 def test_a_crop_larger_than_the_image_is_an_invalid_argument_with_its_key(messy_folder):
-    loader = gpupipe.Loader(sources.ImageFolder(messy_folder), batch_size=32, crop=crops.CenterCrop(125), shuffle=False,
+    loader = gpupipe.Loader(sources.ImageFolder(messy_folder), batch_size=32, crop=crops.RandomCrop(125), shuffle=False,
                             on_error="skip")
     with pytest.warns(gpupipe.SkippedSamplesWarning, match="INVALID_ARGUMENT"):
         list(loader)
     small = [f for f in loader.stats()["skipped"] if f.kind == gpupipe.ErrorKind.INVALID_ARGUMENT]
-    assert small and all("smaller than the 125x125 crop" in f.message for f in small)
+    assert small and all("smaller than the 125x125 crop of RandomCrop" in f.message for f in small)
     assert any(f.key.endswith("gray.jpg") for f in small)  # 100x100
+
+
+@pytest.mark.filterwarnings("ignore::gpupipe.SkippedSamplesWarning", "ignore::gpupipe.JpegWarning")
+@pytest.mark.parametrize("size", [125, (90, 400)])
+def test_center_crop_zero_pads_smaller_images_as_torchvision(messy_folder, size):
+    """torchvision's CenterCrop zero-pads an image smaller than the crop; gpupipe failed the sample.
+    Each sample of the real-world folder (JPEG variants, PNGs, EXIF-rotated) through the Loader and
+    DecodeCropDataset equals torchvision's center_crop of the whole decoded image."""
+    from torchvision.transforms.v2 import functional as F
+
+    src = sources.ImageFolder(messy_folder)
+    crop = crops.CenterCrop(size)
+    ds = gpupipe.data.DecodeCropDataset(src, crop, apply_exif_orientation=True)
+    padded, expected = 0, []
+    for i in range(len(src)):
+        data = Path(src.keys[i]).read_bytes()
+        h, w = probe([data], DecodeOptions(size=(1, 1), apply_exif_orientation=True)).sizes(displayed=True)
+        try:
+            whole = gpupipe.decode_crop_jpeg(data, 0, 0, int(h[0]), int(w[0]), apply_exif_orientation=True)
+        except (gpupipe.JpegError, gpupipe.DecompressionBombError, ValueError):
+            assert not ds[i]
+            continue
+        padded += int(h[0]) < crop.size[0] or int(w[0]) < crop.size[1]
+        expected.append(F.center_crop(whole, list(crop.size)))
+        assert torch.equal(ds[i][0], expected[-1]), src.keys[i]
+    assert padded >= 3
+    loader = gpupipe.Loader(src, batch_size=8, crop=crop, shuffle=False, apply_exif_orientation=True)
+    assert torch.equal(torch.cat([x for x, _ in loader]), torch.stack(expected))
 
 
 def test_a_huge_non_jpeg_is_refused_from_its_header(tmp_path):
