@@ -25,8 +25,22 @@ Size = Union[int, Sequence[int]]
 
 
 def is_int(value: Any) -> bool:
-    """An int or a numpy integer (not a bool)."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    """An int, a numpy integer or a 0-d integer array or tensor (what ``operator.index`` takes, as a
+    sampler's tensor of indices yields them), not a bool."""
+    if isinstance(value, (int, np.integer)):
+        return not isinstance(value, bool)
+    return _scalar_kind(value) in ("i", "u")
+
+
+def _scalar_kind(value: Any) -> Optional[str]:
+    """The numpy kind letter of a 0-d array or tensor ("i", "u", "f", "b", ...), else None."""
+    if isinstance(value, np.ndarray):
+        return value.dtype.kind if value.ndim == 0 else None
+    if isinstance(value, torch.Tensor) and value.dim() == 0:
+        if value.dtype == torch.bool:
+            return "b"
+        return "f" if value.is_floating_point() else "c" if value.is_complex() else "u" if value.dtype == torch.uint8 else "i"
+    return None
 
 
 def is_python_int(value: Any) -> bool:
@@ -35,8 +49,10 @@ def is_python_int(value: Any) -> bool:
 
 
 def is_number(value: Any) -> bool:
-    """An int, a float or a numpy number (not a bool)."""
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    """An int, a float, a numpy number or a 0-d real array or tensor (not a bool)."""
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return not isinstance(value, bool)
+    return _scalar_kind(value) in ("i", "u", "f")
 
 
 def flag(value: Any, name: str) -> bool:

@@ -247,6 +247,7 @@ def _boxes_array(boxes: Any, n: int, resize: bool) -> np.ndarray:
         _refuse_boxes(arr, ~np.isfinite(arr).all(axis=1), "is not finite")
         if not resize:
             _refuse_boxes(arr, (arr != np.floor(arr)).any(axis=1), "is fractional: only a resized box (size=...) may be")
+            _refuse_boxes(arr, (np.abs(arr) >= 2.0**63).any(axis=1), "is past int64")
             arr = arr.astype(np.int64)  # (whole floats are whole pixels)
     elif arr.dtype.kind == "u":
         _refuse_boxes(arr, (arr > np.iinfo(np.int64).max).any(axis=1), "is past int64")
@@ -365,7 +366,8 @@ def decode_crop_jpegs(
                                                                      apply_exif_orientation)
         if window and size is None:
             raise ValueError("window=True resamples a box to an output size: pass size=(h, w)")
-        if isinstance(datas, (bytes, bytearray, memoryview, np.ndarray, torch.Tensor)):
+        if isinstance(datas, (bytes, bytearray, memoryview, torch.Tensor)) or (
+                isinstance(datas, np.ndarray) and datas.dtype != object):  # (an object array holds files: h5py, pandas)
             raise TypeError("datas must be a sequence of encoded images, not a single buffer")
         if not isinstance(datas, (list, tuple)):
             if not isinstance(datas, Iterable):

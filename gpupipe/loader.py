@@ -724,8 +724,8 @@ class Loader:
         an int >= 0 (a float would be truncated to another epoch's samples and draws). Another
         epoch than the position's moves state_dict() to its start, where the next iteration begins."""
         self.epoch = epoch_number(epoch)
-        if self._done[0] != self.epoch:
-            self._done = (self.epoch, 0)
+        if self._done[0] != self.epoch:  # the next iteration is this epoch's start: an older one no
+            self._done, self._resume, self._position_owner = (self.epoch, 0), None, None  # longer moves it
 
     def indices(self) -> np.ndarray:
         """This rank's sample indices for the current epoch, in order (``DistributedSampler``)."""
@@ -776,13 +776,13 @@ class Loader:
         when the keys change (a KeyList counts changes in place)."""
         source = self.source
         keys = source.keys if isinstance(source, MapSource) else getattr(source, "paths", None)
-        made_from = (id(keys), getattr(keys, "changes", None), None if keys is None else len(keys))
-        if self._fingerprint is None or self._fingerprint[0] != made_from:
-            if keys is None:
-                own = getattr(source, "fingerprint", None)
-                text = f"{type(source).__qualname__}:{own() if callable(own) else ''}"
-            else:
-                text = f"{len(keys)}:{zlib.crc32(chr(10).join(map(str, keys)).encode()):08x}"
+        if keys is None:  # (asked each time: what it says may change)
+            own = getattr(source, "fingerprint", None)
+            return f"{type(source).__qualname__}:{own() if callable(own) else ''}"
+        changes = getattr(keys, "changes", None)  # a KeyList counts its changes: cached until one; else made each time
+        made_from = (id(keys), changes, len(keys))
+        if changes is None or self._fingerprint is None or self._fingerprint[0] != made_from:
+            text = f"{len(keys)}:{zlib.crc32(chr(10).join(map(str, keys)).encode()):08x}"
             self._fingerprint = (made_from, keys, text)  # (keys held: their id is not reused meanwhile)
         return self._fingerprint[2]
 
@@ -848,8 +848,6 @@ class Loader:
             self._shares, self._next_shares, self._unmeasured = history, after, {}
         if "hybrid_split" in mine:
             self._splits = {epoch: split}  # the resumed epoch routes as it did; later ones follow hybrid.SPLIT
-        if isinstance(self.source, MapSource) and batches == total:
-            batches = 0  # a delivered epoch is whole (a state of before this rule): its next iteration starts it
         self.epoch = epoch
         self._resume = (epoch, batches)
         self._done = (epoch, batches)
@@ -1536,9 +1534,9 @@ class _LoaderIterator:
         self.done += 1
         if self._epoch_batches is not None and self.done >= self._epoch_batches:
             self._outcome["delivered"] = True  # (not "complete": the epoch ahead is still re-tuned on it)
-        # a delivered epoch is whole, whether or not the caller asks for one more (zip, islice): a
-        # restored run's next iteration is that epoch from its start, as this Loader's would be
-        self._set_position(0 if self._outcome["delivered"] else self.done)
+        # (after an epoch's last batch the state says so, batches = its length: a restored iteration
+        # yields what this one would, nothing; a checkpoint taken in the loop's last step resumes there)
+        self._set_position(self.done)
         st.record(done.batch, done.images.shape[0], self.l.on_error)  # counted when delivered
         if self._outcome["delivered"]:  # (the caller may never ask for one more: zip, islice)
             _report_losses(self.l, st, self.epoch.epoch_number, first_batch=self.epoch.first_batch)

@@ -199,7 +199,9 @@ def jpeg_extent_reference(data: bytes) -> tuple:
         marker, p = data[p], p + 1
         if marker == 0xD9:
             return scans, len(data) - p
-        if marker in (0x00, 0x01) or 0xD0 <= marker <= 0xD8:
+        if marker == 0xD8:  # a second SOI: libjpeg refuses the file
+            break
+        if marker in (0x00, 0x01) or 0xD0 <= marker <= 0xD7:
             continue
         if len(data) - p < 2 or int.from_bytes(data[p:p + 2], "big") > len(data) - p:
             break
@@ -241,9 +243,10 @@ def test_the_header_table_finds_the_eoi_that_ends_the_jpeg():
     whole, trimmed = (gpupipe.decode_crop_jpegs(d, boxes, on_error="skip") for d in (datas, cut))
     assert torch.equal(whole.ok, trimmed.ok) and whole.ok.sum() >= len(datas) - 8  # (CMYK/YCCK fail in rgb)
     assert torch.equal(whole.images, trimmed.images) and whole.warnings == trimmed.warnings
-    # truncated anywhere before its EOI, a file has none (its scans counted up to the cut)
+    # truncated anywhere before its EOI, a file has none (its scans counted up to the cut); nor has one
+    # whose cut is followed by another JPEG (libjpeg refuses its second SOI)
     data = datas[0][:-2]
-    truncated = probe([data[:k] for k in range(len(data) - 1, 600, -97)])
+    truncated = probe([data[:k] for k in range(len(data) - 1, 600, -97)] + [data[:len(data) // 2] + datas[1]])
     assert (truncated.column("trailing") == -1).all()
 
 

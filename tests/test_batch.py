@@ -219,6 +219,35 @@ def test_arguments_that_are_no_arguments_are_named_before_anything_is_decoded(ba
     assert "crop box (60, 0, 5, 5) is not inside the image of 30x20" in r.errors[0]  # (was np.int64(60), ...)
 
 
+def test_what_numpy_and_torch_hand_over_is_taken():
+    """Review of the checks above: an object array of files (an h5py slice, pandas' .values), 0-d
+    tensors and arrays as box values, seeds and dataset indices (a sampler over a tensor of
+    indices yields them) are taken as before; a float box past int64 says so."""
+    from gpupipe import crops, data, sources
+
+    jpegs = photo_jpegs(PHOTOS[:2], [{}])
+    boxes = boxes_for(jpegs, 16, 16)
+    ref = gpupipe.decode_crop_jpegs(jpegs, boxes).images
+    files = np.empty(2, dtype=object)
+    files[:] = [np.frombuffer(d, np.uint8) for d in jpegs]
+    assert torch.equal(gpupipe.decode_crop_jpegs(files, boxes).images, ref)
+    t, l, h, w = (int(v) for v in boxes[0])
+    single = gpupipe.decode_crop_jpeg(jpegs[0], torch.tensor(t), np.array(l), torch.tensor(h), np.int32(w))
+    assert torch.equal(single, ref[0])
+    far = boxes.astype(np.float64)
+    far[1, 0] = 1e30
+    with pytest.raises(ValueError, match=r"boxes\[1\] .*past int64"):
+        gpupipe.decode_crop_jpegs(jpegs, far)
+    assert np.array_equal(crops.RandomCrop(8).boxes([30], [30], seed=torch.tensor(3), epoch=np.array(1)),
+                          crops.RandomCrop(8).boxes([30], [30], seed=3, epoch=1))
+    with pytest.raises(TypeError, match="seed must be an int"):
+        crops.RandomCrop(8).boxes([30], [30], seed=torch.tensor(3.0))
+    ds = data.DecodeCropDataset(sources.FileList(["a.jpg", "b.jpg", "c.jpg"], [0, 1, 2]), crops.CenterCrop(8),
+                                seed=torch.tensor(2), on_error="replace")
+    with pytest.warns(gpupipe.SkippedSamplesWarning, match="sample 2 "):
+        assert ds[torch.tensor(-1)][1] == 2
+
+
 def test_collate_and_the_dataset_name_what_they_cannot_take():
     """data.collate cast a float image to uint8 (zeros for [0, 1) values) and a float label to
     int64; DecodeCropDataset(crop=None) failed later with an AttributeError."""

@@ -275,17 +275,54 @@ def test_the_position_follows_the_loaded_state_the_epoch_delivered_and_set_epoch
     it.close()
     ib.close()
     c = make_loader(sources.ImageFolder(folder))
-    delivered = [x.clone() for _, (x, _) in zip(range(len(c)), c)]  # the caller never asks for one more
-    assert len(delivered) == len(c) and c.state_dict()["batches"] == 0
+    it = iter(c)
+    [next(it) for _ in range(len(c))]  # the caller never asks for one more (zip, islice)
+    assert c.state_dict()["batches"] == len(c)  # a restored iteration yields what this one would: nothing
     d = make_loader(sources.ImageFolder(folder))
-    d.load_state_dict({**c.state_dict(), "batches": len(c)})  # a state of before: a whole epoch too
-    assert len([x for x, _ in d]) == len(c)
+    d.load_state_dict(c.state_dict())
+    assert list(d) == [] and list(it) == []
     c.set_epoch(2)
     assert (c.state_dict()["epoch"], c.state_dict()["batches"]) == (2, 0)
     e = make_loader(sources.ImageFolder(folder))
     e.load_state_dict(c.state_dict())
     e_first, c_first = next(iter(e))[0], next(iter(c))[0]
     assert torch.equal(e_first, c_first)
+    f = make_loader(sources.ImageFolder(folder))  # set_epoch away and back: the epoch's start, stated so
+    f.load_state_dict({**c.state_dict(), "epoch": 1, "batches": 1})
+    f.set_epoch(2)
+    f.set_epoch(1)
+    assert (f.state_dict()["epoch"], f.state_dict()["batches"]) == (1, 0) and len(list(f)) == len(c)
+    g = make_loader(sources.ImageFolder(folder))  # an iterator of an epoch left by set_epoch no longer moves it
+    ig = iter(g)
+    next(ig)
+    g.set_epoch(1)
+    next(ig)
+    assert (g.state_dict()["epoch"], g.state_dict()["batches"]) == (1, 0)
+    ig.close()
+
+
+def test_a_checkpoint_taken_in_the_last_step_of_an_epoch_resumes_with_the_next_epoch(folder):
+    """The usual loop: set_epoch(e), then a checkpoint after every step. The one taken after an
+    epoch's last batch resumes with the next epoch (its restored iteration of e yields nothing)."""
+    def run(loader, epochs, checkpoints=None):
+        seen = []
+        for e in epochs:
+            loader.set_epoch(e)
+            for x, _ in loader:
+                seen.append(x.clone())
+                if checkpoints is not None:
+                    checkpoints.append((e, loader.state_dict()))
+        return seen
+
+    checkpoints: list = []
+    whole = run(make_loader(sources.ImageFolder(folder)), [0, 1], checkpoints)
+    per_epoch = len(whole) // 2
+    for k in (per_epoch - 1, per_epoch - 2):  # epoch 0's last step, and the one before
+        e, state = checkpoints[k]
+        restored = make_loader(sources.ImageFolder(folder))
+        restored.load_state_dict(state)
+        rest = run(restored, [e, 1])
+        assert len(rest) == len(whole) - k - 1 and all(torch.equal(x, y) for x, y in zip(rest, whole[k + 1:]))
 
 
 def test_the_dataset_check_sees_custom_streams_changed_keys_labels_and_orientation(folder, tmp_path):
@@ -309,6 +346,25 @@ def test_the_dataset_check_sees_custom_streams_changed_keys_labels_and_orientati
         loader(Stream(["a", "c"])).load_state_dict(state)
     loader(Stream(["a", "b"])).load_state_dict(state)
     loader(Stream(["a", "b"])).load_state_dict({**state, "source": "0:00000000"})  # a state of before
+    grows = Stream(["a"])
+    ld = loader(grows)
+    ld.state_dict()
+    grows.files.append("b")  # what the stream says is asked each time
+    assert ld.state_dict()["source"] == state["source"]
+
+    class Listed(sources.MapSource):  # a custom map source with a plain list of keys
+        def __init__(self, keys):
+            self.keys, self.labels = keys, [0] * len(keys)
+
+        def read(self, i):
+            return b""
+
+    listed = Listed(["x", "y", "z"])
+    ld = loader(listed)
+    taken = ld.state_dict()
+    listed.keys.reverse()  # changed in place, same length
+    with pytest.raises(ValueError, match="source"):
+        ld.load_state_dict(taken)
     src = sources.ImageFolder(folder)
     ld = loader(src)
     state = ld.state_dict()

@@ -27,7 +27,8 @@ JpegExtent jpeg_extent(const uint8_t* d, size_t n) {
     while (p < n && d[p] == 0xFF) ++p;  // fill bytes
     if (p >= n) break;
     const uint8_t marker = d[p++];
-    if (marker == 0x00 || marker == 0x01 || (marker >= 0xD0 && marker <= 0xD8)) continue;  // no length
+    if (marker == 0x00 || marker == 0x01 || (marker >= 0xD0 && marker <= 0xD7)) continue;  // no length
+    if (marker == 0xD8) break;  // a second SOI: libjpeg refuses the file, no EOI ends this JPEG
     if (marker == 0xD9) {
       e.trailing = static_cast<int64_t>(n - p);
       return e;

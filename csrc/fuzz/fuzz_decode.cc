@@ -1,7 +1,7 @@
 // libFuzzer harness over the C++ decode core, no Python: header probe, crop decode (boxes, modes,
 // DCT scales and resizes derived from the input, fractional boxes), the batch engine on the pool,
 // the restart-marker index and the sub-JPEG it builds, the entropy index (a box decoded again from the rows
-// learned must give the same pixels). Built with ASan + UBSan by csrc/fuzz/run.sh.
+// learned must give the same pixels), the header table's marker walk. Built with ASan + UBSan by csrc/fuzz/run.sh.
 // Input layout: 8 parameter bytes, then the file.
 #include <algorithm>
 #include <cstdint>
@@ -12,6 +12,7 @@
 #include "decode/batch_decode.h"
 #include "common/errors.h"
 #include "decode/entropy_index.h"
+#include "decode/header_table.h"
 #include "decode/jpeg_decoder.h"
 #include "decode/restart.h"
 #include "decode/scaled_idct.h"
@@ -74,6 +75,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* input, size_t size) {
   } catch (const InvalidArgument&) {
   } catch (const DecodeError&) {
   } catch (const std::bad_alloc&) {
+  }
+
+  // The header table's marker walk (scans, the bytes after the EOI a GPU decoder is not given): an
+  // EOI it reports is one, inside the data.
+  {
+    const std::vector<ByteSpan> inputs{ByteSpan{data, n}};
+    int64_t row[kInfoWidth];
+    if (read_header_table(inputs, row, true).empty()) {
+      const int64_t trailing = row[info_column("trailing")];
+      if (row[info_column("scans")] < 0 || trailing < -1 || trailing > static_cast<int64_t>(n) - 4) __builtin_trap();
+      if (trailing >= 0 && (data[n - trailing - 2] != 0xFF || data[n - trailing - 1] != 0xD9)) __builtin_trap();
+    }
   }
 
   // The batch engine on the calling thread: the same file twice, a second box from p[7].

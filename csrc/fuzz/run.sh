@@ -23,7 +23,7 @@ mkdir -p "$OUT/obj" "$OUT/findings"
 FLAGS="-std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined -Icsrc"
 # the core's sources the harnesses use, under csrc/
 CORE="decode/jpeg_decoder decode/jpeg_error decode/resize decode/batch_decode decode/restart decode/huffman_reader
-      decode/entropy_index decode/scaled_idct
+      decode/entropy_index decode/scaled_idct decode/header_table decode/decode_args
       decode/gpu_routes common/thread_pool common/multiversion"
 objs=()
 for f in $CORE; do
