@@ -16,6 +16,9 @@ the C++ module (csrc/common/errors.h, csrc/bindings/error_bindings.cpp); this mo
 | ``RuntimeError`` | ``INTERNAL`` | a bug of ours, never the data's fault |
 """
 
+import os
+import sys
+
 from gpupipe._C import (
     ERROR_CLASSES,
     CorruptJpegError,
@@ -45,6 +48,21 @@ class SkippedSamplesWarning(UserWarning):
 
 
 DISTRIBUTION = "torch-gpupipe"  #: the name gpupipe installs under (``gpupipe`` on the index is another project)
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_LIBRARY_FILES = ("weakref.py", "threading.py")  # (a finalizer or a thread calls gpupipe back)
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning issued by the caller of this function point at the
+    user's frame: the first outside gpupipe and the finalizer machinery (a Loader iterator dropped
+    mid-epoch reports from a weakref finalizer; a fixed level pointed into weakref.py)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and (frame.f_code.co_filename.startswith(_PACKAGE_DIR)
+                                 or os.path.basename(frame.f_code.co_filename) in _LIBRARY_FILES):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def import_extra(module: str, extra: str, what: str):

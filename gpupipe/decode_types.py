@@ -224,8 +224,9 @@ class HeaderInfos:
     Attributes:
         table: int64 ``[N, len(_C.INFO_COLUMNS)]``: height, width, colorspace, channels,
             orientation, progressive, scans, trailing (the bytes after the EOI marker that ends the
-            JPEG, which libjpeg never reads: 0 for most files, -1 without one), error (``-1``
-            fields where unreadable; scans and trailing where not counted).
+            JPEG, which libjpeg never reads: 0 for most files, -1 without one), malformed (1: a
+            marker layout libjpeg reads only with a warning or an error), error (``-1`` fields
+            where unreadable; scans, trailing and malformed where not counted).
         messages: ``{index: message}`` for unreadable headers.
         pillow: ``{index: (height, width, orientation)}`` of non-JPEG files Pillow reads.
         pads: ``{index: (top, left)}``: where a box smaller than the output (``CenterCrop`` of a
@@ -263,12 +264,12 @@ class HeaderInfos:
         return h, w
 
     def count_scans(self, buffers: Sequence) -> None:
-        """Fills in the scans and trailing bytes of the readable JPEG headers a CPU-backend probe
-        left uncounted (-1): GPU decoders need them (``gpu_eligible``), the CPU core does not."""
+        """Fills in the scans, trailing bytes and layout of the readable JPEG headers a CPU-backend
+        probe left uncounted (-1): GPU decoders need them (``gpu_eligible``), the CPU core does not."""
         rows = np.flatnonzero((self.table[:, _COLUMNS["scans"]] < 0) & (self.table[:, _COLUMNS["error"]] == _NONE))
         if len(rows):
             counted = read_infos([buffers[i] for i in rows]).table
-            for name in ("scans", "trailing"):
+            for name in ("scans", "trailing", "malformed"):
                 self.table[rows, _COLUMNS[name]] = counted[:, _COLUMNS[name]]
 
     def fail(self, i: int, kind: int, message: str) -> None:
@@ -288,8 +289,8 @@ class HeaderInfos:
 
 def read_infos(buffers: Sequence, scans: bool = True) -> HeaderInfos:
     """Reads every JPEG header of a batch once, in C++ with the GIL released. ``scans=False``
-    leaves the scans and trailing columns -1 (counting them reads each whole file; the GPU decoders' eligibility
-    needs them, the CPU core enforces ``max_scans`` itself)."""
+    leaves the scans, trailing and malformed columns -1 (counting them reads each whole file; the
+    GPU decoders' eligibility needs them, the CPU core enforces ``max_scans`` itself)."""
     table = np.empty((len(buffers), len(_C.INFO_COLUMNS)), dtype=np.int64)
     failures = _C.read_header_infos(buffers, table.ctypes.data, table.nbytes, scans) if len(buffers) else []
     return HeaderInfos.from_native(table, failures)

@@ -153,8 +153,13 @@ class Engine:
             t = threading.Thread(target=self._run, args=(stage_name, fn, timed, gate, items, inbox, outbox),
                                  name=f"{name}-{stage_name}", daemon=True)
             self._threads.append(t)
-        for t in self._threads:
-            t.start()
+        try:
+            for t in self._threads:
+                t.start()
+        except BaseException:  # (a KeyboardInterrupt, no thread to be had): the started ones stop
+            self._threads = [t for t in self._threads if t.ident is not None]
+            self.close()
+            raise
 
     def _run(self, stage_name: str, fn: Callable, timed: bool, gate: Optional[Callable], items: Optional[Iterable],
              inbox: Optional[BoundedQueue], outbox: BoundedQueue) -> None:

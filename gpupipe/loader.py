@@ -32,7 +32,7 @@ import torch
 
 from gpupipe import _C, backends, keyed
 from gpupipe._args import finite_number, is_python_int
-from gpupipe._errors import SkippedSamplesWarning, brief, import_extra
+from gpupipe._errors import SkippedSamplesWarning, brief, import_extra, user_stacklevel
 from gpupipe._backends import cpu, hybrid
 from gpupipe._transfer import to_device
 from gpupipe.decode_types import (BatchStatus, HeaderInfos, Route, as_int, check_thread_count, epoch_number,
@@ -222,7 +222,7 @@ def _report_losses(loader: "Loader", st: _Stats, epoch: int, left_after: Optiona
     where = f"epoch {epoch}" if left_after is None else f"epoch {epoch}, left after {left_after} batches"
     warnings.warn(f"gpupipe.Loader {where}: {len(lost)} of {tried} samples {done} (on_error="
                   f"{loader.on_error!r}): {by_kind}; {first}. Loader.stats() lists them all; on_error='raise' "
-                  "stops at the first.", SkippedSamplesWarning, stacklevel=3)
+                  "stops at the first.", SkippedSamplesWarning, stacklevel=user_stacklevel())
 
 
 def _dist_defaults(rank, world_size):
@@ -1020,7 +1020,8 @@ class _Epoch:
             workers, self.workers = self.workers, None
         if workers is not None:
             workers.release()
-        if self.ring is not None and not self.engine.alive:  # nothing of this epoch writes a slot any more
+        engine = getattr(self, "engine", None)  # (none when the epoch failed to start its threads)
+        if self.ring is not None and (engine is None or not engine.alive):  # nothing of it writes a slot any more
             self.ring.retired = True
 
     # --- the stages -------------------------------------------------------------------------------

@@ -1,13 +1,16 @@
 """GPU decode backends behind the same API, checked against the CPU core. In CI the DALI backend
 runs with DALI's CPU operators; CUDA rows run where a GPU is present (benchmarks/gpu_check.py)."""
 
+import gc
+import threading
+
 import numpy as np
 import pytest
 import torch
 
 import gpupipe
 from gpupipe._backends import dali as dali_backend
-from helpers import PHOTOS, BACKEND_DEVICES, assert_close_to_core, encode, patch_sof, photo, photo_jpegs
+from helpers import PHOTOS, BACKEND_DEVICES, assert_close_to_core, encode, patch_sof, photo, photo_jpegs, run_child
 
 AVAILABLE = gpupipe.backends_available()
 CASES = [c for c in BACKEND_DEVICES if c.id != "cpu-cpu"]  # each against the CPU core on the CPU
@@ -141,6 +144,15 @@ def test_dali_pipelines_are_built_once_per_shape(photos):
     assert len(dali_backend._pipelines) == 1
     gpupipe.decode_crop_jpegs(photos, boxes, backend="dali", size=20)
     assert len(dali_backend._pipelines) == 2
+    # many output sizes (multi-scale training) keep only the latest used: 64 sizes held 452 threads
+    first = next(iter(dali_backend._pipelines.values()))
+    threads = threading.active_count()
+    for side in range(8, 8 + 2 * dali_backend.KEEP_PIPELINES + 2):
+        gpupipe.decode_crop_jpegs(photos, boxes, backend="dali", size=side)
+    gc.collect()
+    assert len(dali_backend._pipelines) == dali_backend.KEEP_PIPELINES and first not in dali_backend._pipelines.values()
+    assert threading.active_count() <= threads + 8 * dali_backend.KEEP_PIPELINES
+    assert len(dali_backend.BUILD_MESSAGES) <= dali_backend.KEEP_BUILD_MESSAGES
 
 
 def test_dalis_log_lines_are_recognised():
@@ -150,6 +162,26 @@ def test_dalis_log_lines_are_recognised():
                  "[WARNING] [nvjpeg2k_ext] Failed to load", "Corrupt JPEG data: 12 extraneous bytes before marker 0xd9"):
         assert dali_backend._is_decoder_message(line), line
     assert not dali_backend._is_decoder_message("my training step 12: loss 0.3")
+    # two of DALI's threads failing at once (measured): one line starts two messages, the next is a fragment
+    interleaved = ("\x1b[0;31m\x1b[0;31m[ERROR] \x1b[0m[jpeg_parser[ERROR] \x1b[0m[jpeg_parser] Unexpected number "
+                   "of channels\n] Unexpected number of channels\n")
+    assert dali_backend._is_decoder_message(interleaved.splitlines()[0])
+    import os
+    import tempfile
+
+    with tempfile.TemporaryFile() as real:  # descriptor 2 for the test: what would reach the terminal
+        saved = os.dup(2)
+        os.dup2(real.fileno(), 2)
+        try:
+            with dali_backend._stderr_captured() as lines:
+                os.write(2, interleaved.encode())
+            with dali_backend._stderr_captured() as quiet:  # a run DALI said nothing in: the user's line goes on
+                os.write(2, b"the user's own line\n")
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        real.seek(0)
+        assert len(lines) == 2 and not quiet and real.read() == b"the user's own line\n"
 
 
 def test_backend_selection_and_clear_errors(monkeypatch, photos):
@@ -280,6 +312,59 @@ def test_gpu_decoders_are_given_each_file_up_to_its_eoi(photos, kind):
     assert not gpu_fallback.gpu_eligible(cpu_infos, edge_boxes(datas, 16, 16), DecodeOptions(size=None)).any()
     cpu_infos.count_scans(typed)  # what a GPU backend handed them does first
     assert np.array_equal(cpu_infos.table, infos.table)
+
+
+def test_a_marker_layout_libjpeg_reads_only_with_a_warning_is_the_cpu_cores():
+    """nvImageCodec 0.9's parser (DALI's too) killed the process on a file of the hostile corpus (a
+    RST marker and bytes between the header's segments, a second SOF inside the scan). The marker
+    walk marks such layouts; the GPU decoders never get them (refusal 8); clean files are not marked."""
+    import crafted
+    from gpupipe._backends import gpu_fallback
+    from gpupipe.decode_types import DecodeOptions
+    from gpupipe.routing import probe
+    from helpers import make_variants
+
+    clean = make_variants(photo(48, 64))
+    base = crafted.gray_restart_jpeg()
+    sos = crafted.sos_offset(base)
+    sof = next(i for i in range(2, sos) if base[i] == 0xFF and base[i + 1] == 0xC0)
+    sof_segment = base[sof:sof + 2 + int.from_bytes(base[sof + 2:sof + 4], "big")]
+    odd = {"restart_walk_garbage": crafted.restart_walk_garbage(),
+           "restart_walk_heap_overflow": crafted.restart_walk_heap_overflow(),
+           "bytes before a marker": base[:sos] + b"\x00\x00" + base[sos:],
+           "RST0 in the header": base[:sos] + b"\xff\xd0" + base[sos:],
+           "a second SOF": base[:sos] + sof_segment + base[sos:],
+           "an unknown marker": base[:sos] + b"\xff\xc8\x00\x04ab" + base[sos:],
+           "a length below 2": base[:sos] + b"\xff\xfe\x00\x01" + base[sos:]}
+    infos = probe(list(clean.values()) + list(odd.values()))
+    marked = dict(zip([*clean, *odd], infos.column("malformed").tolist()))
+    assert {k for k, v in marked.items() if v} == set(odd), marked
+    codes = gpu_fallback.refusals(infos, np.array([[0, 0, 8, 8]] * len(marked)), DecodeOptions(size=None))
+    readable = infos.kind[len(clean):] == 0  # (libjpeg refuses some headers outright: refusal 2)
+    assert readable.sum() >= 4 and (codes[len(clean):] == np.where(readable, 8, 2)).all()
+    assert "marker layout" in gpu_fallback.REFUSALS[8]
+
+
+@pytest.mark.parametrize("backend", [b for b in ("cpu", "dali", "hybrid", "nvjpeg") if AVAILABLE[b]["available"]])
+def test_every_crafted_file_through_every_backend_in_batches(backend):
+    """Each hostile file of tests/crafted.py, 32 copies a batch, 10 batches, in a child process: it
+    must not die or write to stderr (DALI's process died on one)."""
+    device = "cuda" if backend in ("hybrid", "nvjpeg") else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    run_child(f"""
+        import gpupipe, crafted, inspect
+        files = [f() for f in map(lambda n: getattr(crafted, n), crafted.__all__)
+                 if not [p for p in inspect.signature(f).parameters.values() if p.default is p.empty]]
+        files += [crafted.incomplete_progressive(crafted.gray_restart_jpeg())]
+        for data in files:
+            if not isinstance(data, bytes):
+                continue
+            for _ in range(10):
+                gpupipe.decode_crop_jpegs([data] * 32, [[0, 0, 8, 8]] * 32, size=16, backend={backend!r},
+                                          device={device!r}, on_error="skip", num_threads=2)
+        print("survived", len(files))
+    """, timeout=300)
 
 
 @pytest.mark.parametrize("backend,device", CASES)

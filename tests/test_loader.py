@@ -173,11 +173,12 @@ def test_losses_are_reported_when_an_epoch_is_left_early_or_never_asked_past_its
     StopIteration: what it skipped was reported nowhere, and the next epoch's stats replaced it."""
     loader = gpupipe.Loader(sources.ImageFolder(messy), batch_size=4, crop=crops.CenterCrop(32), shuffle=False,
                             on_error=on_error)
-    with pytest.warns(gpupipe.SkippedSamplesWarning, match=r"epoch 0, left after 3 batches: 2 of 12 samples"):
+    with pytest.warns(gpupipe.SkippedSamplesWarning, match=r"epoch 0, left after 3 batches: 2 of 12 samples") as left:
         for k, _ in enumerate(loader):  # (the third batch holds samples 10, 11: both fail; the fourth, 13)
             if k == 2:
                 break
         gc.collect()
+    assert left[0].filename == __file__  # the user's line, not weakref.py's (its finalizer reports it)
     loader.set_epoch(1)
     with pytest.warns(gpupipe.SkippedSamplesWarning, match=r"epoch 1: 3 of 14 samples") as caught:
         for _ in zip(range(len(loader)), loader):  # never asks for one more
@@ -258,6 +259,38 @@ def test_early_break_and_garbage_collection_stop_every_thread(folder):
     gc.collect()
     assert _exits_quickly(lambda: not gpupipe_threads())
     assert _C.pool_threads() <= max(threads_before, 0) + 2  # the C++ pool is shared and bounded
+
+
+@pytest.mark.parametrize("augment", [None, "cpu"])
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_an_epoch_that_cannot_start_its_threads_stops_those_it_started(folder, monkeypatch, augment, lookahead):
+    """A KeyboardInterrupt (or no thread to be had) while an epoch starts its stage threads left the
+    started ones blocked for good; with a host ring the cleanup raised an AttributeError instead,
+    which the lookahead swallowed with the interrupt."""
+    from gpupipe.augment import BatchAugment
+
+    root, _ = folder
+    loader = gpupipe.Loader(sources.ImageFolder(root), batch_size=4, crop=crops.CenterCrop(32), num_threads=2,
+                            augment=BatchAugment() if augment else None, lookahead=lookahead)
+    batches = len(loader)
+    start, started = threading.Thread.start, []
+    failing = 3 + (5 if lookahead else 0)  # (with lookahead: a thread of the epoch started ahead)
+
+    def flaky_start(thread):
+        if thread.name.startswith("gpupipe-") and not thread.name.startswith("gpupipe-pool"):
+            started.append(thread.name)
+            if len(started) == failing:
+                raise KeyboardInterrupt
+        return start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", flaky_start)
+    with pytest.raises(KeyboardInterrupt):
+        for _ in loader:
+            pass
+    monkeypatch.undo()
+    gc.collect()
+    assert _exits_quickly(lambda: not gpupipe_threads()), gpupipe_threads()
+    assert sum(1 for _ in loader) == batches  # the Loader works on
 
 
 def test_exception_in_the_training_loop_stops_threads(folder):

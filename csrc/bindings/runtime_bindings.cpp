@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -91,7 +92,9 @@ py::tuple read_files_impl(const std::vector<std::string>& paths, int num_threads
     for (size_t k = 0; k < count; ++k) {
       int error = files[k].error;
       std::string message = files[k].message;
-      if (!error && batch.grew(k)) {  // changed while read: read it whole again, as one file
+      // changed while read, or not opened for want of descriptors (the chunk held up to kChunk;
+      // they are closed now): read it whole again, as one file
+      if ((!error && batch.grew(k)) || error == EMFILE || error == ENFILE) {
         FileRead again;
         {
           ReleasedGil released;

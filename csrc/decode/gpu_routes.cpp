@@ -13,7 +13,8 @@ namespace {
 // The header table's columns, by name (header_table.h).
 constexpr size_t kHeight = info_column("height"), kWidth = info_column("width"),
                  kColorSpace = info_column("colorspace"), kProgressive = info_column("progressive"),
-                 kScans = info_column("scans"), kTrailing = info_column("trailing");
+                 kScans = info_column("scans"), kTrailing = info_column("trailing"),
+                 kMalformed = info_column("malformed");
 
 bool whole(double v) { return std::floor(v) == v; }
 
@@ -27,6 +28,7 @@ GpuRefusal gpu_refusal(const int64_t* row, const Box& box, const GpuEligibility&
   int64_t pixels = 0;  // (a JPEG's sides are at most 65535; a crafted table's are not)
   if (__builtin_mul_overflow(h, w, &pixels) || pixels > e.max_pixels) return GpuRefusal::kPixels;
   if (scans < 0 || scans > e.max_scans) return GpuRefusal::kScans;
+  if (row[kMalformed] != 0) return GpuRefusal::kLayout;
   if (row[kTrailing] < 0) return GpuRefusal::kNoEoi;
   const double t = box.top, l = box.left, bh = box.height, bw = box.width;
   const bool inside = t >= 0 && l >= 0 && bh >= 1 && bw >= 1 && t + bh <= static_cast<double>(h) &&

@@ -22,8 +22,8 @@ struct GpuEligibility {
   int64_t box_width = 0;        // CPU core's to report (0: any size)
 };
 
-// Why a sample may not go to a GPU decoder (the first that holds, in this order), or kNone.
-// gpupipe._backends.gpu_fallback.REFUSALS words each.
+// Why a sample may not go to a GPU decoder (the first that holds, in this order, kLayout checked
+// right after kScans), or kNone. gpupipe._backends.gpu_fallback.REFUSALS words each.
 enum class GpuRefusal : int8_t {
   kNone = 0,
   kWindowOrStrict = 1,  // a window resize, or a strict decode
@@ -33,11 +33,13 @@ enum class GpuRefusal : int8_t {
   kScans = 5,           // scans not counted, or over max_scans
   kNoEoi = 6,           // no EOI marker ends the JPEG (a truncated file)
   kBox = 7,             // the box: outside the image, fractional, or not the output's size without a resize
+  kLayout = 8,          // a marker layout libjpeg reads only with a warning or an error (header_table.cpp)
 };
 
 // Whether the sample of header-table row `row` (kInfoColumns) and `box` may go to a GPU decoder: a
-// readable header of an allowed colour space within the limits, its scans counted, an EOI marker
-// ending it (the bytes after it are not given to the decoder), the box whole and inside the image (and of the output's size without a resize).
+// readable header of an allowed colour space within the limits, its scans counted, a marker layout
+// libjpeg reads cleanly, an EOI marker ending it (the bytes after it are not given to the decoder),
+// the box whole and inside the image (and of the output's size without a resize).
 GpuRefusal gpu_refusal(const int64_t* row, const Box& box, const GpuEligibility& e);
 inline bool gpu_eligible(const int64_t* row, const Box& box, const GpuEligibility& e) {
   return gpu_refusal(row, box, e) == GpuRefusal::kNone;

@@ -10,24 +10,44 @@ namespace {
 // skipped whole (an EXIF thumbnail's SOS and EOI are inside APP1's), FF 00 and RSTn inside
 // entropy-coded data are not markers. The first EOI found ends the JPEG: libjpeg stops there and
 // never reads what follows (an appended image, a vendor's trailer), so a GPU decoder is given the
-// bytes up to it (gpu_fallback.gpu_inputs). -1 bytes after it: no EOI (a truncated file, or a
-// segment whose length runs past the data). A scan bomb's thousands of SOS are counted here too.
+// bytes up to it (gpu_fallback.gpu_inputs). -1 bytes after it: no EOI (a truncated file, a second
+// SOI, or a segment whose length runs past the data). A scan bomb's thousands of SOS are counted
+// here too.
+//
+// `malformed`: a layout libjpeg reads only with a warning, an error or a trace, which GPU parsers
+// read otherwise (nvImageCodec 0.9's parser crashed DALI's process on one): bytes or a standalone
+// marker (RSTn, TEM) between the header's segments, a second frame header (SOF), a marker libjpeg
+// does not know, a length below 2. Such a file is the CPU core's, which reports what it finds.
 struct JpegExtent {
   int64_t scans = 0;
   int64_t trailing = -1;
+  int64_t malformed = 0;
 };
+
+bool is_frame_header(uint8_t m) { return m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC; }
+
+// The markers with a length libjpeg reads: SOFn, DHT, DAC, SOS, DQT, DNL, DRI, APPn, COM.
+bool is_known_segment(uint8_t m) {
+  return (m >= 0xC0 && m <= 0xCF && m != 0xC8) || (m >= 0xDA && m <= 0xDD) || (m >= 0xE0 && m <= 0xEF) || m == 0xFE;
+}
 
 JpegExtent jpeg_extent(const uint8_t* d, size_t n) {
   JpegExtent e;
   size_t p = 2;  // after SOI (read_header checked it)
+  int64_t frames = 0;
   while (p + 1 < n) {
     const void* hit = std::memchr(d + p, 0xFF, n - p - 1);
     if (!hit) break;
-    p = static_cast<size_t>(static_cast<const uint8_t*>(hit) - d) + 1;
+    const size_t at = static_cast<size_t>(static_cast<const uint8_t*>(hit) - d);
+    if (at != p && e.scans == 0) e.malformed = 1;  // bytes between the header's segments
+    p = at + 1;
     while (p < n && d[p] == 0xFF) ++p;  // fill bytes
     if (p >= n) break;
     const uint8_t marker = d[p++];
-    if (marker == 0x00 || marker == 0x01 || (marker >= 0xD0 && marker <= 0xD7)) continue;  // no length
+    if (marker == 0x00 || marker == 0x01 || (marker >= 0xD0 && marker <= 0xD7)) {  // no length
+      if (e.scans == 0) e.malformed = 1;  // (inside entropy-coded data they are its own)
+      continue;
+    }
     if (marker == 0xD8) break;  // a second SOI: libjpeg refuses the file, no EOI ends this JPEG
     if (marker == 0xD9) {
       e.trailing = static_cast<int64_t>(n - p);
@@ -36,6 +56,8 @@ JpegExtent jpeg_extent(const uint8_t* d, size_t n) {
     if (n - p < 2) break;
     const size_t length = static_cast<size_t>(d[p]) << 8 | d[p + 1];
     if (length > n - p) break;
+    frames += is_frame_header(marker);
+    if (length < 2 || frames > 1 || !is_known_segment(marker)) e.malformed = 1;
     e.scans += marker == 0xDA;
     p += length < 2 ? 2 : length;  // (a length below 2 carries nothing, as for_each_header_segment reads it)
   }
@@ -45,7 +67,8 @@ JpegExtent jpeg_extent(const uint8_t* d, size_t n) {
 constexpr size_t kHeight = info_column("height"), kWidth = info_column("width"),
                  kColorspace = info_column("colorspace"), kChannels = info_column("channels"),
                  kOrientation = info_column("orientation"), kProgressive = info_column("progressive"),
-                 kScans = info_column("scans"), kTrailing = info_column("trailing"), kError = info_column("error");
+                 kScans = info_column("scans"), kTrailing = info_column("trailing"),
+                 kMalformed = info_column("malformed"), kError = info_column("error");
 
 }  // namespace
 
@@ -70,9 +93,10 @@ std::vector<IndexedError> read_header_table(const std::vector<ByteSpan>& inputs,
       row[kProgressive] = info.progressive;
       // every file: a baseline file may also hold many scans (one component each). The whole file is
       // read for it (~12 us for 300 KB): only where a GPU decoder may take the file
-      const JpegExtent extent = scans ? jpeg_extent(inputs[i].data, inputs[i].size) : JpegExtent{-1, -1};
+      const JpegExtent extent = scans ? jpeg_extent(inputs[i].data, inputs[i].size) : JpegExtent{-1, -1, -1};
       row[kScans] = extent.scans;
       row[kTrailing] = extent.trailing;
+      row[kMalformed] = extent.malformed;
       row[kError] = static_cast<int64_t>(ErrorKind::kNone);
     } catch (const DecodeError& e) {
       for (size_t c = 0; c < kInfoWidth; ++c) row[c] = -1;

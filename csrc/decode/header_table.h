@@ -23,10 +23,12 @@ inline const char* colorspace_name(ColorSpace c) { return kColorSpaceNames[stati
 inline const char* subsampling_name(Subsampling s) { return kSubsamplingNames[static_cast<int>(s)]; }
 
 // Columns of a header table row (exported as _C.INFO_COLUMNS). Where a header cannot be read,
-// height..trailing are -1 and `error` is its ErrorKind. `trailing`: the bytes after the EOI marker
-// that ends the JPEG (0 for most files), -1 without one (truncated) or where scans were not counted.
+// height..malformed are -1 and `error` is its ErrorKind. `trailing`: the bytes after the EOI marker
+// that ends the JPEG (0 for most files), -1 without one (truncated); `malformed`: 1 for a marker
+// layout libjpeg reads only with a warning or an error (header_table.cpp); both -1 where scans were
+// not counted.
 inline constexpr const char* kInfoColumns[] = {"height", "width", "colorspace", "channels", "orientation",
-                                               "progressive", "scans", "trailing", "error"};
+                                               "progressive", "scans", "trailing", "malformed", "error"};
 inline constexpr size_t kInfoWidth = std::size(kInfoColumns);
 
 // A column's index by name; consteval in effect: every call names a constant (a name that is not a

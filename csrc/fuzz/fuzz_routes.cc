@@ -40,6 +40,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* input, size_t size) {
       t[info_column("colorspace")] = std::llabs(t[info_column("colorspace")] % 3);
       t[info_column("scans")] = 1 + std::llabs(t[info_column("scans")] % 3);
       t[info_column("trailing")] = std::llabs(t[info_column("trailing")] % 3);
+      t[info_column("malformed")] = 0;
       t[info_column("progressive")] = t[info_column("progressive")] & 1;
       const double h = static_cast<double>(t[info_column("height")]), w = static_cast<double>(t[info_column("width")]);
       if (p[0] & 2)

@@ -18,7 +18,9 @@ from gpupipe._transfer import to_device
 from gpupipe.decode_types import BatchStatus, DecodeOptions, HeaderInfos
 
 PACKAGE = "nvidia-dali-cuda120"
-_pipelines: dict = {}
+KEEP_PIPELINES = 4  # built pipelines kept, the latest used (each holds its threads: ~7 on the CPU)
+KEEP_BUILD_MESSAGES = 64
+_pipelines: dict = {}  # in order of use, the latest last
 _lock = threading.Lock()
 
 
@@ -45,8 +47,9 @@ def _bucket(n: int) -> int:
 def _pipeline(max_batch: int, out_hw, resize: bool, mode: str, device: torch.device, num_threads: int):
     key = (max_batch, tuple(out_hw), resize, mode, device.type, device.index, num_threads)
     with _lock:
-        found = _pipelines.get(key)
+        found = _pipelines.pop(key, None)
         if found is not None:
+            _pipelines[key] = found  # (the latest used)
             return found
         import nvidia.dali.fn as fn
         import nvidia.dali.types as types
@@ -77,9 +80,12 @@ def _pipeline(max_batch: int, out_hw, resize: bool, mode: str, device: torch.dev
             pipe = build()
             pipe.build()
         BUILD_MESSAGES.extend(printed)
+        del BUILD_MESSAGES[:-KEEP_BUILD_MESSAGES]
         # feed_input and run are one step: two threads on one pipeline (two Loaders, or an epoch and
         # the one started ahead of it) would otherwise take each other's batches
         _pipelines[key] = found = (pipe, threading.Lock())
+        while len(_pipelines) > KEEP_PIPELINES:  # the least recently used goes (a call running it keeps it)
+            del _pipelines[next(iter(_pipelines))]
         return found
 
 
@@ -91,19 +97,22 @@ def _forget(pipe) -> None:
 
 
 def _stderr_captured():
-    """Descriptor 2 redirected around a DALI run: yields the lines that were DALI's or libjpeg's."""
-    return _stderr.captured(_is_decoder_message)
+    """Descriptor 2 redirected around a DALI run: yields the lines that were DALI's or libjpeg's
+    (all of a run's lines once one is: DALI's threads print at once, interleaving their lines)."""
+    return _stderr.captured(_is_decoder_message, together=True)
 
 
 def _is_decoder_message(line: str) -> bool:
-    text = line.strip()
-    return bool(text) and (_DALI_LOG.search(text) is not None or _LIBJPEG.match(text) is not None)
+    text = _ANSI.sub("", line).strip()
+    return bool(text) and (_DALI_LOG.match(text) is not None or _LIBJPEG.match(text) is not None)
 
 
-# DALI's logger: "[ERROR] [component] message" (with colour codes); libjpeg's message formats (those
-# of the libjpeg gpupipe links; DALI's bundled one shares them): the text before the first
-# conversion, at the start of a line. Anything else written meanwhile is passed on to stderr.
-_DALI_LOG = re.compile(r"^(\x1b\[[0-9;]*m)?\[(ERROR|WARNING|INFO|DEBUG)\] ?(\x1b\[[0-9;]*m)?\[[A-Za-z0-9_:. -]+\]")
+# DALI's logger: "[ERROR] [component] message" (with colour codes, removed first); libjpeg's message
+# formats (those of the libjpeg gpupipe links; DALI's bundled one shares them): the text before the
+# first conversion, at the start of a line. Anything else written meanwhile is passed on to stderr
+# (unless a line of the same run was DALI's: _stderr_captured).
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_DALI_LOG = re.compile(r"\[(ERROR|WARNING|INFO|DEBUG)\] ?\[[A-Za-z0-9_:. -]+[\]\[]")
 BUILD_MESSAGES: list = []  # what DALI printed while its pipelines started
 _LIBJPEG = re.compile("|".join(sorted({re.escape(f.split("%")[0]) for f in _C.LIBJPEG_MESSAGES
                                         if len(f.split("%")[0]) >= 8}, key=len, reverse=True)))

@@ -37,8 +37,9 @@ def gpu_eligible(infos: HeaderInfos, boxes: np.ndarray, options: DecodeOptions) 
     """bool [N]: samples a GPU decoder can take with our semantics. The rest (unreadable headers,
     CMYK/YCCK, images over max_pixels or with more scans than max_scans (or scans not counted),
     boxes outside the image or fractional, boxes not of the output's size without a resize (the
-    CPU core reports each), files without an EOI marker ending the JPEG: nvJPEG
-    decodes a truncated file without a word) go to the CPU core, which gives each its exact result
+    CPU core reports each), files without an EOI marker ending the JPEG (nvJPEG
+    decodes a truncated file without a word), files whose marker layout libjpeg reads only with a
+    warning or an error (nvImageCodec's parser crashed a process on one) go to the CPU core, which gives each its exact result
     or its exact error: gpupipe's limits hold whatever the backend. So does every sample of a
     ``window`` resize (the GPU resizers crop first) and of a ``strict`` decode (nvJPEG does not
     report recoverable corruption). Files coded as RGB (not YCbCr) stay on the CPU core too for GPU
@@ -89,7 +90,9 @@ REFUSALS = {1: "a window resize or a strict decode", 2: "no readable JPEG header
             3: "its color space (CMYK, YCCK, or coded as RGB)", 4: "over max_pixels",
             5: "its scans (over max_scans, or not counted)",
             6: "no EOI marker ends the JPEG (a truncated file)",
-            7: "the box (outside the image, fractional, or not the output's size without a resize)"}
+            7: "the box (outside the image, fractional, or not the output's size without a resize)",
+            8: "its marker layout (bytes or markers between segments that libjpeg skips with a warning, a second "
+               "frame header, an unknown marker)"}
 
 
 def ineligible_reasons(name: str, codes: np.ndarray) -> dict:
