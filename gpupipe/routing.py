@@ -138,7 +138,9 @@ def decode_into(datas: Sequence[Any], boxes: np.ndarray, out: torch.Tensor, opti
                          f"{list(out.shape)}")
     if infos is None:
         infos = probe(buffers, options)
-    backend = BACKENDS[options.backend]
+    backend = BACKENDS.get(options.backend)
+    if backend is None:  # (DecodeOptions is public: its backend is a resolved name, "auto" is not one)
+        raise ValueError(f"options.backend must be one of {list(BACKENDS)}, got {options.backend!r}")
     if options.backend == "hybrid":  # routes keyed by sample: the keys follow every sub-batch
         keys = keys or hybrid.RouteKeys(0, 0, np.arange(n, dtype=np.int64))
         backend = _Keyed(keys, shares)

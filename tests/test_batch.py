@@ -169,6 +169,13 @@ def test_empty_batch():
     r = gpupipe.decode_crop_jpegs([], np.zeros((0, 4), np.int64), size=(8, 8))
     assert r.images.shape == (0, 3, 8, 8) and r.ok.shape == (0,)
     assert gpupipe.decode_crop_jpegs([], [], size=(8, 8)).images.shape == (0, 3, 8, 8)  # (was "shape [0, 4]")
+    assert gpupipe.decode_crop_jpegs([], []).images.shape == (0, 3, 1, 1)  # (documented: no box gives a size)
+    from gpupipe.decode_types import DecodeOptions
+    from gpupipe.routing import decode_into
+
+    with pytest.raises(ValueError, match="options.backend must be one of"):  # (was a KeyError)
+        decode_into([], np.zeros((0, 4), np.int64), torch.empty((0, 8, 8, 3), dtype=torch.uint8),
+                    DecodeOptions(size=(8, 8), backend="auto"))
 
 
 def test_arguments_that_are_no_arguments_are_named_before_anything_is_decoded(batch):
