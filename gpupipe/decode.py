@@ -366,8 +366,9 @@ def decode_crop_jpegs(
                                                                      apply_exif_orientation)
         if window and size is None:
             raise ValueError("window=True resamples a box to an output size: pass size=(h, w)")
-        if isinstance(datas, (bytes, bytearray, memoryview, torch.Tensor)) or (
-                isinstance(datas, np.ndarray) and datas.dtype != object):  # (an object array holds files: h5py, pandas)
+        # (a 1-D object array holds files: an h5py slice, pandas' .values)
+        single = isinstance(datas, np.ndarray) and (datas.dtype != object or datas.ndim != 1)
+        if single or isinstance(datas, (bytes, bytearray, memoryview, torch.Tensor)):
             raise TypeError("datas must be a sequence of encoded images, not a single buffer")
         if not isinstance(datas, (list, tuple)):
             if not isinstance(datas, Iterable):

@@ -175,13 +175,16 @@ def test_dalis_log_lines_are_recognised():
         try:
             with dali_backend._stderr_captured() as lines:
                 os.write(2, interleaved.encode())
-            with dali_backend._stderr_captured() as quiet:  # a run DALI said nothing in: the user's line goes on
-                os.write(2, b"the user's own line\n")
+            with dali_backend._stderr_captured() as quiet:  # a run DALI said nothing in: the user's lines go on
+                os.write(2, b"the user's own line\n[INFO] [train] epoch 3\n")
+            with dali_backend._stderr_captured() as both:  # the user's line beside one of DALI's goes on too
+                os.write(2, interleaved.encode() + b"[WARNING] [root] the user's warning\n")
         finally:
             os.dup2(saved, 2)
             os.close(saved)
         real.seek(0)
-        assert len(lines) == 2 and not quiet and real.read() == b"the user's own line\n"
+        assert len(lines) == 2 and not quiet and len(both) == 2
+        assert real.read() == b"the user's own line\n[INFO] [train] epoch 3\n[WARNING] [root] the user's warning\n"
 
 
 def test_backend_selection_and_clear_errors(monkeypatch, photos):
@@ -335,7 +338,10 @@ def test_a_marker_layout_libjpeg_reads_only_with_a_warning_is_the_cpu_cores():
            "RST0 in the header": base[:sos] + b"\xff\xd0" + base[sos:],
            "a second SOF": base[:sos] + sof_segment + base[sos:],
            "an unknown marker": base[:sos] + b"\xff\xc8\x00\x04ab" + base[sos:],
-           "a length below 2": base[:sos] + b"\xff\xfe\x00\x01" + base[sos:]}
+           "a length below 2": base[:sos] + b"\xff\xfe\x00\x01" + base[sos:],
+           "a sequential scan with Se = 62": base[:sos + 4 + 2 * base[sos + 4] + 2] + b"\x3e" + base[sos + 4 + 2 * base[sos + 4] + 3:]}
+    with pytest.warns(gpupipe.JpegWarning, match="Invalid SOS parameters for sequential JPEG"):  # (libjpeg's)
+        gpupipe.decode_crop_jpegs([odd["a sequential scan with Se = 62"]], [[0, 0, 8, 8]])
     infos = probe(list(clean.values()) + list(odd.values()))
     marked = dict(zip([*clean, *odd], infos.column("malformed").tolist()))
     assert {k for k, v in marked.items() if v} == set(odd), marked

@@ -17,7 +17,9 @@ namespace {
 // `malformed`: a layout libjpeg reads only with a warning, an error or a trace, which GPU parsers
 // read otherwise (nvImageCodec 0.9's parser crashed DALI's process on one): bytes or a standalone
 // marker (RSTn, TEM) between the header's segments, a second frame header (SOF), a marker libjpeg
-// does not know, a length below 2. Such a file is the CPU core's, which reports what it finds.
+// does not know, a length below 2, a sequential frame's scan without Ss = 0, Se = 63, Ah = Al = 0
+// ("Invalid SOS parameters for sequential JPEG"). Such a file is the CPU core's, which reports
+// what it finds.
 struct JpegExtent {
   int64_t scans = 0;
   int64_t trailing = -1;
@@ -25,6 +27,17 @@ struct JpegExtent {
 };
 
 bool is_frame_header(uint8_t m) { return m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC; }
+bool is_progressive_frame(uint8_t m) { return m == 0xC2 || m == 0xC6 || m == 0xCA || m == 0xCE; }
+
+// Whether the SOS segment `s` (its `length` bytes, length field included) of a sequential frame
+// holds the only parameters a sequential scan has: Ss = 0, Se = 63, Ah = Al = 0.
+bool sequential_scan(const uint8_t* s, size_t length) {
+  if (length < 3) return false;
+  const size_t ns = s[2];
+  if (length != 6 + 2 * ns) return false;
+  const uint8_t* tail = s + 3 + 2 * ns;
+  return tail[0] == 0 && tail[1] == 63 && tail[2] == 0;
+}
 
 // The markers with a length libjpeg reads: SOFn, DHT, DAC, SOS, DQT, DNL, DRI, APPn, COM.
 bool is_known_segment(uint8_t m) {
@@ -35,6 +48,7 @@ JpegExtent jpeg_extent(const uint8_t* d, size_t n) {
   JpegExtent e;
   size_t p = 2;  // after SOI (read_header checked it)
   int64_t frames = 0;
+  bool sequential = false;  // the frame header seen is a sequential one (SOF0/1/3/5/7/9/11/13/15)
   while (p + 1 < n) {
     const void* hit = std::memchr(d + p, 0xFF, n - p - 1);
     if (!hit) break;
@@ -56,8 +70,12 @@ JpegExtent jpeg_extent(const uint8_t* d, size_t n) {
     if (n - p < 2) break;
     const size_t length = static_cast<size_t>(d[p]) << 8 | d[p + 1];
     if (length > n - p) break;
-    frames += is_frame_header(marker);
+    if (is_frame_header(marker)) {
+      ++frames;
+      sequential = !is_progressive_frame(marker);
+    }
     if (length < 2 || frames > 1 || !is_known_segment(marker)) e.malformed = 1;
+    if (marker == 0xDA && sequential && !sequential_scan(d + p, length)) e.malformed = 1;
     e.scans += marker == 0xDA;
     p += length < 2 ? 2 : length;  // (a length below 2 carries nothing, as for_each_header_segment reads it)
   }

@@ -18,7 +18,7 @@ from gpupipe._transfer import to_device
 from gpupipe.decode_types import BatchStatus, DecodeOptions, HeaderInfos
 
 PACKAGE = "nvidia-dali-cuda120"
-KEEP_PIPELINES = 4  # built pipelines kept, the latest used (each holds its threads: ~7 on the CPU)
+KEEP_PIPELINES = 8  # built pipelines kept, the latest used (each holds its threads: ~7 on the CPU)
 KEEP_BUILD_MESSAGES = 64
 _pipelines: dict = {}  # in order of use, the latest last
 _lock = threading.Lock()
@@ -97,9 +97,10 @@ def _forget(pipe) -> None:
 
 
 def _stderr_captured():
-    """Descriptor 2 redirected around a DALI run: yields the lines that were DALI's or libjpeg's
-    (all of a run's lines once one is: DALI's threads print at once, interleaving their lines)."""
-    return _stderr.captured(_is_decoder_message, together=True)
+    """Descriptor 2 redirected around a DALI run: yields the lines that were DALI's or libjpeg's,
+    and the pieces of DALI's lines its threads interleaved (colour codes, or a line starting with
+    the rest of a component tag) once a line of the run was DALI's."""
+    return _stderr.captured(_is_decoder_message, _is_dali_fragment)
 
 
 def _is_decoder_message(line: str) -> bool:
@@ -107,12 +108,18 @@ def _is_decoder_message(line: str) -> bool:
     return bool(text) and (_DALI_LOG.match(text) is not None or _LIBJPEG.match(text) is not None)
 
 
-# DALI's logger: "[ERROR] [component] message" (with colour codes, removed first); libjpeg's message
-# formats (those of the libjpeg gpupipe links; DALI's bundled one shares them): the text before the
-# first conversion, at the start of a line. Anything else written meanwhile is passed on to stderr
-# (unless a line of the same run was DALI's: _stderr_captured).
+def _is_dali_fragment(line: str) -> bool:
+    return "\x1b[" in line or line.lstrip().startswith("]")
+
+
+# DALI's logger: "[ERROR] [component] message" (with colour codes, removed first), its components
+# those of DALI and its codec library (jpeg_parser, nvjpeg-ext, ...: a user's "[INFO] [train] ..."
+# is not one); libjpeg's message formats (those of the libjpeg gpupipe links; DALI's bundled one
+# shares them): the text before the first conversion, at the start of a line. Anything else written
+# meanwhile is passed on to stderr.
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_DALI_LOG = re.compile(r"\[(ERROR|WARNING|INFO|DEBUG)\] ?\[[A-Za-z0-9_:. -]+[\]\[]")
+_DALI_LOG = re.compile(r"\[(ERROR|WARNING|INFO|DEBUG)\] ?\[[A-Za-z0-9_:. -]*(ext|parser|decoder|encoder|codec|nvjpeg|"
+                       r"nvimg|dali)[A-Za-z0-9_:. -]*[\]\[]", re.IGNORECASE)
 BUILD_MESSAGES: list = []  # what DALI printed while its pipelines started
 _LIBJPEG = re.compile("|".join(sorted({re.escape(f.split("%")[0]) for f in _C.LIBJPEG_MESSAGES
                                         if len(f.split("%")[0]) >= 8}, key=len, reverse=True)))
