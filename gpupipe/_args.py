@@ -32,6 +32,13 @@ def is_int(value: Any) -> bool:
     return _scalar_kind(value) in ("i", "u")
 
 
+def as_int(name: str, value: Any) -> int:
+    """``value`` as an int (:func:`is_int`): ``2.5`` or ``True`` is a TypeError naming ``name``, not 2 or 1."""
+    if not is_int(value):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    return int(value)
+
+
 def _scalar_kind(value: Any) -> Optional[str]:
     """The numpy kind letter of a 0-d array or tensor ("i", "u", "f", "b", ...), else None."""
     if isinstance(value, np.ndarray):

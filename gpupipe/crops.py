@@ -20,7 +20,7 @@ import numpy as np
 from gpupipe import _C, keyed
 from gpupipe._args import Size, flag, is_int, positive_pair, size_pair
 from gpupipe.decode_types import DecodeOptions
-from gpupipe.keyed import _MASK, key_int, uniforms
+from gpupipe.keyed import key_int, uniforms
 
 
 def _dims(heights: Any, widths: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -110,7 +110,7 @@ class RandomResizedCrop(CropSampler):
         H, W = _dims(heights, widths)
         # In native code (csrc/common/crop_sampling.h), operation for operation as the numpy
         # definition tests/test_crops.py keeps: up to 10 tries of 4 keyed draws each (stream 0).
-        return _C.random_resized_crop_boxes(key_int(seed, "seed") & _MASK, key_int(epoch, "epoch") & _MASK, H, W,
+        return _C.random_resized_crop_boxes(key_int(seed, "seed"), key_int(epoch, "epoch"), H, W,
                                             self._indices(indices, len(H)), *self.native_range())
 
     def native_range(self) -> tuple:

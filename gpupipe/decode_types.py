@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from gpupipe import _C
-from gpupipe._args import flag, is_int
+from gpupipe._args import as_int, flag, is_int
 from gpupipe._errors import ErrorKind
 
 MODES = {"rgb": 0, "gray": 1}
@@ -39,13 +39,6 @@ class Route(enum.IntEnum):
     @property
     def label(self) -> str:
         return self.name.lower().replace("_", "-")
-
-
-def as_int(name: str, value: Any) -> int:
-    """``value`` as an int: ``2.5`` or ``True`` is a TypeError naming ``name``, not 2 or 1."""
-    if not is_int(value):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    return int(value)
 
 
 def check_non_jpeg(non_jpeg: Any) -> None:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from gpupipe import _C
-from gpupipe._args import is_int
+from gpupipe._args import as_int, is_int
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MASK = 2**64 - 1
@@ -38,11 +38,9 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 
 def key_int(value: Any, name: str) -> int:
-    """A seed, epoch or stream: an int (numpy's too; taken modulo 2**64 by the hash), never a float,
-    bool or text that would key the draws of another value silently."""
-    if not is_int(value):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    return int(value)
+    """A seed, epoch or stream as the hash takes it: an int (:func:`gpupipe._args.as_int`: never a
+    float, bool or text that would key the draws of another value silently) modulo 2**64."""
+    return as_int(name, value) & _MASK
 
 
 def key_indices(indices: Any) -> np.ndarray:
@@ -74,8 +72,8 @@ def uniforms(seed: int, epoch: int, indices: Any, count: int, *, stream: int = 0
     idx = key_indices(indices).reshape(-1)
     # The hash in native code (csrc/common/keyed_uniforms.h): a batch's draws in microseconds, where
     # the same as numpy passes cost ~0.1 ms. Its definition in numpy: tests/test_keyed.py.
-    return _C.keyed_uniforms(key_int(seed, "seed") & _MASK, key_int(epoch, "epoch") & _MASK,
-                             key_int(stream, "stream") & _MASK, idx, int(count))
+    return _C.keyed_uniforms(key_int(seed, "seed"), key_int(epoch, "epoch"), key_int(stream, "stream"), idx,
+                             int(count))
 
 
 def normals(keys: np.ndarray, counters: np.ndarray) -> np.ndarray:

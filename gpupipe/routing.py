@@ -29,7 +29,7 @@ from gpupipe.decode_types import BatchStatus, DecodeOptions, HeaderInfos, Route,
 from gpupipe._buffers import as_buffer
 from gpupipe._transfer import to_device
 from gpupipe._errors import ErrorKind
-from gpupipe.keyed import _MASK, key_int
+from gpupipe.keyed import key_int
 
 
 
@@ -105,8 +105,8 @@ def _plan_random_resized_crops(buffers: list, crop: "crops.RandomResizedCrop", o
     n = len(buffers)
     table = np.empty((n, len(_C.INFO_COLUMNS)), dtype=np.int64)
     failures, boxes = _C.plan_random_resized_crops(
-        buffers, table.ctypes.data, table.nbytes, _counts_scans(options), key_int(seed, "seed") & _MASK,
-        key_int(epoch, "epoch") & _MASK, crop._indices(indices, n), *crop.native_range())
+        buffers, table.ctypes.data, table.nbytes, _counts_scans(options), key_int(seed, "seed"),
+        key_int(epoch, "epoch"), crop._indices(indices, n), *crop.native_range())
     return HeaderInfos.from_native(table, failures), boxes
 
 

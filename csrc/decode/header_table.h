@@ -48,8 +48,8 @@ constexpr size_t info_column(const char* name) {
 int64_t* header_table_output(const std::vector<ByteSpan>& inputs, uintptr_t address, size_t given);
 
 // Reads every header into `out` (row i: inputs[i]) with the calling thread's decoder; returns the
-// unreadable ones, (index, kind, message). Without `scans`, the scans and trailing columns are -1 (not
-// counted: the CPU core enforces max_scans as it decodes; gpu_eligible() refuses such a row).
+// unreadable ones, (index, kind, message). Without `scans`, the scans, trailing and malformed columns
+// are -1 (not counted: the CPU core enforces max_scans as it decodes; gpu_eligible() refuses such a row).
 std::vector<IndexedError> read_header_table(const std::vector<ByteSpan>& inputs, int64_t* out, bool scans = true);
 
 }  // namespace gpupipe

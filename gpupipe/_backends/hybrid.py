@@ -724,7 +724,7 @@ def routes(buffers: Sequence, boxes: np.ndarray, options: DecodeOptions, infos: 
     """(route, reason) of each sample of a batch under ``keys.split`` (else :data:`SPLIT`): eligibility,
     the shares' draws (``_C.hybrid_routes``) or ranks (``_C.hybrid_ranked_routes``) and the hardware
     decoder's known declines, in one native pass."""
-    seed, epoch = int(keys.seed) & keyed._MASK, int(keys.epoch) & keyed._MASK
+    seed, epoch = keyed.key_int(keys.seed, "seed"), keyed.key_int(keys.epoch, "epoch")
     common = (shares.cpu, shares.hardware, "hardware" in engines, "cuda" in engines)
     split = check_split(keys.split or SPLIT)
     if split == "keyed":
