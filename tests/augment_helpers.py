@@ -28,12 +28,13 @@ def near_rounding_boundary(m: torch.Tensor, h: int, w: int) -> torch.Tensor:
 def torchvision_chain(x: torch.Tensor, params: dict, *, interpolation: str, fill, mean, std) -> torch.Tensor:
     """BatchAugment's chain with torchvision.transforms.v2.functional, per sample, same parameters:
     uint8 -> float32 [0, 1], affine (F.rotate's angle convention), hflip, vflip, the color ops in the
-    sample's order, rgb_to_grayscale, normalize. float32 [N, 3, H, W] on the CPU."""
+    sample's order, rgb_to_grayscale, normalize. float32 [N, C, H, W] on the CPU (C: x's channels,
+    or 3 when normalize broadcasts 3 values over 1 channel, as torchvision does)."""
     import torchvision.transforms.v2.functional as F
 
     mode = {"nearest": F.InterpolationMode.NEAREST, "bilinear": F.InterpolationMode.BILINEAR}[interpolation]
-    fill01 = None if fill is None else [float(v) / 255 for v in (fill if isinstance(fill, (list, tuple)) else [fill] * 3)]
-    n, _, h, w = x.shape
+    n, c, h, w = x.shape
+    fill01 = None if fill is None else [float(v) / 255 for v in (fill if isinstance(fill, (list, tuple)) else [fill] * c)]
     ops = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)
     out = []
     for i in range(n):
@@ -49,7 +50,7 @@ def torchvision_chain(x: torch.Tensor, params: dict, *, interpolation: str, fill
         for op in params["order"][i].tolist():
             img = ops[op](img, factors[op])
         if params["grayscale"][i]:
-            img = F.rgb_to_grayscale(img, num_output_channels=3)
+            img = F.rgb_to_grayscale(img, num_output_channels=c)  # (RandomGrayscale keeps the channels)
         out.append(F.normalize(img, list(mean), list(std)))
     return torch.stack(out)
 

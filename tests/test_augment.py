@@ -686,8 +686,10 @@ def test_bad_inputs_name_the_argument():
     aug = BatchAugment(**FULL)
     x = photo_batch(2, 8, 8, seed=27)
     p = aug.sample_params(2, seed=1)
-    with pytest.raises(ValueError, match=r"x must be \[N, 3, H, W\]"):
-        aug(torch.zeros(2, 1, 8, 8, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"x must be \[N, 3, H, W\] or \[N, 1, H, W\]"):
+        aug(torch.zeros(2, 2, 8, 8, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="fill has 3 different values"):
+        BatchAugment(**FULL, fill=(1, 2, 3))(torch.zeros(2, 1, 8, 8, dtype=torch.uint8))
     with pytest.raises(ValueError, match=r"x must be \[N, 3, H, W\]"):
         aug(torch.zeros(3, 8, 8, dtype=torch.uint8))
     with pytest.raises(TypeError, match="x must be uint8"):
@@ -968,6 +970,45 @@ def test_a_tv_tensors_image_comes_back_an_image_as_from_torchvision():
             assert type(got) is tv_tensors.Image and torch.equal(got.as_subclass(torch.Tensor), want)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("engine", ["fused", "kornia"])
+@pytest.mark.parametrize("interpolation", ["nearest", "bilinear"])
+@pytest.mark.parametrize("normalize", [((0.5,), (0.25,)), (IMAGENET_MEAN, IMAGENET_STD)], ids=["1-value", "3-values"])
+def test_grayscale_images_as_torchvision_takes_them(device, engine, interpolation, normalize):
+    """[N, 1, H, W] against torchvision per sample (its ColorJitter leaves a 1-channel image's
+    saturation and hue, RandomGrayscale keeps it, contrast blends with its own mean), within the
+    stated tolerance; normalised with one value each it stays 1 channel, with 3 it is broadcast to
+    3 (torchvision's Normalize); replay, eval, out_dtype and the memory format as for 3 channels."""
+    if engine == "kornia":
+        pytest.importorskip("kornia", reason="engine='kornia' needs kornia")
+    mean, std = normalize
+    x = photo_batch(12, 91, 117, seed=44, device=device)[:, 1:2].contiguous()
+    aug = BatchAugment(**FULL, interpolation=interpolation, engine=engine, fill=90, mean=mean, std=std)
+    p = aug.sample_params(12, seed=45)
+    out = aug(x, params=p)
+    channels = aug.out_channels(1)
+    assert channels == len(mean) and out.shape == (12, channels, 91, 117) and out.device == x.device
+    assert out.is_contiguous()
+    ref = torchvision_chain(x, p, interpolation=interpolation, fill=90, mean=mean, std=std)
+    assert ref.shape == out.shape
+    d = assert_within_tolerance(out, ref, std=aug.std[:channels])
+    if interpolation == "bilinear":
+        assert d.max() < 0.05  # the contrast's mean: 0.9999 of it (the three gray weights), at most 1e-4 of a level
+    # saturation, hue and grayscale draws change nothing; the others do
+    same = dict(p, saturation=p["saturation"] * 0 + 1.3, hue=p["hue"] * 0 + 0.2, grayscale=~p["grayscale"])
+    assert torch.equal(aug(x, params=same), out)
+    assert torch.equal(aug(x.contiguous(memory_format=torch.channels_last), params=p), out)
+    assert torch.equal(aug(x, params=aug.last_params), out)
+    half = BatchAugment(**FULL, interpolation=interpolation, engine=engine, fill=90, mean=mean, std=std,
+                        out_dtype=torch.bfloat16, out_memory_format=torch.channels_last)(x, params=p)
+    assert half.dtype == torch.bfloat16 and half.is_contiguous(memory_format=torch.channels_last)
+    assert (half.float() - out).abs().max() <= 0.02 * out.abs().max()
+    aug.eval()
+    want = ((x.float() / 255).expand(-1, channels, -1, -1) - torch.tensor(mean, device=x.device)[:, None, None]) / \
+        torch.tensor(std, device=x.device)[:, None, None]
+    torch.testing.assert_close(aug(x), want, rtol=0, atol=1e-4)  # (Kornia's float order: 3e-5)
+
+
 def test_one_mean_and_std_for_every_channel_as_torchvision_normalize():
     from torchvision.transforms import v2
 
@@ -976,3 +1017,13 @@ def test_one_mean_and_std_for_every_channel_as_torchvision_normalize():
     assert aug.mean == (0.5,) * 3 and aug.std == (0.25,) * 3
     want = v2.Normalize(mean=[0.5], std=[0.25])(x.float() / 255)
     assert torch.allclose(aug(x), want, atol=1e-5)
+
+
+def test_grayscale_images_under_torch_compile_fullgraph():
+    x = photo_batch(4, 24, 32, seed=46)[:, :1].contiguous()
+    for mode in ("train", "eval"):
+        aug = BatchAugment(**FULL, mean=[0.5], std=[0.5], generator=5).train(mode == "train")
+        y = torch.compile(aug, fullgraph=True, backend="aot_eager")(x)
+        assert y.shape == (4, 1, 24, 32)
+        want = aug(x, params=aug.last_params) if mode == "train" else aug(x)
+        assert torch.equal(y, want)

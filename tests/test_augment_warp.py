@@ -82,6 +82,40 @@ def test_bilinear_matches_torchvision_affine(device, size, fill):
     assert same / out8.numel() >= 0.995
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("interpolation", ["nearest", "bilinear"])
+@pytest.mark.parametrize("fill", [None, 0, 77, (77, 77, 77)])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_grayscale_images_warp_as_torchvision_warps_them(device, interpolation, fill, channels_last):
+    """[N, 1, H, W]: each output equals the 3-channel warp of the image repeated, channel for
+    channel (uint8 and float), and torchvision's affine of the 1-channel image as the 3-channel
+    tests state it."""
+    h, w = 157, 203
+    x = photo_batch(6, h, w, seed=12, device=device)[:, 1:2].contiguous()
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    p = random_affine(6, seed=12)
+    m = affine_matrices(p["angle"], p["translate"], p["scale"], p["shear"], size=(h, w))
+    three = x.expand(-1, 3, -1, -1).contiguous()
+    for out_dtype in (torch.uint8, torch.float32):
+        out = warp_affine(x, m, interpolation=interpolation, fill=fill, out_dtype=out_dtype)
+        assert out.shape == (6, 1, h, w) and out.dtype == out_dtype and out.device == x.device
+        whole = warp_affine(three, m, interpolation=interpolation, fill=fill, out_dtype=out_dtype)
+        assert torch.equal(out.expand(-1, 3, -1, -1), whole)
+    fill_arg = None if fill is None else [77 if isinstance(fill, tuple) else fill]
+    excluded = near_rounding_boundary(m, h, w)
+    same = 0
+    for i in range(6):
+        ref = F.affine(x[i].cpu(), **per_sample(p, i), interpolation=MODES[interpolation], fill=fill_arg)
+        d = (out.round().to(torch.uint8)[i].cpu().int() - ref.int()).abs()
+        if interpolation == "nearest":
+            assert not ((d[0] > 0) & ~excluded[i]).any()
+        else:
+            assert d.max() <= 1
+        same += int((d == 0).sum())
+    assert same / out.numel() >= 0.995
+
+
 @pytest.mark.parametrize("interpolation", ["nearest", "bilinear"])
 def test_rotate_is_affine_with_negated_angle(interpolation):
     h, w = 157, 203
@@ -240,8 +274,10 @@ def test_bad_inputs_name_the_argument():
     m = torch.zeros(2, 2, 3)
     with pytest.raises(TypeError, match="x must be uint8"):
         warp_affine(x.float(), m)
-    with pytest.raises(ValueError, match=r"x must be \[N, 3, H, W\]"):
-        warp_affine(x[:, :1], m)
+    with pytest.raises(ValueError, match=r"x must be \[N, 3, H, W\] or \[N, 1, H, W\]"):
+        warp_affine(x[:, :2], m)
+    with pytest.raises(ValueError, match="fill has 3 different values"):
+        warp_affine(x[:, :1], m, fill=(1, 2, 3))
     with pytest.raises(ValueError, match="matrix must be"):
         warp_affine(x, torch.zeros(3, 2, 3))
     with pytest.raises(TypeError, match="matrix must be a float"):

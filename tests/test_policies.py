@@ -285,6 +285,73 @@ def check_steps(module, x: torch.Tensor, params: dict) -> None:
     assert torch.equal(module(x, params=params), current)
 
 
+# --- grayscale [N, 1, H, W] images ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gray() -> torch.Tensor:
+    return photos(157, 203)[:, 1:2].contiguous()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(v2.TrivialAugmentWide._AUGMENTATION_SPACE))
+def test_grayscale_ops_equal_torchvision(gray, device, name):
+    """torchvision's ops on a 1-channel image, each within its tolerance: Color leaves it as it is,
+    Contrast blends with the mean of its own levels (the 3-channel gray level, 0.9999 of it
+    floored, puts 81-97% of the values 1 level off), the rest act per channel."""
+    n = gray.shape[0]
+    names = list(v2.TrivialAugmentWide._AUGMENTATION_SPACE)
+    for interpolation, fill in (("nearest", None), ("bilinear", 77)):
+        module = TrivialAugmentWide(interpolation=interpolation, fill=fill)
+        for bin_ in (1, 13, 20, 30):
+            for negate in (False, True):
+                params = {"op": torch.full((n,), names.index(name)), "bin": torch.full((n,), bin_),
+                          "negate": torch.full((n,), negate)}
+                out = module(gray.to(device), params=params).cpu()
+                assert out.shape == gray.shape and out.dtype == torch.uint8
+                steps = steps_of(module, params, *gray.shape[2:])
+                ref = reference(torchvision_module(module), gray, steps)
+                (op, magnitude), = slot_tensors(steps)
+                matrices = ops.geometric_matrices(op, magnitude, *gray.shape[2:])
+                for i in range(n):
+                    assert_op_matches(out[i], ref[i], name, matrices[i], interpolation, (name, bin_, negate, i))
+            if name not in GEOMETRIC:
+                break  # (the interpolation and fill only matter to the warps)
+
+
+@pytest.mark.parametrize("pairs", [[("Brightness", "Contrast"), ("Equalize", "Contrast"), ("Contrast", "Equalize"),
+                                    ("Posterize", "Contrast")],
+                                   [("Contrast", "Contrast"), ("Color", "Contrast"), ("AutoContrast", "Contrast"),
+                                    ("Contrast", "Solarize")]])
+def test_grayscale_sequences_equal_torchvision(gray, pairs):
+    """Two ops a sample in one call: Contrast folds into a run of table ops after another one (the
+    mean of its input from the histogram the ops before it remapped)."""
+    module = RandAugment(num_ops=2, magnitude=17)
+    names = list(v2.RandAugment._AUGMENTATION_SPACE)
+    params = module.sample_params(4, seed=3)
+    params["op"] = torch.tensor([[names.index(a), names.index(b)] for a, b in pairs])
+    out = module(gray, params=params)
+    ref = reference(torchvision_module(module), gray, steps_of(module, params, *gray.shape[2:]))
+    d = level_diff(out, ref)
+    assert d.max() <= 1 and (d > 0).float().mean() <= 0.02, (int(d.max()), float((d > 0).float().mean()))
+
+
+@pytest.mark.parametrize("module", [RandAugment(num_ops=2, magnitude=9), AutoAugment("cifar10")], ids=type)
+def test_grayscale_policies_equal_torchvision(gray, module):
+    x = gray.repeat(7, 1, 1, 1)  # AutoAugment: every sub-policy
+    params = module.sample_params(28, seed=4, epoch=0, indices=range(28))
+    if isinstance(module, AutoAugment):
+        params["policy"] = torch.arange(28) % 25
+    out = module(x, params=params)
+    ref = reference(torchvision_module(module), x, steps_of(module, params, *x.shape[2:]))
+    # (a warp's nearest-neighbour ties, then the ops after it, differ: a few values in a million;
+    # a wrong Color or Contrast puts most values of its samples off)
+    assert (level_diff(out, ref) > 0).float().mean() <= 1e-3
+    assert torch.equal(module(x.contiguous(memory_format=torch.channels_last), params=params), out)
+    module.eval()
+    assert module(x) is x
+
+
 @pytest.mark.parametrize("magnitude", [0, 5, 9, 30])
 def test_rand_augment_sequences_equal_torchvision(magnitude):
     x = photos(97, 141).repeat(3, 1, 1, 1)
@@ -523,8 +590,10 @@ def test_bad_inputs_are_named(batch):
     module = TrivialAugmentWide()
     with pytest.raises(TypeError, match="x must be uint8"):
         module(batch.float())
-    with pytest.raises(ValueError, match=r"\[N, 3, H, W\]"):
+    with pytest.raises(ValueError, match=r"\[N, 3, H, W\] or \[N, 1, H, W\]"):
         module(batch[:, :2])
+    with pytest.raises(ValueError, match="fill has 3 different values"):
+        TrivialAugmentWide(fill=(1, 2, 3))(batch[:, :1])
     with pytest.raises(ValueError, match="another batch size"):
         module(batch, params=module.sample_params(5, seed=0))
     with pytest.raises(ValueError, match="params lack"):

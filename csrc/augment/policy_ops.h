@@ -31,7 +31,11 @@ enum Kind : int32_t {
   kEqualize = 8,
   kInvert = 9,
   kAffine = 10,       // the sample's 2x3 matrix
-  kNumKinds = 11,
+  // param: factor. Contrast of a 1-channel image read as three equal channels: torchvision blends
+  // a 1-channel image with the mean of its levels, not of the 3-channel gray level (0.9999 of them,
+  // floored). From channel 0's histogram, so it folds into a run of table ops as equalize does.
+  kContrastGray = 11,
+  kNumKinds = 12,
 };
 
 // The kinds' names, as _C.policy_kinds() gives them.
@@ -42,20 +46,22 @@ struct KindName {
 constexpr KindName kKindNames[] = {
     {"identity", kIdentity}, {"brightness", kBrightness}, {"color", kColor}, {"contrast", kContrast},
     {"sharpness", kSharpness}, {"posterize", kPosterize}, {"solarize", kSolarize},
-    {"autocontrast", kAutoContrast}, {"equalize", kEqualize}, {"invert", kInvert}, {"affine", kAffine}};
+    {"autocontrast", kAutoContrast}, {"equalize", kEqualize}, {"invert", kInvert}, {"affine", kAffine},
+    {"contrast_gray", kContrastGray}};
 static_assert(sizeof(kKindNames) / sizeof(kKindNames[0]) == kNumKinds, "a policy kind has no name");
 
 // Kinds that are a per-sample, per-channel lookup table over the 256 input levels.
 GPUPIPE_HD bool is_lut_kind(int32_t k) {
   return k == kIdentity || k == kBrightness || k == kContrast || k == kPosterize ||
-         k == kSolarize || k == kAutoContrast || k == kEqualize || k == kInvert;
+         k == kSolarize || k == kAutoContrast || k == kEqualize || k == kInvert || k == kContrastGray;
 }
-GPUPIPE_HD bool needs_histogram(int32_t k) { return k == kEqualize; }
+GPUPIPE_HD bool needs_histogram(int32_t k) { return k == kEqualize || k == kContrastGray; }
 GPUPIPE_HD bool needs_range(int32_t k) { return k == kAutoContrast; }  // per-channel min and max
 GPUPIPE_HD bool needs_gray_sum(int32_t k) { return k == kContrast; }
 // Kinds whose params entry is read: a factor, posterize's bits or solarize's threshold.
 GPUPIPE_HD bool reads_param(int32_t k) {
-  return k == kBrightness || k == kColor || k == kContrast || k == kSharpness || k == kPosterize || k == kSolarize;
+  return k == kBrightness || k == kColor || k == kContrast || k == kSharpness || k == kPosterize || k == kSolarize ||
+         k == kContrastGray;
 }
 
 // a * b + c rounded once, as torch's vectorised fmadd. Host: glibc's fma (hardware where the CPU
@@ -174,6 +180,14 @@ GPUPIPE_HD void range_from_histogram(const unsigned long long* hist, Stats* s) {
   }
 }
 
+// Contrast's table: each level blended with the mean level sum / pixels (the exact integer sum
+// divided in float32, as torch's float32 mean of integer levels gives it).
+GPUPIPE_HD void contrast_lut(int64_t sum, int64_t pixels, double factor, uint8_t* l) {
+  const float mean = static_cast<float>(sum) / static_cast<float>(pixels);
+  const Blend b = make_blend(factor);
+  for (int v = 0; v < 256; ++v) l[v] = clamp_trunc_u8(fma_rn(mean, b.alpha, static_cast<float>(v) * b.ratio));
+}
+
 // Fills lut[3][256] for one sample of a LUT kind (is_lut_kind).
 GPUPIPE_HD void build_lut(int32_t kind, double param, const Stats& s, uint8_t* lut) {
   for (int c = 0; c < 3; ++c) {
@@ -185,10 +199,13 @@ GPUPIPE_HD void build_lut(int32_t kind, double param, const Stats& s, uint8_t* l
         for (int v = 0; v < 256; ++v) l[v] = brightness_level(static_cast<uint8_t>(v), f);
         break;
       }
-      case kContrast: {  // _blend(image, mean(gray_floor), factor); torch's float32 mean
-        const float mean = static_cast<float>(s.gray_sum) / static_cast<float>(s.pixels);
-        const Blend b = make_blend(param);
-        for (int v = 0; v < 256; ++v) l[v] = clamp_trunc_u8(fma_rn(mean, b.alpha, static_cast<float>(v) * b.ratio));
+      case kContrast:  // _blend(image, mean(gray_floor), factor); torch's float32 mean
+        contrast_lut(s.gray_sum, s.pixels, param, l);
+        break;
+      case kContrastGray: {  // _blend(image, mean(image.float()), factor): channel 0's levels
+        int64_t sum = 0;
+        for (int v = 1; v < 256; ++v) sum += static_cast<int64_t>(s.hist[v]) * v;
+        contrast_lut(sum, s.pixels, param, l);
         break;
       }
       case kPosterize: {

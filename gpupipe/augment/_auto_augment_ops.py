@@ -38,6 +38,11 @@ _KIND_OF_OP = {"Identity": "identity", "ShearX": "affine", "ShearY": "affine", "
                "AutoContrast": "autocontrast", "Equalize": "equalize", "Invert": "invert"}
 _OP_KINDS = torch.tensor([KINDS[_KIND_OF_OP[name]] for name in OP_NAMES], dtype=torch.int64)
 _OP = {name: i for i, name in enumerate(OP_NAMES)}
+# A 1-channel image, run as three equal channels: torchvision's Color (adjust_saturation) returns it
+# unchanged and its Contrast blends with the mean of its own levels.
+_GRAY_KINDS = torch.arange(len(KINDS), dtype=torch.int64)
+_GRAY_KINDS[KINDS["color"]] = KINDS["identity"]
+_GRAY_KINDS[KINDS["contrast"]] = KINDS["contrast_gray"]
 
 
 def _none(num_bins: int, height: int, width: int) -> None:
@@ -101,8 +106,8 @@ def check_images(x: Any) -> torch.Tensor:
     if x.dtype != torch.uint8:
         raise TypeError(f"x must be uint8 (the policies' ops are defined on uint8 images, as torchvision's), "
                         f"got {x.dtype}: apply them before converting to float")
-    if x.dim() != 4 or x.shape[1] != 3:
-        raise ValueError(f"x must be [N, 3, H, W], got shape {tuple(x.shape)}")
+    if x.dim() != 4 or x.shape[1] not in (1, 3):
+        raise ValueError(f"x must be [N, 3, H, W] or [N, 1, H, W] (grayscale), got shape {tuple(x.shape)}")
     return x
 
 
@@ -218,7 +223,10 @@ class PolicyBase(KeyedModule):
         return (op_index * self._num_bins + bins) * 2 + (negate & self._signed[op_index]).to(torch.int64)
 
     def _check_inputs(self, x: Any) -> int:
-        return check_images(x).shape[0]
+        n = check_images(x).shape[0]
+        if x.shape[1] == 1 and self._fill is not None and len(set(self._fill)) > 1:
+            raise ValueError(f"fill has 3 different values {self.fill}; x has 1 channel (give one value)")
+        return n
 
     def _transform(self, x: torch.Tensor, params: dict) -> torch.Tensor:
         table = self._table(x.shape[2], x.shape[3])
@@ -227,9 +235,14 @@ class PolicyBase(KeyedModule):
             return x
         rows = torch.stack(slot_rows, dim=1)  # [N, slots]: every step in one kernel call
         kinds, p, matrices = table.kinds[rows], table.params[rows], table.matrices[rows]
+        gray = x.shape[1] == 1
+        if gray:  # its channel read as three (the kernels' layout), the first kept: per channel, the same ops
+            kinds = _GRAY_KINDS[kinds]
+            x = x.expand(-1, 3, -1, -1).contiguous(memory_format=torch.channels_last)
         if x.device.type != "cpu":
             kinds, p, matrices = (to_device(t, x.device) for t in (kinds, p, matrices))
-        return policy_apply(x, kinds, p, matrices, self.interpolation, self._fill)
+        out = policy_apply(x, kinds, p, matrices, self.interpolation, self._fill)
+        return out[:, :1].clone() if gray else out  # (one channel: contiguous and channels-last alike)
 
     def _slots(self, params: dict, height: int, width: int) -> list:
         """Per slot, (global op ids [N], signed magnitudes [N]): what each sample undergoes."""

@@ -94,9 +94,8 @@ _MEMORY_FORMATS = _one_of("out_memory_format", (torch.contiguous_format, torch.c
 
 
 def _per_channel(value, name: str) -> tuple:
-    """3 floats from 3 numbers, or from 1 for every channel (torchvision's Normalize broadcasts it)."""
-    values = finite_numbers(value, name, (1, 3))
-    return tuple(float(v) for v in values * (3 // len(values)))
+    """The floats given: 3 numbers, or 1 for every channel (torchvision's Normalize broadcasts it)."""
+    return tuple(float(v) for v in finite_numbers(value, name, (1, 3)))
 
 
 def _std(value) -> tuple:
@@ -119,6 +118,21 @@ def _setting(name: str, check: Callable[[Any], Any]) -> property:
         setattr(self, slot, check(value))
 
     return property(get_value, set_value, doc=f"{name}, checked when set")
+
+
+def _per_channel_setting(name: str, check: Callable[[Any], tuple]) -> property:
+    """mean / std: set as 1 or 3 values (kept as given), read as 3. How many were given decides
+    the channels of a 1-channel image's output (:meth:`BatchAugment.out_channels`)."""
+    slot = "_" + name
+
+    def get_value(self):
+        values = getattr(self, slot)
+        return values * (3 // len(values))
+
+    def set_value(self, value):
+        setattr(self, slot, check(value))
+
+    return property(get_value, set_value, doc=f"{name}, 3 values (1 given: for every channel)")
 
 
 def _shear_ranges(value) -> tuple[float, float, float, float]:
@@ -239,7 +253,7 @@ class BatchAugment(KeyedModule):
         hue: turns, ``v`` -> [-v, v], v <= 0.5.
         grayscale: probability of converting a sample to gray (three equal channels).
         mean, std: normalisation per channel on the [0, 1] scale (3 values, or 1 for all, as
-            torchvision's ``Normalize`` broadcasts it).
+            torchvision's ``Normalize`` broadcasts it; read back as 3).
         out_dtype: float32, bfloat16 or float16.
         out_memory_format: ``torch.contiguous_format`` or ``torch.channels_last``.
         color: ``"torchvision"``: torchvision v2's float ops (clamps between ops, HSV hue,
@@ -255,6 +269,9 @@ class BatchAugment(KeyedModule):
     Shapes:
         input: uint8 ``[N, 3, H, W]``, any memory format (channels-last is gpupipe's decode output),
         CPU or CUDA. Output: ``out_dtype`` ``[N, 3, H, W]`` in ``out_memory_format`` on the same device.
+        Grayscale ``[N, 1, H, W]`` inputs are taken as torchvision takes them (saturation, hue and
+        grayscale change nothing; ``fill`` one value); the output has 1 channel when ``mean`` and
+        ``std`` were given as one value each, else 3 (Normalize's broadcast): :meth:`out_channels`.
 
     ``train()`` samples new per-sample parameters every call, kept in ``last_params``;
     ``module(x, params=p)`` replays ``p`` exactly (see :meth:`sample_params`); ``eval()`` only
@@ -479,7 +496,7 @@ class BatchAugment(KeyedModule):
             blocks = params.intact_blocks()
             if blocks is not None:
                 n = self._check_inputs(x)
-                if blocks[2].shape[0] == n:
+                if blocks[2].shape[0] == n and x.shape[1] == 3:
                     self.__dict__["last_params"] = params  # (nn.Module.__setattr__'s checks: a plain value)
                     return like_input(self._run_kernel(x, torch.from_numpy(_C.pack_drawn_augment_params(
                         *blocks, x.shape[2], x.shape[3]))), x)
@@ -488,17 +505,27 @@ class BatchAugment(KeyedModule):
     def _check_inputs(self, x: torch.Tensor) -> int:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a tensor, got {type(x).__name__}")
-        if x.dim() != 4 or x.shape[1] != 3:
-            raise ValueError(f"x must be [N, 3, H, W] images, got shape {tuple(x.shape)}")
+        if x.dim() != 4 or x.shape[1] not in (1, 3):
+            raise ValueError(f"x must be [N, 3, H, W] or [N, 1, H, W] (grayscale) images, got shape {tuple(x.shape)}")
         if x.dtype != torch.uint8:
             raise TypeError(f"x must be uint8 (gpupipe's decode output; convert float images in [0, 1] with "
                             f"(x * 255).round().to(torch.uint8)), got {x.dtype}")
+        if x.shape[1] == 1 and self.fill is not None and len(set(self.fill)) > 1:
+            raise ValueError(f"fill has 3 different values {tuple(self.fill)}; x has 1 channel (give one value)")
         return x.shape[0]
+
+    def out_channels(self, channels: int) -> int:
+        """The output's channels for an input of ``channels`` (1 or 3): 3, or 1 for a 1-channel input
+        normalised with one mean and one std. torchvision's ``Normalize`` broadcasts 3 values over a
+        1-channel image to 3 channels, and so does this module."""
+        return 1 if channels == 1 and len(self._mean) == 1 and len(self._std) == 1 else 3
 
     def _transform_identity(self, x: torch.Tensor, params: dict) -> torch.Tensor:
         return self._transform(x, params)  # eval(): conversion and normalisation
 
     def _transform(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        if x.shape[1] == 1:
+            return self._transform_gray(x, params)
         h, w = x.shape[2], x.shape[3]
         if self.engine == "kornia":
             from gpupipe.augment.kornia_engine import kornia_augment
@@ -506,6 +533,19 @@ class BatchAugment(KeyedModule):
             self.last_path = "kornia"
             return kornia_augment(self, x, params)
         return self._run_kernel(x, self.pack_params(params, h, w))
+
+    def _transform_gray(self, x: torch.Tensor, params: dict) -> torch.Tensor:
+        """A 1-channel batch as torchvision treats one: saturation, hue and grayscale leave it as it
+        is; contrast blends with its mean (here with the gray level of its channel read three times:
+        0.2989 + 0.587 + 0.114 = 0.9999 times it, at most 1e-4 of a level off); the rest is per
+        channel. So the 3-channel chain runs on the channel repeated, with those three ops as
+        identities (``last_params`` keeps their draws, as ColorJitter draws them for any image)."""
+        three = x.expand(-1, 3, -1, -1).contiguous(memory_format=torch.channels_last)  # (the kernel's fast layout)
+        params = dict(params, saturation=torch.ones_like(params["saturation"]), hue=torch.zeros_like(params["hue"]),
+                      grayscale=torch.zeros_like(params["grayscale"]))
+        out = self._transform(three, params)
+        # (one channel is contiguous and channels-last alike)
+        return out if self.out_channels(1) == 3 else out[:, :1].clone()
 
     def _run_kernel(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         """The fused engine on ``x`` with its packed rows (host): one copy to x's device, one call."""
@@ -539,8 +579,8 @@ class BatchAugment(KeyedModule):
     contrast = _setting("contrast", lambda v: _factor_range(v, "contrast"))
     saturation = _setting("saturation", lambda v: _factor_range(v, "saturation"))
     hue = _setting("hue", lambda v: _symmetric_range(v, "hue", bound=0.5))
-    mean = _setting("mean", lambda v: _per_channel(v, "mean"))
-    std = _setting("std", _std)
+    mean = _per_channel_setting("mean", lambda v: _per_channel(v, "mean"))
+    std = _per_channel_setting("std", _std)
     out_dtype = _setting("out_dtype", _one_of("out_dtype", fused.OUT_DTYPES))
     color = _setting("color", _one_of("color", fused.COLOR_MODELS))
     engine = _setting("engine", _one_of("engine", ("fused", "kornia")))
