@@ -13,6 +13,7 @@ from torchvision.transforms import v2
 from gpupipe import _C, keyed
 from gpupipe.augment import AutoAugment, RandAugment, TrivialAugmentWide
 from gpupipe.augment import _auto_augment_ops as ops
+from gpupipe.augment import _policy_kernels
 from gpupipe.augment.auto_augment import POLICIES
 
 GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
@@ -756,3 +757,25 @@ def test_a_fill_set_after_construction_is_used_and_checked(cls):
     with pytest.raises(ValueError, match="fill"):
         policy.fill = 300
     assert policy.fill == 128
+
+
+def test_policy_arguments_are_held_while_the_kernel_reads_them(monkeypatch):
+    """Non-contiguous kinds / params / matrices are copied for the kernel; the copies must live
+    until it returns (a buffer is an address only): memory freed before the call and reused (here
+    by same-size garbage) gave the kernel other ops."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (6, 3, 20, 24), dtype=torch.uint8, generator=g)
+    kinds = torch.tensor([[_policy_kernels.KINDS["invert"]] * 2, [_policy_kernels.KINDS["posterize"]] * 2] * 3)
+    params = torch.tensor([[1.0, 1.0], [2.0, 2.0]] * 3, dtype=torch.float64)
+    matrices = torch.zeros(6, 2, 6, dtype=torch.float32)
+    want = _policy_kernels.policy_apply(x, kinds[:, :1].contiguous(), params[:, :1].contiguous(), matrices[:, :1].contiguous())
+    real, garbage = _C.policy_apply, []
+
+    def churn(*args):  # what another thread might allocate meanwhile
+        for shape, dtype, value in (((6, 1), torch.int64, 0), ((6, 1), torch.float64, 0.0), ((6, 1, 6), torch.float32, float("nan"))):
+            garbage.extend(torch.full(shape, value, dtype=dtype) for _ in range(8))
+        return real(*args)
+
+    monkeypatch.setattr(_C, "policy_apply", churn)
+    got = _policy_kernels.policy_apply(x, kinds[:, :1], params[:, :1], matrices[:, :1])  # strided views: copies
+    assert torch.equal(got, want)

@@ -36,8 +36,10 @@ def _check(x, kinds, params, matrices):
                              f"on {t.device}")
 
 
-def _buffers(x, out, kinds, params, matrices) -> list:
-    return [_kernels.buffer(t) for t in (x, out, kinds.contiguous(), params.contiguous(), matrices.contiguous())]
+def _buffers(*tensors) -> list:
+    """The tensors' buffers: addresses only, so each tensor must be held (contiguous already: a
+    copy made here would be freed before the kernel read it) until the call that reads it returns."""
+    return [_kernels.buffer(t) for t in tensors]
 
 
 @torch.library.custom_op("gpupipe::policy_apply", mutates_args=())
@@ -50,6 +52,7 @@ def _policy_apply_op(x: torch.Tensor, kinds: torch.Tensor, params: torch.Tensor,
 def _policy_apply_cpu(x, kinds, params, matrices, interpolation, fill):
     _check(x, kinds, params, matrices)
     out = torch.empty_like(x)  # the input's memory format (channels-last stays channels-last)
+    kinds, params, matrices = kinds.contiguous(), params.contiguous(), matrices.contiguous()
     _C.policy_apply(*_buffers(x, out, kinds, params, matrices), interpolation, fill, _kernels.num_threads())
     return out
 
@@ -70,7 +73,10 @@ def _(x, kinds, params, matrices, interpolation, fill):
             src, out = out if s else x, torch.empty_like(x)
             hist.zero_()
             gray_sum.zero_()
-            cuda.policy_apply(*_buffers(src, out, kinds[:, s : s + 1], params[:, s : s + 1], matrices[:, s : s + 1]),
+            # (the slot's copies are held until the launches are queued: freed earlier, the allocator
+            # could hand their memory to another thread's work on this stream before the kernels read it)
+            slot = [t[:, s : s + 1].contiguous() for t in (kinds, params, matrices)]
+            cuda.policy_apply(*_buffers(src, out, *slot),
                               _kernels.buffer(hist), _kernels.buffer(gray_sum), _kernels.buffer(luts), interpolation, fill,
                               _kernels.current_stream(x.device))
     return out

@@ -205,8 +205,8 @@ class RandomErasing(KeyedModule):
             # the boxes' elements only (after a copy of x unless inplace), as torchvision writes a slice
             out = x if self.inplace else x.clone()
             fill = _fill(values, x)
-            _C.erase_boxes(_kernels.buffer(out), _kernels.buffer(box.contiguous()), _kernels.buffer(fill),
-                                    _kernels.num_threads())
+            box = box.contiguous()  # (held while the kernel reads it: a buffer is an address only)
+            _C.erase_boxes(_kernels.buffer(out), _kernels.buffer(box), _kernels.buffer(fill), _kernels.num_threads())
             if self.inplace:  # as torch's in-place ops: autograd then refuses a graph that saved x
                 torch.autograd.graph.increment_version(out)
             return out
