@@ -354,9 +354,13 @@ def test_a_kernel_error_names_the_engine(fake, monkeypatch):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(nvimgcodec, "_crop_resize", lambda: crop)
-    with pytest.raises(RuntimeError, match="cuda decoder on cuda:0: crop and resize failed .*OutOfMemoryError"):
+    with pytest.raises(torch.OutOfMemoryError, match="cuda decoder on cuda:0: crop and resize failed .*OutOfMemoryError") as e:
         eng.decode([b"x"], np.array([[0, 0, 8, 8]]), torch.zeros(1, 8, 8, 3, dtype=torch.uint8), np.array([0]),
                    DecodeOptions(size=(8, 8)), sizes=np.array([[8, 8]]))
+    # through the hybrid backend it is still one (both wrappers keep the kind)
+    from gpupipe._backends import hybrid
+
+    assert isinstance(hybrid._engine_failure("cuda", e.value), torch.OutOfMemoryError)
 
 
 def test_engine_start_failure_is_a_clear_error(fake):

@@ -369,7 +369,9 @@ class Engine:
         return self if lane == 0 else engine(self.kind, self.device, lane=lane)
 
     def _fail(self, what: str, e: BaseException) -> RuntimeError:
-        return RuntimeError(f"{self.name}: {what} failed ({brief(e, 400)})")
+        # (an out-of-memory stays one: `except torch.OutOfMemoryError` catches it, as docs/gpu.md says)
+        kind = torch.OutOfMemoryError if isinstance(e, torch.OutOfMemoryError) else RuntimeError
+        return kind(f"{self.name}: {what} failed ({brief(e, 400)})")
 
     def decode(self, buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, slots: np.ndarray, options: DecodeOptions,
                *, sizes: Optional[np.ndarray] = None) -> dict:
