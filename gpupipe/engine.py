@@ -13,6 +13,8 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
+import torch
+
 from gpupipe import _C
 from gpupipe._exit import call_scope, interpreter_exiting, thread_parked
 
@@ -136,11 +138,14 @@ class Engine:
         times: where the stages' busy time and the consumer's wait go.
         closables: objects whose ``close()`` must also wake waiters on shutdown (e.g. a buffer ring).
         name: thread name prefix.
+        device: a CUDA device the stage threads make their current device (a new thread's is device
+            0: what it allocates, pins or launches without naming a device would go there).
     """
 
     def __init__(self, source: Iterable, stages: Sequence[tuple[str, Callable]], *, capacity: int, times: StageTimes,
-                 closables: Sequence = (), name: str = "gpupipe"):
+                 closables: Sequence = (), name: str = "gpupipe", device: Optional[torch.device] = None):
         self.times = times
+        self._device = device if device is not None and device.type == "cuda" else None
         self._queues = [BoundedQueue(capacity) for _ in stages]
         self._closables = list(closables)
         self._stop = threading.Event()
@@ -170,6 +175,8 @@ class Engine:
         # the thread for good: gpupipe._exit). A thread that stops (Closed) is joined by its closer.
         item = result = None
         try:
+            if self._device is not None:
+                torch.cuda.set_device(self._device)  # (this thread's own setting)
             iterator = iter(items) if items is not None else None
             while not self._stop.is_set():
                 try:

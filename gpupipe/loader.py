@@ -501,8 +501,8 @@ class Loader:
         self.crop = crop
         self.augment = augment
         self.batch_transform = batch_transform
-        self.device = torch.device(device)
-        self.backend = backends.resolve(backend, self.device)  # a clear error when it cannot run here
+        self.backend = backends.resolve(backend, torch.device(device))  # a clear error when it cannot run here
+        self.device = backends.concrete_device(torch.device(device))  # ("cuda": the caller's current device)
         if decode_shares is not None and self.backend != "hybrid":
             raise ValueError(f"decode_shares splits the hybrid backend's batches; this Loader's backend is "
                              f"{self.backend!r}")
@@ -999,7 +999,7 @@ class _Epoch:
                 # times its transfer and augment parts; an epoch started ahead runs them once it is taken
                 stages.append(("finish", self.finish, False, self._wait_until_adopted))
             self.engine = Engine(self.batches(), stages, capacity=loader.prefetch, times=stats.times,
-                                 closables=[self.ring] if self.ring else [], name="gpupipe")
+                                 closables=[self.ring] if self.ring else [], name="gpupipe", device=loader.device)
         except BaseException:  # nothing started: what was taken is given back
             self._release_workers()
             if self.ring is not None:
@@ -1133,7 +1133,9 @@ class _Epoch:
                                        workers=self.workers)
                 batch.pending = lambda: hybrid.wait(started)
             else:
-                keyed_routes = {"keys": self.route_keys(batch), "shares": self.shares} if l.backend == "hybrid" else {}
+                # (the epoch's engines and threads: threads made per batch would vie with them for the decoders)
+                keyed_routes = {"keys": self.route_keys(batch), "shares": self.shares, "engines": l._gpu_engines(),
+                                "workers": self.workers} if l.backend == "hybrid" else {}
                 batch.status = decode_into(batch.datas, batch.boxes, batch.images, l.options, infos=batch.infos,
                                            **keyed_routes)
         except BaseException:

@@ -112,7 +112,8 @@ def _plan_random_resized_crops(buffers: list, crop: "crops.RandomResizedCrop", o
 
 def decode_into(datas: Sequence[Any], boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions, *,
                 infos: Optional[HeaderInfos] = None, keys: Optional[hybrid.RouteKeys] = None,
-                shares: Optional[hybrid.Shares] = None) -> BatchStatus:
+                shares: Optional[hybrid.Shares] = None, engines: Optional[dict] = None,
+                workers: Optional[hybrid.Workers] = None) -> BatchStatus:
     """Decodes the crop ``boxes[i]`` of ``datas[i]`` into ``out[i]`` for every sample.
 
     Args:
@@ -124,6 +125,8 @@ def decode_into(datas: Sequence[Any], boxes: np.ndarray, out: torch.Tensor, opti
         infos: the batch's headers when the caller already read them (:func:`probe`).
         keys, shares: the hybrid backend's routes: the samples' (seed, epoch, index) and the
             epoch's engine shares (default: positions in the call, the starting shares).
+        engines, workers: the hybrid backend's GPU engines and their threads to run on (a Loader's,
+            shared by its epochs); default: the device's engines, and threads made for the call.
 
     Returns:
         BatchStatus: per sample, its error kind and message, warning, and route. Failed samples'
@@ -143,7 +146,7 @@ def decode_into(datas: Sequence[Any], boxes: np.ndarray, out: torch.Tensor, opti
         raise ValueError(f"options.backend must be one of {list(BACKENDS)}, got {options.backend!r}")
     if options.backend == "hybrid":  # routes keyed by sample: the keys follow every sub-batch
         keys = keys or hybrid.RouteKeys(0, 0, np.arange(n, dtype=np.int64))
-        backend = _Keyed(keys, shares)
+        backend = _Keyed(keys, shares, engines, workers)
     if straight(infos, options):
         status = backend.decode(buffers, np.ascontiguousarray(boxes), out, options, infos)
     else:
@@ -157,14 +160,16 @@ def decode_into(datas: Sequence[Any], boxes: np.ndarray, out: torch.Tensor, opti
 class _Keyed:
     """The hybrid backend with a batch's route keys bound: ``select(rows)`` for a sub-batch."""
 
-    def __init__(self, keys: hybrid.RouteKeys, shares: Optional[hybrid.Shares]):
-        self.keys, self.shares = keys, shares
+    def __init__(self, keys: hybrid.RouteKeys, shares: Optional[hybrid.Shares], engines: Optional[dict] = None,
+                 workers: Optional[hybrid.Workers] = None):
+        self.keys, self.shares, self.engines, self.workers = keys, shares, engines, workers
 
     def select(self, rows: np.ndarray) -> "_Keyed":
-        return _Keyed(self.keys.select(rows), self.shares)
+        return _Keyed(self.keys.select(rows), self.shares, self.engines, self.workers)
 
     def decode(self, buffers, boxes, out, options, infos) -> BatchStatus:
-        return hybrid.decode(buffers, boxes, out, options, infos, keys=self.keys, shares=self.shares)
+        return hybrid.decode(buffers, boxes, out, options, infos, keys=self.keys, shares=self.shares,
+                             engines=self.engines, workers=self.workers)
 
 
 def straight(infos: HeaderInfos, options: DecodeOptions) -> bool:

@@ -103,3 +103,28 @@ def test_stage_times_are_recorded():
     assert list(e) == [0, 1, 2]
     busy, wait = times.snapshot()
     assert busy["sleep"] >= 0.05 and wait > 0
+
+
+def test_stage_threads_make_a_cuda_loaders_device_their_current_one(monkeypatch):
+    """A new thread's current CUDA device is 0 whatever its starter set (torch.cuda.set_device is
+    per thread): a rank's Loader on device k allocated, pinned and decoded on device 0 in its stage
+    threads. Each stage thread sets the Loader's device first; a CPU engine sets nothing."""
+    import torch
+
+    from gpupipe import backends
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append((threading.current_thread().name, d)))
+    e = Engine(range(3), [("a", lambda x: x), ("b", lambda x: x)], capacity=2, times=StageTimes(["a", "b"]),
+               name="gpupipe-test", device=torch.device("cuda", 1))
+    assert list(e) == [0, 1, 2]
+    assert sorted(calls) == [("gpupipe-test-a", torch.device("cuda", 1)), ("gpupipe-test-b", torch.device("cuda", 1))]
+    calls.clear()
+    assert list(Engine(range(3), [("a", lambda x: x)], capacity=2, times=StageTimes(["a"]), device=torch.device("cpu"))) == [0, 1, 2]
+    assert calls == []
+    # "cuda" without an index is fixed to the caller's current device when the Loader is made
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert backends.concrete_device(torch.device("cuda")) == torch.device("cuda", 3)
+    assert backends.concrete_device(torch.device("cuda", 1)) == torch.device("cuda", 1)
+    assert backends.concrete_device(torch.device("cpu")) == torch.device("cpu")

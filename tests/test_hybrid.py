@@ -867,6 +867,27 @@ def test_the_gpu_engines_are_given_each_file_up_to_its_eoi(host_engines):
     assert torch.equal(out, ref) and status.ok.all()
 
 
+def test_a_loaders_mixed_batches_run_on_its_engines_threads(tmp_path, host_engines, monkeypatch):
+    """Batches that take the general path (EXIF orientation to apply, a PNG, a box to pad) run on
+    the Loader's engine threads, as its other batches: threads made per batch vied with them for
+    the decoders (and their busy time counted the wait)."""
+    make_image_folder(tmp_path, per_class=12)
+    made = []
+    workers_init = hybrid.Workers.__init__
+
+    def counting(self, *a, **kw):
+        made.append(self)
+        workers_init(self, *a, **kw)
+
+    monkeypatch.setattr(hybrid.Workers, "__init__", counting)
+    ld = loader(tmp_path, apply_exif_orientation=True, lookahead=False)
+    seen = [index_of(x[k]) for x, _ in ld for k in range(x.shape[0])]
+    assert sorted(seen) == list(range(36))
+    assert len(made) == 1  # the Loader's own
+    routes = ld.stats()["routes"]
+    assert routes["gpu-hardware"] + routes["gpu-cuda"] > 0
+
+
 def loader(root, **kw):
     return gpupipe.Loader(gpupipe.sources.ImageFolder(root), batch_size=8, backend="hybrid", num_threads=2,
                           crop=gpupipe.crops.RandomResizedCrop(SIZE), seed=3, **kw)

@@ -45,6 +45,8 @@ def _bucket(n: int) -> int:
 
 
 def _pipeline(max_batch: int, out_hw, resize: bool, mode: str, device: torch.device, num_threads: int):
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())  # (the key names the device DALI runs on)
     key = (max_batch, tuple(out_hw), resize, mode, device.type, device.index, num_threads)
     with _lock:
         found = _pipelines.pop(key, None)
@@ -56,7 +58,7 @@ def _pipeline(max_batch: int, out_hw, resize: bool, mode: str, device: torch.dev
         from nvidia.dali import pipeline_def
 
         gpu = device.type == "cuda"
-        device_id = (device.index if device.index is not None else torch.cuda.current_device()) if gpu else None
+        device_id = device.index if gpu else None
 
         @pipeline_def(batch_size=max_batch, num_threads=num_threads, device_id=device_id, exec_dynamic=True,
                       prefetch_queue_depth=1)

@@ -449,6 +449,8 @@ class _EngineQueue:
 
     def _loop(self, lane: int) -> None:
         stream = self.streams[lane]
+        if stream is not None:  # (a new thread's current device is 0: its decoder is made on the stream's)
+            torch.cuda.set_device(stream.device)
         while True:
             engine, group = self._take()
             if engine is None:
@@ -826,6 +828,7 @@ def _engine_failure(kind: str, e: BaseException) -> RuntimeError:
 
 def decode(buffers: Sequence, boxes: np.ndarray, out: torch.Tensor, options: DecodeOptions, infos: HeaderInfos, *,
            keys: Optional[RouteKeys] = None, shares: Optional[Shares] = None,
-           engines: Optional[dict] = None) -> BatchStatus:
+           engines: Optional[dict] = None, workers: Optional[Workers] = None) -> BatchStatus:
     """:func:`start`, then :func:`wait`."""
-    return wait(start(buffers, boxes, out, options, infos, keys=keys, shares=shares, engines=engines))
+    return wait(start(buffers, boxes, out, options, infos, keys=keys, shares=shares, engines=engines,
+                      workers=workers))
