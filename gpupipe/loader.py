@@ -980,8 +980,11 @@ class _Epoch:
             stats.shares = self.shares
             self.workers = loader._hybrid_workers()
         try:
-            if loader.backend == "hybrid" and loader.device.type == "cuda":
-                self.decode_stream = torch.cuda.Stream(loader.device)  # the engines wait for it, not the training step
+            if loader.backend in ("hybrid", "nvjpeg", "dali") and loader.device.type == "cuda":
+                # GPU decoders' work and waits on a stream of their own, never the training step's (a stage
+                # thread's current stream is the legacy default one, which the decoders' device checks
+                # synchronised and the training step's work queued on)
+                self.decode_stream = torch.cuda.Stream(loader.device)
             self.augment_keyed = _keyed(loader.augment)
             self.transform_keyed = _keyed(loader.batch_transform)
             # A chunk's batches transferred and augmented in one call, when each sample's output is its
@@ -1109,7 +1112,7 @@ class _Epoch:
     def decode(self, batch: Batch) -> Batch:
         if self.decode_stream is None:  # (torch.cuda.stream(None) asks for CUDA devices: 60 us on a host without)
             return self._decode(batch)
-        with torch.cuda.stream(self.decode_stream):  # hybrid on CUDA: out's allocation and waits here
+        with torch.cuda.stream(self.decode_stream):  # a GPU decoder: out's allocation and waits here
             return self._decode(batch)
 
     def _decode(self, batch: Batch) -> Batch:
