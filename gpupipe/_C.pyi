@@ -38,6 +38,8 @@ ERROR_CLASSES: dict[ErrorKind, type[Exception]]  # the exception each kind raise
 COLORSPACES: tuple[str, ...]  # read_header's colorspace names, index = the C++ enum's value
 SUBSAMPLINGS: tuple[str, ...]
 INFO_COLUMNS: tuple[str, ...]  # the columns of read_header_infos' table
+MALFORMED_LAYOUT: int  # the malformed column's bit for a marker layout libjpeg reads only with a warning or an error
+FINER_CHROMA: int  # the malformed column's bit for a component sampled more finely than the first (valid)
 LIBJPEG_MESSAGES: tuple[str, ...]  # libjpeg's message formats
 MAX_THREADS: int
 libjpeg_turbo_version: int  # LIBJPEG_TURBO_VERSION_NUMBER, e.g. 2001005 for 2.1.5

@@ -217,8 +217,10 @@ class HeaderInfos:
     Attributes:
         table: int64 ``[N, len(_C.INFO_COLUMNS)]``: height, width, colorspace, channels,
             orientation, progressive, scans, trailing (the bytes after the EOI marker that ends the
-            JPEG, which libjpeg never reads: 0 for most files, -1 without one), malformed (1: a
-            marker layout libjpeg reads only with a warning or an error), error (``-1`` fields
+            JPEG, which libjpeg never reads: 0 for most files, -1 without one), malformed (bits,
+            0 for most files: ``_C.MALFORMED_LAYOUT``, a marker layout libjpeg reads only with a
+            warning or an error; ``_C.FINER_CHROMA``, a valid file with a component sampled more
+            finely than the first, which DALI's crop decode gets wrong), error (``-1`` fields
             where unreadable; scans, trailing and malformed where not counted).
         messages: ``{index: message}`` for unreadable headers.
         pillow: ``{index: (height, width, orientation)}`` of non-JPEG files Pillow reads.

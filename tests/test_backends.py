@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import gpupipe
+from gpupipe import _C
 from gpupipe._backends import dali as dali_backend
 from helpers import PHOTOS, BACKEND_DEVICES, assert_close_to_core, encode, patch_sof, photo, photo_jpegs, run_child
 
@@ -159,7 +160,9 @@ def test_dalis_log_lines_are_recognised():
     """DALI's logger ("[ERROR] [component] ...", coloured or not; components such as nvjpeg-ext) and
     libjpeg's messages are DALI's; a line of the user's is not (it passes on to stderr)."""
     for line in ("\x1b[0;31m[ERROR] \x1b[0m[nvjpeg-ext] Failed to load nvJPEG library or retrieve version.",
-                 "[WARNING] [nvjpeg2k_ext] Failed to load", "Corrupt JPEG data: 12 extraneous bytes before marker 0xd9"):
+                 "[WARNING] [nvjpeg2k_ext] Failed to load", "Corrupt JPEG data: 12 extraneous bytes before marker 0xd9",
+                 # libjpeg-turbo 3's wording (DALI's bundled one; gpupipe's 2.1 says "progressive parameters")
+                 "Invalid progressive/lossless parameters Ss=6 Se=5 Ah=0 Al=2"):
         assert dali_backend._is_decoder_message(line), line
     assert not dali_backend._is_decoder_message("my training step 12: loss 0.3")
     # two of DALI's threads failing at once (measured): one line starts two messages, the next is a fragment
@@ -317,6 +320,68 @@ def test_gpu_decoders_are_given_each_file_up_to_its_eoi(photos, kind):
     assert np.array_equal(cpu_infos.table, infos.table)
 
 
+def bad_progressions() -> dict:
+    """Progressive files whose scan parameters libjpeg refuses ("Invalid progressive parameters":
+    DALI's libjpeg-turbo 3 printed it to stderr in its own words), and a baseline file coded as
+    progressive (its one scan Ss = 0, Se = 63)."""
+    import io
+
+    from PIL import Image
+
+    img = Image.fromarray(photo(48, 64))
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=85, progressive=True)
+    prog = buf.getvalue()
+    scans = [i for i in range(2, len(prog) - 1) if prog[i] == 0xFF and prog[i + 1] == 0xDA]
+
+    def edit(k: int, field: int, value: int) -> bytes:  # field 0: Ss, 1: Se, 2: Ah/Al of scan k
+        at = scans[k] + 5 + 2 * prog[scans[k] + 4] + field
+        return prog[:at] + bytes([value]) + prog[at + 1:]
+
+    dc = next(k for k in range(len(scans)) if prog[scans[k] + 5 + 2 * prog[scans[k] + 4]] == 0)
+    ac = next(k for k in range(len(scans)) if prog[scans[k] + 5 + 2 * prog[scans[k] + 4]] > 0)
+    ss = prog[scans[ac] + 5 + 2 * prog[scans[ac] + 4]]
+    baseline = io.BytesIO()
+    img.save(baseline, "JPEG", quality=85)
+    base = baseline.getvalue()
+    sof = base.index(b"\xff\xc0")
+    return {"a progressive DC scan with Se = 5": edit(dc, 1, 5), "a progressive AC scan with Ss > Se": edit(ac, 1, ss - 1),
+            "a progressive scan with Al = 14": edit(ac, 2, 0xEE), "a baseline scan in a progressive frame":
+            base[:sof + 1] + b"\xc2" + base[sof + 2:]}
+
+
+def test_a_component_sampled_more_finely_than_luma_is_the_cpu_cores():
+    """Valid, rare files whose chroma is sampled more finely than luma: DALI's crop decode gave other
+    pixels (up to 22 levels on narrow crops near the left edge). Marked (FINER_CHROMA), refused to the
+    GPU decoders (9), decoded by the CPU core exactly as the full decode cropped; the usual
+    samplings are not marked."""
+    from gpupipe._backends import gpu_fallback
+    from gpupipe.decode_types import DecodeOptions
+    from gpupipe.routing import probe
+
+    pixels = photo(40, 62)
+    odd = [_C.encode_jpeg(pixels.tobytes(), 40, 62, 3, sampling=s) for s in ([(1, 1), (2, 2), (2, 2)],
+                                                                           [(2, 1), (1, 1), (4, 1)],
+                                                                           [(4, 1), (1, 2), (2, 2)])]
+    usual = [_C.encode_jpeg(pixels.tobytes(), 40, 62, 3, sampling=s) for s in ([(2, 2), (1, 1), (1, 1)],
+                                                                             [(2, 1), (1, 1), (1, 1)],
+                                                                             [(1, 1), (1, 1), (1, 1)],
+                                                                             [(4, 1), (1, 1), (1, 1)])]
+    infos = probe(odd + usual)
+    assert infos.column("malformed").tolist() == [_C.FINER_CHROMA] * 3 + [0] * 4
+    boxes = np.array([[0, 0, 40, 2], [3, 0, 20, 3], [25, 1, 15, 5]] + [[0, 0, 8, 8]] * 4)
+    codes = gpu_fallback.refusals(infos, boxes, DecodeOptions(size=None))
+    assert codes.tolist() == [9] * 3 + [0] * 4 and "sampling" in gpu_fallback.REFUSALS[9]
+    for backend in [b for b in ("cpu", "dali") if AVAILABLE[b]["available"]]:
+        got = gpupipe.decode_crop_jpegs(odd, boxes[:3], size=(8, 8), backend=backend)
+        assert got.ok.all()
+        for k, (t, l, h, w) in enumerate(boxes[:3]):
+            whole = gpupipe.decode_crop_jpegs([odd[k]], [[t, l, h, w]], size=(8, 8), backend="cpu")
+            assert torch.equal(got.images[k], whole.images[0]), (backend, k)
+        if backend == "dali":
+            assert got.routes == ["cpu-fallback"] * 3 and all("sampling" in v for v in got.fallback.values())
+
+
 def test_a_marker_layout_libjpeg_reads_only_with_a_warning_is_the_cpu_cores():
     """nvImageCodec 0.9's parser (DALI's too) killed the process on a file of the hostile corpus (a
     RST marker and bytes between the header's segments, a second SOF inside the scan). The marker
@@ -339,7 +404,8 @@ def test_a_marker_layout_libjpeg_reads_only_with_a_warning_is_the_cpu_cores():
            "a second SOF": base[:sos] + sof_segment + base[sos:],
            "an unknown marker": base[:sos] + b"\xff\xc8\x00\x04ab" + base[sos:],
            "a length below 2": base[:sos] + b"\xff\xfe\x00\x01" + base[sos:],
-           "a sequential scan with Se = 62": base[:sos + 4 + 2 * base[sos + 4] + 2] + b"\x3e" + base[sos + 4 + 2 * base[sos + 4] + 3:]}
+           "a sequential scan with Se = 62": base[:sos + 4 + 2 * base[sos + 4] + 2] + b"\x3e" + base[sos + 4 + 2 * base[sos + 4] + 3:],
+           **bad_progressions()}
     with pytest.warns(gpupipe.JpegWarning, match="Invalid SOS parameters for sequential JPEG"):  # (libjpeg's)
         gpupipe.decode_crop_jpegs([odd["a sequential scan with Se = 62"]], [[0, 0, 8, 8]])
     infos = probe(list(clean.values()) + list(odd.values()))

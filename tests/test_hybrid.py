@@ -196,7 +196,8 @@ def refusal_reference(table: np.ndarray, boxes: np.ndarray, window: bool, strict
         inside &= (bh == box_height) & (bw == box_width)
     checks = [(2, (h > 0) & (w > 0)), (3, np.isin(col["colorspace"], colorspaces)),
               (4, h.astype(np.float64) * w <= max_pixels), (5, (col["scans"] >= 0) & (col["scans"] <= max_scans)),
-              (8, col["malformed"] == 0), (6, col["trailing"] >= 0), (7, inside & whole)]
+              (8, (col["malformed"] >= 0) & ((col["malformed"] & _C.MALFORMED_LAYOUT) == 0)),
+              (9, (col["malformed"] & _C.FINER_CHROMA) == 0), (6, col["trailing"] >= 0), (7, inside & whole)]
     codes = np.zeros(len(boxes), np.int8)
     for code, passed in reversed(checks):  # the first that fails wins
         codes[~passed] = code
@@ -231,7 +232,7 @@ def test_the_native_routes_equal_their_numpy_definition(dtype):
                 refusals = _C.gpu_refusals(table, boxes, window, strict, mask, max_pixels, max_scans, box_h, box_w)
                 assert np.array_equal(refusals, refusal_reference(table, boxes, window, strict, cs, max_pixels,
                                                                   max_scans, box_h, box_w))
-                assert window or strict or set(np.unique(refusals)) == set(range(9)) - {1}  # each reason met
+                assert window or strict or set(np.unique(refusals)) == set(range(10)) - {1}  # each reason met
                 expected = hybrid.assign(11, -3, indices, shares, eligible)
                 for k, kind in enumerate(hybrid.ENGINES[1:], 1):
                     if kind not in engines:
@@ -267,7 +268,7 @@ def random_route_inputs(rng, n: int, dtype):
     table[:, col["progressive"]] = rng.integers(0, 2, n)
     table[:, col["scans"]] = mostly(rng.integers(1, 10, n), [-1, 0, 99, 100, 101])
     table[:, col["trailing"]] = mostly(rng.integers(0, 3, n), [-1, -2])
-    table[:, col["malformed"]] = mostly(0, [1, -1])
+    table[:, col["malformed"]] = mostly(0, [1, 2, 3, -1])
     h, w = table[:, col["height"]], table[:, col["width"]]
     bh, bw = rng.integers(1, 65, n), rng.integers(1, 65, n)
     bh[::5], bw[::5] = 7, 9  # the output's size in ELIGIBILITY_CASES' case without a resize

@@ -280,6 +280,8 @@ void register_header(py::module_& m) {
   m.attr("COLORSPACES") = names(kColorSpaceNames);
   m.attr("SUBSAMPLINGS") = names(kSubsamplingNames);
   m.attr("INFO_COLUMNS") = names(kInfoColumns);
+  m.attr("MALFORMED_LAYOUT") = kMalformedLayout;
+  m.attr("FINER_CHROMA") = kFinerChroma;
 
   m.def(
       "read_header",

@@ -28,7 +28,9 @@ GpuRefusal gpu_refusal(const int64_t* row, const Box& box, const GpuEligibility&
   int64_t pixels = 0;  // (a JPEG's sides are at most 65535; a crafted table's are not)
   if (__builtin_mul_overflow(h, w, &pixels) || pixels > e.max_pixels) return GpuRefusal::kPixels;
   if (scans < 0 || scans > e.max_scans) return GpuRefusal::kScans;
-  if (row[kMalformed] != 0) return GpuRefusal::kLayout;
+  const int64_t malformed = row[kMalformed];
+  if (malformed < 0 || (malformed & kMalformedLayout)) return GpuRefusal::kLayout;
+  if (malformed & kFinerChroma) return GpuRefusal::kSampling;
   if (row[kTrailing] < 0) return GpuRefusal::kNoEoi;
   const double t = box.top, l = box.left, bh = box.height, bw = box.width;
   const bool inside = t >= 0 && l >= 0 && bh >= 1 && bw >= 1 && t + bh <= static_cast<double>(h) &&

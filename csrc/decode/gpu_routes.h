@@ -22,8 +22,8 @@ struct GpuEligibility {
   int64_t box_width = 0;        // CPU core's to report (0: any size)
 };
 
-// Why a sample may not go to a GPU decoder (the first that holds, in this order, kLayout checked
-// right after kScans), or kNone. gpupipe._backends.gpu_fallback.REFUSALS words each.
+// Why a sample may not go to a GPU decoder (the first that holds, in this order, kLayout and
+// kSampling checked right after kScans), or kNone. gpupipe._backends.gpu_fallback.REFUSALS words each.
 enum class GpuRefusal : int8_t {
   kNone = 0,
   kWindowOrStrict = 1,  // a window resize, or a strict decode
@@ -34,6 +34,7 @@ enum class GpuRefusal : int8_t {
   kNoEoi = 6,           // no EOI marker ends the JPEG (a truncated file)
   kBox = 7,             // the box: outside the image, fractional, or not the output's size without a resize
   kLayout = 8,          // a marker layout libjpeg reads only with a warning or an error (header_table.cpp)
+  kSampling = 9,        // a component sampled more finely than the first (DALI's crop decode gets it wrong)
 };
 
 // Whether the sample of header-table row `row` (kInfoColumns) and `box` may go to a GPU decoder: a

@@ -18,8 +18,11 @@ namespace {
 // read otherwise (nvImageCodec 0.9's parser crashed DALI's process on one): bytes or a standalone
 // marker (RSTn, TEM) between the header's segments, a second frame header (SOF), a marker libjpeg
 // does not know, a length below 2, a sequential frame's scan without Ss = 0, Se = 63, Ah = Al = 0
-// ("Invalid SOS parameters for sequential JPEG"). Such a file is the CPU core's, which reports
-// what it finds.
+// ("Invalid SOS parameters for sequential JPEG"), a progressive frame's scan libjpeg refuses
+// ("Invalid progressive parameters": DALI's libjpeg-turbo 3 prints it to stderr). Such a file is
+// the CPU core's, which reports what it finds (kMalformedLayout). And, in a valid file: a
+// component sampled more finely than the first (luma) one (kFinerChroma), which DALI's crop decode
+// gets wrong (up to 22 levels on narrow crops near the left edge; 2x1 luma with 4x1 chroma, ...).
 struct JpegExtent {
   int64_t scans = 0;
   int64_t trailing = -1;
@@ -39,6 +42,33 @@ bool sequential_scan(const uint8_t* s, size_t length) {
   return tail[0] == 0 && tail[1] == 63 && tail[2] == 0;
 }
 
+// Whether the SOS segment `s` of a progressive frame has parameters libjpeg takes (jdphuff.c's,
+// jdarith.c's checks): a DC scan (Ss = 0) with Se = 0, an AC scan with Ss <= Se <= 63 of one
+// component, a refinement (Ah > 0) with Al = Ah - 1, Al <= 13.
+bool progressive_scan(const uint8_t* s, size_t length) {
+  if (length < 3) return false;
+  const size_t ns = s[2];
+  if (length != 6 + 2 * ns) return false;
+  const uint8_t* tail = s + 3 + 2 * ns;
+  const int ss = tail[0], se = tail[1], ah = tail[2] >> 4, al = tail[2] & 15;
+  const bool band = ss == 0 ? se == 0 : ss <= se && se <= 63 && ns == 1;
+  return band && (ah == 0 || al == ah - 1) && al <= 13;
+}
+
+// Whether the frame header `s` (its `length` bytes) has a component sampled more finely than the
+// first one, horizontally or vertically.
+bool finer_than_first(const uint8_t* s, size_t length) {
+  if (length < 8) return false;
+  const size_t nf = s[7];
+  if (nf < 2 || length < 8 + 3 * nf) return false;
+  const int h0 = s[9] >> 4, v0 = s[9] & 15;
+  for (size_t k = 1; k < nf; ++k) {
+    const int hv = s[8 + 3 * k + 1];
+    if ((hv >> 4) > h0 || (hv & 15) > v0) return true;
+  }
+  return false;
+}
+
 // The markers with a length libjpeg reads: SOFn, DHT, DAC, SOS, DQT, DNL, DRI, APPn, COM.
 bool is_known_segment(uint8_t m) {
   return (m >= 0xC0 && m <= 0xCF && m != 0xC8) || (m >= 0xDA && m <= 0xDD) || (m >= 0xE0 && m <= 0xEF) || m == 0xFE;
@@ -53,13 +83,13 @@ JpegExtent jpeg_extent(const uint8_t* d, size_t n) {
     const void* hit = std::memchr(d + p, 0xFF, n - p - 1);
     if (!hit) break;
     const size_t at = static_cast<size_t>(static_cast<const uint8_t*>(hit) - d);
-    if (at != p && e.scans == 0) e.malformed = 1;  // bytes between the header's segments
+    if (at != p && e.scans == 0) e.malformed |= kMalformedLayout;  // bytes between the header's segments
     p = at + 1;
     while (p < n && d[p] == 0xFF) ++p;  // fill bytes
     if (p >= n) break;
     const uint8_t marker = d[p++];
     if (marker == 0x00 || marker == 0x01 || (marker >= 0xD0 && marker <= 0xD7)) {  // no length
-      if (e.scans == 0) e.malformed = 1;  // (inside entropy-coded data they are its own)
+      if (e.scans == 0) e.malformed |= kMalformedLayout;  // (inside entropy-coded data they are its own)
       continue;
     }
     if (marker == 0xD8) break;  // a second SOI: libjpeg refuses the file, no EOI ends this JPEG
@@ -73,9 +103,11 @@ JpegExtent jpeg_extent(const uint8_t* d, size_t n) {
     if (is_frame_header(marker)) {
       ++frames;
       sequential = !is_progressive_frame(marker);
+      if (finer_than_first(d + p, length)) e.malformed |= kFinerChroma;
     }
-    if (length < 2 || frames > 1 || !is_known_segment(marker)) e.malformed = 1;
-    if (marker == 0xDA && sequential && !sequential_scan(d + p, length)) e.malformed = 1;
+    if (length < 2 || frames > 1 || !is_known_segment(marker)) e.malformed |= kMalformedLayout;
+    if (marker == 0xDA && (frames == 0 || !(sequential ? sequential_scan(d + p, length) : progressive_scan(d + p, length))))
+      e.malformed |= kMalformedLayout;  // (frames == 0: a scan before the frame header, libjpeg's error too)
     e.scans += marker == 0xDA;
     p += length < 2 ? 2 : length;  // (a length below 2 carries nothing, as for_each_header_segment reads it)
   }

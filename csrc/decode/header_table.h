@@ -24,12 +24,15 @@ inline const char* subsampling_name(Subsampling s) { return kSubsamplingNames[st
 
 // Columns of a header table row (exported as _C.INFO_COLUMNS). Where a header cannot be read,
 // height..malformed are -1 and `error` is its ErrorKind. `trailing`: the bytes after the EOI marker
-// that ends the JPEG (0 for most files), -1 without one (truncated); `malformed`: 1 for a marker
-// layout libjpeg reads only with a warning or an error (header_table.cpp); both -1 where scans were
-// not counted.
+// that ends the JPEG (0 for most files), -1 without one (truncated); `malformed`: the bits below
+// (header_table.cpp), 0 for most files; both -1 where scans were not counted.
 inline constexpr const char* kInfoColumns[] = {"height", "width", "colorspace", "channels", "orientation",
                                                "progressive", "scans", "trailing", "malformed", "error"};
 inline constexpr size_t kInfoWidth = std::size(kInfoColumns);
+
+// The `malformed` column's bits (exported as _C.MALFORMED_LAYOUT, _C.FINER_CHROMA).
+inline constexpr int64_t kMalformedLayout = 1;  // a marker layout libjpeg reads only with a warning or an error
+inline constexpr int64_t kFinerChroma = 2;      // (valid) a component sampled more finely than the first one
 
 // A column's index by name; consteval in effect: every call names a constant (a name that is not a
 // column then fails to compile).

@@ -123,7 +123,11 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _DALI_LOG = re.compile(r"\[(ERROR|WARNING|INFO|DEBUG)\] ?\[[A-Za-z0-9_:. -]*(ext|parser|decoder|encoder|codec|nvjpeg|"
                        r"nvimg|dali)[A-Za-z0-9_:. -]*[\]\[]", re.IGNORECASE)
 BUILD_MESSAGES: list = []  # what DALI printed while its pipelines started
-_LIBJPEG = re.compile("|".join(sorted({re.escape(f.split("%")[0]) for f in _C.LIBJPEG_MESSAGES
+# (libjpeg-turbo 3's texts where they differ from those of the 2.1 gpupipe links: DALI's
+# nvImageCodec and OpenCV bundle 3.1)
+_LIBJPEG3_MESSAGES = ("Invalid progressive/lossless parameters Ss=%d Se=%d Ah=%d Al=%d",
+                      "Invalid restart interval %d; must be an integer multiple of the number of MCUs in an MCU row")
+_LIBJPEG = re.compile("|".join(sorted({re.escape(f.split("%")[0]) for f in (*_C.LIBJPEG_MESSAGES, *_LIBJPEG3_MESSAGES)
                                         if len(f.split("%")[0]) >= 8}, key=len, reverse=True)))
 
 
