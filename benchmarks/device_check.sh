@@ -91,7 +91,10 @@ print(default_set())" > "$L/data.txt" 2>&1) &
     2>&1 | tail -1 | tee -a "$OUT/summary.txt"
   step tests 240 python3 -m pytest -q -s -p no:cacheprovider -rs ${TEST_FILES:-tests/test_crop_resize.py \
     tests/test_nvimgcodec.py tests/test_hybrid.py tests/test_backends.py tests/test_chunks.py tests/test_loader.py \
-    tests/test_reliability3.py::test_exit_while_a_daemon_thread_decodes_never_aborts} ${TESTS_K:+-k "$TESTS_K"}
+    tests/test_reliability3.py::test_exit_while_a_daemon_thread_decodes_never_aborts \
+    tests/test_augment.py::test_grayscale_images_as_torchvision_takes_them \
+    tests/test_policies.py::test_grayscale_ops_equal_torchvision tests/test_augment_warp.py::test_grayscale_images_warp_as_torchvision_warps_them} \
+    ${TESTS_K:+-k "$TESTS_K"}
   tail -3 "$L/tests.txt"; grep -E "^(FAILED|ERROR)" "$L/tests.txt" | head -20
   wait; tail -2 "$L/data.txt"
   # SYNC_PROBE=1: whether host -> device copies (pageable, pinned) and the Loader's next() wait for the stream
