@@ -345,9 +345,14 @@ def bad_progressions() -> dict:
     img.save(baseline, "JPEG", quality=85)
     base = baseline.getvalue()
     sof = base.index(b"\xff\xc0")
+    first_al = prog[scans[dc] + 7 + 2 * prog[scans[dc] + 4]] & 15
+    later = scans[ac] + 5  # (the AC scan's component selector)
     return {"a progressive DC scan with Se = 5": edit(dc, 1, 5), "a progressive AC scan with Ss > Se": edit(ac, 1, ss - 1),
             "a progressive scan with Al = 14": edit(ac, 2, 0xEE), "a baseline scan in a progressive frame":
-            base[:sof + 1] + b"\xc2" + base[sof + 2:]}
+            base[:sof + 1] + b"\xc2" + base[sof + 2:],
+            # (libjpeg's warning "Inconsistent progression sequence"; its error "Invalid component ID")
+            "a progression out of sequence": edit(dc, 2, first_al + 1 if first_al < 13 else 0),
+            "a later scan of a component the frame lacks": prog[:later] + b"\x09" + prog[later + 1:]}
 
 
 def test_a_component_sampled_more_finely_than_luma_is_the_cpu_cores():

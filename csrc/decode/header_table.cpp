@@ -17,10 +17,10 @@ namespace {
 // `malformed`: a layout libjpeg reads only with a warning, an error or a trace, which GPU parsers
 // read otherwise (nvImageCodec 0.9's parser crashed DALI's process on one): bytes or a standalone
 // marker (RSTn, TEM) between the header's segments, a second frame header (SOF), a marker libjpeg
-// does not know, a length below 2, a sequential frame's scan without Ss = 0, Se = 63, Ah = Al = 0
-// ("Invalid SOS parameters for sequential JPEG"), a progressive frame's scan libjpeg refuses
-// ("Invalid progressive parameters": DALI's libjpeg-turbo 3 prints it to stderr). Such a file is
-// the CPU core's, which reports what it finds (kMalformedLayout). And, in a valid file: a
+// does not know, a length below 2, a scan libjpeg refuses or warns about (ScanState::scan: its
+// components, its parameters, a progression out of sequence; DALI's libjpeg-turbo 3 printed the
+// progressive ones to stderr). Such a file is the CPU core's, which reports what it finds
+// (kMalformedLayout). And, in a valid file: a
 // component sampled more finely than the first (luma) one (kFinerChroma), which DALI's crop decode
 // gets wrong (up to 22 levels on narrow crops near the left edge; 2x1 luma with 4x1 chroma, ...).
 struct JpegExtent {
@@ -32,28 +32,61 @@ struct JpegExtent {
 bool is_frame_header(uint8_t m) { return m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC; }
 bool is_progressive_frame(uint8_t m) { return m == 0xC2 || m == 0xC6 || m == 0xCA || m == 0xCE; }
 
-// Whether the SOS segment `s` (its `length` bytes, length field included) of a sequential frame
-// holds the only parameters a sequential scan has: Ss = 0, Se = 63, Ah = Al = 0.
-bool sequential_scan(const uint8_t* s, size_t length) {
-  if (length < 3) return false;
-  const size_t ns = s[2];
-  if (length != 6 + 2 * ns) return false;
-  const uint8_t* tail = s + 3 + 2 * ns;
-  return tail[0] == 0 && tail[1] == 63 && tail[2] == 0;
-}
+// The frame's components as its scans name them, and a progressive frame's history of successive
+// approximation per component and coefficient (libjpeg's coef_bits), for the scans' checks.
+struct ScanState {
+  static constexpr int kMaxComponents = 10;  // libjpeg's MAX_COMPONENTS (more: its error)
+  int components = 0;
+  uint8_t ids[kMaxComponents] = {};
+  int8_t coef_bits[kMaxComponents][64];
+  enum Kind { kNone, kSequential, kProgressive, kLossless } kind = kNone;
 
-// Whether the SOS segment `s` of a progressive frame has parameters libjpeg takes (jdphuff.c's,
-// jdarith.c's checks): a DC scan (Ss = 0) with Se = 0, an AC scan with Ss <= Se <= 63 of one
-// component, a refinement (Ah > 0) with Al = Ah - 1, Al <= 13.
-bool progressive_scan(const uint8_t* s, size_t length) {
-  if (length < 3) return false;
-  const size_t ns = s[2];
-  if (length != 6 + 2 * ns) return false;
-  const uint8_t* tail = s + 3 + 2 * ns;
-  const int ss = tail[0], se = tail[1], ah = tail[2] >> 4, al = tail[2] & 15;
-  const bool band = ss == 0 ? se == 0 : ss <= se && se <= 63 && ns == 1;
-  return band && (ah == 0 || al == ah - 1) && al <= 13;
-}
+  void frame(uint8_t marker, const uint8_t* s, size_t length) {
+    kind = is_progressive_frame(marker) ? kProgressive : (marker & 3) == 3 ? kLossless : kSequential;
+    components = length >= 8 ? s[7] : 0;
+    if (components > kMaxComponents || length < 8 + 3 * static_cast<size_t>(components)) components = 0;
+    for (int c = 0; c < components; ++c) ids[c] = s[8 + 3 * c];
+    std::memset(coef_bits, -1, sizeof(coef_bits));
+  }
+
+  // Whether libjpeg reads the SOS segment `s` (its `length` bytes) without an error or a warning:
+  // 1..4 components of the frame's first four, each once and in the frame's order (jdmarker.c's
+  // get_sos); sequential: Ss = 0, Se = 63, Ah = Al = 0 ("Invalid SOS parameters for sequential
+  // JPEG"); progressive (jdphuff.c's and jdarith.c's checks): a DC scan (Ss = 0) with Se = 0, an
+  // AC scan with Ss <= Se <= 63 of one component, a refinement (Ah > 0) with Al = Ah - 1, Al <= 13
+  // ("Invalid progressive parameters"), no AC scan before its component's DC scan and Ah the Al
+  // of the scan before over Ss..Se ("Inconsistent progression sequence"). Lossless frames' scans
+  // (libjpeg-turbo 3 reads them, 2.1 refuses the frame) are not checked.
+  bool scan(const uint8_t* s, size_t length) {
+    if (kind == kNone || components == 0 || length < 3) return false;
+    const size_t ns = s[2];
+    if (ns < 1 || ns > 4 || length != 6 + 2 * ns) return false;
+    int index[4];
+    for (size_t i = 0; i < ns; ++i) {
+      const int first = i == 0 ? 0 : index[i - 1] + 1;
+      int c = first;
+      while (c < components && c < 4 && ids[c] != s[3 + 2 * i]) ++c;
+      if (c >= components || c >= 4) return false;
+      index[i] = c;
+    }
+    const uint8_t* tail = s + 3 + 2 * ns;
+    const int ss = tail[0], se = tail[1], ah = tail[2] >> 4, al = tail[2] & 15;
+    if (kind == kLossless) return true;
+    if (kind == kSequential) return ss == 0 && se == 63 && ah == 0 && al == 0;
+    const bool band = ss == 0 ? se == 0 : ss <= se && se <= 63 && ns == 1;
+    if (!band || (ah != 0 && al != ah - 1) || al > 13) return false;
+    bool consistent = true;
+    for (size_t i = 0; i < ns; ++i) {
+      int8_t* bits = coef_bits[index[i]];
+      if (ss != 0 && bits[0] < 0) consistent = false;  // an AC scan before the DC scan
+      for (int k = ss; k <= se; ++k) {
+        if (ah != (bits[k] < 0 ? 0 : bits[k])) consistent = false;
+        bits[k] = static_cast<int8_t>(al);
+      }
+    }
+    return consistent;
+  }
+};
 
 // Whether the frame header `s` (its `length` bytes) has a component sampled more finely than the
 // first one, horizontally or vertically.
@@ -78,7 +111,7 @@ JpegExtent jpeg_extent(const uint8_t* d, size_t n) {
   JpegExtent e;
   size_t p = 2;  // after SOI (read_header checked it)
   int64_t frames = 0;
-  bool sequential = false;  // the frame header seen is a sequential one (SOF0/1/3/5/7/9/11/13/15)
+  ScanState state;
   while (p + 1 < n) {
     const void* hit = std::memchr(d + p, 0xFF, n - p - 1);
     if (!hit) break;
@@ -101,13 +134,11 @@ JpegExtent jpeg_extent(const uint8_t* d, size_t n) {
     const size_t length = static_cast<size_t>(d[p]) << 8 | d[p + 1];
     if (length > n - p) break;
     if (is_frame_header(marker)) {
-      ++frames;
-      sequential = !is_progressive_frame(marker);
+      if (++frames == 1) state.frame(marker, d + p, length);
       if (finer_than_first(d + p, length)) e.malformed |= kFinerChroma;
     }
     if (length < 2 || frames > 1 || !is_known_segment(marker)) e.malformed |= kMalformedLayout;
-    if (marker == 0xDA && (frames == 0 || !(sequential ? sequential_scan(d + p, length) : progressive_scan(d + p, length))))
-      e.malformed |= kMalformedLayout;  // (frames == 0: a scan before the frame header, libjpeg's error too)
+    if (marker == 0xDA && !state.scan(d + p, length)) e.malformed |= kMalformedLayout;  // (before a frame too)
     e.scans += marker == 0xDA;
     p += length < 2 ? 2 : length;  // (a length below 2 carries nothing, as for_each_header_segment reads it)
   }
