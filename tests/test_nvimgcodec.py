@@ -372,6 +372,32 @@ def test_engine_start_failure_is_a_clear_error(fake):
         fake.make("hardware")
 
 
+def test_an_out_of_memory_at_an_engines_start_is_not_taken_for_good(monkeypatch):
+    """The first decode (the probe) failing for want of device memory is the device's state now,
+    not the engine's: raised as torch.OutOfMemoryError and not cached (a cached failure made the
+    engine unavailable for the process's life, and its RuntimeError escaped `except
+    torch.OutOfMemoryError`). Other failures are cached as before."""
+    monkeypatch.setattr(nvimgcodec, "unavailable_reason", lambda device=None: None)
+    monkeypatch.setattr(nvimgcodec, "_engines", {})
+    outcomes = [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 MiB"), "started",
+                RuntimeError("no JPEG engines"), "started"]
+
+    def started(kind, device):
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(nvimgcodec, "_started", started)
+    with pytest.raises(torch.OutOfMemoryError, match="64.00 MiB"):
+        nvimgcodec.engine("cuda", torch.device("cuda", 0))
+    assert nvimgcodec.engine("cuda", torch.device("cuda", 0)) == "started"
+    for _ in range(2):  # (another failure: cached, the next call does not start it again)
+        with pytest.raises(RuntimeError, match="no JPEG engines"):
+            nvimgcodec.engine("hardware", torch.device("cuda", 0))
+    assert outcomes == ["started"]
+
+
 def test_probe_declined_means_not_available(fake):
     eng = fake.make("hardware")
     eng._decoder.result = [None]

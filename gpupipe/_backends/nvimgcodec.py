@@ -638,6 +638,8 @@ def engine(kind: str, device: torch.device, *, lane: int = 0) -> Engine:
                 with _stderr.captured(_is_library_line) as printed:  # nvImageCodec's start-up lines
                     eng = _started(kind, device)
                 _engines[key] = eng
+            except torch.OutOfMemoryError:  # the device's state now, not the engine's: not cached
+                raise
             except RuntimeError as e:
                 said = f" (it printed: {' | '.join(printed)[:300]})" if printed else ""
                 _engines[key] = RuntimeError(f"{e}{said}")
@@ -655,7 +657,7 @@ def _started(kind: str, device: torch.device) -> Engine:
         eng.probe()
         return eng
     except RuntimeError as e:
-        if eng.api != "C":
+        if eng.api != "C" or isinstance(e, torch.OutOfMemoryError):
             raise
         failed = f"its C API failed the probe ({brief(e, 240)})"
     eng = Engine(kind, device, native=False)
