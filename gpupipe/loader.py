@@ -503,6 +503,7 @@ class Loader:
         self.batch_transform = batch_transform
         self.backend = backends.resolve(backend, torch.device(device))  # a clear error when it cannot run here
         self.device = backends.concrete_device(torch.device(device))  # ("cuda": the caller's current device)
+        self._bare_cuda = torch.device(device).type == "cuda" and torch.device(device).index is None
         if decode_shares is not None and self.backend != "hybrid":
             raise ValueError(f"decode_shares splits the hybrid backend's batches; this Loader's backend is "
                              f"{self.backend!r}")
@@ -741,6 +742,12 @@ class Loader:
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __iter__(self):
+        if self._bare_cuda and torch.cuda.current_device() != self.device.index:
+            self._bare_cuda = False  # (said once)
+            warnings.warn(f"this Loader was made with device='cuda' while {self.device} was the current device; "
+                          f"cuda:{torch.cuda.current_device()} is current now. It decodes on {self.device}: made "
+                          f"before torch.cuda.set_device(local_rank)? Pass device=torch.device('cuda', local_rank).",
+                          UserWarning, stacklevel=user_stacklevel())
         first = 0
         if self._resume is not None and self._resume[0] == self.epoch:
             first = self._resume[1]

@@ -988,12 +988,13 @@ def test_grayscale_images_as_torchvision_takes_them(device, engine, interpolatio
     out = aug(x, params=p)
     channels = aug.out_channels(1)
     assert channels == len(mean) and out.shape == (12, channels, 91, 117) and out.device == x.device
+    assert f"mean={tuple(mean)}, std={tuple(std)}" in repr(aug)  # (as given: what decides the channels)
     assert out.is_contiguous()
     ref = torchvision_chain(x, p, interpolation=interpolation, fill=90, mean=mean, std=std)
     assert ref.shape == out.shape
     d = assert_within_tolerance(out, ref, std=aug.std[:channels])
     if interpolation == "bilinear":
-        assert d.max() < 0.05  # the contrast's mean: 0.9999 of it (the three gray weights), at most 1e-4 of a level
+        assert d.max() < 0.05  # the contrast's mean: 0.9999 of it (the three gray weights), at most 0.026 levels
     # saturation, hue and grayscale draws change nothing; the others do
     same = dict(p, saturation=p["saturation"] * 0 + 1.3, hue=p["hue"] * 0 + 0.2, grayscale=~p["grayscale"])
     assert torch.equal(aug(x, params=same), out)

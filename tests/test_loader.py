@@ -880,3 +880,21 @@ def test_a_process_ends_at_once_with_batches_waiting(folder, left):
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "delivered" in r.stdout and not r.stderr, r.stderr
     assert time.time() - t0 < 20  # (the exit hook waits up to 30 s for a call in hand)
+
+
+def test_a_loader_made_before_set_device_says_so(tmp_path, monkeypatch):
+    """device='cuda' is the current device when the Loader is made; a rank that calls
+    torch.cuda.set_device(local_rank) only after making it is told, once, at its first iteration
+    (its Loader decodes on the device that was current). Stood in for on a host without CUDA."""
+    make_image_folder(tmp_path, per_class=2)
+    ld = gpupipe.Loader(sources.ImageFolder(tmp_path), batch_size=2, crop=crops.CenterCrop(16))
+    ld._bare_cuda, ld.device = True, torch.device("cuda", 0)  # as made with device="cuda" while cuda:0 was current
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    with pytest.warns(UserWarning, match=r"made with device='cuda' while cuda:0 was the current device; cuda:1 is "
+                                         r"current now.*torch.device\('cuda', local_rank\)"):
+        with pytest.raises(Exception):  # (no CUDA here: the epoch cannot start)
+            iter(ld)
+    ld.device = torch.device("cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sum(len(x) for x, _ in ld) == 6  # said once

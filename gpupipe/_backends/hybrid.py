@@ -449,8 +449,6 @@ class _EngineQueue:
 
     def _loop(self, lane: int) -> None:
         stream = self.streams[lane]
-        if stream is not None:  # (a new thread's current device is 0: its decoder is made on the stream's)
-            torch.cuda.set_device(stream.device)
         while True:
             engine, group = self._take()
             if engine is None:
@@ -458,6 +456,8 @@ class _EngineQueue:
             try:
                 group = [job for job in group if job.future.set_running_or_notify_cancel()]
                 if group:
+                    if stream is not None:  # (a new thread's current device is 0: its decoder is made on the stream's)
+                        torch.cuda.set_device(stream.device)
                     with call_scope():  # an exiting interpreter waits for the call in hand (gpupipe._exit)
                         eng = self._lane_engine(engine, lane)
                         # lanes calling one decoder instance take turns (its own lock may not exist)

@@ -537,7 +537,8 @@ class BatchAugment(KeyedModule):
     def _transform_gray(self, x: torch.Tensor, params: dict) -> torch.Tensor:
         """A 1-channel batch as torchvision treats one: saturation, hue and grayscale leave it as it
         is; contrast blends with its mean (here with the gray level of its channel read three times:
-        0.2989 + 0.587 + 0.114 = 0.9999 times it, at most 1e-4 of a level off); the rest is per
+        0.2989 + 0.587 + 0.114 = 0.9999 times it: the blend is off by at most 1e-4 of full scale,
+        0.026 of a level, in the worst case of a white image at factor 0); the rest is per
         channel. So the 3-channel chain runs on the channel repeated, with those three ops as
         identities (``last_params`` keeps their draws, as ColorJitter draws them for any image)."""
         three = x.expand(-1, 3, -1, -1).contiguous(memory_format=torch.channels_last)  # (the kernel's fast layout)
@@ -598,5 +599,5 @@ class BatchAugment(KeyedModule):
                 f"rotation={self.rotation}, translate={self.translate}, scale={self.scale}, shear={self.shear}, "
                 f"interpolation={self.interpolation!r}, fill={self.fill}, brightness={self.brightness}, "
                 f"contrast={self.contrast}, saturation={self.saturation}, hue={self.hue}, grayscale={self.grayscale}, "
-                f"mean={self.mean}, std={self.std}, out_dtype={self.out_dtype}, "
+                f"mean={self._mean}, std={self._std}, out_dtype={self.out_dtype}, "
                 f"out_memory_format={self.out_memory_format}")

@@ -90,7 +90,7 @@ def warp_affine(
         matrix: float ``[N, 2, 3]``, output pixel -> input coordinate (used as float32).
         interpolation: ``"nearest"`` (torchvision's default for rotate / affine) or ``"bilinear"``.
         fill: None, a number or 3 numbers (per channel) in [0, 255] (one value for a 1-channel x:
-            3 different ones are refused, as torchvision refuses them).
+            3 different ones are refused; torchvision refuses any 3).
         out_dtype: ``torch.uint8`` (rounded half to even, as torchvision rounds a uint8 rotate) or
             ``torch.float32`` (the same values before rounding, on the 0..255 scale).
 
