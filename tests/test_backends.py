@@ -3,6 +3,7 @@ runs with DALI's CPU operators; CUDA rows run where a GPU is present (benchmarks
 
 import gc
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -355,6 +356,54 @@ def bad_progressions() -> dict:
             "a later scan of a component the frame lacks": prog[:later] + b"\x09" + prog[later + 1:]}
 
 
+def refused_tables() -> dict:
+    """Files whose tables or scans libjpeg refuses or warns about though their header reads (a
+    mutation soak handed thousands of such files to the GPU decoders)."""
+    import io
+
+    from PIL import Image
+
+    def encoded(**kw) -> bytes:
+        buf = io.BytesIO()
+        Image.fromarray(photo(48, 64)).save(buf, "JPEG", quality=85, **kw)
+        return buf.getvalue()
+
+    def segments(data: bytes) -> list:  # (offset, marker, length) up to the first SOS
+        out, p = [], 2
+        while data[p + 1] != 0xDA:
+            out.append((p, data[p + 1], int.from_bytes(data[p + 2:p + 4], "big")))
+            p += 2 + out[-1][2]
+        return out + [(p, 0xDA, int.from_bytes(data[p + 2:p + 4], "big"))]
+
+    def at(data: bytes, marker: int) -> tuple:
+        return next((p, n) for p, m, n in segments(data) if m == marker)
+
+    def put(data: bytes, offset: int, value: int) -> bytes:
+        return data[:offset] + bytes([value]) + data[offset + 1:]
+
+    base, prog = encoded(), encoded(progressive=True)
+    sof, _ = at(base, 0xC0)
+    dht, _ = at(base, 0xC4)  # the first table: luma DC (Pillow's standard one, counts 0 1 5 1 1 1 1 1 1)
+    sos, sos_length = at(base, 0xDA)
+    counts = dht + 5
+    bogus = put(put(base, counts, base[counts] + 2), counts + 2, base[counts + 2] - 2)  # 2 codes of 1 bit
+    without_dht = b"".join([prog[:2]] + [prog[p:p + 2 + n] for p, m, n in segments(prog) if m not in (0xC4, 0xDA)]
+                           + [prog[segments(prog)[-1][0]:]])
+    arith = _C.encode_jpeg(photo(48, 64).tobytes(), 48, 64, 3, arithmetic=True)
+    asos, _ = at(arith, 0xDA)
+    return {"an undefined quantization table": put(base, sof + 12 + 3, 3),
+            "a Huffman table with more codes than bits": bogus,
+            "a DC Huffman value above 15": put(base, counts + 16, 16),
+            "a progressive scan without its Huffman table": without_dht,
+            "a component in two sequential scans": base[:-2] + base[sos:sos + 2 + sos_length] + b"\0" * 8 + b"\xff\xd9",
+            "a DHT slot 4": put(base, dht + 4, 0x04),
+            "a DQT slot 4": put(base, at(base, 0xDB)[0] + 4, 0x04),
+            "a DRI of 5 bytes": base[:sos] + b"\xff\xdd\x00\x05\x00\x01\x00" + base[sos:],
+            "a DAC value out of range": arith[:asos] + b"\xff\xcc\x00\x04\x00\x0f" + arith[asos:],
+            "a fractional sampling": put(put(base, sof + 11, 0x31), sof + 14, 0x21),
+            "more than 10 blocks in an interleaved MCU": put(base, sof + 11, 0x44)}
+
+
 def test_a_component_sampled_more_finely_than_luma_is_the_cpu_cores():
     """Valid, rare files whose chroma is sampled more finely than luma: DALI's crop decode gave other
     pixels (up to 22 levels on narrow crops near the left edge). Marked (FINER_CHROMA), refused to the
@@ -410,9 +459,16 @@ def test_a_marker_layout_libjpeg_reads_only_with_a_warning_is_the_cpu_cores():
            "an unknown marker": base[:sos] + b"\xff\xc8\x00\x04ab" + base[sos:],
            "a length below 2": base[:sos] + b"\xff\xfe\x00\x01" + base[sos:],
            "a sequential scan with Se = 62": base[:sos + 4 + 2 * base[sos + 4] + 2] + b"\x3e" + base[sos + 4 + 2 * base[sos + 4] + 3:],
-           **bad_progressions()}
+           **bad_progressions(), **refused_tables()}
     with pytest.warns(gpupipe.JpegWarning, match="Invalid SOS parameters for sequential JPEG"):  # (libjpeg's)
         gpupipe.decode_crop_jpegs([odd["a sequential scan with Se = 62"]], [[0, 0, 8, 8]])
+    for name, data in refused_tables().items():  # libjpeg errs or warns on each
+        if name == "a component in two sequential scans":
+            continue  # (its error, "Didn't expect more than one scan", is past the image the CPU core reads)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            result = gpupipe.decode_crop_jpegs([data], [[0, 0, 8, 8]], on_error="skip")
+        assert not result.ok[0] or any(issubclass(w.category, gpupipe.JpegWarning) for w in said), name
     infos = probe(list(clean.values()) + list(odd.values()))
     marked = dict(zip([*clean, *odd], infos.column("malformed").tolist()))
     assert {k for k, v in marked.items() if v} == set(odd), marked

@@ -32,46 +32,148 @@ struct JpegExtent {
 bool is_frame_header(uint8_t m) { return m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC; }
 bool is_progressive_frame(uint8_t m) { return m == 0xC2 || m == 0xC6 || m == 0xCA || m == 0xCE; }
 
-// The frame's components as its scans name them, and a progressive frame's history of successive
-// approximation per component and coefficient (libjpeg's coef_bits), for the scans' checks.
+// What libjpeg knows when it reads a scan: the frame's components, the tables defined so far, and a
+// progressive frame's history of successive approximation per component and coefficient (its
+// coef_bits). Each check below is one of libjpeg's errors or warnings, read at the marker level.
 struct ScanState {
   static constexpr int kMaxComponents = 10;  // libjpeg's MAX_COMPONENTS (more: its error)
   int components = 0;
-  uint8_t ids[kMaxComponents] = {};
+  uint8_t ids[kMaxComponents] = {}, quant[kMaxComponents] = {}, h[kMaxComponents] = {}, v[kMaxComponents] = {};
+  bool scanned[kMaxComponents] = {};  // in a scan already (its quantization table latched)
   int8_t coef_bits[kMaxComponents][64];
   enum Kind { kNone, kSequential, kProgressive, kLossless } kind = kNone;
+  bool arithmetic = false;
+  bool quant_defined[4] = {};
+  // Huffman tables by class (DC, AC) and slot: 0 none, 1 usable, 2 one libjpeg refuses to use
+  // ("Bogus Huffman table definition").
+  uint8_t huffman[2][4] = {};
 
-  void frame(uint8_t marker, const uint8_t* s, size_t length) {
+  // Whether a scan may decode with Huffman table `slot` of class `cls`: one defined and usable; in
+  // a sequential frame slots 0 and 1 also without one (libjpeg-turbo's standard tables, for Motion
+  // JPEG; its progressive decoder has none).
+  bool huffman_table(int cls, int slot) const {
+    return slot <= 3 && (huffman[cls][slot] == 1 || (huffman[cls][slot] == 0 && slot < 2 && kind == kSequential));
+  }
+
+  // A frame header; false where libjpeg cannot upsample its sampling ("Fractional sampling not
+  // implemented yet": a factor that does not divide the largest).
+  bool frame(uint8_t marker, const uint8_t* s, size_t length) {
     kind = is_progressive_frame(marker) ? kProgressive : (marker & 3) == 3 ? kLossless : kSequential;
+    arithmetic = marker >= 0xC9;
     components = length >= 8 ? s[7] : 0;
     if (components > kMaxComponents || length < 8 + 3 * static_cast<size_t>(components)) components = 0;
-    for (int c = 0; c < components; ++c) ids[c] = s[8 + 3 * c];
+    int hmax = 1, vmax = 1;
+    for (int c = 0; c < components; ++c) {
+      ids[c] = s[8 + 3 * c];
+      h[c] = s[9 + 3 * c] >> 4;
+      v[c] = s[9 + 3 * c] & 15;
+      quant[c] = s[10 + 3 * c];
+      hmax = h[c] > hmax ? h[c] : hmax;
+      vmax = v[c] > vmax ? v[c] : vmax;
+    }
     std::memset(coef_bits, -1, sizeof(coef_bits));
+    for (int c = 0; c < components; ++c)
+      if (h[c] == 0 || v[c] == 0 || hmax % h[c] != 0 || vmax % v[c] != 0) return false;
+    return true;
+  }
+
+  // A table segment (DQT, DHT, DAC, DRI): false where libjpeg errors reading it (an index out of
+  // range, counts or a length that do not add up, a DAC value out of range) or where it reads a
+  // short quantization table silently (ones for the rest) that other decoders may read otherwise.
+  bool table(uint8_t marker, const uint8_t* s, size_t length) {
+    size_t p = 2;
+    switch (marker) {
+      case 0xDB:  // DQT
+        while (p < length) {
+          const int precision = s[p] >> 4, id = s[p] & 15;
+          const size_t size = 1 + 64 * (precision + 1);
+          if (precision > 1 || id > 3 || size > length - p) return false;
+          quant_defined[id] = true;
+          p += size;
+        }
+        return true;
+      case 0xC4:  // DHT
+        while (length - p > 16) {
+          const int index = s[p];
+          size_t count = 0;
+          for (int l = 1; l <= 16; ++l) count += s[p + l];
+          if (count > 256 || count > length - p - 17 || (index & ~0x13) != 0) return false;
+          const int cls = index >> 4, slot = index & 3;
+          huffman[cls][slot] = huffman_usable(s + p + 1, s + p + 17, count, cls == 0) ? 1 : 2;
+          p += 17 + count;
+        }
+        return p == length;
+      case 0xCC:  // DAC
+        for (; length - p >= 2; p += 2) {
+          const int index = s[p], value = s[p + 1];
+          if (index >= 32 || (index >= 16 ? value < 1 || value > 63 : (value & 15) > (value >> 4))) return false;
+        }
+        return p == length;
+      case 0xDD:  // DRI
+        return length == 4;
+      default:
+        return true;
+    }
+  }
+
+  // jdhuff.c's jpeg_make_d_derived_tbl: the code lengths' counts leave a code unused at every
+  // length (a code of all ones is never assigned), and a DC table's values are at most 15.
+  static bool huffman_usable(const uint8_t* bits, const uint8_t* values, size_t count, bool dc) {
+    int first = 1, last = 16;
+    while (first <= 16 && bits[first - 1] == 0) ++first;
+    while (last >= 1 && bits[last - 1] == 0) --last;
+    int64_t code = 0;
+    for (int l = first; l <= last; ++l) {
+      code += bits[l - 1];
+      if (code >= (int64_t{1} << l)) return false;
+      code <<= 1;
+    }
+    if (dc)
+      for (size_t i = 0; i < count; ++i)
+        if (values[i] > 15) return false;
+    return true;
   }
 
   // Whether libjpeg reads the SOS segment `s` (its `length` bytes) without an error or a warning:
   // 1..4 components of the frame's first four, each once and in the frame's order (jdmarker.c's
-  // get_sos); sequential: Ss = 0, Se = 63, Ah = Al = 0 ("Invalid SOS parameters for sequential
-  // JPEG"); progressive (jdphuff.c's and jdarith.c's checks): a DC scan (Ss = 0) with Se = 0, an
-  // AC scan with Ss <= Se <= 63 of one component, a refinement (Ah > 0) with Al = Ah - 1, Al <= 13
-  // ("Invalid progressive parameters"), no AC scan before its component's DC scan and Ah the Al
-  // of the scan before over Ss..Se ("Inconsistent progression sequence"). Lossless frames' scans
-  // (libjpeg-turbo 3 reads them, 2.1 refuses the frame) are not checked.
+  // get_sos); at most 10 blocks in an interleaved scan's MCU ("Sampling factors too large for
+  // interleaved scan"); each component's quantization table defined by its first scan; the
+  // Huffman tables the scan decodes with defined and usable; sequential: Ss = 0, Se = 63,
+  // Ah = Al = 0 ("Invalid SOS parameters for sequential JPEG"), each component in one scan ("Didn't
+  // expect more than one scan"); progressive (jdphuff.c's and jdarith.c's checks): a DC scan
+  // (Ss = 0) with Se = 0, an AC scan with Ss <= Se <= 63 of one component, a refinement (Ah > 0)
+  // with Al = Ah - 1, Al <= 13 ("Invalid progressive parameters"), no AC scan before its
+  // component's DC scan and Ah the Al of the scan before over Ss..Se ("Inconsistent progression
+  // sequence"). Lossless frames' scans (libjpeg-turbo 3 reads them, 2.1 refuses the frame) are
+  // not checked.
   bool scan(const uint8_t* s, size_t length) {
     if (kind == kNone || components == 0 || length < 3) return false;
     const size_t ns = s[2];
     if (ns < 1 || ns > 4 || length != 6 + 2 * ns) return false;
     int index[4];
+    int blocks = 0;
     for (size_t i = 0; i < ns; ++i) {
       const int first = i == 0 ? 0 : index[i - 1] + 1;
       int c = first;
       while (c < components && c < 4 && ids[c] != s[3 + 2 * i]) ++c;
       if (c >= components || c >= 4) return false;
       index[i] = c;
+      blocks += h[c] * v[c];
     }
+    if (kind == kLossless) return true;
+    if (ns > 1 && blocks > 10) return false;
     const uint8_t* tail = s + 3 + 2 * ns;
     const int ss = tail[0], se = tail[1], ah = tail[2] >> 4, al = tail[2] & 15;
-    if (kind == kLossless) return true;
+    for (size_t i = 0; i < ns; ++i) {
+      const int c = index[i];
+      if (!scanned[c] && (quant[c] > 3 || !quant_defined[quant[c]])) return false;
+      if (kind == kSequential && scanned[c]) return false;
+      scanned[c] = true;
+      if (arithmetic) continue;
+      const int dc = s[4 + 2 * i] >> 4, ac = s[4 + 2 * i] & 15;
+      const bool uses_dc = kind == kSequential || (ss == 0 && ah == 0), uses_ac = kind == kSequential || ss != 0;
+      if ((uses_dc && !huffman_table(0, dc)) || (uses_ac && !huffman_table(1, ac))) return false;
+    }
     if (kind == kSequential) return ss == 0 && se == 63 && ah == 0 && al == 0;
     const bool band = ss == 0 ? se == 0 : ss <= se && se <= 63 && ns == 1;
     if (!band || (ah != 0 && al != ah - 1) || al > 13) return false;
@@ -134,10 +236,11 @@ JpegExtent jpeg_extent(const uint8_t* d, size_t n) {
     const size_t length = static_cast<size_t>(d[p]) << 8 | d[p + 1];
     if (length > n - p) break;
     if (is_frame_header(marker)) {
-      if (++frames == 1) state.frame(marker, d + p, length);
+      if (++frames == 1 && !state.frame(marker, d + p, length)) e.malformed |= kMalformedLayout;
       if (finer_than_first(d + p, length)) e.malformed |= kFinerChroma;
     }
-    if (length < 2 || frames > 1 || !is_known_segment(marker)) e.malformed |= kMalformedLayout;
+    if (length < 2 || frames > 1 || !is_known_segment(marker) || !state.table(marker, d + p, length))
+      e.malformed |= kMalformedLayout;
     if (marker == 0xDA && !state.scan(d + p, length)) e.malformed |= kMalformedLayout;  // (before a frame too)
     e.scans += marker == 0xDA;
     p += length < 2 ? 2 : length;  // (a length below 2 carries nothing, as for_each_header_segment reads it)
