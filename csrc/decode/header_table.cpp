@@ -17,10 +17,10 @@ namespace {
 // `malformed`: a layout libjpeg reads only with a warning, an error or a trace, which GPU parsers
 // read otherwise (nvImageCodec 0.9's parser crashed DALI's process on one): bytes or a standalone
 // marker (RSTn, TEM) between the header's segments, a second frame header (SOF), a marker libjpeg
-// does not know, a length below 2, a scan libjpeg refuses or warns about (ScanState::scan: its
-// components, its parameters, a progression out of sequence; DALI's libjpeg-turbo 3 printed the
-// progressive ones to stderr). Such a file is the CPU core's, which reports what it finds
-// (kMalformedLayout). And, in a valid file: a
+// does not know, a length below 2, a table segment or a scan libjpeg refuses or warns about
+// (ScanState: its components, its parameters, a progression out of sequence, its tables; DALI's
+// libjpeg-turbo 3 printed the progressive ones to stderr), a sampling libjpeg cannot upsample.
+// Such a file is the CPU core's, which reports what it finds (kMalformedLayout). And, in a valid file: a
 // component sampled more finely than the first (luma) one (kFinerChroma), which DALI's crop decode
 // gets wrong (up to 22 levels on narrow crops near the left edge; 2x1 luma with 4x1 chroma, ...).
 struct JpegExtent {

@@ -92,7 +92,7 @@ REFUSALS = {1: "a window resize or a strict decode", 2: "no readable JPEG header
             6: "no EOI marker ends the JPEG (a truncated file)",
             7: "the box (outside the image, fractional, or not the output's size without a resize)",
             8: "its marker layout (bytes or markers between segments that libjpeg skips with a warning, a second "
-               "frame header, an unknown marker, scan parameters libjpeg refuses)",
+               "frame header, an unknown marker, scans or tables libjpeg refuses)",
             9: "its sampling (a component sampled more finely than the first: DALI's crop decode differs)"}
 
 
