@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
 import sys
 import threading
 import time
@@ -789,7 +790,9 @@ class Loader:
         changes = getattr(keys, "changes", None)  # a KeyList counts its changes: cached until one; else made each time
         made_from = (id(keys), changes, len(keys))
         if changes is None or self._fingerprint is None or self._fingerprint[0] != made_from:
-            text = f"{len(keys)}:{zlib.crc32(chr(10).join(map(str, keys)).encode()):08x}"
+            # (os.fsencode: a file name that is not UTF-8 is bytes escaped in a str; UTF-8 names hash as before)
+            joined = _NEWLINE.join(map(os.fsencode, map(str, keys)))
+            text = f"{len(keys)}:{zlib.crc32(joined):08x}"
             self._fingerprint = (made_from, keys, text)  # (keys held: their id is not reused meanwhile)
         return self._fingerprint[2]
 
@@ -1426,6 +1429,9 @@ def _chunk(group: list) -> Batch:
     samples = None if first.samples is None else [s for b in group for s in b.samples]
     return Batch(first.number, np.concatenate([b.indices for b in group]), np.concatenate([b.labels for b in group]),
                  samples=samples, source=first.source, parts=group)
+
+
+_NEWLINE = b"\n"
 
 
 def _mark_ready(batch: Batch) -> None:

@@ -15,9 +15,11 @@ import io
 import itertools
 import math
 import os
+import stat
 import sys
 import tarfile
 import threading
+import warnings
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple, Optional, Protocol, Sequence, runtime_checkable
 
@@ -25,6 +27,7 @@ import numpy as np
 
 from gpupipe import _C
 from gpupipe._buffers import as_buffer
+from gpupipe._errors import user_stacklevel
 from gpupipe.limits import get_limits
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
@@ -93,15 +96,21 @@ for _name in ("__setitem__", "__delitem__", "__iadd__", "__imul__", "append", "e
 
 
 def walk_following_links(root, onerror=None) -> Iterator[tuple]:
-    """``os.walk(root, followlinks=True)`` (torchvision's listing), without the loops a link to a
-    folder above it makes: such a link is not entered (os.walk would go round until the path is too
-    long, listing each file again each time, and never return with two such links)."""
+    """``os.walk(root, followlinks=True)`` (torchvision's listing), each real folder listed once:
+    a link to a folder already listed (above it, beside it: two folders linking to each other, or
+    two links to one folder) is not entered. os.walk would go round until the path is too long,
+    listing each file again each time, and with two such links never return."""
+    seen = set()
     for dirpath, dirnames, filenames in os.walk(root, onerror=onerror, followlinks=True):
         here = os.path.realpath(dirpath)
+        if here in seen:  # (reached through two links at once)
+            dirnames[:] = []
+            continue
+        seen.add(here)
         keep = []
         for d in dirnames:
             real = os.path.realpath(os.path.join(dirpath, d))
-            if not (here == real or here.startswith(real.rstrip(os.sep) + os.sep)):
+            if real not in seen and not here.startswith(real.rstrip(os.sep) + os.sep):
                 keep.append(d)
         dirnames[:] = keep
         yield dirpath, dirnames, filenames
@@ -305,10 +314,14 @@ class ImageFolder(MapSource):
             raise FileNotFoundError(f"no class folders in {str(self.root)!r}")
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         exts = tuple(e.lower() for e in ((extensions,) if isinstance(extensions, str) else extensions))  # as torchvision
-        keys, labels = [], []
+        keys, labels, unlisted = [], [], []
         for c in self.classes:
             listed = len(keys)
-            for dirpath, _, files in sorted(walk_following_links(self.root / c)):
+            try:
+                walked = sorted(walk_following_links(self.root / c, onerror=unlisted.append))
+            except RecursionError:  # (os.walk recurses per level)
+                raise ValueError(f"the folders under {str(self.root / c)!r} nest deeper than os.walk can list") from None
+            for dirpath, _, files in walked:
                 for name in sorted(files):
                     if name.lower().endswith(exts):
                         keys.append(os.path.join(dirpath, name))
@@ -318,6 +331,11 @@ class ImageFolder(MapSource):
                                         "folder that cannot be listed counts as empty): allow_empty=True keeps it")
         if not keys:
             raise FileNotFoundError(f"no images with extensions {exts} under {str(self.root)!r}")
+        if unlisted:  # (torchvision's os.walk drops them silently)
+            said = "; ".join(f"{getattr(e, 'filename', '?')} ({e.strerror or type(e).__name__})" for e in unlisted[:3])
+            warnings.warn(f"ImageFolder could not list {len(unlisted)} folder(s) under {str(self.root)!r}, whose files "
+                          f"are not in the dataset: {said}{' ...' if len(unlisted) > 3 else ''}", UserWarning,
+                          stacklevel=user_stacklevel())
         self.keys = KeyList(keys)
         self.labels = np.asarray(labels, dtype=np.int64)
 
@@ -407,11 +425,20 @@ class TarShards:
         ``max_file_size``: checked from the member's header, before any of it is read), and a shard
         that cannot be read (truncated, not a tar), come out as one record with the error, so the
         stream goes on with the next sample or shard."""
-        current, parts, refused = None, {}, []
+        current, parts, refused, seen = None, {}, [], set()
         max_size = get_limits().max_file_size
         try:
+            on_disk = os.stat(path)
+            if not stat.S_ISREG(on_disk.st_mode):  # (opening a FIFO would wait for a writer for good)
+                raise OSError(f"{path!r} is not a regular file")
             with tarfile.open(path, "r|*") as tar:
+                plain = getattr(tar.fileobj, "comptype", None) == "tar"
                 for member in tar:
+                    if plain and not member.issparse() and member.offset_data + member.size > on_disk.st_size:
+                        # (skipping it, tarfile's stream would read past the end block by block: for ever
+                        # with a size of terabytes in a PAX header; a sparse member's stored data is smaller)
+                        raise tarfile.ReadError(f"member {member.name!r} claims {member.size} bytes, past the "
+                                                f"shard's end")
                     if member.isdir():
                         continue
                     base = os.path.basename(member.name)
@@ -419,8 +446,11 @@ class TarShards:
                     ext = base.split(".", 1)[1].lower() if "." in base else ""
                     if current is not None and key != current:
                         yield from TarShards._sample(current, parts, refused, path)
-                        parts, refused = {}, []
+                        parts, refused, seen = {}, [], set()
                     current = key
+                    if ext in seen:  # (which one is the sample's? WebDataset refuses a duplicate name too)
+                        refused.append(f"member {member.name!r} comes twice in a row (a duplicate name)")
+                    seen.add(ext)
                     image = _shard_image(ext) and not any(map(_shard_image, parts))
                     if not (image or ext == "cls"):
                         continue  # never read: a key's other members (metadata, a second image) cost nothing

@@ -21,6 +21,7 @@ from gpupipe import crops
 from gpupipe.data import DecodeCropDataset
 from gpupipe.prepare import prepare
 from gpupipe.sources import FileList, ImageFolder, TarShards, write_tar_shards
+from helpers import run_child
 
 
 def jpeg(value: int, size: int = 24) -> bytes:
@@ -70,6 +71,71 @@ def test_image_folder_never_loops_through_a_link_to_a_folder_above(tmp_path):
     src = ImageFolder(tmp_path)
     assert sorted(os.path.relpath(k, tmp_path) for k in src.keys if "cat" in os.path.relpath(k, tmp_path).split(os.sep)[0]) \
         == ["cat/0.jpg", "cat/1.jpg", "cat/2.jpg", "cat/linked/e.jpg"]
+
+
+def test_image_folder_lists_each_real_folder_once_through_links_beside_each_other(tmp_path):
+    """Two folders linking to each other (or two links to one folder): os.walk went round each
+    cycle until the path was too long, listing files hundreds of times, and with two links each
+    way never returned. Each real folder is listed once now (in a child: the code before hung)."""
+    tree(tmp_path, {"c/a/x.jpg": jpeg(1), "c/b/y.jpg": jpeg(2)})
+    for link, target in (("a/l1", "../b"), ("a/l2", "../b"), ("b/m1", "../a"), ("b/m2", "../a")):
+        os.symlink(target, tmp_path / "c" / link)
+    r = run_child(f"""
+        from gpupipe.sources import ImageFolder
+        print(sorted(ImageFolder({str(tmp_path)!r}).keys))
+    """, timeout=60)
+    listed = eval(r.stdout)
+    assert [os.path.basename(k) for k in listed] == ["x.jpg", "y.jpg"], listed
+
+
+def test_image_folder_says_which_folders_it_could_not_list(tmp_path, monkeypatch):
+    """A folder os.walk cannot list (permission, a path over PATH_MAX) was left out silently, as
+    torchvision's listing leaves it: now a warning names it; a tree too deep for os.walk is a
+    ValueError naming the class instead of a RecursionError."""
+    tree(tmp_path, {"c/x.jpg": jpeg(1), "c/sub/y.jpg": jpeg(2)})
+    walk = os.walk
+
+    def refusing(top, onerror=None, followlinks=False):
+        for dirpath, dirnames, filenames in walk(top, onerror=onerror, followlinks=followlinks):
+            if dirpath.endswith("sub"):
+                onerror(PermissionError(13, "Permission denied", dirpath))
+                continue
+            yield dirpath, dirnames, filenames
+
+    monkeypatch.setattr(os, "walk", refusing)
+    with pytest.warns(UserWarning, match=r"could not list 1 folder\(s\).*sub \(Permission denied\)"):
+        src = ImageFolder(tmp_path)
+    assert [os.path.basename(k) for k in src.keys] == ["x.jpg"]
+
+    def deep(*a, **kw):
+        raise RecursionError("maximum recursion depth exceeded")
+        yield
+
+    monkeypatch.setattr(os, "walk", deep)
+    with pytest.raises(ValueError, match="nest deeper than os.walk can list"):
+        ImageFolder(tmp_path)
+
+
+def test_a_state_is_taken_over_file_names_that_are_not_utf8(tmp_path):
+    """Linux file names are bytes: one that is not UTF-8 comes back from os.walk escaped, and the
+    dataset's fingerprint failed to encode it (UnicodeEncodeError from state_dict()). UTF-8 names
+    hash as before (states taken before load)."""
+    tree(tmp_path, {"c/a.jpg": jpeg(1)})
+    with open(os.path.join(os.fsencode(tmp_path), b"c", b"bad\xff.jpg"), "wb") as f:
+        f.write(jpeg(2))
+    loader = gpupipe.Loader(ImageFolder(tmp_path), batch_size=1, crop=crops.CenterCrop(16), shuffle=False)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    again = gpupipe.Loader(ImageFolder(tmp_path), batch_size=1, crop=crops.CenterCrop(16), shuffle=False)
+    again.load_state_dict(state)
+    assert len(list(again)) == 1
+    import zlib
+
+    plain = ["x/a.jpg", "x/b.jpg"]
+    source = FileList(plain, [0, 0])
+    expected = f"2:{zlib.crc32(chr(10).join(plain).encode()):08x}"  # (the hash of the states taken before)
+    assert gpupipe.Loader(source, batch_size=1, crop=crops.CenterCrop(16))._source_fingerprint() == expected
 
 
 def test_a_key_set_in_place_is_read_from_its_new_file(tmp_path):
@@ -129,6 +195,50 @@ def test_a_shard_cut_after_a_samples_image_fails_that_sample_never_unlabelled(tm
         warnings.simplefilter("ignore")
         labels = torch.cat([y for _, y in loader])
     assert labels.tolist() == [7]
+
+
+def test_a_shard_that_is_no_regular_file_or_claims_terabytes_fails_named_and_the_next_goes_on(tmp_path):
+    """A FIFO as a shard waited in open() for a writer for good; a member whose PAX header claims
+    10 TB made tarfile's stream read past the end block by block for good. Each is an unreadable
+    shard now, named, and the next shard follows (in a child: the code before hung)."""
+    [good] = write_tar_shards([("g0", 1, jpeg(10), "jpg")], tmp_path / "good", samples_per_shard=10)
+    os.mkfifo(tmp_path / "fifo.tar")
+    big = tmp_path / "big.tar"
+    with tarfile.open(big, "w", format=tarfile.PAX_FORMAT) as t:
+        info = tarfile.TarInfo("h0.jpg")
+        data = jpeg(20)
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+    with tarfile.open(big, "w", format=tarfile.PAX_FORMAT) as t:  # h1's header claims 10 TB
+        info = tarfile.TarInfo("h1.jpg")
+        info.size = len(data)
+        info.pax_headers = {"size": "10000000000000"}
+        t.addfile(info, io.BytesIO(data))
+    r = run_child(f"""
+        from gpupipe.sources import TarShards
+        shards = TarShards([{str(tmp_path / 'fifo.tar')!r}, {str(big)!r}, {str(good)!r}])
+        for rec in shards.epoch_samples(epoch=0, seed=0, shuffle=False, rank=0, world_size=1, drop_last=False):
+            print(repr((rec.key, rec.label, rec.error)))
+    """, timeout=60)
+    got = [eval(line) for line in r.stdout.splitlines()]
+    assert "not a regular file" in got[0][2] and got[0][0].endswith("fifo.tar")
+    assert "claims 10000000000000 bytes, past the shard's end" in got[1][2] and got[1][0].endswith("big.tar")
+    assert got[2][:2] == (f"{good}:g0", 1) and got[2][2] is None and len(got) == 3
+
+
+def test_a_member_name_twice_in_a_row_fails_its_sample_named(tmp_path):
+    """d0.jpg, d0.cls, d0.jpg, d0.cls: the first image went out with the second label, the second
+    image was lost, silently (WebDataset refuses a duplicate name)."""
+    path = tmp_path / "dup.tar"
+    with tarfile.open(path, "w") as t:
+        for name, data in (("d0.jpg", jpeg(1)), ("d0.cls", b"0"), ("d0.jpg", jpeg(2)), ("d0.cls", b"7"),
+                           ("d1.jpg", jpeg(3)), ("d1.cls", b"1")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    got = records(TarShards(str(path)))
+    assert [(r.key.rsplit(":", 1)[-1], r.label) for r in got] == [("d0", -1), ("d1", 1)]
+    assert "'d0.jpg' comes twice in a row (a duplicate name)" in got[0].error and got[1].error is None
 
 
 def test_shard_images_of_every_image_extension_and_labelled_keys_without_one_are_named(tmp_path):

@@ -27,7 +27,7 @@ from gpupipe.limits import get_limits
 name = "pillow"
 
 
-FORMATS = ("PNG", "WEBP", "BMP", "GIF", "TIFF")
+FORMATS = ("PNG", "WEBP", "BMP", "GIF", "TIFF", "PPM")  # (PPM: PGM and PBM too; ImageFolder lists .ppm, .pgm)
 # libtiff's handlers print "module: message", the module a function ("ZIPDecode") or the file's name
 # ("tempfile.tif", Pillow's name for an in-memory TIFF)
 _LIBTIFF_MESSAGE = re.compile(r"^[^\s:]+: ")
