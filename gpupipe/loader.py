@@ -425,7 +425,10 @@ class Loader:
             past it fails its sample (kind ``READ``, the timeout named) and is left to its thread,
             which stops when it returns, while a new one reads on; past 32 such reads still running,
             reads fail at once (:mod:`gpupipe._read_pool`). A read that raises, or returns something
-            that is not encoded bytes, fails its sample too.
+            that is not encoded bytes, fails its sample too. Files read natively (``ImageFolder``,
+            ``FileList``) are held to it too: when a batch's reads stall (a hung NFS or FUSE mount),
+            its files are read again one by one, each with this deadline, and the ones that stall
+            fail, named (a ``TimeoutError``).
         augment_threads: torch's intra-op threads in the augment stage when ``device`` is the CPU (its
             ops and gpupipe's host kernels run beside the decode threads): default ``share -
             num_threads``, or half the share when the decode takes it all (on 2 cores: 1;
@@ -1085,7 +1088,7 @@ class _Epoch:
         if batch.samples is not None:  # a stream: the bytes came with the records
             got = [(b"", s.error) if s.error is not None else read_result(s.data) for s in batch.samples]
         elif self.native_reads:  # one native call per batch, no Python per file
-            batch.datas, failed = source.read_batch(batch.indices, self.l.io_threads, self.arenas)
+            batch.datas, failed = source.read_batch(batch.indices, self.l.io_threads, self.arenas, self.l.read_timeout)
             batch.read_errors = {k: f"read error: {type(e).__name__}: {e}" for k, e in failed.items()}
             return batch
         else:  # the source's own read, on the read pool: what raises, hangs or gives no bytes fails alone

@@ -149,15 +149,17 @@ class MapSource:
             return [call_or_error(self.read, i) for i in indices]
         return _in_place(*self.read_batch(indices, num_threads))
 
-    def read_batch(self, indices: Sequence[int], num_threads: int,
-                   arenas: Optional["Arenas"] = None) -> tuple[list, dict]:
+    def read_batch(self, indices: Sequence[int], num_threads: int, arenas: Optional["Arenas"] = None,
+                   timeout: Optional[float] = None) -> tuple[list, dict]:
         """The Loader's read stage for a source whose ``read`` is this class's: the bytes of each
         sample (``b""`` where its read failed) and ``{position: the exception}``, one native call
         and no Python per file (the keys' encoded paths are kept after the first batch). With
         ``arenas``, the files of the batch are read into one reused buffer and given as memoryview
-        slices of it."""
+        slices of it. ``timeout``: seconds the batch's reads may take (a stalled file system fails its
+        files, named, with a TimeoutError)."""
         paths, all_bytes = self._encoded_paths()
-        return _read_paths(paths[np.asarray(indices, dtype=np.int64)].tolist(), num_threads, arenas, all_bytes)
+        return _read_paths(paths[np.asarray(indices, dtype=np.int64)].tolist(), num_threads, arenas, all_bytes,
+                           timeout)
 
     def _encoded_paths(self) -> tuple[np.ndarray, bool]:
         """The keys as file paths (bytes), or the ValueError open() would raise, in an object array
@@ -234,16 +236,64 @@ class Arenas:
 
 
 def _read_paths(paths: list, num_threads: int, arenas: Optional[Arenas] = None,
-                all_bytes: bool = False) -> tuple[list, dict]:
+                all_bytes: bool = False, timeout: Optional[float] = None) -> tuple[list, dict]:
     """(bytes per path, b"" where it failed; {position: exception}) for paths as bytes, or the
-    exception a path already is (a key open() refuses fails alone; ``all_bytes``: none is)."""
+    exception a path already is (a key open() refuses fails alone; ``all_bytes``: none is).
+    ``timeout``: seconds the reads may take (:func:`_read_within`)."""
     failed = {} if all_bytes else {k: p for k, p in enumerate(paths) if type(p) is not bytes}
-    datas, errors = _C.read_files([b"" if k in failed else p for k, p in enumerate(paths)] if failed else paths,
-                                  num_threads, None if arenas is None else arenas.take)
+    given = [b"" if k in failed else p for k, p in enumerate(paths)] if failed else paths
+    take = None if arenas is None else arenas.take
+    if timeout is None:
+        datas, errors = _C.read_files(given, num_threads, take)
+    else:
+        datas, errors = _read_within(given, num_threads, take, timeout, failed)
     for k, errno, message in errors:
         if k not in failed:  # the OSError subclass open() would raise (FileNotFoundError, IsADirectoryError, ...)
             failed[k] = OSError(errno, message, os.fsdecode(paths[k]))
     return datas, failed
+
+
+def _in_thread(fn) -> tuple[threading.Event, list]:
+    """``fn()`` on a daemon thread of its own: (set when it returned, [its result or exception])."""
+    done, out = threading.Event(), []
+
+    def run():
+        try:
+            out.append(fn())
+        except BaseException as e:  # (its caller raises it)
+            out.append(e)
+        done.set()
+
+    threading.Thread(target=run, name="gpupipe-read", daemon=True).start()
+    return done, out
+
+
+def _read_within(paths: list, num_threads: int, take, timeout: float, failed: dict) -> tuple[list, list]:
+    """_C.read_files on a thread of its own, waited for ``timeout`` seconds: a file system that
+    stalls a read (a hung NFS or FUSE mount) holds that thread, never the epoch (the buffer it
+    reads into stays referenced by it: the arenas never hand it out again). When the batch's read
+    times out, each file is read again alone, on its own thread with its own deadline: the files
+    that answer are read, the ones that stall fail in ``failed``, named."""
+    done, out = _in_thread(lambda: _C.read_files(paths, num_threads, take))
+    if done.wait(timeout):
+        if isinstance(out[0], BaseException):
+            raise out[0]
+        return out[0]
+    datas, errors = [b""] * len(paths), []
+    for k, path in enumerate(paths):
+        if k in failed or not path:
+            continue
+        done, out = _in_thread(lambda path=path: _C.read_files([path], 1, None))
+        if not done.wait(timeout):
+            failed[k] = TimeoutError(f"reading {os.fsdecode(path)!r} took over read_timeout={timeout:g} s (a stalled "
+                                     f"file system?); the read is left to finish on its own thread")
+        elif isinstance(out[0], BaseException):
+            failed[k] = out[0]
+        else:
+            (data,), errs = out[0]
+            datas[k] = data
+            errors += [(k, errno, message) for _, errno, message in errs]
+    return datas, errors
 
 
 def read_file(path) -> bytes:

@@ -369,3 +369,36 @@ def test_files_not_opened_for_want_of_descriptors_are_read_one_by_one(tmp_path):
         print(sum(x.shape[0] for x, _ in loader))
     """)
     assert out.stdout.split() == ["300", "300"]
+
+
+def test_a_file_whose_read_stalls_fails_named_and_the_epoch_goes_on(tmp_path, monkeypatch):
+    """A file system that never answers a read (a hung NFS or FUSE mount, stood in for by a native
+    read that waits) held the read stage, and the epoch, for good: read_timeout applies to native
+    reads too; the batch's files are read again one by one, the stalled one fails named."""
+    import threading
+
+    import gpupipe
+    from gpupipe import _C, crops, sources
+    from loader_data import make_image_folder
+
+    make_image_folder(tmp_path, per_class=3)
+    stalled = sorted(str(p) for p in tmp_path.rglob("*.jpg"))[4]
+    release = threading.Event()
+    real = _C.read_files
+
+    def stalling(paths, *a):
+        if any(p == stalled.encode() for p in paths):
+            release.wait(30)
+        return real(paths, *a)
+
+    monkeypatch.setattr(_C, "read_files", stalling)
+    loader = gpupipe.Loader(sources.ImageFolder(tmp_path), batch_size=4, crop=crops.CenterCrop(16), shuffle=False,
+                            read_timeout=0.5, num_threads=1)
+    try:
+        with pytest.warns(gpupipe.SkippedSamplesWarning):
+            seen = sum(len(x) for x, _ in loader)
+        skipped = loader.stats()["skipped"]
+        assert seen == 8 and [f.key for f in skipped] == [stalled]
+        assert "took over read_timeout=0.5 s" in skipped[0].message and "TimeoutError" in skipped[0].message
+    finally:
+        release.set()
