@@ -23,6 +23,7 @@ import torch
 
 from gpupipe._args import is_python_int, parse_interpolation, policy_fill
 from gpupipe._transfer import to_device
+from gpupipe.augment import _kernels
 from gpupipe.augment._keyed_module import KeyedModule
 from gpupipe.augment.affine_matrix import affine_matrices
 from gpupipe.augment._policy_kernels import KINDS, policy_apply
@@ -224,8 +225,8 @@ class PolicyBase(KeyedModule):
 
     def _check_inputs(self, x: Any) -> int:
         n = check_images(x).shape[0]
-        if x.shape[1] == 1 and self._fill is not None and len(set(self._fill)) > 1:
-            raise ValueError(f"fill has 3 different values {self.fill}; x has 1 channel (give one value)")
+        if x.shape[1] == 1:
+            _kernels.check_gray_fill(self._fill)
         return n
 
     def _transform(self, x: torch.Tensor, params: dict) -> torch.Tensor:
@@ -238,11 +239,11 @@ class PolicyBase(KeyedModule):
         gray = x.shape[1] == 1
         if gray:  # its channel read as three (the kernels' layout), the first kept: per channel, the same ops
             kinds = _GRAY_KINDS[kinds]
-            x = x.expand(-1, 3, -1, -1).contiguous(memory_format=torch.channels_last)
+            x = _kernels.as_three_channels(x)
         if x.device.type != "cpu":
             kinds, p, matrices = (to_device(t, x.device) for t in (kinds, p, matrices))
         out = policy_apply(x, kinds, p, matrices, self.interpolation, self._fill)
-        return out[:, :1].clone() if gray else out  # (one channel: contiguous and channels-last alike)
+        return out[:, :1].clone() if gray else out
 
     def _slots(self, params: dict, height: int, width: int) -> list:
         """Per slot, (global op ids [N], signed magnitudes [N]): what each sample undergoes."""

@@ -14,7 +14,7 @@ import torch
 from gpupipe import _C, keyed
 from gpupipe._args import (INTERPOLATIONS, finite_number, finite_numbers, is_number, parse_interpolation, probability,
                            warp_fill)
-from gpupipe.augment import fused
+from gpupipe.augment import _kernels, fused
 from gpupipe.augment._keyed_module import KeyedModule, like_input
 from gpupipe.augment._keyed_params import check_count
 from gpupipe.augment.affine_matrix import affine_matrices
@@ -510,8 +510,8 @@ class BatchAugment(KeyedModule):
         if x.dtype != torch.uint8:
             raise TypeError(f"x must be uint8 (gpupipe's decode output; convert float images in [0, 1] with "
                             f"(x * 255).round().to(torch.uint8)), got {x.dtype}")
-        if x.shape[1] == 1 and self.fill is not None and len(set(self.fill)) > 1:
-            raise ValueError(f"fill has 3 different values {tuple(self.fill)}; x has 1 channel (give one value)")
+        if x.shape[1] == 1:
+            _kernels.check_gray_fill(self.fill)
         return x.shape[0]
 
     def out_channels(self, channels: int) -> int:
@@ -541,11 +541,10 @@ class BatchAugment(KeyedModule):
         0.026 of a level, in the worst case of a white image at factor 0); the rest is per
         channel. So the 3-channel chain runs on the channel repeated, with those three ops as
         identities (``last_params`` keeps their draws, as ColorJitter draws them for any image)."""
-        three = x.expand(-1, 3, -1, -1).contiguous(memory_format=torch.channels_last)  # (the kernel's fast layout)
+        three = _kernels.as_three_channels(x)
         params = dict(params, saturation=torch.ones_like(params["saturation"]), hue=torch.zeros_like(params["hue"]),
                       grayscale=torch.zeros_like(params["grayscale"]))
         out = self._transform(three, params)
-        # (one channel is contiguous and channels-last alike)
         return out if self.out_channels(1) == 3 else out[:, :1].clone()
 
     def _run_kernel(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:

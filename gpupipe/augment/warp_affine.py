@@ -124,18 +124,16 @@ def warp_affine(
 
 def _warp_gray(x: torch.Tensor, m: torch.Tensor, interpolation: int, fill: Optional[list],
                out_dtype: torch.dtype) -> torch.Tensor:
-    """A 1-channel batch through the 3-channel kernel: its channel copied to three interleaved ones
-    (the kernel's fast layout: 34 ms for 64 x 256 x 256 bilinear on one Zen 3 thread pair, 53 ms
-    reading a stride-0 view), the first output channel kept. Each channel is sampled alone, so the
-    result is the 1-channel warp exactly."""
-    if fill is not None and len(set(fill)) > 1:
-        raise ValueError(f"fill has 3 different values {fill}; x has 1 channel (give one value)")
-    three = x.expand(-1, 3, -1, -1).contiguous(memory_format=torch.channels_last)
+    """A 1-channel batch through the 3-channel kernel, the first output channel kept
+    (:func:`_kernels.as_three_channels`). Each channel is sampled alone, so the result is the
+    1-channel warp exactly."""
+    _kernels.check_gray_fill(fill)
+    three = _kernels.as_three_channels(x)
     if _kernels.eager_cpu(x):
         out = _warp_cpu(three, m, interpolation, fill, out_dtype)
     else:
         out = torch.ops.gpupipe.warp_affine(three, m, interpolation, fill, out_dtype)
-    return out[:, :1].clone()  # (a 1-channel tensor is contiguous and channels-last alike)
+    return out[:, :1].clone()
 
 
 __all__ = ["warp_affine", "INTERPOLATIONS"]
