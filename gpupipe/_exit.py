@@ -10,12 +10,39 @@ meanwhile. A call is a GIL-free region of the bindings, a batch decode started o
 ``with call_scope():`` wraps: an entry point whose native parts are separated by torch ops, and each
 item of a Loader stage. ``call_scope`` is a C++ context manager: a KeyboardInterrupt cannot leave a
 call counted, and warnings keep pointing at the caller's line.
+
+A call that waits for another thread's call must use :func:`wait_for`: once the hook has run, that
+thread parks as its call ends and never signals, and a plain wait would hold the hook for its 30 s.
 """
 
 from __future__ import annotations
+
+import time
+from typing import Callable, Optional
 
 from gpupipe._C import CallScope as call_scope
 from gpupipe._C import _interpreter_exiting as interpreter_exiting
 from gpupipe._C import _thread_parked as thread_parked
 
-__all__ = ["call_scope", "interpreter_exiting", "thread_parked"]
+__all__ = ["InterpreterExiting", "call_scope", "interpreter_exiting", "thread_parked", "wait_for"]
+
+_POLL = 0.05  # seconds between looks at the interpreter's exit while waiting
+
+
+class InterpreterExiting(RuntimeError):
+    """A wait given up because the interpreter is exiting (its thread then parks, see above)."""
+
+
+def wait_for(ready: Callable[[float], bool], timeout: Optional[float]) -> bool:
+    """``ready(seconds)`` (``Event.wait``'s contract) waited for up to ``timeout`` seconds (None: no
+    limit): True once it is, False at the timeout; raises :class:`InterpreterExiting` once the exit
+    hook has run, as the thread that would make it ready may have parked for good."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = _POLL if deadline is None else min(_POLL, deadline - time.monotonic())
+        if ready(max(left, 0.0)):
+            return True
+        if interpreter_exiting():
+            raise InterpreterExiting("the interpreter is exiting")
+        if deadline is not None and time.monotonic() >= deadline:
+            return False

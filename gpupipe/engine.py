@@ -35,6 +35,9 @@ class Many:
         self.items = items
 
 
+_JOIN_POLL = 0.05  # seconds between looks at whether a thread being joined at exit has parked
+
+
 class BoundedQueue:
     """A FIFO of at most ``capacity`` items. ``put`` blocks while full, ``get`` while empty;
     ``close()`` wakes every waiter, which then raises :class:`Closed`."""
@@ -238,11 +241,21 @@ class Engine:
             c.close()
         current = threading.current_thread()
         for t in self._threads:
-            # A thread parked for good at exit never ends (gpupipe._exit); the others end at once, and
-            # must before the interpreter finalizes: they drop their batches' tensors as they return.
-            if t is not current and not (interpreter_exiting() and thread_parked(t.ident)):
-                t.join(timeout)
+            if t is not current:
+                _join_unless_parked(t, time.monotonic() + timeout)
 
     @property
     def alive(self) -> bool:
         return any(t.is_alive() for t in self._threads)
+
+
+def _join_unless_parked(thread: threading.Thread, deadline: float) -> None:
+    """Joins ``thread`` until ``deadline`` (time.monotonic()) unless it parks for good at exit
+    (gpupipe._exit), which it may do after this join began (a thread alive when the exit hook ran
+    parks at its next call). The others end at once, and must before the interpreter finalizes:
+    they drop their batches' tensors as they return."""
+    while thread.is_alive() and not (interpreter_exiting() and thread_parked(thread.ident)):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        thread.join(min(left, _JOIN_POLL))

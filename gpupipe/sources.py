@@ -28,6 +28,7 @@ import numpy as np
 from gpupipe import _C
 from gpupipe._buffers import as_buffer
 from gpupipe._errors import user_stacklevel
+from gpupipe._exit import wait_for
 from gpupipe.limits import get_limits
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
@@ -275,7 +276,7 @@ def _read_within(paths: list, num_threads: int, take, timeout: float, failed: di
     times out, each file is read again alone, on its own thread with its own deadline: the files
     that answer are read, the ones that stall fail in ``failed``, named."""
     done, out = _in_thread(lambda: _C.read_files(paths, num_threads, take))
-    if done.wait(timeout):
+    if wait_for(done.wait, timeout):
         if isinstance(out[0], BaseException):
             raise out[0]
         return out[0]
@@ -284,7 +285,7 @@ def _read_within(paths: list, num_threads: int, take, timeout: float, failed: di
         if k in failed or not path:
             continue
         done, out = _in_thread(lambda path=path: _C.read_files([path], 1, None))
-        if not done.wait(timeout):
+        if not wait_for(done.wait, timeout):
             failed[k] = TimeoutError(f"reading {os.fsdecode(path)!r} took over read_timeout={timeout:g} s (a stalled "
                                      f"file system?); the read is left to finish on its own thread")
         elif isinstance(out[0], BaseException):

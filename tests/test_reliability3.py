@@ -431,22 +431,102 @@ def test_a_thread_started_by_a_later_atexit_handler_runs_its_calls(tmp_path):
     assert out.stdout.strip() == "finished"
 
 
+def _exit_seconds(code: str, timeout: float) -> float:
+    """Seconds from the end of ``code`` (which appends time.monotonic() to ``ended``) to the last
+    atexit handler: registered before gpupipe is imported, it runs after gpupipe's exit hook."""
+    import textwrap
+
+    timer = ("import atexit, time\nended = []\n"
+             "atexit.register(lambda: print(f'exit took {time.monotonic() - ended[0]:.2f} s', flush=True))\n")
+    out = run_child(timer + textwrap.dedent(code), timeout=timeout)
+    return float(out.stdout.split("exit took ")[1].split()[0])
+
+
 def test_exit_with_a_loader_iterator_alive_is_prompt(loader_folder):
     """A step-based loop leaves its iterator alive; its finalizer at exit must not wait for stage
-    threads that gpupipe's exit hook parked (5 s each)."""
-    import time
-
+    threads that gpupipe's exit hook parked (5 s each). Timed from the script's end, not its start
+    (a loaded machine imports torch slowly)."""
     for _ in range(4):  # the stage threads that are not parked end before finalization: at random points
-        t0 = time.perf_counter()
-        run_child(f"""
+        seconds = _exit_seconds(f"""
             import gpupipe
             loader = gpupipe.Loader(gpupipe.sources.ImageFolder({str(loader_folder)!r}), batch_size=2, num_threads=2,
                                     crop=gpupipe.crops.RandomResizedCrop(32))
             batches = iter(loader)
             for _ in range(2):
                 next(batches)
-            """, timeout=60)
-        assert time.perf_counter() - t0 < 5.0
+            ended.append(time.monotonic())
+            """, timeout=90)
+        assert seconds < 4.0
+
+
+def test_exit_while_a_batch_read_is_running_is_prompt(loader_folder):
+    """The read stage waits for the batch's read on a thread of its own (read_timeout). Once the
+    exit hook has run, that thread parks as its read ends and never signals: the stage's wait held
+    the hook for its full 30 s (CI, 1 run in ~10 on a loaded host). The read here is a stand-in
+    that takes 2 s, running when the script ends."""
+    seconds = _exit_seconds(f"""
+        import threading
+        import gpupipe
+        from gpupipe import _C, sources
+        from gpupipe._exit import call_scope
+
+        real, calls, second = _C.read_files, [], threading.Event()
+        def slow_read(*args):
+            calls.append(1)
+            if len(calls) >= 2:
+                second.set()
+            with call_scope():  # counted as the native read is
+                time.sleep(2.0)
+            return real(*args)
+        sources._C.read_files = slow_read
+        loader = gpupipe.Loader(gpupipe.sources.ImageFolder({str(loader_folder)!r}), batch_size=2, num_threads=2,
+                                crop=gpupipe.crops.RandomResizedCrop(32))
+        batches = iter(loader)
+        next(batches)
+        assert second.wait(30)
+        ended.append(time.monotonic())
+        """, timeout=120)
+    assert seconds < 15.0  # (the read's 2 s at most; 30 s before)
+
+
+def test_closing_at_exit_does_not_wait_for_a_thread_that_parks_meanwhile():
+    """A stage thread alive when gpupipe's exit hook ran parks at its next call, which may come after
+    a closer began joining it (here: its source's next() returns 1 s into the close). The join held
+    the closer its full 5 s; it ends as the thread parks."""
+    seconds = _exit_seconds("""
+        import threading
+        closers = []
+        atexit.register(lambda: [close() for close in closers])  # before gpupipe's: runs after its exit hook
+        import gpupipe
+        from gpupipe.engine import Engine, StageTimes
+
+        waiting = threading.Event()
+        def items():
+            yield 0
+            waiting.set()
+            time.sleep(1.0)  # outside a call: the exit hook does not wait for it
+            yield 1
+        engine = Engine(items(), [("stage", lambda x: x)], capacity=1, times=StageTimes(["stage"]))
+        assert next(engine) == 0
+        assert waiting.wait(30)
+        closers.append(engine.close)
+        ended.append(time.monotonic())
+        """, timeout=90)
+    assert seconds < 3.0  # (the source's 1 s; 5 s before)
+
+
+def test_wait_for_gives_up_once_the_interpreter_exits(monkeypatch):
+    import threading
+
+    from gpupipe import _exit
+
+    ready = threading.Event()
+    assert not _exit.wait_for(ready.wait, 0.1)
+    threading.Timer(0.1, ready.set).start()
+    assert _exit.wait_for(ready.wait, 30)
+    monkeypatch.setattr(_exit, "interpreter_exiting", lambda: True)
+    with pytest.raises(_exit.InterpreterExiting):
+        _exit.wait_for(threading.Event().wait, None)
 
 
 def test_warnings_name_the_callers_line(jpeg):

@@ -36,7 +36,7 @@ import torch
 from gpupipe import _C, keyed
 from gpupipe._backends import cpu, gpu_fallback
 from gpupipe._errors import brief
-from gpupipe._exit import call_scope
+from gpupipe._exit import InterpreterExiting, call_scope, wait_for
 from gpupipe.decode_types import BatchStatus, DecodeOptions, HeaderInfos, Route
 
 name = "hybrid"
@@ -549,7 +549,7 @@ class _BusyClock:
                 if not self._open:
                     return 0.0
                 first = self._open[0]
-            if not first.ended.wait(ENGINE_TIMEOUT):
+            if not wait_for(first.ended.wait, ENGINE_TIMEOUT):
                 raise TimeoutError(f"an earlier call of this GPU decoder has not returned within "
                                    f"hybrid.ENGINE_TIMEOUT = {ENGINE_TIMEOUT:g} s (a wedged device or driver call)")
             if first.end is not None and not isinstance(first.end, float):
@@ -770,6 +770,8 @@ def _collect(p: Pending) -> BatchStatus:
                 torch.cuda.current_stream(out.device).wait_event(run.done)
                 run.done.synchronize()  # this thread only (the Loader's collect stage): the seconds are known
             seconds = p.workers.busy[kind].seconds(run.call) * run.fraction
+        except InterpreterExiting:
+            raise
         except BaseException as e:  # a device error: the batch fails once every engine has stopped
             failure = failure or _engine_failure(kind, e)
             queued = getattr(e, "gpupipe_engine_done", None)
@@ -804,11 +806,10 @@ def _collect(p: Pending) -> BatchStatus:
 
 def _answer(future: concurrent.futures.Future) -> _EngineRun:
     """The engine's outcome for a share, waited for up to :data:`ENGINE_TIMEOUT` seconds."""
-    try:
-        return future.result(ENGINE_TIMEOUT)
-    except concurrent.futures.TimeoutError:
-        if future.done():  # the engine's own TimeoutError
-            raise
+    answered = threading.Event()
+    future.add_done_callback(lambda _: answered.set())  # (a cancelled future too, which wait() does not count)
+    if wait_for(answered.wait, ENGINE_TIMEOUT):
+        return future.result()
     raise TimeoutError(f"no answer within hybrid.ENGINE_TIMEOUT = {ENGINE_TIMEOUT:g} s (a wedged device or driver "
                        "call; its thread is left to it)")
 
