@@ -793,11 +793,16 @@ class Loader:
         changes = getattr(keys, "changes", None)  # a KeyList counts its changes: cached until one; else made each time
         made_from = (id(keys), changes, len(keys))
         if changes is None or self._fingerprint is None or self._fingerprint[0] != made_from:
-            # (os.fsencode: a file name that is not UTF-8 is bytes escaped in a str; UTF-8 names hash as before)
-            joined = _NEWLINE.join(map(os.fsencode, map(str, keys)))
-            text = f"{len(keys)}:{zlib.crc32(joined):08x}"
+            text = _keys_fingerprint(keys, below_common_folder=True)
             self._fingerprint = (made_from, keys, text)  # (keys held: their id is not reused meanwhile)
         return self._fingerprint[2]
+
+    def _source_fingerprint_before_moves(self) -> Optional[str]:
+        """The fingerprint states of before 2026-11-28 recorded: of the whole keys (a dataset moved
+        to another folder did not resume); None for a source without keys."""
+        source = self.source
+        keys = source.keys if isinstance(source, MapSource) else getattr(source, "paths", None)
+        return None if keys is None else _keys_fingerprint(keys, below_common_folder=False)
 
     def load_state_dict(self, state: dict) -> None:
         """Resumes at the batch after those ``state`` counted, in ``state["epoch"]`` (which
@@ -824,6 +829,8 @@ class Loader:
         if state["source"] == _UNVERIFIED_STREAM and not hasattr(self.source, "paths") and not isinstance(
                 self.source, MapSource):
             state = {**state, "source": mine["source"]}  # a custom stream's state of before its class was recorded
+        if state["source"] != mine["source"] and state["source"] == self._source_fingerprint_before_moves():
+            state = {**state, "source": mine["source"]}  # a state of before the keys were hashed below their folder
         for k in ("seed", "shuffle", "batch_size", "drop_last", "rank", "world_size", "crop", "source", "stream",
                   "labels", "apply_exif_orientation"):
             if k in mine and state.get(k, mine[k]) != mine[k]:
@@ -1435,6 +1442,20 @@ def _chunk(group: list) -> Batch:
 
 
 _NEWLINE = b"\n"
+
+
+def _keys_fingerprint(keys: Sequence, below_common_folder: bool) -> str:
+    """``"<count>:<crc32>"`` of the keys (file paths, shard paths), each from below the folder they
+    all share when ``below_common_folder``: the same files resume after the dataset moved (a job's
+    local scratch copy, another mount point); other files, or the same ones in other classes, do not."""
+    # (os.fsencode: a file name that is not UTF-8 is bytes escaped in a str; UTF-8 names hash as before)
+    names = [os.fsencode(str(k)) for k in keys]
+    cut = 0
+    if below_common_folder and names:
+        shared = os.path.commonprefix([min(names), max(names)])  # (the common prefix of all: of the extremes)
+        cut = shared.rfind(b"/") + 1
+    joined = _NEWLINE.join([n[cut:] for n in names] if cut else names)
+    return f"{len(names)}:{zlib.crc32(joined):08x}"
 
 
 def _mark_ready(batch: Batch) -> None:

@@ -180,6 +180,55 @@ def test_a_state_of_another_dataset_is_refused(folder, tmp_path):
         make_loader(sources.ImageFolder(str(other))).load_state_dict(state)
 
 
+def test_a_state_resumes_on_the_same_files_in_another_folder(folder, tmp_path):
+    """A job's data is often staged to a folder of its own (local scratch named by the job, another
+    mount point): the state names the files below the folder they share, so the same files resume
+    from there. A state taken before (a hash of the whole paths) still loads where it was taken."""
+    import shutil
+    import zlib
+
+    moved = tmp_path / "scratch" / "job42" / "data"
+    shutil.copytree(folder, moved)
+    full = make_loader(sources.ImageFolder(folder))
+    full.set_epoch(1)
+    expected = [x.clone() for x, _ in full]
+    part = make_loader(sources.ImageFolder(folder))
+    part.set_epoch(1)
+    it = iter(part)
+    for _ in range(2):
+        next(it)
+    state = part.state_dict()
+    del it
+    there = make_loader(sources.ImageFolder(str(moved)))
+    there.load_state_dict(state)
+    rest = [x for x, _ in there]
+    assert len(rest) == len(expected) - 2
+    assert all(torch.equal(a, b) for a, b in zip(expected[2:], rest))
+
+    keys = sources.ImageFolder(folder).keys
+    before = {**state, "source": f"{len(keys)}:{zlib.crc32(chr(10).join(keys).encode()):08x}"}
+    make_loader(sources.ImageFolder(folder)).load_state_dict(before)
+    with pytest.raises(ValueError, match="source"):  # (that hash names the old folder)
+        make_loader(sources.ImageFolder(str(moved))).load_state_dict(before)
+    (moved / "cat" / "img000.jpg").rename(moved / "cat" / "renamed.jpg")  # other files: refused
+    with pytest.raises(ValueError, match="source"):
+        make_loader(sources.ImageFolder(str(moved))).load_state_dict(state)
+
+
+def test_tar_shards_resume_from_another_folder(folder, tmp_path):
+    import shutil
+
+    src_folder = sources.ImageFolder(folder)
+    paths = sources.write_tar_shards(((f"s{i:04d}", int(src_folder.labels[i]), src_folder.read(i), "jpg")
+                                      for i in range(16)), tmp_path / "shards", samples_per_shard=8)
+    shutil.copytree(tmp_path / "shards", tmp_path / "elsewhere")
+    moved = [str(tmp_path / "elsewhere" / Path(p).name) for p in paths]
+    state = make_loader(sources.TarShards(paths)).state_dict()
+    make_loader(sources.TarShards(moved)).load_state_dict(state)
+    with pytest.raises(ValueError, match="source"):
+        make_loader(sources.TarShards(moved[::-1])).load_state_dict(state)
+
+
 def test_set_epoch_replays_gpupipes_own_modules_with_any_thread_count(folder):
     """BatchAugment, the policies (in a Compose), MixUp / CutMix (in a RandomChoice): epoch 2 of a
     run with 2 threads that went through epochs 0 and 1 equals epoch 2 of a new Loader with 1 thread."""
