@@ -221,7 +221,9 @@ def cpu_share() -> dict[str, int]:
     """This process's share of the cores (thread_pool.h): threads, affinity, online, local_world_size."""
 
 def pool_threads() -> int: ...
-def read_files(paths: list[bytes], num_threads: int, allocate: Callable[[int], Buffer] | None = None) -> tuple[list[bytes | memoryview], list[tuple[int, int, str]]]: ...
+def read_files(paths: list[bytes], num_threads: int, allocate: Callable[[int], Buffer] | None = None) -> tuple[list[bytes | memoryview], list[tuple[int, int, str]]]:
+    """Whole regular files of at most max_file_size bytes, in order while they add up to
+    max_batch_bytes (a file past it fails with EFBIG, not read): (bytes of each, failures)."""
 class CallScope(pybind11_object):
     """``with CallScope():`` around a gpupipe call of this thread (gpupipe._exit)."""
 
@@ -264,10 +266,10 @@ def _pool_selftest(num_threads: int, n: int, throw_at: int) -> int:
     """Test hook: a parallel_for whose body throws at throw_at (-1: never); returns how many ran."""
 
 def shutdown_pool() -> None: ...
-def get_limits() -> tuple[int, int, int, int]:
-    """(max_pixels, max_scans, max_memory, max_file_size)."""
+def get_limits() -> tuple[int, int, int, int, int]:
+    """(max_pixels, max_scans, max_memory, max_file_size, max_batch_bytes)."""
 
-def set_limits(max_pixels: int, max_scans: int, max_memory: int, max_file_size: int) -> None: ...
+def set_limits(max_pixels: int, max_scans: int, max_memory: int, max_file_size: int, max_batch_bytes: int) -> None: ...
 def encode_jpeg(
     pixels: Buffer,
     height: int,

@@ -12,7 +12,7 @@ the C++ module (csrc/common/errors.h, csrc/bindings/error_bindings.cpp); this mo
 | ``ScanLimitError`` | ``SCAN_LIMIT`` | more progressive scans than ``max_scans`` |
 | ``MemoryLimitError`` | ``MEMORY_LIMIT`` | more working memory than ``max_memory`` (libjpeg's, Pillow's) |
 | ``ValueError`` | ``INVALID_ARGUMENT`` | a box outside the image, a crop larger than the image, bad arguments |
-| ``OSError`` | ``READ`` | the sample's bytes could not be read (loader): not a regular file, over ``max_file_size`` |
+| ``OSError`` | ``READ`` | the sample's bytes could not be read (loader): not a regular file, over ``max_file_size``, past the batch's ``max_batch_bytes`` |
 | ``RuntimeError`` | ``INTERNAL`` | a bug of ours, never the data's fault |
 """
 

@@ -19,6 +19,7 @@ class Limits(NamedTuple):
     max_scans: int  #: progressive scans above which an image is refused (scan bomb)
     max_memory: int  #: bytes of working memory one decode may use (libjpeg's; Pillow's decoded image)
     max_file_size: int  #: bytes of one sample read from a file or a tar member (checked before reading)
+    max_batch_bytes: int  #: bytes of one batch's files read together (a file past it fails, not read)
 
 
 def get_limits() -> Limits:
@@ -39,20 +40,22 @@ def check_output_size(height: int, width: int) -> None:
 
 def set_limits(
     max_pixels: Optional[int] = None, max_scans: Optional[int] = None, max_memory: Optional[int] = None,
-    max_file_size: Optional[int] = None,
+    max_file_size: Optional[int] = None, max_batch_bytes: Optional[int] = None,
 ) -> Limits:
     """Sets the limits given (the others keep their value) and returns the previous ones. Each is a
     positive integer (a float only when integral: ``1e8``); ValueError naming it otherwise.
 
     Defaults: ``max_pixels`` = 89,478,485 (Pillow's ``Image.MAX_IMAGE_PIXELS``), ``max_scans`` =
     100 (as libjpeg-turbo's fuzzers), ``max_memory`` = 1 GiB, ``max_file_size`` = 1 GiB (a sample's
-    bytes, checked from the file's or the tar member's size before it is read).
+    bytes, checked from the file's or the tar member's size before it is read), ``max_batch_bytes`` =
+    4 GiB (the files of one batch read together, a map-style source's: taken in order while their
+    sizes add up to it, a file that would pass it fails alone, ``READ``, before it is read).
 
     Calls from several threads are serialised (one's limits never undo another's). A decode running
     meanwhile checks each limit as it reaches it: it may see some of the new values and not others.
     """
     given = {"max_pixels": max_pixels, "max_scans": max_scans, "max_memory": max_memory,
-             "max_file_size": max_file_size}
+             "max_file_size": max_file_size, "max_batch_bytes": max_batch_bytes}
     new = {name: _limit_value(name, v) for name, v in given.items() if v is not None}
     with _set_lock:
         old = get_limits()

@@ -156,7 +156,7 @@ def test_memory_cap(reference, jpeg):
         gpupipe.set_limits(max_pixels=0)
     before = gpupipe.get_limits()
     for name, bad in [("max_pixels", -1), ("max_memory", 2**64), ("max_scans", 0.5), ("max_scans", 1.9),
-                      ("max_scans", 2**31), ("max_file_size", True), ("max_pixels", "1000"),
+                      ("max_scans", 2**31), ("max_file_size", True), ("max_batch_bytes", 0), ("max_pixels", "1000"),
                       ("max_pixels", np.float32(3.7)), ("max_pixels", float("nan"))]:
         with pytest.raises(ValueError, match=f"{name} must be a positive integer .*got"):
             gpupipe.set_limits(**{name: bad})

@@ -216,6 +216,47 @@ def test_special_files_and_oversized_files_fail_their_sample_without_reading(tmp
     assert lines[3:6] == ["read 22 OSError", "read 27 OSError", "read 22 OSError"]
 
 
+def test_a_batch_reads_its_files_while_they_fit_max_batch_bytes(tmp_path, jpeg):
+    """Each file within max_file_size, a batch of them could still ask for more than the host has:
+    30 sparse files of 1 GB in a batch of 64 ended the epoch with a MemoryError naming no file. The
+    files are taken in order while they add up to max_batch_bytes; one that would pass it fails
+    alone (EFBIG, the limit named) before it is read, and the smaller ones after it still fit."""
+    import errno
+    import os
+
+    from helpers import limits
+
+    names = ["a_small.jpg", "b_huge.jpg", "c_huge.jpg", "d_huge.jpg", "e_small.jpg"]
+    (tmp_path / "x").mkdir()
+    for name in names:
+        path = tmp_path / "x" / name
+        if "huge" in name:
+            with open(path, "wb") as f:
+                f.truncate(100 << 20)  # sparse: 100 MB that take no disk
+        else:
+            path.write_bytes(jpeg)
+    paths = [str(tmp_path / "x" / n) for n in names]
+    with limits(max_batch_bytes=(200 << 20) + 2 * len(jpeg)):
+        got = gpupipe.sources.read_files(paths, 2)
+        assert got[0] == jpeg and got[4] == jpeg
+        assert len(got[1]) == len(got[2]) == 100 << 20
+        assert isinstance(got[3], OSError) and got[3].errno == errno.EFBIG and got[3].filename == paths[3]
+        assert "max_batch_bytes limit" in str(got[3]) and "set_limits(max_batch_bytes=" in str(got[3])
+        arenas = gpupipe.sources.Arenas()
+        datas, failed = gpupipe.sources.FileList(paths, [0] * 5).read_batch(list(range(5)), 2, arenas)
+        assert list(failed) == [3] and bytes(datas[4]) == jpeg  # (the Loader's reads: one arena)
+        assert max(b.nbytes for b in arenas.buffers) < (200 << 20) * 5 // 4 + (1 << 20)
+
+        loader = gpupipe.Loader(gpupipe.sources.ImageFolder(tmp_path), batch_size=5, num_threads=2, shuffle=False,
+                                crop=gpupipe.crops.CenterCrop(16))
+        with pytest.warns(UserWarning):
+            images = sum(len(x) for x, _ in loader)
+        assert images == 2  # the two JPEGs; the sparse files are no images, and d_huge was never read
+        skipped = {os.path.basename(f.key): f for f in loader.stats()["skipped"]}
+        assert skipped["d_huge.jpg"].kind.name == "READ" and "max_batch_bytes" in skipped["d_huge.jpg"].message
+        assert skipped["b_huge.jpg"].kind.name != "READ"
+
+
 # --- 6, 7. the Pillow route: stderr, max_memory ---------------------------------------------------
 
 def test_files_decode_in_a_process_without_stderr():

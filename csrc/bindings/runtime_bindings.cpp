@@ -28,13 +28,24 @@ namespace gpupipe {
 
 namespace {
 
+std::string over_batch_budget(uint64_t size, uint64_t before, uint64_t budget) {
+  return "the batch's files before it hold " + std::to_string(before) + " bytes; its " + std::to_string(size) +
+         " more would pass the max_batch_bytes limit of " + std::to_string(budget) +
+         " (gpupipe.set_limits(max_batch_bytes=...) raises it): not read";
+}
+
 // Reads `paths` chunk by chunk: files opened and sized without the GIL, their destination made
 // with it, read straight into it without the GIL again (no copy, no Python per file). With
 // `allocate` None each file gets a bytes object; else allocate(nbytes) gives one writable buffer
 // per chunk, every file of the chunk is read into it and handed out as a memoryview slice: one
 // allocation per batch instead of one per file (a 75 KB bytes object costs ~4 us to free).
+// The files are taken in order while their sizes add up to max_batch_bytes; one that would pass
+// it fails alone, named, before it is read (each file within max_file_size, a batch of them could
+// still ask for more memory than the host has: 30 sparse files of 1 GB, a MemoryError naming none).
 py::tuple read_files_impl(const std::vector<std::string>& paths, int num_threads, const py::object& allocate) {
-  FileBatch batch(paths, num_threads, get_limits().max_file_size);
+  const Limits limits = get_limits();
+  FileBatch batch(paths, num_threads, limits.max_file_size);
+  uint64_t taken = 0;  // bytes of the files admitted so far, at most max_batch_bytes
   const size_t n = paths.size();
   const bool arena = !allocate.is_none();
   py::list out(n);
@@ -47,6 +58,12 @@ py::tuple read_files_impl(const std::vector<std::string>& paths, int num_threads
     {
       ReleasedGil released;
       batch.open(first, count);
+    }
+    for (size_t k = 0; k < count; ++k) {
+      const OpenedFile& f = batch.files()[k];
+      if (f.error) continue;
+      if (f.size > limits.max_batch_bytes - taken) batch.refuse(k, EFBIG, over_batch_budget(f.size, taken, limits.max_batch_bytes));
+      else taken += f.size;
     }
     const std::vector<OpenedFile>& files = batch.files();
     objects.assign(count, py::object());
@@ -131,7 +148,8 @@ void register_files(py::module_& m) {
       },
       py::arg("paths"), py::arg("num_threads"), py::arg("allocate") = py::none(),
       "Reads whole regular files (paths as bytes, os.fsencode) of at most max_file_size bytes on a pool "
-      "of num_threads without the GIL; returns (the bytes of each, b'' where a read failed, "
+      "of num_threads without the GIL, in order while they add up to max_batch_bytes (a file past it "
+      "fails with EFBIG, not read); returns (the bytes of each, b'' where a read failed, "
       "[(index, errno, message)] of the failures). With allocate (a callable nbytes -> a writable "
       "contiguous buffer), each chunk of up to 256 files is read into one such buffer and the files "
       "are memoryview slices of it (a file that grew while read: bytes).");
@@ -214,14 +232,15 @@ void register_runtime(py::module_& m) {
   });
   m.def("get_limits", [] {
     Limits l = get_limits();
-    return py::make_tuple(l.max_pixels, l.max_scans, l.max_memory, l.max_file_size);
+    return py::make_tuple(l.max_pixels, l.max_scans, l.max_memory, l.max_file_size, l.max_batch_bytes);
   });
   m.def(
       "set_limits",
-      [](uint64_t max_pixels, int max_scans, uint64_t max_memory, uint64_t max_file_size) {
-        set_limits(Limits{max_pixels, max_scans, max_memory, max_file_size});
+      [](uint64_t max_pixels, int max_scans, uint64_t max_memory, uint64_t max_file_size, uint64_t max_batch_bytes) {
+        set_limits(Limits{max_pixels, max_scans, max_memory, max_file_size, max_batch_bytes});
       },
-      py::arg("max_pixels"), py::arg("max_scans"), py::arg("max_memory"), py::arg("max_file_size"));
+      py::arg("max_pixels"), py::arg("max_scans"), py::arg("max_memory"), py::arg("max_file_size"),
+      py::arg("max_batch_bytes"));
   m.attr("libjpeg_turbo_version") = libjpeg_turbo_version();
   // libjpeg's message formats, so that libjpeg text printed by another library (DALI's bundled
   // libjpeg-turbo) can be recognised and kept off stderr

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <new>
 #include <string>
+#include <utility>
 
 #include "common/errors.h"
 #include "common/thread_pool.h"
@@ -176,6 +177,12 @@ void FileBatch::read(const std::vector<uint8_t*>& dst) {
 }
 
 FileRead FileBatch::reread(size_t k) const { return read_whole_file(paths_[first_ + k], max_size_); }
+
+void FileBatch::refuse(size_t k, int error, std::string message) {
+  close_file(&files_[k]);
+  files_[k].error = error;
+  files_[k].message = std::move(message);
+}
 
 void FileBatch::close() {
   for (OpenedFile& f : files_) close_file(&f);

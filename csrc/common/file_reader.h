@@ -66,6 +66,8 @@ class FileBatch {
   bool grew(size_t k) const { return grew_[k] != 0; }
   // Chunk file k read whole again (one that grew while read, as one file).
   FileRead reread(size_t k) const;
+  // Chunk file k fails with `error` and `message` (closed, never read): a batch's byte budget.
+  void refuse(size_t k, int error, std::string message);
   // Closes the chunk's files still open (on the way out of a failed allocation).
   void close();
 

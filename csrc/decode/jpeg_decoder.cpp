@@ -29,6 +29,7 @@ std::atomic<uint64_t> g_max_pixels{Limits{}.max_pixels};
 std::atomic<int> g_max_scans{Limits{}.max_scans};
 std::atomic<uint64_t> g_max_memory{Limits{}.max_memory};
 std::atomic<uint64_t> g_max_file_size{Limits{}.max_file_size};
+std::atomic<uint64_t> g_max_batch_bytes{Limits{}.max_batch_bytes};
 }  // namespace
 
 Limits get_limits() {
@@ -37,16 +38,18 @@ Limits get_limits() {
   l.max_scans = g_max_scans.load();
   l.max_memory = g_max_memory.load();
   l.max_file_size = g_max_file_size.load();
+  l.max_batch_bytes = g_max_batch_bytes.load();
   return l;
 }
 
 void set_limits(const Limits& l) {
-  if (l.max_pixels == 0 || l.max_scans <= 0 || l.max_memory == 0 || l.max_file_size == 0)
+  if (l.max_pixels == 0 || l.max_scans <= 0 || l.max_memory == 0 || l.max_file_size == 0 || l.max_batch_bytes == 0)
     throw InvalidArgument("limits must be positive");
   g_max_pixels = l.max_pixels;
   g_max_scans = l.max_scans;
   g_max_memory = l.max_memory;
   g_max_file_size = l.max_file_size;
+  g_max_batch_bytes = l.max_batch_bytes;
 }
 
 void check_pixel_limit(uint64_t height, uint64_t width) {

@@ -28,6 +28,7 @@ struct Limits {
   int max_scans = 100;                // progressive scans; a scan bomb is refused past this
   uint64_t max_memory = 1ull << 30;   // libjpeg's own working memory per decode, bytes
   uint64_t max_file_size = 1ull << 30;  // bytes of one sample read from a file or a tar member
+  uint64_t max_batch_bytes = 4ull << 30;  // bytes of one batch's files read together (read_files)
 };
 Limits get_limits();
 void set_limits(const Limits& limits);
