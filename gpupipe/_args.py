@@ -21,6 +21,19 @@ INTERPOLATIONS = dict(_C.INTERPOLATIONS)  # the warps' sampling modes: name -> t
 Size = Union[int, Sequence[int]]
 
 
+# --- devices ---------------------------------------------------------------------------------------
+
+
+def concrete_device(device: torch.device) -> torch.device:
+    """``cuda`` without an index as the calling thread's current device, fixed now. The current
+    device is per thread and a new thread starts on device 0: a Loader of a rank that called
+    ``torch.cuda.set_device(k)`` would otherwise allocate, decode and pin memory on device 0 in its
+    stage threads (and make a CUDA context there), while its labels went to device k."""
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 # --- predicates ------------------------------------------------------------------------------------
 
 

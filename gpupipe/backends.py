@@ -55,16 +55,6 @@ def _nvimgcodec_entry() -> dict:
                                  else "CUDA decoder only: this GPU has no hardware JPEG decoder")}
 
 
-def concrete_device(device: torch.device) -> torch.device:
-    """``cuda`` without an index as the calling thread's current device, fixed now. The current
-    device is per thread and a new thread starts on device 0: a Loader of a rank that called
-    ``torch.cuda.set_device(k)`` would otherwise allocate, decode and pin memory on device 0 in its
-    stage threads (and make a CUDA context there), while its labels went to device k."""
-    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
 def resolve(backend: str, device: torch.device) -> str:
     """The backend that runs for (backend, device); raises a clear error when it cannot."""
     if device.type == "cpu" and (backend == "auto" or backend == "cpu"):

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from gpupipe import _C, backends, keyed
-from gpupipe._args import finite_number, is_python_int
+from gpupipe._args import concrete_device, finite_number, is_python_int
 from gpupipe._errors import SkippedSamplesWarning, brief, import_extra, user_stacklevel
 from gpupipe._backends import cpu, hybrid
 from gpupipe._transfer import to_device
@@ -506,7 +506,7 @@ class Loader:
         self.augment = augment
         self.batch_transform = batch_transform
         self.backend = backends.resolve(backend, torch.device(device))  # a clear error when it cannot run here
-        self.device = backends.concrete_device(torch.device(device))  # ("cuda": the caller's current device)
+        self.device = concrete_device(torch.device(device))  # ("cuda": the caller's current device)
         self._bare_cuda = torch.device(device).type == "cuda" and torch.device(device).index is None
         if decode_shares is not None and self.backend != "hybrid":
             raise ValueError(f"decode_shares splits the hybrid backend's batches; this Loader's backend is "

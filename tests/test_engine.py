@@ -111,7 +111,7 @@ def test_stage_threads_make_a_cuda_loaders_device_their_current_one(monkeypatch)
     threads. Each stage thread sets the Loader's device first; a CPU engine sets nothing."""
     import torch
 
-    from gpupipe import backends
+    from gpupipe import _args
 
     calls = []
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append((threading.current_thread().name, d)))
@@ -125,6 +125,6 @@ def test_stage_threads_make_a_cuda_loaders_device_their_current_one(monkeypatch)
     # "cuda" without an index is fixed to the caller's current device when the Loader is made
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
-    assert backends.concrete_device(torch.device("cuda")) == torch.device("cuda", 3)
-    assert backends.concrete_device(torch.device("cuda", 1)) == torch.device("cuda", 1)
-    assert backends.concrete_device(torch.device("cpu")) == torch.device("cpu")
+    assert _args.concrete_device(torch.device("cuda")) == torch.device("cuda", 3)
+    assert _args.concrete_device(torch.device("cuda", 1)) == torch.device("cuda", 1)
+    assert _args.concrete_device(torch.device("cpu")) == torch.device("cpu")

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from gpupipe import _C, _stderr
+from gpupipe._args import concrete_device
 from gpupipe._backends import gpu_fallback
 from gpupipe._transfer import to_device
 from gpupipe.decode_types import BatchStatus, DecodeOptions, HeaderInfos
@@ -45,8 +46,7 @@ def _bucket(n: int) -> int:
 
 
 def _pipeline(max_batch: int, out_hw, resize: bool, mode: str, device: torch.device, num_threads: int):
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())  # (the key names the device DALI runs on)
+    device = concrete_device(device)  # (the key names the device DALI runs on)
     key = (max_batch, tuple(out_hw), resize, mode, device.type, device.index, num_threads)
     with _lock:
         found = _pipelines.pop(key, None)

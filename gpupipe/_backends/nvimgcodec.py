@@ -51,6 +51,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
+from gpupipe._args import concrete_device
 from gpupipe._errors import brief
 from gpupipe.decode_types import DecodeOptions, Route
 
@@ -329,7 +330,7 @@ class Engine:
             raise ValueError(f"an nvImageCodec engine decodes on a CUDA device, got {device}")
         self.kind, self.roi, self.route = kind, bool(roi), ROUTES[kind]
         self.fancy_upsampling = bool(fancy_upsampling)
-        self.device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+        self.device = concrete_device(device)
         self.name = f"nvImageCodec's {kind} decoder on {self.device}"
         self._lib = _library()
         self._params = {mode: _decode_params(self._lib, mode) for mode in ("rgb", "gray")}
@@ -623,9 +624,7 @@ def engine(kind: str, device: torch.device, *, lane: int = 0) -> Engine:
     on this GPU). ``lane`` > 0: another decoder of the same kind (:meth:`Engine.lane`)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = concrete_device(torch.device(device))
     key = (os.getpid(), kind, str(device), int(lane))
     with _engines_lock:
         if key not in _engines:
