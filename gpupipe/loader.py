@@ -33,7 +33,7 @@ import torch
 
 from gpupipe import _C, backends, keyed
 from gpupipe._args import concrete_device, finite_number, is_python_int
-from gpupipe._errors import SkippedSamplesWarning, brief, import_extra, user_stacklevel
+from gpupipe._errors import JpegWarning, SkippedSamplesWarning, brief, import_extra, user_stacklevel
 from gpupipe._backends import cpu, hybrid
 from gpupipe._transfer import to_device
 from gpupipe.decode_types import (BatchStatus, HeaderInfos, Route, as_int, check_thread_count, epoch_number,
@@ -202,12 +202,23 @@ def _report_losses(loader: "Loader", st: _Stats, epoch: int, left_after: Optiona
     whole epoch was tried and none delivered (a crop larger than every image, an unreadable
     dataset), which torchvision would have raised at its first sample. An iteration resumed at
     ``first_batch`` > 0 tried only the epoch's rest: its batches before were delivered by another
-    run, so it warns (a rank that raised would leave the others waiting in a collective)."""
+    run, so it warns (a rank that raised would leave the others waiting in a collective).
+    Samples delivered although their decoder warned (corrupt or truncated data: part of the image
+    is filler; torchvision's decode_jpeg and Pillow raise on a truncated file) are counted in one
+    JpegWarning: delivered, but never unheard of."""
     with st.lock:
         if st.losses_reported:
             return
         st.losses_reported = True
         lost, delivered = list(st.skipped if loader.on_error == "skip" else st.replaced), st.images
+        damaged = list(st.warnings)
+    where = f"epoch {epoch}" if left_after is None else f"epoch {epoch}, left after {left_after} batches"
+    if damaged:
+        key, message = damaged[0]
+        warnings.warn(f"gpupipe.Loader {where}: {len(damaged)} of {delivered} delivered samples decoded with "
+                      f"warnings (corrupt or truncated data: what could not be decoded is filler); first: {key!r}: "
+                      f"{message}. Loader.stats()['warnings'] lists them all.", JpegWarning,
+                      stacklevel=user_stacklevel())
     if not lost:
         return
     kinds: dict = {}
@@ -220,7 +231,6 @@ def _report_losses(loader: "Loader", st: _Stats, epoch: int, left_after: Optiona
                          f"({by_kind}); {first}")
     done = "skipped" if loader.on_error == "skip" else "replaced by zero images"
     tried = delivered + len(lost) if loader.on_error == "skip" else delivered
-    where = f"epoch {epoch}" if left_after is None else f"epoch {epoch}, left after {left_after} batches"
     warnings.warn(f"gpupipe.Loader {where}: {len(lost)} of {tried} samples {done} (on_error="
                   f"{loader.on_error!r}): {by_kind}; {first}. Loader.stats() lists them all; on_error='raise' "
                   "stops at the first.", SkippedSamplesWarning, stacklevel=user_stacklevel())

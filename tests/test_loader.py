@@ -192,6 +192,30 @@ def test_losses_are_reported_when_an_epoch_is_left_early_or_never_asked_past_its
         it.close()
 
 
+def test_samples_delivered_with_decoder_warnings_are_counted_once_an_epoch(tmp_path):
+    """A JPEG cut off mid-scan decodes, its missing rows filled (libjpeg's "Premature end of JPEG
+    file"), and the Loader delivers it; torchvision and Pillow raise on it. The user heard nothing:
+    the warnings went to stats() only. One JpegWarning an epoch now counts them, naming the first."""
+    from helpers import encode, photo
+
+    (tmp_path / "a").mkdir()
+    for i in range(5):
+        data = encode(photo())
+        if i in (1, 3):
+            data = data[:len(data) // 3]  # (the centre crop lies past the cut)
+        (tmp_path / "a" / f"{i}.jpg").write_bytes(data)
+    loader = gpupipe.Loader(sources.ImageFolder(tmp_path), batch_size=2, crop=crops.CenterCrop(32), shuffle=False)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        with pytest.warns(gpupipe.JpegWarning) as caught:
+            assert sum(len(x) for x, _ in loader) == 5  # delivered, as before
+        assert len(caught) == 1, [str(w.message) for w in caught]
+        assert str(caught[0].message).startswith(f"gpupipe.Loader epoch {epoch}: 2 of 5 delivered samples decoded "
+                                                 "with warnings")
+        assert "1.jpg': Premature end of JPEG file" in str(caught[0].message) and caught[0].filename == __file__
+        assert [os.path.basename(k) for k, _ in loader.stats()["warnings"]] == ["1.jpg", "3.jpg"]
+
+
 @pytest.mark.filterwarnings("ignore::gpupipe.SkippedSamplesWarning")
 def test_on_error_skip_cuts_nested_augment_params(messy):
     """A RandomChoice of keyed policies as the augment: its parameters (the batch size, the chosen
