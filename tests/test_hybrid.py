@@ -27,17 +27,25 @@ SIZE = (24, 32)
 
 class HostEngine:
     """A GPU decoder's stand-in: whole-image decode + exact resize (the CPU core, no DCT scaling)
-    into ``out[slots]``; declines the samples ``decline(data)`` picks; raises when ``fail``."""
+    into ``out[slots]``; declines the samples ``decline(data)`` picks; raises when ``fail``. With
+    ``gated``, its first call sets ``held`` and waits for ``gate`` (a test orders events by them,
+    never by sleeps: a loaded machine runs threads late)."""
 
-    def __init__(self, kind: str, decline=None, fail: bool = False, delay: float = 0.0):
+    def __init__(self, kind: str, decline=None, fail: bool = False, delay: float = 0.0, gated: bool = False):
         self.kind, self.decline, self.fail, self.delay = kind, decline, fail, delay
         self.calls = []
         self.threads = set()
+        self.held, self.gate = threading.Event(), threading.Event()
+        if not gated:
+            self.gate.set()
 
     def decode(self, buffers, boxes, out, slots, options, *, sizes):
         assert np.array_equal(sizes, [[b.column("height")[0], b.column("width")[0]] for b in map(read_infos, ([x] for x in buffers))])
         self.calls.append(np.asarray(slots).copy())
         self.threads.add(threading.get_ident())
+        if not self.held.is_set():
+            self.held.set()
+            assert self.gate.wait(60)
         if self.fail:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         time.sleep(self.delay * len(buffers))
@@ -548,7 +556,7 @@ def test_no_engine_thread_outlives_its_call():
     datas, infos, boxes = batch(8)
     out = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
     hybrid.decode(datas, boxes, out, options(), infos, shares=hybrid.Shares(0.2, 0.4, 0.4), engines=engines())
-    deadline = time.time() + 5
+    deadline = time.time() + 20  # (a loaded machine may end a thread late)
     while any("decoder" in t.name and t.name.startswith("gpupipe-") for t in threading.enumerate()):
         assert time.time() < deadline, [t.name for t in threading.enumerate()]
         time.sleep(0.01)
@@ -556,22 +564,25 @@ def test_no_engine_thread_outlives_its_call():
 
 def test_batches_queued_on_closed_workers_fail_clearly_and_nothing_hangs():
     datas, infos, boxes = batch(8)
-    eng = engines(hardware={"delay": 0.05}, cuda={"delay": 0.05})
+    eng = engines(hardware={"gated": True}, cuda={"gated": True})
     workers = hybrid.Workers(["hardware", "cuda"], torch.device("cpu"))
     outs = [torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8) for _ in range(3)]
     started = [hybrid.start(datas, boxes, o, options(), infos, shares=hybrid.Shares(0.0, 0.5, 0.5), engines=eng,
                             workers=workers) for o in outs]
+    assert eng["hardware"].held.wait(30) and eng["cuda"].held.wait(30)  # the first shares run, the others queue
     workers.close()  # the epoch ends: the running shares finish, the queued ones are dropped
+    for e in eng.values():
+        e.gate.set()
     t0 = time.time()
     with pytest.raises(RuntimeError, match="cancelled: the GPU engine.s queue was closed"):
         for p in started:
             hybrid.wait(p)
-    assert time.time() - t0 < 5
+    assert time.time() - t0 < 30  # (hybrid.ENGINE_TIMEOUT, 120 s, when a cancelled share is waited for)
 
 
 def test_shares_waiting_for_a_busy_engine_go_in_one_call_with_their_own_pixels_and_seconds(monkeypatch):
     datas, infos, boxes = batch(8)
-    hw = MergingHostEngine("hardware", delay=0.02)
+    hw = MergingHostEngine("hardware", delay=0.02, gated=True)
     eng = {"hardware": hw, "cuda": HostEngine("cuda")}
     shares = hybrid.Shares(0.0, 1.0, 0.0)
     alone = torch.empty((len(datas), *SIZE, 3), dtype=torch.uint8)
@@ -582,8 +593,13 @@ def test_shares_waiting_for_a_busy_engine_go_in_one_call_with_their_own_pixels_a
     workers = hybrid.Workers(["hardware", "cuda"], torch.device("cpu"))
     try:
         outs = [torch.zeros((len(datas), *SIZE, 3), dtype=torch.uint8) for _ in range(5)]
-        started = [hybrid.start(datas, boxes, o, options(), infos, shares=shares, engines=eng, workers=workers)
-                   for o in outs]  # the first runs at once; the rest wait for it, then go two at a time
+        def start(o):
+            return hybrid.start(datas, boxes, o, options(), infos, shares=shares, engines=eng, workers=workers)
+
+        started = [start(outs[0])]  # it runs at once, held until the rest are queued; they go two at a time
+        assert hw.held.wait(30)
+        started += [start(o) for o in outs[1:]]
+        hw.gate.set()
         statuses = [hybrid.wait(p) for p in started]
     finally:
         workers.close()
@@ -591,8 +607,8 @@ def test_shares_waiting_for_a_busy_engine_go_in_one_call_with_their_own_pixels_a
     assert all(torch.equal(o, alone) for o in outs) and all(s.ok.all() for s in statuses)
     seconds = [s.engine_seconds["hardware"][2] for s in statuses]
     assert all(s.engine_seconds["hardware"][:2] == (n, n) for s in statuses)
-    # the two shares of a call count half its time each: batches (0, 1) and (2, 3), or (1, 2) and (3, 4)
-    assert any(seconds[a] == seconds[a + 1] and seconds[a + 2] == seconds[a + 3] for a in (0, 1))
+    # the two shares of a call count half its time each: batches (1, 2) and (3, 4)
+    assert seconds[1] == seconds[2] and seconds[3] == seconds[4]
 
 
 class LaneHostEngine(HostEngine):
@@ -669,7 +685,7 @@ def test_calls_in_flight_overlap_on_their_own_decoders_and_count_the_engines_tim
     spans = sum(b - a for a, b in hw.spans)
     # the overlapping calls count once: about the union of their spans (each timed a little wider
     # by the scheduler), well under their sum
-    assert union_seconds(hw.spans) * 0.95 <= counted <= union_seconds(hw.spans) + 0.02 * len(hw.spans)
+    assert union_seconds(hw.spans) * 0.95 <= counted <= union_seconds(hw.spans) + 0.05 * len(hw.spans)
     assert counted < 0.8 * spans
     assert workers.lane_failures() == []
 
@@ -678,10 +694,11 @@ def test_a_lanes_first_call_is_timed_after_its_decoder_is_made(monkeypatch):
     """Making a lane's decoder (nvImageCodec's: a decoder and a probe decode) is not the engine's
     work: the calls the other lane ran meanwhile still count."""
     monkeypatch.setattr(hybrid, "CALLS_IN_FLIGHT", {"hardware": 2})
-    hw = LaneHostEngine("hardware", delay=0.006, make_seconds=0.3)
+    hw = LaneHostEngine("hardware", delay=0.006, make_seconds=1.0)
     _, statuses, _ = on_lanes(hw, 8)
     counted = sum(s.engine_seconds["hardware"][2] for s in statuses)
-    assert set(hw.lanes) == {1} and union_seconds(hw.spans) * 0.9 <= counted <= union_seconds(hw.spans) + 0.05
+    # (counting the decoder's making would add its 1 s; the slack is the scheduler's)
+    assert set(hw.lanes) == {1} and union_seconds(hw.spans) * 0.9 <= counted <= union_seconds(hw.spans) + 0.3
 
 
 def test_a_collector_waiting_for_a_running_call_holds_up_neither_the_lanes_nor_new_batches(monkeypatch):
@@ -734,7 +751,7 @@ def test_a_collector_waiting_for_a_running_call_holds_up_neither_the_lanes_nor_n
         gate.set()
         opener.cancel()
         workers.close()
-    assert queued < 1.0, queued
+    assert queued < 10.0, queued  # (held until the gate opens, 20 s, when the collector blocks the queue)
 
 
 def test_a_lane_whose_decoder_cannot_start_calls_lane_0s_and_says_why(monkeypatch):
@@ -1104,7 +1121,7 @@ def test_a_device_error_fails_the_loader_clearly_and_every_thread_stops(tmp_path
             pass
     del it
     gc.collect()
-    deadline = time.time() + 5
+    deadline = time.time() + 20  # (a loaded machine may end a thread late)
     while [t for t in threading.enumerate() if t.name.startswith("gpupipe")]:
         assert time.time() < deadline, [t.name for t in threading.enumerate()]
         time.sleep(0.02)
@@ -1320,7 +1337,7 @@ def test_a_wedged_engine_fails_its_batch_after_the_timeout_and_the_loader_stops(
                                                r"hybrid.ENGINE_TIMEOUT = 0.5 s") as e:
             hybrid.decode(datas, boxes, out, options(), infos, shares=hybrid.Shares(0.5, 0.5, 0.0),
                           engines={"hardware": wedged, "cuda": HostEngine("cuda")})
-        assert isinstance(e.value.__cause__, TimeoutError) and time.time() - t0 < 5
+        assert isinstance(e.value.__cause__, TimeoutError) and time.time() - t0 < 20  # (wedged for good otherwise)
     finally:
         wedged.release.set()
     # in the Loader: next() raises (it never waits for good), the iterator closes
@@ -1332,10 +1349,11 @@ def test_a_wedged_engine_fails_its_batch_after_the_timeout_and_the_loader_stops(
     try:
         with pytest.raises(RuntimeError, match="ENGINE_TIMEOUT"):
             list(ld)
-        assert time.time() - t0 < 10
+        assert time.time() - t0 < 30
     finally:
         wedged.release.set()
     host_engines["hardware"] = HostEngine("hardware")
+    monkeypatch.setattr(hybrid, "ENGINE_TIMEOUT", 120.0)  # (a healthy engine on a loaded machine: no deadline to race)
     assert len(list(ld)) == 2  # the engine answers again: the next iteration decodes
 
 

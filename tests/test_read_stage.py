@@ -118,17 +118,18 @@ def test_a_read_that_hangs_fails_its_sample_after_the_timeout(files):
     src = Custom(files, {2: "hang", 13: "hang"}, release)
     before = threading.active_count()
     try:
+        # (2 s: the good reads are timed too, and a loaded machine may hold one for a while)
         ld = gpupipe.Loader(src, batch_size=6, crop=crops.CenterCrop(16), shuffle=False, num_threads=1,
-                            read_timeout=0.3, io_threads=2, lookahead=False)
+                            read_timeout=2, io_threads=2, lookahead=False)
         start = time.monotonic()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             labels = [int(v) for _, y in ld for v in y]
-        assert time.monotonic() - start < 20
+        assert time.monotonic() - start < 40
         assert labels == [i for i in range(len(src)) if i not in (2, 13)]
         failures = ld.stats()["skipped"]
         assert [f.key for f in failures] == [src.keys[2], src.keys[13]]
-        assert all(f.kind == gpupipe.ErrorKind.READ and "0.3 s timeout" in f.message for f in failures)
+        assert all(f.kind == gpupipe.ErrorKind.READ and "2 s timeout" in f.message for f in failures)
     finally:
         release.set()
     del ld  # its read pool (one a Loader, across epochs) shut down with it
@@ -154,19 +155,22 @@ class Hangs(sources.MapSource):
             threading.Event().wait()
         return open(self.keys[i], "rb").read()
 warnings.simplefilter("ignore")
-ld = gpupipe.Loader(Hangs(), batch_size=4, crop=crops.CenterCrop(16), num_threads=1, read_timeout=0.3, shuffle=False)
+ld = gpupipe.Loader(Hangs(), batch_size=4, crop=crops.CenterCrop(16), num_threads=1, read_timeout=2, shuffle=False)
 print(sum(len(y) for _, y in ld))
 from gpupipe import loader
 loader.CHUNK_IMAGES = 0
 ld = gpupipe.Loader(Hangs(), batch_size=1, crop=crops.CenterCrop(16), num_threads=1, read_timeout=60, shuffle=False)
 it = iter(ld)
 next(it)  # the next batch's read hangs: the process ends with that read running
+import time
+print(time.monotonic(), flush=True)
 """)
-    start = time.monotonic()
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    exited = time.monotonic()  # (CLOCK_MONOTONIC is the system's: the child's reading compares with ours)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == str(len(files) - 1) and done.stderr == ""
-    assert time.monotonic() - start < 25  # (not the 60 s timeout, not forever)
+    count, ended = done.stdout.split()
+    assert count == str(len(files) - 1) and done.stderr == ""
+    assert exited - float(ended) < 20  # timed from the script's end (not the 60 s read_timeout, not forever)
 
 
 def test_read_pool_bounds_the_reads_left_running(monkeypatch):
@@ -207,15 +211,15 @@ def test_a_pool_shut_down_or_a_map_given_up_returns_at_once():
     threading.Timer(0.2, cancel.set).start()
     start = time.monotonic()
     got = pool.map(lambda x: release.wait() if x == 0 else x, [0, 1, 2], cancel)
-    assert time.monotonic() - start < 5 and got[1:] == [1, 2] or all(isinstance(r, RuntimeError) for r in got[1:])
+    assert time.monotonic() - start < 20 and got[1:] == [1, 2] or all(isinstance(r, RuntimeError) for r in got[1:])
     assert isinstance(got[0], RuntimeError) and "epoch was closed" in str(got[0])
     threading.Timer(0.2, pool.shutdown).start()
     start = time.monotonic()
     got = pool.map(lambda x: release.wait(), [0, 1, 2, 3])
-    assert time.monotonic() - start < 5 and all("shut down" in str(r) for r in got)
+    assert time.monotonic() - start < 20 and all("shut down" in str(r) for r in got)
     release.set()
     for k in range(200):  # shutdown racing map(): a result, a RuntimeError, never a wait
-        pool = _read_pool.ReadPool(1, 0.05)
+        pool = _read_pool.ReadPool(1, 5.0)  # (the shutdown is raced here, not the timeout)
         racer = threading.Thread(target=pool.shutdown)
         racer.start()
         try:
@@ -393,12 +397,12 @@ def test_a_file_whose_read_stalls_fails_named_and_the_epoch_goes_on(tmp_path, mo
 
     monkeypatch.setattr(_C, "read_files", stalling)
     loader = gpupipe.Loader(sources.ImageFolder(tmp_path), batch_size=4, crop=crops.CenterCrop(16), shuffle=False,
-                            read_timeout=0.5, num_threads=1)
+                            read_timeout=3, num_threads=1)  # (the good files' reads are timed too: no race)
     try:
         with pytest.warns(gpupipe.SkippedSamplesWarning):
             seen = sum(len(x) for x, _ in loader)
         skipped = loader.stats()["skipped"]
         assert seen == 8 and [f.key for f in skipped] == [stalled]
-        assert "took over read_timeout=0.5 s" in skipped[0].message and "TimeoutError" in skipped[0].message
+        assert "took over read_timeout=3 s" in skipped[0].message and "TimeoutError" in skipped[0].message
     finally:
         release.set()

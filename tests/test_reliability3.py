@@ -115,9 +115,10 @@ def test_a_forked_child_does_not_wait_for_the_parents_calls(jpeg):
         _, status = os.waitpid(pid, 0)
         stop = True
         t.join()
-        print(os.waitstatus_to_exitcode(status), round(time.perf_counter() - t0))
+        print(os.waitstatus_to_exitcode(status), time.perf_counter() - t0)
         """)
-    assert out.stdout.split() == ["0", "0"]
+    code, seconds = out.stdout.split()
+    assert code == "0" and float(seconds) < 10  # (~0.03 s; 0.2 s on a loaded host; a wait for the calls: 30 s)
 
 
 # --- 3. tar shards: member kinds and sizes, labels ----------------------------------------------
@@ -533,7 +534,7 @@ def test_exit_while_a_batch_read_is_running_is_prompt(loader_folder):
 def test_closing_at_exit_does_not_wait_for_a_thread_that_parks_meanwhile():
     """A stage thread alive when gpupipe's exit hook ran parks at its next call, which may come after
     a closer began joining it (here: its source's next() returns 1 s into the close). The join held
-    the closer its full 5 s; it ends as the thread parks."""
+    the closer its full limit (5 s by default); it ends as the thread parks."""
     seconds = _exit_seconds("""
         import threading
         closers = []
@@ -550,10 +551,10 @@ def test_closing_at_exit_does_not_wait_for_a_thread_that_parks_meanwhile():
         engine = Engine(items(), [("stage", lambda x: x)], capacity=1, times=StageTimes(["stage"]))
         assert next(engine) == 0
         assert waiting.wait(30)
-        closers.append(engine.close)
+        closers.append(lambda: engine.close(timeout=30.0))  # (the join's limit: what the old code took)
         ended.append(time.monotonic())
-        """, timeout=90)
-    assert seconds < 3.0  # (the source's 1 s; 5 s before)
+        """, timeout=120)
+    assert seconds < 15.0  # (the source's 1 s; 30 s before)
 
 
 def test_wait_for_gives_up_once_the_interpreter_exits(monkeypatch):
