@@ -116,6 +116,28 @@ def test_bench_on_a_file_list_tar_shards_and_a_flat_folder(folder, tmp_path, kin
     assert result["data"]["images"] == 12 and result["data"]["classes"] == (1 if kind == "flat" else 2)
 
 
+def test_a_folder_of_shards_with_an_unreadable_one_is_benchmarked_without_it(folder, tmp_path):
+    """One bad shard of many stopped the benchmark (DataError): the Loader skips such a shard,
+    named, and so does the bench now, saying which it left out; only a folder none of whose shards
+    reads is refused."""
+    from gpupipe.bench.dataset import DataError, open_data
+
+    samples = sorted((str(p), ["cat", "dog"].index(p.parent.name)) for p in folder.rglob("*.jpg"))
+    data = tmp_path / "shards"
+    write_tar_shards(((f"s{i:03d}", y, Path(p).read_bytes(), "jpg") for i, (p, y) in enumerate(samples)), data,
+                     samples_per_shard=5)
+    (data / "zz-broken.tar").write_bytes(b"not a tar archive" * 100)
+    got = open_data(str(data))
+    assert got.images == 12 and got.classes == 2 and len(got.source.paths) == 3
+    assert len(got.left_out) == 1 and got.left_out[0].startswith(str(data / "zz-broken.tar"))
+    assert "1 unreadable shard(s) left out, first: " in got.describe()
+    only_bad = tmp_path / "bad"
+    only_bad.mkdir()
+    (only_bad / "a.tar").write_bytes(b"not a tar archive" * 100)
+    with pytest.raises(DataError, match="none of its 1 tar shards could be read"):
+        open_data(str(only_bad))
+
+
 def bad_data(tmp_path, case) -> Path:
     data = tmp_path / "data"
     if case == "empty":

@@ -48,9 +48,13 @@ class BenchData:
     images: int
     classes: int  # distinct labels
     num_classes: int  # largest label + 1: what MixUp / CutMix need
+    left_out: tuple = ()  # tar shards that could not be read, "path (why)": every row runs without them
 
     def describe(self) -> str:
-        return f"{self.kind} {self.path}: {self.images} images, {self.classes} classes"
+        out = f"{self.kind} {self.path}: {self.images} images, {self.classes} classes"
+        if self.left_out:
+            out += f"; {len(self.left_out)} unreadable shard(s) left out, first: {self.left_out[0]}"
+        return out
 
 
 def cache_root() -> Path:
@@ -175,20 +179,30 @@ def _labels(values) -> tuple[int, int]:
     return max(1, len(values)), max(1, max(values, default=0) + 1)
 
 
-def _tar_images(paths: list) -> tuple[int, set]:
-    """(samples with an image, their labels) of tar shards, from member headers and labels."""
-    n, labels = 0, set()
+def _tar_images(paths: list) -> tuple[int, set, list, list]:
+    """(samples with an image, their labels, the shards read, "path (why)" of those that could not
+    be) of tar shards, from member headers and labels. A label that is not an integer is not
+    counted (the Loader fails its sample, named); an unreadable shard is left out, as the Loader
+    would skip it, and said: one bad shard of many does not stop the benchmark."""
+    n, labels, readable, left_out = 0, set(), [], []
     for p in paths:
+        count, found = 0, set()
         try:
             with tarfile.open(p) as tar:
                 for m in tar:
                     if m.isfile() and _is_image(m.name):
-                        n += 1
+                        count += 1
                     elif m.isfile() and m.name.endswith(".cls"):
-                        labels.add(int(tar.extractfile(m).read().decode().strip()))
-        except (tarfile.TarError, ValueError) as e:
-            raise DataError(f"--data {p}: not a readable tar shard with integer .cls labels ({e})") from e
-    return n, labels
+                        try:
+                            found.add(int(tar.extractfile(m).read().decode().strip()))
+                        except (ValueError, UnicodeDecodeError):
+                            pass
+        except (tarfile.TarError, OSError, EOFError) as e:
+            left_out.append(f"{p} ({type(e).__name__}: {e})")
+            continue
+        n, labels = n + count, labels | found
+        readable.append(p)
+    return n, labels, readable, left_out
 
 
 def open_data(path: Union[str, os.PathLike, None], *, images: int = DEFAULT_IMAGES, progress: bool = False) -> BenchData:
@@ -227,7 +241,9 @@ def open_data(path: Union[str, os.PathLike, None], *, images: int = DEFAULT_IMAG
                 raise DataError(f"--data {p}: listed file {missing[0]} does not exist")
             return BenchData("csv", str(p), src, len(src), *_labels(src.labels))
         if p.suffix.lower() == ".tar":
-            n, labels = _tar_images([str(p)])
+            n, labels, _, left_out = _tar_images([str(p)])
+            if left_out:
+                raise DataError(f"--data {left_out[0]}: not a readable tar shard")
             if n == 0:
                 raise DataError(f"--data {p}: the shard holds no images")
             return BenchData("tar", str(p), TarShards([str(p)]), n, *_labels(labels))
@@ -242,10 +258,12 @@ def open_data(path: Union[str, os.PathLike, None], *, images: int = DEFAULT_IMAG
             raise DataError(f"--data {p}: holds no images ({expected})") from e
         return BenchData("imagefolder", str(p), src, len(src), *_labels(src.labels))
     if tars:
-        n, labels = _tar_images(tars)
+        n, labels, readable, left_out = _tar_images(tars)
+        if not readable:
+            raise DataError(f"--data {p}: none of its {len(tars)} tar shards could be read; first: {left_out[0]}")
         if n == 0:
             raise DataError(f"--data {p}: its tar shards hold no images")
-        return BenchData("tar", str(p), TarShards(tars), n, *_labels(labels))
+        return BenchData("tar", str(p), TarShards(readable), n, *_labels(labels), left_out=tuple(left_out))
     files = [e.path for e in entries if e.is_file() and _is_image(e.name)]
     if not files:
         raise DataError(f"--data {p}: holds no images ({expected})")

@@ -673,7 +673,8 @@ def main(argv=None) -> int:
     arg_dict = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     arg_dict.update(warmup=warmup, repeats=repeats, steps=steps, backend_resolved=backend)
     report.save_json(out / "results.json", args=arg_dict, env=report.environment(args.threads),
-                     data={"kind": data.kind, "path": data.path, "images": data.images, "classes": data.classes},
+                     data={"kind": data.kind, "path": data.path, "images": data.images, "classes": data.classes,
+                           **({"left_out": list(data.left_out)} if data.left_out else {})},
                      recipe={"name": recipe.name, "summary": recipe.summary, "notes": _notes(parts, results),
                              "gpupipe": {"crop": repr(parts.crop), "augment": repr(parts.augment),
                                          "batch_transform": repr(parts.batch_transform)},
