@@ -221,9 +221,10 @@ def cpu_share() -> dict[str, int]:
     """This process's share of the cores (thread_pool.h): threads, affinity, online, local_world_size."""
 
 def pool_threads() -> int: ...
-def read_files(paths: list[bytes], num_threads: int, allocate: Callable[[int], Buffer] | None = None) -> tuple[list[bytes | memoryview], list[tuple[int, int, str]]]:
-    """Whole regular files of at most max_file_size bytes, in order while they add up to
-    max_batch_bytes (a file past it fails with EFBIG, not read): (bytes of each, failures)."""
+def read_files(paths: list[bytes], num_threads: int, allocate: Callable[[int], Buffer] | None = None, group: int = 0) -> tuple[list[bytes | memoryview], list[tuple[int, int, str]]]:
+    """Whole regular files of at most max_file_size bytes, a batch's (each ``group`` files; 0: all)
+    while they add up to max_batch_bytes (a file past it fails with EFBIG, not read): (bytes of
+    each, failures)."""
 class CallScope(pybind11_object):
     """``with CallScope():`` around a gpupipe call of this thread (gpupipe._exit)."""
 

@@ -17,6 +17,7 @@ thread parks as its call ends and never signals, and a plain wait would hold the
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable, Optional
 
@@ -33,16 +34,19 @@ class InterpreterExiting(RuntimeError):
     """A wait given up because the interpreter is exiting (its thread then parks, see above)."""
 
 
-def wait_for(ready: Callable[[float], bool], timeout: Optional[float]) -> bool:
+def wait_for(ready: Callable[[float], bool], timeout: Optional[float],
+             thread: Optional[threading.Thread] = None) -> bool:
     """``ready(seconds)`` (``Event.wait``'s contract) waited for up to ``timeout`` seconds (None: no
-    limit): True once it is, False at the timeout; raises :class:`InterpreterExiting` once the exit
-    hook has run, as the thread that would make it ready may have parked for good."""
+    limit): True once it is, False at the timeout. Raises :class:`InterpreterExiting` once the exit
+    hook has run and ``thread``, the one that makes it ready, has parked for good (None: a thread
+    unknown here, which may have: from the hook on). Call it in a call scope: the raise then parks
+    the caller instead of unwinding it."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         left = _POLL if deadline is None else min(_POLL, deadline - time.monotonic())
         if ready(max(left, 0.0)):
             return True
-        if interpreter_exiting():
+        if interpreter_exiting() and (thread is None or thread_parked(thread.ident)):
             raise InterpreterExiting("the interpreter is exiting")
         if deadline is not None and time.monotonic() >= deadline:
             return False

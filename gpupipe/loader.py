@@ -203,9 +203,9 @@ def _report_losses(loader: "Loader", st: _Stats, epoch: int, left_after: Optiona
     dataset), which torchvision would have raised at its first sample. An iteration resumed at
     ``first_batch`` > 0 tried only the epoch's rest: its batches before were delivered by another
     run, so it warns (a rank that raised would leave the others waiting in a collective).
-    Samples delivered although their decoder warned (corrupt or truncated data: part of the image
-    is filler; torchvision's decode_jpeg and Pillow raise on a truncated file) are counted in one
-    JpegWarning: delivered, but never unheard of."""
+    Samples delivered although their decoder warned (corrupt data; a file cut short has the rest of
+    its image filled, where torchvision's decode_jpeg and Pillow raise) are counted in one
+    JpegWarning, after the other report: delivered, but never unheard of."""
     with st.lock:
         if st.losses_reported:
             return
@@ -213,27 +213,26 @@ def _report_losses(loader: "Loader", st: _Stats, epoch: int, left_after: Optiona
         lost, delivered = list(st.skipped if loader.on_error == "skip" else st.replaced), st.images
         damaged = list(st.warnings)
     where = f"epoch {epoch}" if left_after is None else f"epoch {epoch}, left after {left_after} batches"
+    if lost:
+        kinds: dict = {}
+        for f in lost:
+            kinds[f.kind.name] = kinds.get(f.kind.name, 0) + 1
+        by_kind = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
+        first = f"first: {lost[0].key!r}: {lost[0].message}"
+        if loader.on_error == "skip" and delivered == 0 and left_after is None and first_batch == 0:
+            raise ValueError(f"gpupipe.Loader epoch {epoch} delivered no image: all {len(lost)} samples failed "
+                             f"({by_kind}); {first}")
+        done = "skipped" if loader.on_error == "skip" else "replaced by zero images"
+        tried = delivered + len(lost) if loader.on_error == "skip" else delivered
+        warnings.warn(f"gpupipe.Loader {where}: {len(lost)} of {tried} samples {done} (on_error="
+                      f"{loader.on_error!r}): {by_kind}; {first}. Loader.stats() lists them all; on_error='raise' "
+                      "stops at the first.", SkippedSamplesWarning, stacklevel=user_stacklevel())
     if damaged:
         key, message = damaged[0]
         warnings.warn(f"gpupipe.Loader {where}: {len(damaged)} of {delivered} delivered samples decoded with "
-                      f"warnings (corrupt or truncated data: what could not be decoded is filler); first: {key!r}: "
-                      f"{message}. Loader.stats()['warnings'] lists them all.", JpegWarning,
-                      stacklevel=user_stacklevel())
-    if not lost:
-        return
-    kinds: dict = {}
-    for f in lost:
-        kinds[f.kind.name] = kinds.get(f.kind.name, 0) + 1
-    by_kind = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
-    first = f"first: {lost[0].key!r}: {lost[0].message}"
-    if loader.on_error == "skip" and delivered == 0 and left_after is None and first_batch == 0:
-        raise ValueError(f"gpupipe.Loader epoch {epoch} delivered no image: all {len(lost)} samples failed "
-                         f"({by_kind}); {first}")
-    done = "skipped" if loader.on_error == "skip" else "replaced by zero images"
-    tried = delivered + len(lost) if loader.on_error == "skip" else delivered
-    warnings.warn(f"gpupipe.Loader {where}: {len(lost)} of {tried} samples {done} (on_error="
-                  f"{loader.on_error!r}): {by_kind}; {first}. Loader.stats() lists them all; on_error='raise' "
-                  "stops at the first.", SkippedSamplesWarning, stacklevel=user_stacklevel())
+                      f"warnings of their decoder (corrupt data; where a file is cut short, the rest of its image "
+                      f"is filler); first: {key!r}: {message}. Loader.stats()['warnings'] lists them all.",
+                      JpegWarning, stacklevel=user_stacklevel())
 
 
 def _dist_defaults(rank, world_size):
@@ -1105,7 +1104,8 @@ class _Epoch:
         if batch.samples is not None:  # a stream: the bytes came with the records
             got = [(b"", s.error) if s.error is not None else read_result(s.data) for s in batch.samples]
         elif self.native_reads:  # one native call per batch, no Python per file
-            batch.datas, failed = source.read_batch(batch.indices, self.l.io_threads, self.arenas, self.l.read_timeout)
+            batch.datas, failed = source.read_batch(batch.indices, self.l.io_threads, self.arenas, self.l.read_timeout,
+                                                    self.l.batch_size)  # (a chunk of batches: each within max_batch_bytes)
             batch.read_errors = {k: f"read error: {type(e).__name__}: {e}" for k, e in failed.items()}
             return batch
         else:  # the source's own read, on the read pool: what raises, hangs or gives no bytes fails alone
@@ -1455,15 +1455,18 @@ _NEWLINE = b"\n"
 
 
 def _keys_fingerprint(keys: Sequence, below_common_folder: bool) -> str:
-    """``"<count>:<crc32>"`` of the keys (file paths, shard paths), each from below the folder they
-    all share when ``below_common_folder``: the same files resume after the dataset moved (a job's
-    local scratch copy, another mount point); other files, or the same ones in other classes, do not."""
+    """``"<count>:<crc32>"`` of the keys (file paths, shard paths), each from the folder they all
+    share, its name included, when ``below_common_folder``: the same files resume after the dataset
+    moved (a job's local scratch copy, another mount point) under the same folder name; other
+    files, the same ones in other classes, or another folder's (``train/`` and ``val/``, ``coco/``
+    and ``voc/`` with the same file names) do not."""
     # (os.fsencode: a file name that is not UTF-8 is bytes escaped in a str; UTF-8 names hash as before)
     names = [os.fsencode(str(k)) for k in keys]
     cut = 0
     if below_common_folder and names:
         shared = os.path.commonprefix([min(names), max(names)])  # (the common prefix of all: of the extremes)
-        cut = shared.rfind(b"/") + 1
+        folder = shared[:shared.rfind(b"/")]  # (b"" when the keys share no folder: cut stays 0)
+        cut = folder.rfind(b"/") + 1  # where the shared folder's own name starts
     joined = _NEWLINE.join([n[cut:] for n in names] if cut else names)
     return f"{len(names)}:{zlib.crc32(joined):08x}"
 
@@ -1584,15 +1587,19 @@ class _LoaderIterator:
         except BaseException:
             self.close()
             raise
+        st.record(done.batch, done.images.shape[0], self.l.on_error)  # counted when delivered
+        last = self._epoch_batches is not None and self.done + 1 >= self._epoch_batches
+        if last:  # (the caller may never ask for one more: zip, islice)
+            # Before the position moves: a report that raises (no image in the epoch, or a warning
+            # the caller made an error) leaves this batch undelivered, and a state taken then
+            # resumes with it, not after it.
+            _report_losses(self.l, st, self.epoch.epoch_number, first_batch=self.epoch.first_batch)
         self.done += 1
-        if self._epoch_batches is not None and self.done >= self._epoch_batches:
+        if last:
             self._outcome["delivered"] = True  # (not "complete": the epoch ahead is still re-tuned on it)
         # (after an epoch's last batch the state says so, batches = its length: a restored iteration
         # yields what this one would, nothing; a checkpoint taken in the loop's last step resumes there)
         self._set_position(self.done)
-        st.record(done.batch, done.images.shape[0], self.l.on_error)  # counted when delivered
-        if self._outcome["delivered"]:  # (the caller may never ask for one more: zip, islice)
-            _report_losses(self.l, st, self.epoch.epoch_number, first_batch=self.epoch.first_batch)
         if self._bar is not None:
             self._bar.update(1)
         if self.epoch.read_all:

@@ -28,7 +28,7 @@ import numpy as np
 from gpupipe import _C
 from gpupipe._buffers import as_buffer
 from gpupipe._errors import user_stacklevel
-from gpupipe._exit import wait_for
+from gpupipe._exit import call_scope, wait_for
 from gpupipe.limits import get_limits
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
@@ -151,16 +151,17 @@ class MapSource:
         return _in_place(*self.read_batch(indices, num_threads))
 
     def read_batch(self, indices: Sequence[int], num_threads: int, arenas: Optional["Arenas"] = None,
-                   timeout: Optional[float] = None) -> tuple[list, dict]:
+                   timeout: Optional[float] = None, batch_size: int = 0) -> tuple[list, dict]:
         """The Loader's read stage for a source whose ``read`` is this class's: the bytes of each
         sample (``b""`` where its read failed) and ``{position: the exception}``, one native call
         and no Python per file (the keys' encoded paths are kept after the first batch). With
         ``arenas``, the files of the batch are read into one reused buffer and given as memoryview
         slices of it. ``timeout``: seconds the batch's reads may take (a stalled file system fails its
-        files, named, with a TimeoutError)."""
+        files, named, with a TimeoutError). ``batch_size``: the indices are batches of that many
+        (0: one batch), each read within ``max_batch_bytes``."""
         paths, all_bytes = self._encoded_paths()
         return _read_paths(paths[np.asarray(indices, dtype=np.int64)].tolist(), num_threads, arenas, all_bytes,
-                           timeout)
+                           timeout, batch_size)
 
     def _encoded_paths(self) -> tuple[np.ndarray, bool]:
         """The keys as file paths (bytes), or the ValueError open() would raise, in an object array
@@ -237,25 +238,27 @@ class Arenas:
 
 
 def _read_paths(paths: list, num_threads: int, arenas: Optional[Arenas] = None,
-                all_bytes: bool = False, timeout: Optional[float] = None) -> tuple[list, dict]:
+                all_bytes: bool = False, timeout: Optional[float] = None, batch_size: int = 0) -> tuple[list, dict]:
     """(bytes per path, b"" where it failed; {position: exception}) for paths as bytes, or the
     exception a path already is (a key open() refuses fails alone; ``all_bytes``: none is).
-    ``timeout``: seconds the reads may take (:func:`_read_within`)."""
+    ``timeout``: seconds the reads may take (:func:`_read_within`); ``batch_size``: the paths are
+    batches of that many (0: one), each within ``max_batch_bytes``."""
     failed = {} if all_bytes else {k: p for k, p in enumerate(paths) if type(p) is not bytes}
     given = [b"" if k in failed else p for k, p in enumerate(paths)] if failed else paths
     take = None if arenas is None else arenas.take
     if timeout is None:
-        datas, errors = _C.read_files(given, num_threads, take)
+        datas, errors = _C.read_files(given, num_threads, take, batch_size)
     else:
-        datas, errors = _read_within(given, num_threads, take, timeout, failed)
+        datas, errors = _read_within(given, num_threads, take, timeout, failed, batch_size)
     for k, errno, message in errors:
         if k not in failed:  # the OSError subclass open() would raise (FileNotFoundError, IsADirectoryError, ...)
             failed[k] = OSError(errno, message, os.fsdecode(paths[k]))
     return datas, failed
 
 
-def _in_thread(fn) -> tuple[threading.Event, list]:
-    """``fn()`` on a daemon thread of its own: (set when it returned, [its result or exception])."""
+def _in_thread(fn) -> tuple[threading.Thread, threading.Event, list]:
+    """``fn()`` on a daemon thread of its own: (the thread, set when it returned, [its result or
+    exception])."""
     done, out = threading.Event(), []
 
     def run():
@@ -265,18 +268,28 @@ def _in_thread(fn) -> tuple[threading.Event, list]:
             out.append(e)
         done.set()
 
-    threading.Thread(target=run, name="gpupipe-read", daemon=True).start()
-    return done, out
+    thread = threading.Thread(target=run, name="gpupipe-read", daemon=True)
+    thread.start()
+    return thread, done, out
 
 
-def _read_within(paths: list, num_threads: int, take, timeout: float, failed: dict) -> tuple[list, list]:
+def _read_within(paths: list, num_threads: int, take, timeout: float, failed: dict,
+                 batch_size: int = 0) -> tuple[list, list]:
+    # A call scope: a wait given up at exit (its read thread parked for good: gpupipe._exit) ends
+    # here with the calling thread parked, not as a traceback of a daemon thread on stderr.
+    with call_scope():
+        return _read_within_scope(paths, num_threads, take, timeout, failed, batch_size)
+
+
+def _read_within_scope(paths: list, num_threads: int, take, timeout: float, failed: dict,
+                       batch_size: int) -> tuple[list, list]:
     """_C.read_files on a thread of its own, waited for ``timeout`` seconds: a file system that
     stalls a read (a hung NFS or FUSE mount) holds that thread, never the epoch (the buffer it
     reads into stays referenced by it: the arenas never hand it out again). When the batch's read
     times out, each file is read again alone, on its own thread with its own deadline: the files
     that answer are read, the ones that stall fail in ``failed``, named."""
-    done, out = _in_thread(lambda: _C.read_files(paths, num_threads, take))
-    if wait_for(done.wait, timeout):
+    thread, done, out = _in_thread(lambda: _C.read_files(paths, num_threads, take, batch_size))
+    if wait_for(done.wait, timeout, thread):
         if isinstance(out[0], BaseException):
             raise out[0]
         return out[0]
@@ -284,8 +297,8 @@ def _read_within(paths: list, num_threads: int, take, timeout: float, failed: di
     for k, path in enumerate(paths):
         if k in failed or not path:
             continue
-        done, out = _in_thread(lambda path=path: _C.read_files([path], 1, None))
-        if not wait_for(done.wait, timeout):
+        thread, done, out = _in_thread(lambda path=path: _C.read_files([path], 1, None))
+        if not wait_for(done.wait, timeout, thread):
             failed[k] = TimeoutError(f"reading {os.fsdecode(path)!r} took over read_timeout={timeout:g} s (a stalled "
                                      f"file system?); the read is left to finish on its own thread")
         elif isinstance(out[0], BaseException):

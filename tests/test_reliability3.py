@@ -258,6 +258,41 @@ def test_a_batch_reads_its_files_while_they_fit_max_batch_bytes(tmp_path, jpeg):
         assert skipped["b_huge.jpg"].kind.name != "READ"
 
 
+def test_max_batch_bytes_holds_per_batch_and_for_files_read_again(tmp_path, jpeg):
+    """The Loader reads several batches in one native call (a chunk): the budget was the chunk's, so
+    batches of 20 MB under a 35 MB limit failed 5 of 8 files. Files read again (opened when the
+    process had no descriptor left, or grown while read) passed uncounted."""
+    from errno import EFBIG
+
+    from helpers import limits
+
+    (tmp_path / "x").mkdir()
+    for i in range(8):
+        with open(tmp_path / "x" / f"{i}.jpg", "wb") as f:
+            f.write(jpeg)
+            f.truncate(10 << 20)  # a JPEG with 10 MB of (sparse) zeros after it
+    with limits(max_batch_bytes=35 << 20):
+        loader = gpupipe.Loader(gpupipe.sources.ImageFolder(tmp_path), batch_size=2, num_threads=1, shuffle=False,
+                                crop=gpupipe.crops.CenterCrop(16), backend="cpu")
+        assert gpupipe.loader.chunk_batches(2) >= 4  # (the 8 files in one read)
+        assert sum(len(x) for x, _ in loader) == 8 and loader.stats()["skipped"] == []
+    out = run_child(f"""
+        import os, resource, gpupipe
+        gpupipe.set_limits(max_batch_bytes=15 << 20)
+        paths = [os.fsencode(os.path.join({str(tmp_path / "x")!r}, f"{{i}}.jpg")) for i in range(4)]
+        lowest = os.open("/dev/null", os.O_RDONLY)
+        os.close(lowest)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lowest + 1, hard))  # one file open at a time: EMFILE, read again
+        try:
+            datas, errors = gpupipe._C.read_files(paths, 1, None)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        print([len(d) for d in datas], sorted((k, e) for k, e, _ in errors))
+        """)
+    assert out.stdout.strip() == f"[{10 << 20}, 0, 0, 0] [(1, {EFBIG}), (2, {EFBIG}), (3, {EFBIG})]"
+
+
 # --- 6, 7. the Pillow route: stderr, max_memory ---------------------------------------------------
 
 def test_files_decode_in_a_process_without_stderr():
@@ -555,6 +590,37 @@ def test_closing_at_exit_does_not_wait_for_a_thread_that_parks_meanwhile():
         ended.append(time.monotonic())
         """, timeout=120)
     assert seconds < 15.0  # (the source's 1 s; 30 s before)
+
+
+def test_a_read_with_a_timeout_at_exit_says_nothing_and_a_later_thread_reads(loader_folder):
+    """The wait for a batch's read thread gives up at exit only once that thread has parked: a
+    daemon thread of the user's reading then (outside any gpupipe call) printed an InterpreterExiting
+    traceback on stderr; a Loader iterated by an atexit handler that runs after gpupipe's hook (its
+    read threads start after it, and never park) failed with it, though its reads answer."""
+    out = run_child(f"""
+        import atexit, threading, time
+        def late():  # registered before gpupipe is imported: runs after gpupipe's exit hook
+            loader = gpupipe.Loader(gpupipe.sources.ImageFolder({str(loader_folder)!r}), batch_size=2, shuffle=False,
+                                    num_threads=1, crop=gpupipe.crops.CenterCrop(16), read_timeout=60)
+            print("late", sum(len(x) for x, _ in loader), flush=True)
+        atexit.register(late)
+        import gpupipe
+        from gpupipe import _C, sources
+        from gpupipe._exit import call_scope
+        real = _C.read_files
+        def slow_read(*args):
+            with call_scope():  # counted as the native read is
+                time.sleep(0.3)
+            return real(*args)
+        sources._C.read_files = slow_read
+        source = gpupipe.sources.ImageFolder({str(loader_folder)!r})
+        def work():
+            while True:
+                source.read_batch([0, 1], 1, None, timeout=60.0)
+        threading.Thread(target=work, daemon=True).start()
+        time.sleep(0.5)
+        """, timeout=120)  # (run_child: nothing on stderr)
+    assert out.stdout.split() == ["late", "10"]
 
 
 def test_wait_for_gives_up_once_the_interpreter_exits(monkeypatch):

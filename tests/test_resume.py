@@ -182,12 +182,13 @@ def test_a_state_of_another_dataset_is_refused(folder, tmp_path):
 
 def test_a_state_resumes_on_the_same_files_in_another_folder(folder, tmp_path):
     """A job's data is often staged to a folder of its own (local scratch named by the job, another
-    mount point): the state names the files below the folder they share, so the same files resume
-    from there. A state taken before (a hash of the whole paths) still loads where it was taken."""
+    mount point): the state names the files from the folder they share, its name included, so the
+    same files resume from a copy of that folder. A state taken before (a hash of the whole paths)
+    still loads where it was taken."""
     import shutil
     import zlib
 
-    moved = tmp_path / "scratch" / "job42" / "data"
+    moved = tmp_path / "scratch" / "job42" / Path(folder).name  # (the dataset's folder keeps its name)
     shutil.copytree(folder, moved)
     full = make_loader(sources.ImageFolder(folder))
     full.set_epoch(1)
@@ -210,6 +211,10 @@ def test_a_state_resumes_on_the_same_files_in_another_folder(folder, tmp_path):
     make_loader(sources.ImageFolder(folder)).load_state_dict(before)
     with pytest.raises(ValueError, match="source"):  # (that hash names the old folder)
         make_loader(sources.ImageFolder(str(moved))).load_state_dict(before)
+    renamed = tmp_path / "elsewhere" / "other-name"  # the same files in a folder of another name: refused
+    shutil.copytree(folder, renamed)
+    with pytest.raises(ValueError, match="source"):
+        make_loader(sources.ImageFolder(str(renamed))).load_state_dict(state)
     (moved / "cat" / "img000.jpg").rename(moved / "cat" / "renamed.jpg")  # other files: refused
     with pytest.raises(ValueError, match="source"):
         make_loader(sources.ImageFolder(str(moved))).load_state_dict(state)
@@ -221,8 +226,8 @@ def test_tar_shards_resume_from_another_folder(folder, tmp_path):
     src_folder = sources.ImageFolder(folder)
     paths = sources.write_tar_shards(((f"s{i:04d}", int(src_folder.labels[i]), src_folder.read(i), "jpg")
                                       for i in range(16)), tmp_path / "shards", samples_per_shard=8)
-    shutil.copytree(tmp_path / "shards", tmp_path / "elsewhere")
-    moved = [str(tmp_path / "elsewhere" / Path(p).name) for p in paths]
+    shutil.copytree(tmp_path / "shards", tmp_path / "elsewhere" / "shards")
+    moved = [str(tmp_path / "elsewhere" / "shards" / Path(p).name) for p in paths]
     state = make_loader(sources.TarShards(paths)).state_dict()
     make_loader(sources.TarShards(moved)).load_state_dict(state)
     with pytest.raises(ValueError, match="source"):

@@ -39,14 +39,27 @@ std::string over_batch_budget(uint64_t size, uint64_t before, uint64_t budget) {
 // `allocate` None each file gets a bytes object; else allocate(nbytes) gives one writable buffer
 // per chunk, every file of the chunk is read into it and handed out as a memoryview slice: one
 // allocation per batch instead of one per file (a 75 KB bytes object costs ~4 us to free).
-// The files are taken in order while their sizes add up to max_batch_bytes; one that would pass
+// A batch's files (each `group` files in order, 0: all of them; the Loader reads several batches
+// in one call) are taken in order while their sizes add up to max_batch_bytes; one that would pass
 // it fails alone, named, before it is read (each file within max_file_size, a batch of them could
 // still ask for more memory than the host has: 30 sparse files of 1 GB, a MemoryError naming none).
-py::tuple read_files_impl(const std::vector<std::string>& paths, int num_threads, const py::object& allocate) {
+py::tuple read_files_impl(const std::vector<std::string>& paths, int num_threads, const py::object& allocate,
+                          size_t group) {
   const Limits limits = get_limits();
   FileBatch batch(paths, num_threads, limits.max_file_size);
-  uint64_t taken = 0;  // bytes of the files admitted so far, at most max_batch_bytes
   const size_t n = paths.size();
+  const size_t per = group == 0 ? std::max<size_t>(n, 1) : group;
+  std::vector<uint64_t> taken(n / per + 1, 0);  // bytes admitted in each batch, at most max_batch_bytes
+  // admits `size` bytes of file i in its batch; false when they would pass the budget
+  const auto admit = [&](size_t i, uint64_t size) {
+    uint64_t& t = taken[i / per];
+    if (size > limits.max_batch_bytes - t) return false;
+    t += size;
+    return true;
+  };
+  const auto refusal = [&](size_t i, uint64_t size) {
+    return over_batch_budget(size, taken[i / per], limits.max_batch_bytes);
+  };
   const bool arena = !allocate.is_none();
   py::list out(n);
   py::list failures;
@@ -61,9 +74,7 @@ py::tuple read_files_impl(const std::vector<std::string>& paths, int num_threads
     }
     for (size_t k = 0; k < count; ++k) {
       const OpenedFile& f = batch.files()[k];
-      if (f.error) continue;
-      if (f.size > limits.max_batch_bytes - taken) batch.refuse(k, EFBIG, over_batch_budget(f.size, taken, limits.max_batch_bytes));
-      else taken += f.size;
+      if (!f.error && !admit(first + k, f.size)) batch.refuse(k, EFBIG, refusal(first + k, f.size));
     }
     const std::vector<OpenedFile>& files = batch.files();
     objects.assign(count, py::object());
@@ -112,6 +123,7 @@ py::tuple read_files_impl(const std::vector<std::string>& paths, int num_threads
       // changed while read, or not opened for want of descriptors (the chunk held up to kChunk;
       // they are closed now): read it whole again, as one file
       if ((!error && batch.grew(k)) || error == EMFILE || error == ENFILE) {
+        if (!error) taken[(first + k) / per] -= files[k].size;  // (admitted at its first size)
         FileRead again;
         {
           ReleasedGil released;
@@ -119,7 +131,12 @@ py::tuple read_files_impl(const std::vector<std::string>& paths, int num_threads
         }
         error = again.error;
         message = std::move(again.message);
-        objects[k] = py::bytes(again.data);
+        if (!error && !admit(first + k, again.data.size())) {  // the budget holds for what was read again too
+          error = EFBIG;
+          message = refusal(first + k, again.data.size());
+        } else {
+          objects[k] = py::bytes(again.data);
+        }
       } else if (!error && arena) {  // what was read: the whole file, or less when it shrank meanwhile
         const auto from = static_cast<py::ssize_t>(offset[k]);
         objects[k] = view[py::slice(from, from + static_cast<py::ssize_t>(batch.got(k)), 1)];
@@ -143,13 +160,13 @@ py::tuple read_files_impl(const std::vector<std::string>& paths, int num_threads
 void register_files(py::module_& m) {
   m.def(
       "read_files",
-      [](const std::vector<std::string>& paths, int num_threads, py::object allocate) {
-        return read_files_impl(paths, num_threads, allocate);
+      [](const std::vector<std::string>& paths, int num_threads, py::object allocate, size_t group) {
+        return read_files_impl(paths, num_threads, allocate, group);
       },
-      py::arg("paths"), py::arg("num_threads"), py::arg("allocate") = py::none(),
+      py::arg("paths"), py::arg("num_threads"), py::arg("allocate") = py::none(), py::arg("group") = 0,
       "Reads whole regular files (paths as bytes, os.fsencode) of at most max_file_size bytes on a pool "
-      "of num_threads without the GIL, in order while they add up to max_batch_bytes (a file past it "
-      "fails with EFBIG, not read); returns (the bytes of each, b'' where a read failed, "
+      "of num_threads without the GIL, a batch's (each group files in order; 0: all of them) while they "
+      "add up to max_batch_bytes (a file past it fails with EFBIG, not read); returns (the bytes of each, b'' where a read failed, "
       "[(index, errno, message)] of the failures). With allocate (a callable nbytes -> a writable "
       "contiguous buffer), each chunk of up to 256 files is read into one such buffer and the files "
       "are memoryview slices of it (a file that grew while read: bytes).");
