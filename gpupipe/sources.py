@@ -185,7 +185,8 @@ class MapSource:
 def read_files(paths: Sequence, num_threads: int) -> list:
     """The bytes of each file, or the exception that stopped its read: one native call on
     ``num_threads`` threads without the GIL. Only regular files of at most ``max_file_size`` bytes
-    are read; a FIFO, a device (a symlink to ``/dev/zero``), a directory or a larger file fails alone."""
+    are read, in order while they add up to ``max_batch_bytes``; a FIFO, a device (a symlink to
+    ``/dev/zero``), a directory, a larger file or one past the budget fails alone."""
     return _in_place(*_read_paths([call_or_error(_file_path, p) for p in paths], num_threads))
 
 
