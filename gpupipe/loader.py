@@ -1467,7 +1467,9 @@ def _keys_fingerprint(keys: Sequence, below_common_folder: bool) -> str:
         shared = os.path.commonprefix([min(names), max(names)])  # (the common prefix of all: of the extremes)
         folder = shared[:shared.rfind(b"/")]  # (b"" when the keys share no folder: cut stays 0)
         cut = folder.rfind(b"/") + 1  # where the shared folder's own name starts
-    joined = _NEWLINE.join([n[cut:] for n in names] if cut else names)
+    joined = _NEWLINE.join(names)
+    if cut:  # every name starts with names[0][:cut]: dropped in one pass (a name with a newline may lose more: still one hash)
+        joined = joined.replace(_NEWLINE + names[0][:cut], _NEWLINE)[cut:]
     return f"{len(names)}:{zlib.crc32(joined):08x}"
 
 
