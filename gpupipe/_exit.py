@@ -46,7 +46,7 @@ def wait_for(ready: Callable[[float], bool], timeout: Optional[float],
         left = _POLL if deadline is None else min(_POLL, deadline - time.monotonic())
         if ready(max(left, 0.0)):
             return True
-        if interpreter_exiting() and (thread is None or thread_parked(thread.ident)):
+        if interpreter_exiting() and (thread is None or thread_parked(thread.native_id)):
             raise InterpreterExiting("the interpreter is exiting")
         if deadline is not None and time.monotonic() >= deadline:
             return False

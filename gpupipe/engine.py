@@ -254,7 +254,7 @@ def _join_unless_parked(thread: threading.Thread, deadline: float) -> None:
     (gpupipe._exit), which it may do after this join began (a thread alive when the exit hook ran
     parks at its next call). The others end at once, and must before the interpreter finalizes:
     they drop their batches' tensors as they return."""
-    while thread.is_alive() and not (interpreter_exiting() and thread_parked(thread.ident)):
+    while thread.is_alive() and not (interpreter_exiting() and thread_parked(thread.native_id)):
         left = deadline - time.monotonic()
         if left <= 0:
             return

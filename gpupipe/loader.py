@@ -1545,6 +1545,7 @@ class _LoaderIterator:
         # (an older iterator still running no longer moves the position; weak: a dropped iterator stops)
         loader._position_owner = weakref.ref(self)
         self._outcome = {"complete": False, "delivered": False}
+        self._held: Optional[_Finished] = None  # a last batch whose report raised (__next__)
         self._finalizer = weakref.finalize(self, _end_iteration, loader, self.epoch, self._outcome)
         self._looked_ahead = False
         # a map-style epoch has ended once its last batch is delivered, whether or not the caller asks
@@ -1567,6 +1568,9 @@ class _LoaderIterator:
 
     def __next__(self):
         st = self.l._stats
+        if self._held is not None:  # the last batch, held back by a report that raised: delivered now
+            done, self._held = self._held, None
+            return self._deliver(done)
         if not self._finalizer.alive:
             raise StopIteration
         with st.lock:
@@ -1590,14 +1594,21 @@ class _LoaderIterator:
             self.close()
             raise
         st.record(done.batch, done.images.shape[0], self.l.on_error)  # counted when delivered
-        last = self._epoch_batches is not None and self.done + 1 >= self._epoch_batches
-        if last:  # (the caller may never ask for one more: zip, islice)
-            # Before the position moves: a report that raises (no image in the epoch, or a warning
-            # the caller made an error) leaves this batch undelivered, and a state taken then
-            # resumes with it, not after it.
-            _report_losses(self.l, st, self.epoch.epoch_number, first_batch=self.epoch.first_batch)
+        if self._epoch_batches is not None and self.done + 1 >= self._epoch_batches:
+            # the epoch's last batch: reported now (the caller may never ask for one more: zip,
+            # islice), before the position moves. A report that raises (no image in the epoch, a
+            # warning the caller made an error) holds the batch back: the next call delivers it,
+            # and a state taken meanwhile resumes with it, not after it.
+            try:
+                _report_losses(self.l, st, self.epoch.epoch_number, first_batch=self.epoch.first_batch)
+            except BaseException:
+                self._held = done
+                raise
+        return self._deliver(done)
+
+    def _deliver(self, done: "_Finished"):
         self.done += 1
-        if last:
+        if self._epoch_batches is not None and self.done >= self._epoch_batches:
             self._outcome["delivered"] = True  # (not "complete": the epoch ahead is still re-tuned on it)
         # (after an epoch's last batch the state says so, batches = its length: a restored iteration
         # yields what this one would, nothing; a checkpoint taken in the loop's last step resumes there)

@@ -11,6 +11,7 @@ Loader's I/O threads. :class:`TarShards` streams WebDataset-convention shards (`
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import itertools
 import math
@@ -251,9 +252,9 @@ def _read_paths(paths: list, num_threads: int, arenas: Optional[Arenas] = None,
         datas, errors = _C.read_files(given, num_threads, take, batch_size)
     else:
         datas, errors = _read_within(given, num_threads, take, timeout, failed, batch_size)
-    for k, errno, message in errors:
+    for k, code, message in errors:
         if k not in failed:  # the OSError subclass open() would raise (FileNotFoundError, IsADirectoryError, ...)
-            failed[k] = OSError(errno, message, os.fsdecode(paths[k]))
+            failed[k] = OSError(code, message, os.fsdecode(paths[k]))
     return datas, failed
 
 
@@ -288,13 +289,16 @@ def _read_within_scope(paths: list, num_threads: int, take, timeout: float, fail
     stalls a read (a hung NFS or FUSE mount) holds that thread, never the epoch (the buffer it
     reads into stays referenced by it: the arenas never hand it out again). When the batch's read
     times out, each file is read again alone, on its own thread with its own deadline: the files
-    that answer are read, the ones that stall fail in ``failed``, named."""
+    that answer are read, the ones that stall fail in ``failed``, named; each batch's (``batch_size``
+    files, 0: all) still within ``max_batch_bytes``, as read_files keeps them."""
     thread, done, out = _in_thread(lambda: _C.read_files(paths, num_threads, take, batch_size))
     if wait_for(done.wait, timeout, thread):
         if isinstance(out[0], BaseException):
             raise out[0]
         return out[0]
     datas, errors = [b""] * len(paths), []
+    budget, per = get_limits().max_batch_bytes, batch_size or max(len(paths), 1)
+    taken = [0] * (len(paths) // per + 1)  # bytes read in each batch
     for k, path in enumerate(paths):
         if k in failed or not path:
             continue
@@ -306,8 +310,14 @@ def _read_within_scope(paths: list, num_threads: int, take, timeout: float, fail
             failed[k] = out[0]
         else:
             (data,), errs = out[0]
+            if len(data) > budget - taken[k // per]:
+                errors.append((k, errno.EFBIG, f"the files of its batch read before it hold {taken[k // per]} bytes; its "
+                                               f"{len(data)} more would pass the max_batch_bytes limit of {budget} "
+                                               "(gpupipe.set_limits(max_batch_bytes=...) raises it): not kept"))
+                continue
+            taken[k // per] += len(data)
             datas[k] = data
-            errors += [(k, errno, message) for _, errno, message in errs]
+            errors += [(k, code, message) for _, code, message in errs]
     return datas, errors
 
 

@@ -214,18 +214,22 @@ def test_samples_delivered_with_decoder_warnings_are_counted_once_an_epoch(tmp_p
                                                  "with warnings")
         assert "1.jpg': Premature end of JPEG file" in str(caught[0].message) and caught[0].filename == __file__
         assert [os.path.basename(k) for k, _ in loader.stats()["warnings"]] == ["1.jpg", "3.jpg"]
-    # a caller that makes the warning an error (-W error) gets it in place of the last batch, which
-    # the state does not count: a resumed run yields it (the position had moved past it: lost)
+    # a caller that makes the warning an error (-W error) gets it before the last batch, which the
+    # state does not count yet and the next call delivers (the position had moved past it: lost)
     loader.set_epoch(2)
-    got = []
+    it = iter(loader)
     with warnings.catch_warnings():
         warnings.simplefilter("error", gpupipe.JpegWarning)
+        got = [len(next(it)[0]) for _ in range(2)]
         with pytest.raises(gpupipe.JpegWarning):
-            for x, _ in loader:
-                got.append(len(x))
-    assert got == [2, 2] and loader.state_dict()["batches"] == 2
+            next(it)
+    state = loader.state_dict()
+    assert got == [2, 2] and state["batches"] == 2
+    assert len(next(it)[0]) == 1 and loader.state_dict()["batches"] == 3
+    with pytest.raises(StopIteration):
+        next(it)
     resumed = gpupipe.Loader(sources.ImageFolder(tmp_path), batch_size=2, crop=crops.CenterCrop(32), shuffle=False)
-    resumed.load_state_dict(loader.state_dict())
+    resumed.load_state_dict(state)
     assert [len(x) for x, _ in resumed] == [1]  # (4.jpg, undamaged: nothing to say)
 
 

@@ -623,6 +623,52 @@ def test_a_read_with_a_timeout_at_exit_says_nothing_and_a_later_thread_reads(loa
     assert out.stdout.split() == ["late", "10"]
 
 
+def test_a_thread_started_after_the_exit_hook_is_not_taken_for_one_alive_then(loader_folder):
+    """The hook recorded the threads alive then by threading ident, which glibc gives the next thread
+    as soon as one exits: a Loader iterated by a late atexit handler, after a daemon thread alive at
+    the hook had ended, parked its own new stage threads and hung (killed at 60 s). Native ids now."""
+    out = run_child(f"""
+        import atexit, threading, time
+        def late():  # registered before gpupipe is imported: runs after gpupipe's exit hook
+            time.sleep(0.6)  # the daemon threads alive at the hook have ended: their idents are free
+            loader = gpupipe.Loader(gpupipe.sources.ImageFolder({str(loader_folder)!r}), batch_size=2, shuffle=False,
+                                    num_threads=1, crop=gpupipe.crops.CenterCrop(16), backend="cpu", read_timeout=5)
+            print("late", sum(len(x) for x, _ in loader), flush=True)
+        atexit.register(late)
+        import gpupipe
+        for _ in range(8):
+            threading.Thread(target=time.sleep, args=(0.3,), daemon=True).start()
+        """, timeout=60)
+    assert out.stdout.split() == ["late", "10"]
+
+
+def test_a_batch_read_again_after_its_timeout_still_holds_max_batch_bytes(tmp_path, monkeypatch):
+    """Past read_timeout the batch's files are read one by one; each then had a whole budget."""
+    from errno import EFBIG
+
+    from gpupipe import _C, sources
+    from helpers import limits
+
+    real = _C.read_files
+
+    def stalling(paths, *args):
+        if len(paths) > 1:
+            time.sleep(2)  # the batch's read stalls; the files alone answer
+        return real(paths, *args)
+
+    for i in range(4):
+        (tmp_path / f"{i}.jpg").write_bytes(b"x" * 1000)
+    source = sources.FileList([str(tmp_path / f"{i}.jpg") for i in range(4)], [0] * 4)
+    monkeypatch.setattr(_C, "read_files", stalling)
+    with limits(max_batch_bytes=2500):
+        datas, failed = source.read_batch(range(4), 1, None, timeout=0.5, batch_size=2)
+    assert [len(d) for d in datas] == [1000, 1000, 1000, 1000]  # two batches of 2000 bytes
+    with limits(max_batch_bytes=1500):
+        datas, failed = source.read_batch(range(4), 1, None, timeout=0.5, batch_size=4)
+    assert [len(d) for d in datas] == [1000, 0, 0, 0] and sorted(failed) == [1, 2, 3]
+    assert all(e.errno == EFBIG and "max_batch_bytes" in str(e) for e in failed.values())
+
+
 def test_wait_for_gives_up_once_the_interpreter_exits(monkeypatch):
     import threading
 

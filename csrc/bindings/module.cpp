@@ -31,8 +31,9 @@ PYBIND11_MODULE(_C, m) {
         CallScope::leave();
         return false;
       });
-  m.def("_thread_parked", &CallScope::parked, py::arg("ident"),
-        "Whether the thread of this threading ident has parked for good at exit (never join it).");
+  m.def("_thread_parked", &CallScope::parked, py::arg("native_id"),
+        "Whether the thread of this native id (threading.Thread.native_id) has parked for good at exit "
+        "(never join it).");
   m.def("_interpreter_exiting", &CallScope::exiting,
         "Whether gpupipe's exit hook has run (threads alive then park at their next gpupipe call).");
   m.def("_calls_running", &CallScope::running, "gpupipe calls running now, on any thread (a test hook).");

@@ -69,11 +69,12 @@ class CallScope {
     if (stop) park_released();
   }
 
-  // Whether the thread of this threading ident is parked for good (gpupipe._exit: never join it).
-  static bool parked(unsigned long ident) {
+  // Whether the thread of this native id (threading.Thread.native_id) is parked for good
+  // (gpupipe._exit: never join it, never wait for it).
+  static bool parked(unsigned long native_id) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mutex);
-    return std::find(s.parked_now.begin(), s.parked_now.end(), ident) != s.parked_now.end();
+    return std::find(s.parked_now.begin(), s.parked_now.end(), native_id) != s.parked_now.end();
   }
 
   // A call that runs on the pool without its caller (a started batch decode): counted from start()
@@ -97,11 +98,14 @@ class CallScope {
   // to end, then abandons the rest. Called with the GIL held, which it lends out while waiting.
   static void wait_for_calls(double seconds) {
     State& s = state();
-    std::vector<unsigned long> alive;  // threading.get_ident() of every thread alive now but this one
+    // The native id (the kernel's thread id) of every thread alive now but this one: not
+    // threading.get_ident(), which glibc gives the next thread as soon as one exits (a thread
+    // started after the hook would then park as if it had been alive).
+    std::vector<unsigned long> alive;
     for (pybind11::handle t : pybind11::module_::import("threading").attr("enumerate")()) {
-      pybind11::object ident = t.attr("ident");
-      if (!ident.is_none() && ident.cast<unsigned long>() != PyThread_get_thread_ident())
-        alive.push_back(ident.cast<unsigned long>());
+      pybind11::object id = t.attr("native_id");
+      if (!id.is_none() && id.cast<unsigned long>() != PyThread_get_thread_native_id())
+        alive.push_back(id.cast<unsigned long>());
     }
     std::sort(alive.begin(), alive.end());
     pybind11::gil_scoped_release release;  // the exiting thread: the interpreter is not finalizing yet
@@ -136,11 +140,11 @@ class CallScope {
     int restoring = 0;  // threads whose native part ended, asking for the GIL back
     bool closing = false;
     bool abandoned = false;
-    std::vector<unsigned long> parked;      // sorted idents of the threads alive when the exit hook ran
+    std::vector<unsigned long> parked;      // sorted native ids of the threads alive when the exit hook ran
     std::vector<unsigned long> parked_now;  // those that have parked
 
     bool parks_this_thread() const {  // with mutex held
-      return closing && std::binary_search(parked.begin(), parked.end(), PyThread_get_thread_ident());
+      return closing && std::binary_search(parked.begin(), parked.end(), PyThread_get_thread_native_id());
     }
   };
 
@@ -175,7 +179,7 @@ class CallScope {
     {
       State& s = state();
       std::lock_guard<std::mutex> lock(s.mutex);
-      s.parked_now.push_back(PyThread_get_thread_ident());
+      s.parked_now.push_back(PyThread_get_thread_native_id());
     }
     PyEval_SaveThread();
     park();

@@ -29,7 +29,7 @@ namespace gpupipe {
 namespace {
 
 std::string over_batch_budget(uint64_t size, uint64_t before, uint64_t budget) {
-  return "the batch's files before it hold " + std::to_string(before) + " bytes; its " + std::to_string(size) +
+  return "the files of its batch read before it hold " + std::to_string(before) + " bytes; its " + std::to_string(size) +
          " more would pass the max_batch_bytes limit of " + std::to_string(budget) +
          " (gpupipe.set_limits(max_batch_bytes=...) raises it): not read";
 }
