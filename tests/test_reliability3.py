@@ -601,7 +601,8 @@ def test_a_read_with_a_timeout_at_exit_says_nothing_and_a_later_thread_reads(loa
         import atexit, threading, time
         def late():  # registered before gpupipe is imported: runs after gpupipe's exit hook
             loader = gpupipe.Loader(gpupipe.sources.ImageFolder({str(loader_folder)!r}), batch_size=2, shuffle=False,
-                                    num_threads=1, crop=gpupipe.crops.CenterCrop(16), read_timeout=60)
+                                    num_threads=1, crop=gpupipe.crops.CenterCrop(16), read_timeout=60,
+                                    lookahead=False)  # (no epoch ahead left running: threads started after the hook are not held)
             print("late", sum(len(x) for x, _ in loader), flush=True)
         atexit.register(late)
         import gpupipe
@@ -632,7 +633,8 @@ def test_a_thread_started_after_the_exit_hook_is_not_taken_for_one_alive_then(lo
         def late():  # registered before gpupipe is imported: runs after gpupipe's exit hook
             time.sleep(0.6)  # the daemon threads alive at the hook have ended: their idents are free
             loader = gpupipe.Loader(gpupipe.sources.ImageFolder({str(loader_folder)!r}), batch_size=2, shuffle=False,
-                                    num_threads=1, crop=gpupipe.crops.CenterCrop(16), backend="cpu", read_timeout=5)
+                                    num_threads=1, crop=gpupipe.crops.CenterCrop(16), backend="cpu", read_timeout=5,
+                                    lookahead=False)  # (threads started after the hook are not held: none left)
             print("late", sum(len(x) for x, _ in loader), flush=True)
         atexit.register(late)
         import gpupipe
