@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 import torch
 
 from gpupipe import _C
-from gpupipe._exit import call_scope, interpreter_exiting, thread_parked
+from gpupipe._exit import InterpreterExiting, call_scope, wait_for
 
 _END = object()
 
@@ -33,9 +33,6 @@ class Many:
 
     def __init__(self, items: Sequence):
         self.items = items
-
-
-_JOIN_POLL = 0.05  # seconds between looks at whether a thread being joined at exit has parked
 
 
 class BoundedQueue:
@@ -242,20 +239,21 @@ class Engine:
         current = threading.current_thread()
         for t in self._threads:
             if t is not current:
-                _join_unless_parked(t, time.monotonic() + timeout)
+                _join_unless_parked(t, timeout)
 
     @property
     def alive(self) -> bool:
         return any(t.is_alive() for t in self._threads)
 
 
-def _join_unless_parked(thread: threading.Thread, deadline: float) -> None:
-    """Joins ``thread`` until ``deadline`` (time.monotonic()) unless it parks for good at exit
+def _join_unless_parked(thread: threading.Thread, timeout: float) -> None:
+    """Joins ``thread`` for up to ``timeout`` seconds unless it parks for good at exit
     (gpupipe._exit), which it may do after this join began (a thread alive when the exit hook ran
     parks at its next call). The others end at once, and must before the interpreter finalizes:
     they drop their batches' tensors as they return."""
-    while thread.is_alive() and not (interpreter_exiting() and thread_parked(thread.native_id)):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return
-        thread.join(min(left, _JOIN_POLL))
+    if not thread.is_alive():
+        return
+    try:
+        wait_for(lambda seconds: not (thread.join(seconds) or thread.is_alive()), timeout, thread)
+    except InterpreterExiting:  # (it parked)
+        pass
